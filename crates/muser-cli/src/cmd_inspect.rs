@@ -1,0 +1,8 @@
+//! `muser inspect` (owned by the crate that implements it; see ARCHITECTURE.md).
+
+#[derive(clap::Args)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> anyhow::Result<()> {
+    anyhow::bail!("`muser inspect` is not built yet")
+}

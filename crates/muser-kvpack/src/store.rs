@@ -1,0 +1,402 @@
+//! Durable store: a directory of immutable full packs with a byte budget, LRU eviction, a
+//! replay ledger and start-up recovery.
+//!
+//! ```text
+//! root/ledger.bin              replay ledger (see ledger.rs)
+//! root/packs/<cut>.<gen>.kvpack   published packs, never modified
+//! root/tmp/                    packs being written; emptied at start-up
+//! root/quarantine/             packs that failed verification at start-up
+//! ```
+//! Publication: write `tmp/…`, fsync it, record the generation in the ledger (durable),
+//! rename into `packs/`, fsync `packs/`. A pack is visible only once complete and durable;
+//! a crash at any point leaves either no new pack or a complete one.
+
+use crate::error::{io_ctx, KvpackError, Result};
+use crate::identity::Digest32;
+use crate::identity::KvIdentity;
+use crate::keys::Keys;
+use crate::ledger::{sync_dir, Ledger};
+use crate::pack::{open_pack, Manifest, PackKind, PackPlan, ReadLimits};
+use crate::prefix::{BlockId, PrefixChain};
+use crate::restore::{restore, verify_pack, Expect, RestoreControl, Restored};
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    pub root: PathBuf,
+    /// Most bytes of packs kept; the least recently used are evicted beyond it.
+    pub budget_bytes: u64,
+    pub limits: ReadLimits,
+    /// Verify every segment of every pack at start-up (otherwise header, manifest and seal).
+    pub verify_segments_on_open: bool,
+}
+
+impl StoreConfig {
+    pub fn new(root: impl Into<PathBuf>, budget_bytes: u64) -> Self {
+        StoreConfig {
+            root: root.into(),
+            budget_bytes,
+            limits: ReadLimits::default(),
+            verify_segments_on_open: true,
+        }
+    }
+}
+
+/// What start-up recovery did.
+#[derive(Debug, Default, Clone)]
+pub struct RecoveryReport {
+    pub kept: usize,
+    pub removed_partial: usize,
+    pub removed_stale: usize,
+    /// File name and reason of each pack moved to `quarantine/`.
+    pub quarantined: Vec<(String, String)>,
+    pub evicted: usize,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    file: String,
+    token_count: u32,
+    generation: u64,
+    bytes: u64,
+    last_used: u64,
+}
+
+/// A stored pack that matches a prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreHit {
+    pub cut: BlockId,
+    pub token_count: u32,
+}
+
+pub struct PackStore {
+    cfg: StoreConfig,
+    keys: Keys,
+    ledger: Ledger,
+    index: HashMap<BlockId, Entry>,
+    /// token count → number of packs of that length (lookup tries each length once).
+    lengths: BTreeMap<u32, usize>,
+    total_bytes: u64,
+    tick: u64,
+    tmp_seq: u64,
+}
+
+fn file_name(cut: &BlockId, generation: u64) -> String {
+    format!("{}.{generation}.kvpack", cut.to_hex())
+}
+
+impl PackStore {
+    /// Opens (creating if needed) the store and recovers it: removes partial files, keeps
+    /// every complete pack that verifies and is the current generation of its stream,
+    /// removes superseded generations, quarantines the rest, then enforces the budget.
+    pub fn open(cfg: StoreConfig, keys: Keys) -> Result<(PackStore, RecoveryReport)> {
+        for d in ["packs", "tmp", "quarantine"] {
+            let p = cfg.root.join(d);
+            std::fs::create_dir_all(&p).map_err(io_ctx(format!("create {}", p.display())))?;
+        }
+        let ledger = Ledger::open(&cfg.root.join("ledger.bin"), &keys)?;
+        let mut store = PackStore {
+            cfg,
+            keys,
+            ledger,
+            index: HashMap::new(),
+            lengths: BTreeMap::new(),
+            total_bytes: 0,
+            tick: 0,
+            tmp_seq: 0,
+        };
+        let mut report = RecoveryReport::default();
+        let tmp = store.dir("tmp");
+        for name in list(&tmp)? {
+            let p = tmp.join(&name);
+            std::fs::remove_file(&p).map_err(io_ctx(format!("remove {}", p.display())))?;
+            report.removed_partial += 1;
+        }
+        sync_dir(&tmp)?;
+
+        let packs = store.dir("packs");
+        let mut found: Vec<(Entry, BlockId, std::time::SystemTime)> = Vec::new();
+        for name in list(&packs)? {
+            let path = packs.join(&name);
+            match store.check_file(&path, &name) {
+                Ok((m, bytes)) => {
+                    let mtime = std::fs::metadata(&path)
+                        .and_then(|md| md.modified())
+                        .unwrap_or(std::time::UNIX_EPOCH);
+                    found.push((
+                        Entry {
+                            file: name,
+                            token_count: m.token_count,
+                            generation: m.generation,
+                            bytes,
+                            last_used: 0,
+                        },
+                        m.cut_id,
+                        mtime,
+                    ));
+                }
+                Err(e) => {
+                    let q = store.dir("quarantine").join(&name);
+                    std::fs::rename(&path, &q)
+                        .map_err(io_ctx(format!("quarantine {}", path.display())))?;
+                    report.quarantined.push((name, e.to_string()));
+                }
+            }
+        }
+        // Oldest first, so that the last-used ticks follow modification times.
+        found.sort_by_key(|(e, _, t)| (*t, e.generation));
+        for (entry, cut, _) in found {
+            if let Some(old) = store.index.get(&cut) {
+                // Two admitted generations of one prefix: a crash between publishing the new
+                // one and removing the old one. Keep the newer.
+                let (drop_file, keep_new) = if old.generation < entry.generation {
+                    (old.file.clone(), true)
+                } else {
+                    (entry.file.clone(), false)
+                };
+                std::fs::remove_file(packs.join(&drop_file))
+                    .map_err(io_ctx("remove superseded pack"))?;
+                report.removed_stale += 1;
+                if !keep_new {
+                    continue;
+                }
+                store.forget(&cut);
+            }
+            store.insert(cut, entry);
+        }
+        report.kept = store.index.len();
+        report.evicted = store.evict(None)?;
+        report.kept -= report.evicted;
+        sync_dir(&packs)?;
+        Ok((store, report))
+    }
+
+    fn dir(&self, d: &str) -> PathBuf {
+        self.cfg.root.join(d)
+    }
+
+    /// Verifies a pack file found at start-up and checks it against its name and the ledger.
+    fn check_file(&self, path: &Path, name: &str) -> Result<(Manifest, u64)> {
+        let f = std::fs::File::open(path).map_err(io_ctx(format!("open {}", path.display())))?;
+        let m = if self.cfg.verify_segments_on_open {
+            verify_pack(&f, &self.keys, &self.cfg.limits)?
+        } else {
+            open_pack(&f, &self.keys, &self.cfg.limits)?.manifest
+        };
+        if m.kind != PackKind::Full {
+            return Err(KvpackError::InvalidState("delta pack in the store".into()));
+        }
+        if file_name(&m.cut_id, m.generation) != name {
+            return Err(KvpackError::InvalidState(
+                "file name does not match the manifest".into(),
+            ));
+        }
+        if self
+            .ledger
+            .high_water(&m.stream)
+            .is_none_or(|hw| m.generation > hw)
+        {
+            return Err(KvpackError::NotAdmitted {
+                generation: m.generation,
+            });
+        }
+        let bytes = f.metadata().map_err(io_ctx("stat pack"))?.len();
+        Ok((m, bytes))
+    }
+
+    fn insert(&mut self, cut: BlockId, mut entry: Entry) {
+        self.tick += 1;
+        entry.last_used = self.tick;
+        self.total_bytes += entry.bytes;
+        *self.lengths.entry(entry.token_count).or_default() += 1;
+        self.index.insert(cut, entry);
+    }
+
+    fn forget(&mut self, cut: &BlockId) -> Option<Entry> {
+        let e = self.index.remove(cut)?;
+        self.total_bytes -= e.bytes;
+        if let Some(n) = self.lengths.get_mut(&e.token_count) {
+            *n -= 1;
+            if *n == 0 {
+                self.lengths.remove(&e.token_count);
+            }
+        }
+        Some(e)
+    }
+
+    /// Evicts least recently used packs (never `keep`) until within budget.
+    fn evict(&mut self, keep: Option<BlockId>) -> Result<usize> {
+        let mut n = 0;
+        while self.total_bytes > self.cfg.budget_bytes {
+            let victim = self
+                .index
+                .iter()
+                .filter(|(c, _)| Some(**c) != keep)
+                .min_by_key(|(_, e)| e.last_used)
+                .map(|(c, _)| *c);
+            let Some(cut) = victim else { break };
+            let e = self.forget(&cut).expect("victim is indexed");
+            let p = self.dir("packs").join(&e.file);
+            std::fs::remove_file(&p).map_err(io_ctx(format!("evict {}", p.display())))?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.total_bytes
+    }
+
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    pub fn contains(&self, cut: &BlockId) -> bool {
+        self.index.contains_key(cut)
+    }
+
+    /// Publishes a pack built from a local state. Returns once the pack is durable.
+    pub fn publish(&mut self, plan: &PackPlan) -> Result<StoreHit> {
+        self.publish_with(plan.manifest(), plan.file_len(), |w| plan.write_to(w))
+    }
+
+    /// Publishes pack bytes from elsewhere, after verifying every byte.
+    pub fn import(&mut self, bytes: &[u8]) -> Result<StoreHit> {
+        let m = verify_pack(bytes, &self.keys, &self.cfg.limits)?;
+        self.publish_with(&m, bytes.len() as u64, |w| w.write_all(bytes))
+    }
+
+    fn publish_with(
+        &mut self,
+        m: &Manifest,
+        file_len: u64,
+        write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+    ) -> Result<StoreHit> {
+        if m.kind != PackKind::Full {
+            return Err(KvpackError::InvalidState(
+                "the store keeps full packs only".into(),
+            ));
+        }
+        if file_len > self.cfg.budget_bytes {
+            return Err(KvpackError::OverBudget {
+                needed: file_len,
+                budget: self.cfg.budget_bytes,
+            });
+        }
+        self.ledger.admit(&m.stream, m.generation)?;
+        self.tmp_seq += 1;
+        let name = file_name(&m.cut_id, m.generation);
+        let tmp = self.dir("tmp").join(format!(
+            "{name}.{}.{}.partial",
+            std::process::id(),
+            self.tmp_seq
+        ));
+        let result = (|| {
+            let ctx = |what: &str| io_ctx(format!("{what} {}", tmp.display()));
+            let mut f = std::io::BufWriter::with_capacity(
+                1 << 20,
+                std::fs::File::create(&tmp).map_err(ctx("create"))?,
+            );
+            write(&mut f).map_err(ctx("write"))?;
+            let f = f.into_inner().map_err(|e| ctx("write")(e.into_error()))?;
+            f.sync_all().map_err(ctx("fsync"))?;
+            drop(f);
+            self.ledger.record(m.stream, m.generation)?;
+            let dst = self.dir("packs").join(&name);
+            std::fs::rename(&tmp, &dst).map_err(ctx("rename"))?;
+            sync_dir(&self.dir("packs"))
+        })();
+        if let Err(e) = result {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+        if let Some(old) = self.forget(&m.cut_id) {
+            let p = self.dir("packs").join(&old.file);
+            std::fs::remove_file(&p)
+                .map_err(io_ctx(format!("remove superseded {}", p.display())))?;
+        }
+        self.insert(
+            m.cut_id,
+            Entry {
+                file: name,
+                token_count: m.token_count,
+                generation: m.generation,
+                bytes: file_len,
+                last_used: 0,
+            },
+        );
+        self.evict(Some(m.cut_id))?;
+        Ok(StoreHit {
+            cut: m.cut_id,
+            token_count: m.token_count,
+        })
+    }
+
+    /// The longest stored prefix of `chain`'s tokens, at most `max_tokens` long. The store
+    /// sees only cut ids.
+    pub fn lookup(&self, chain: &PrefixChain, max_tokens: u32) -> Option<StoreHit> {
+        let limit = max_tokens.min(chain.n_tokens());
+        self.lengths.range(..=limit).rev().find_map(|(&len, _)| {
+            let cut = chain.cut_id(len)?;
+            self.index.get(&cut).map(|_| StoreHit {
+                cut,
+                token_count: len,
+            })
+        })
+    }
+
+    /// Restores the pack named `cut`, checking it completely (identity, seal, segments) and
+    /// that it is its stream's current generation.
+    pub fn restore(
+        &mut self,
+        cut: &BlockId,
+        identity: &KvIdentity,
+        control: &RestoreControl,
+    ) -> Result<Restored> {
+        let entry = self.index.get(cut).ok_or(KvpackError::NotFound)?;
+        let path = self.dir("packs").join(&entry.file);
+        let f = std::fs::File::open(&path).map_err(io_ctx(format!("open {}", path.display())))?;
+        let expect = Expect {
+            identity,
+            cut: Some(*cut),
+        };
+        let r = restore(&f, &self.keys, &expect, &self.cfg.limits, control)?;
+        self.ledger
+            .check_current(&r.manifest.stream, r.manifest.generation)?;
+        self.tick += 1;
+        let tick = self.tick;
+        if let Some(e) = self.index.get_mut(cut) {
+            e.last_used = tick;
+        }
+        Ok(r)
+    }
+
+    /// Removes a pack (its ledger entry stays, so it cannot be re-imported).
+    pub fn remove(&mut self, cut: &BlockId) -> Result<()> {
+        let e = self.forget(cut).ok_or(KvpackError::NotFound)?;
+        let p = self.dir("packs").join(&e.file);
+        std::fs::remove_file(&p).map_err(io_ctx(format!("remove {}", p.display())))?;
+        sync_dir(&self.dir("packs"))
+    }
+
+    /// High-water generation of a stream in the replay ledger.
+    pub fn high_water(&self, stream: &Digest32) -> Option<u64> {
+        self.ledger.high_water(stream)
+    }
+}
+
+fn list(dir: &Path) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).map_err(io_ctx(format!("list {}", dir.display())))? {
+        let e = e.map_err(io_ctx(format!("list {}", dir.display())))?;
+        out.push(e.file_name().to_string_lossy().into_owned());
+    }
+    out.sort();
+    Ok(out)
+}

@@ -1,10 +1,293 @@
 //! ggml block formats: layouts, dequantization, reference quantizers (byte-identical to ggml),
-//! activation quantizers (Q8_0, Q8_1, Q8_K) and dot products (scalar reference + AVX2/AVX512).
+//! activation quantizers (Q8_0, Q8_1, Q8_K) and dot products (scalar reference + AVX2/AVX512
+//! chosen at run time).
 //!
-//! CONTRACT (other crates code against these names):
-//! - `dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32])`.
-//! - `quantize_row(ty, src: &[f32], dst: &mut [u8])` for the types with quantizers.
-//! - `vec_dot_type(ty) -> GgmlType`: the activation format ggml's CPU path uses for weight `ty`.
-//! - `quantize_activations(vec_dot_ty, src: &[f32], dst: &mut [u8])`.
-//! - `vec_dot(ty, n, weight_row: &[u8], act_row: &[u8]) -> f32`: dispatches to SIMD at run time.
-//! - `scalar::vec_dot(...)`: the scalar reference the SIMD paths are tested against.
+//! Everything here reproduces llama.cpp b11434's CPU numerics, bit for bit:
+//! - [`dequantize_row`] equals ggml's `dequantize_row_*` (same operation order).
+//! - [`quantize_row`] equals ggml's `quantize_row_*_ref` (what `llama-quantize` runs without an
+//!   importance matrix) for F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q4_K, Q5_K, Q6_K,
+//!   Q8_K, MXFP4 and NVFP4.
+//! - [`quantize_activations`] equals what ggml's x86 CPU build (AVX2 and up) does to the
+//!   activation row before a matmul: for Q8_0 and Q8_1 that is the AVX kernel (multiplier
+//!   `127/amax`, round half to even), which differs from the `_ref` quantizer (`1/d`, round half
+//!   away from zero) in a few quants per thousand; Q8_K is the `_ref` quantizer on every target.
+//! - [`vec_dot`] equals ggml's `ggml_vec_dot_*` of that build: integer partial sums per SIMD lane,
+//!   f32 lanes combined with fused multiply-adds, reduced in ggml's tree order. The scalar
+//!   reference ([`scalar::vec_dot`]) emulates the same lanes, so scalar, SIMD and llama.cpp agree
+//!   exactly (tests check scalar against SIMD and both against goldens from ggml itself).
+//!
+//! # Throughput API
+//! [`vec_dot_rows`] dots one activation row against several consecutive weight rows (a slice of
+//! a weight matrix), choosing the kernel once. A matmul calls it per activation row and per
+//! block of output rows; decode (one activation row) is bound by reading the weights, so the
+//! kernels stream each weight byte once and keep the activation row in L1/L2.
+
+mod dequant;
+pub mod fp;
+mod quantize;
+pub mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+pub use muser_gguf::GgmlType;
+
+/// Values per K-quant super-block.
+pub const QK_K: usize = 256;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuantError {
+    #[error("{op} is not implemented for tensor type {ty}")]
+    Unsupported { op: &'static str, ty: GgmlType },
+    #[error("{n} values is not a whole number of {ty} blocks ({block} values each)")]
+    PartialBlock {
+        ty: GgmlType,
+        n: usize,
+        block: usize,
+    },
+    #[error("{ty} buffer holds {got} bytes where {n} values need {expected}")]
+    BufferSize {
+        ty: GgmlType,
+        n: usize,
+        expected: usize,
+        got: usize,
+    },
+}
+
+/// Bytes of a row of `n` values of type `ty`, checking that `n` fills whole blocks.
+pub fn row_size(ty: GgmlType, n: usize) -> Result<usize, QuantError> {
+    let block = ty.block_size();
+    if n % block != 0 {
+        return Err(QuantError::PartialBlock { ty, n, block });
+    }
+    Ok(n / block * ty.type_size())
+}
+
+fn check_buffer(ty: GgmlType, n: usize, got: usize) -> Result<(), QuantError> {
+    let expected = row_size(ty, n)?;
+    if got != expected {
+        return Err(QuantError::BufferSize {
+            ty,
+            n,
+            expected,
+            got,
+        });
+    }
+    Ok(())
+}
+
+/// Whether [`dequantize_row`] handles `ty`.
+pub fn can_dequantize(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(
+        ty,
+        F32 | F16
+            | BF16
+            | Q4_0
+            | Q4_1
+            | Q5_0
+            | Q5_1
+            | Q8_0
+            | Q8_1
+            | Q2_K
+            | Q3_K
+            | Q4_K
+            | Q5_K
+            | Q6_K
+            | Q8_K
+            | MXFP4
+            | NVFP4
+    )
+}
+
+/// Whether [`quantize_row`] handles `ty`.
+pub fn can_quantize(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(
+        ty,
+        F32 | F16
+            | BF16
+            | Q4_0
+            | Q4_1
+            | Q5_0
+            | Q5_1
+            | Q8_0
+            | Q8_1
+            | Q4_K
+            | Q5_K
+            | Q6_K
+            | Q8_K
+            | MXFP4
+            | NVFP4
+    )
+}
+
+/// Whether [`vec_dot`] handles weights of type `ty`.
+pub fn has_vec_dot(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(
+        ty,
+        F32 | F16
+            | BF16
+            | Q4_0
+            | Q4_1
+            | Q5_0
+            | Q5_1
+            | Q8_0
+            | Q2_K
+            | Q3_K
+            | Q4_K
+            | Q5_K
+            | Q6_K
+            | MXFP4
+            | NVFP4
+    )
+}
+
+/// Decodes `dst.len()` values of type `ty` from `src` (exactly that many values' bytes).
+pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
+    if !can_dequantize(ty) {
+        return Err(QuantError::Unsupported {
+            op: "dequantization",
+            ty,
+        });
+    }
+    check_buffer(ty, dst.len(), src.len())?;
+    dequant::dequantize_blocks(ty, src, dst);
+    Ok(())
+}
+
+/// Encodes `src` as type `ty` with ggml's reference quantizer (`quantize_row_*_ref`).
+pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
+    if !can_quantize(ty) {
+        return Err(QuantError::Unsupported {
+            op: "quantization",
+            ty,
+        });
+    }
+    check_buffer(ty, src.len(), dst.len())?;
+    quantize::quantize_blocks(ty, src, dst);
+    Ok(())
+}
+
+/// The activation format ggml's CPU backend converts the other operand to before dotting it
+/// with a weight row of type `ty` (`type_traits_cpu[ty].vec_dot_type`).
+pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
+    use GgmlType::*;
+    match ty {
+        Q4_0 | Q5_0 | Q8_0 | MXFP4 | NVFP4 => Q8_0,
+        Q4_1 | Q5_1 => Q8_1,
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K => Q8_K,
+        F16 => F16,
+        BF16 => BF16,
+        other => other,
+    }
+}
+
+/// Converts an activation row to `vec_dot_ty` exactly as ggml's x86 CPU build does
+/// (`type_traits_cpu[ty].from_float`); see the crate docs for how that differs from
+/// [`quantize_row`] for Q8_0 and Q8_1.
+pub fn quantize_activations(
+    vec_dot_ty: GgmlType,
+    src: &[f32],
+    dst: &mut [u8],
+) -> Result<(), QuantError> {
+    if !can_quantize(vec_dot_ty) {
+        return Err(QuantError::Unsupported {
+            op: "activation quantization",
+            ty: vec_dot_ty,
+        });
+    }
+    check_buffer(vec_dot_ty, src.len(), dst.len())?;
+    quantize::quantize_act_blocks(vec_dot_ty, src, dst);
+    Ok(())
+}
+
+/// Checks a dot product's arguments; returns the rows cut to exactly `n` values.
+pub(crate) fn check_dot<'a>(
+    ty: GgmlType,
+    n: usize,
+    w: &'a [u8],
+    a: &'a [u8],
+) -> (&'a [u8], &'a [u8]) {
+    assert!(has_vec_dot(ty), "no dot product for weight type {ty}");
+    let wb = row_size(ty, n).expect("n must be a whole number of weight blocks");
+    let ab = row_size(vec_dot_type(ty), n).expect("n must be a whole number of activation blocks");
+    assert!(
+        w.len() >= wb && a.len() >= ab,
+        "rows shorter than {n} values of {ty}"
+    );
+    (&w[..wb], &a[..ab])
+}
+
+/// Which kernel family [`vec_dot`] uses on this machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Isa {
+    Scalar,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX2 + AVX512F/BW/VL/VNNI/BF16 (wider float loops, VNNI integer dots).
+    Avx512,
+}
+
+/// The best kernel family this CPU runs, detected once.
+pub fn detected_isa() -> Isa {
+    static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+    *ISA.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            x86::detect()
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            Isa::Scalar
+        }
+    })
+}
+
+/// `w · a` for `n` values: `w` a row of type `ty`, `a` a row already converted with
+/// [`quantize_activations`]`(vec_dot_type(ty), ..)`. Uses the best SIMD kernel of this CPU.
+///
+/// # Panics
+/// Same as [`scalar::vec_dot`]: unsupported `ty` or rows shorter than `n` values.
+pub fn vec_dot(ty: GgmlType, n: usize, w: &[u8], a: &[u8]) -> f32 {
+    vec_dot_isa(detected_isa(), ty, n, w, a)
+}
+
+/// [`vec_dot`] with an explicit kernel family (for tests and benchmarks). A family this CPU
+/// lacks falls back to the best one it has.
+pub fn vec_dot_isa(isa: Isa, ty: GgmlType, n: usize, w: &[u8], a: &[u8]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let isa = if isa > detected_isa() {
+            detected_isa()
+        } else {
+            isa
+        };
+        if isa != Isa::Scalar {
+            let (w, a) = check_dot(ty, n, w, a);
+            if let Some(s) = x86::vec_dot(isa, ty, w, a) {
+                return s;
+            }
+        }
+    }
+    let _ = isa;
+    scalar::vec_dot(ty, n, w, a)
+}
+
+/// Dots one activation row `a` (of `vec_dot_type(ty)`, `n` values) against `out.len()`
+/// consecutive weight rows of `n` values stored back to back in `w`; `out[r] = w_r · a`.
+///
+/// # Panics
+/// As [`vec_dot`], or if `w` holds fewer than `out.len()` rows.
+pub fn vec_dot_rows(ty: GgmlType, n: usize, w: &[u8], a: &[u8], out: &mut [f32]) {
+    let isa = detected_isa();
+    let rb = row_size(ty, n).expect("n must be a whole number of weight blocks");
+    assert!(
+        w.len() >= rb * out.len(),
+        "weight slice holds fewer than {} rows",
+        out.len()
+    );
+    for (r, o) in out.iter_mut().enumerate() {
+        *o = vec_dot_isa(isa, ty, n, &w[r * rb..(r + 1) * rb], a);
+    }
+}

@@ -1,0 +1,591 @@
+//! AVX2 kernels (x86_64), chosen at run time. Each one follows the float arithmetic of the
+//! matching ggml x86 kernel (see `scalar`), so it returns the same bits as the scalar reference.
+//! The integer parts use `vpmaddubsw`/`vpmaddwd`; the result per 32-bit lane is exact, so the
+//! VNNI form (`vpdpbusd`) that ggml's AVX512-VNNI build uses gives the same lanes.
+
+use std::arch::x86_64::*;
+
+use crate::{GgmlType, Isa};
+
+pub(crate) fn detect() -> Isa {
+    if !(is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c"))
+    {
+        return Isa::Scalar;
+    }
+    if is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+    {
+        return Isa::Avx512;
+    }
+    Isa::Avx2
+}
+
+/// The SIMD dot for `ty` (rows already checked and cut to length), or `None` when only the
+/// scalar kernel exists. `isa` is at least `Avx2` and present on this CPU.
+pub(crate) fn vec_dot(_isa: Isa, ty: GgmlType, w: &[u8], a: &[u8]) -> Option<f32> {
+    // SAFETY: the caller checked that this CPU has AVX2, FMA and F16C, and the row lengths.
+    unsafe {
+        Some(match ty {
+            GgmlType::Q4_0 => dot_q4_0(w, a),
+            GgmlType::Q5_0 => dot_q5_0(w, a),
+            GgmlType::Q8_0 => dot_q8_0(w, a),
+            GgmlType::Q4_1 => dot_q4_1(w, a),
+            GgmlType::Q5_1 => dot_q5_1(w, a),
+            GgmlType::NVFP4 => dot_nvfp4(w, a),
+            GgmlType::MXFP4 => dot_mxfp4(w, a),
+            GgmlType::Q4_K => dot_q4_k(w, a),
+            GgmlType::Q5_K => dot_q5_k(w, a),
+            GgmlType::Q6_K => dot_q6_k(w, a),
+            GgmlType::Q2_K => dot_q2_k(w, a),
+            GgmlType::Q3_K => dot_q3_k(w, a),
+            GgmlType::F32 => dot_f32(w, a),
+            GgmlType::F16 => dot_f16(w, a),
+            _ => return None,
+        })
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn h2f(p: *const u8) -> f32 {
+    let bits = (p as *const u16).read_unaligned();
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn hsum_float_8(x: __m256) -> f32 {
+    let mut r = _mm256_extractf128_ps(x, 1);
+    r = _mm_add_ps(r, _mm256_castps256_ps128(x));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    _mm_cvtss_f32(r)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn loadu(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+/// 32 nibbles → 32 bytes: low nibbles of the 16 bytes first, then the high nibbles.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn bytes_from_nibbles_32(p: *const u8) -> __m256i {
+    let tmp = _mm_loadu_si128(p as *const __m128i);
+    let bytes = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
+    _mm256_and_si256(bytes, _mm256_set1_epi8(0xF))
+}
+
+/// 32 bits → 32 bytes of 0x00 / 0xFF.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn bytes_from_bits_32(p: *const u8) -> __m256i {
+    let x32 = (p as *const u32).read_unaligned();
+    let shuf = _mm256_set_epi64x(
+        0x0303030303030303,
+        0x0202020202020202,
+        0x0101010101010101,
+        0,
+    );
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x32 as i32), shuf);
+    let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
+}
+
+/// Variable logical right shift of 16-bit lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn srl16(x: __m256i, count: i32) -> __m256i {
+    _mm256_srl_epi16(x, _mm_cvtsi32_si128(count))
+}
+
+/// Unsigned × signed bytes, summed in fours into eight i32 lanes, as f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn mul_sum_us8(ax: __m256i, sy: __m256i) -> __m256 {
+    let dot = _mm256_maddubs_epi16(ax, sy);
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), dot))
+}
+
+/// Signed × signed bytes, summed in fours into eight i32 lanes, as f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn mul_sum_i8(x: __m256i, y: __m256i) -> __m256 {
+    mul_sum_us8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
+}
+
+/// Weight blocks of 32 signed values against Q8_0: `values(block)` gives the 32 bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dot_32_q8_0(w: &[u8], a: &[u8], ts: usize, values: impl Fn(*const u8) -> __m256i) -> f32 {
+    let nb = a.len() / 34;
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..nb {
+        let (x, y) = (wp.add(i * ts), ap.add(i * 34));
+        let d = _mm256_set1_ps(h2f(x) * h2f(y));
+        let q = mul_sum_i8(values(x), loadu(y.add(2)));
+        acc = _mm256_fmadd_ps(d, q, acc);
+    }
+    hsum_float_8(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
+    dot_32_q8_0(w, a, 18, |x| unsafe {
+        _mm256_sub_epi8(bytes_from_nibbles_32(x.add(2)), _mm256_set1_epi8(8))
+    })
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
+    dot_32_q8_0(w, a, 34, |x| unsafe { loadu(x.add(2)) })
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
+    dot_32_q8_0(w, a, 22, |x| unsafe {
+        let qx = bytes_from_nibbles_32(x.add(6));
+        let hi = _mm256_andnot_si256(bytes_from_bits_32(x.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
+        _mm256_or_si256(qx, hi)
+    })
+}
+
+/// Weight blocks of 32 unsigned values with a min against Q8_1.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dot_32_q8_1(w: &[u8], a: &[u8], ts: usize, values: impl Fn(*const u8) -> __m256i) -> f32 {
+    let nb = a.len() / 36;
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let mut acc = _mm256_setzero_ps();
+    let mut summs = 0.0f32;
+    for i in 0..nb {
+        let (x, y) = (wp.add(i * ts), ap.add(i * 36));
+        let d = _mm256_set1_ps(h2f(x) * h2f(y));
+        summs = h2f(x.add(2)).mul_add(h2f(y.add(2)), summs);
+        let q = mul_sum_us8(values(x), loadu(y.add(4)));
+        acc = _mm256_fmadd_ps(d, q, acc);
+    }
+    hsum_float_8(acc) + summs
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
+    dot_32_q8_1(w, a, 20, |x| unsafe { bytes_from_nibbles_32(x.add(4)) })
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
+    dot_32_q8_1(w, a, 24, |x| unsafe {
+        let qx = bytes_from_nibbles_32(x.add(8));
+        let hi = _mm256_and_si256(bytes_from_bits_32(x.add(4)), _mm256_set1_epi8(0x10));
+        _mm256_or_si256(qx, hi)
+    })
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn fp4_table() -> __m128i {
+    _mm_loadu_si128(crate::fp::KVALUES_FP4.as_ptr() as *const __m128i)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_nvfp4(w: &[u8], a: &[u8]) -> f32 {
+    let nb = w.len() / 36;
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let table = fp4_table();
+    let m4 = _mm_set1_epi8(0xF);
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..nb {
+        let x = wp.add(36 * i);
+        for half in 0..2 {
+            let y = ap.add(68 * i + 34 * half);
+            let bits = _mm_loadu_si128(x.add(4 + 16 * half) as *const __m128i);
+            let lo = _mm_shuffle_epi8(table, _mm_and_si128(bits, m4));
+            let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bits, 4), m4));
+            let q4 = _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi));
+            let p = mul_sum_i8(q4, loadu(y.add(2)));
+            let dy = h2f(y);
+            let s0 = crate::fp::ue4m3_half(*x.add(2 * half)) * dy;
+            let s1 = crate::fp::ue4m3_half(*x.add(2 * half + 1)) * dy;
+            let scales = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
+            acc = _mm256_fmadd_ps(scales, p, acc);
+        }
+    }
+    hsum_float_8(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_mxfp4(w: &[u8], a: &[u8]) -> f32 {
+    let nb = w.len() / 17;
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let table = fp4_table();
+    let m4 = _mm_set1_epi8(0xF);
+    let mut acc = [_mm256_setzero_ps(); 2];
+    let pairs = nb / 2 * 2;
+    for i in 0..pairs {
+        let (x, y) = (wp.add(17 * i), ap.add(34 * i));
+        let bits = _mm_loadu_si128(x.add(1) as *const __m128i);
+        let q4 = _mm256_set_m128i(
+            _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bits, 4), m4)),
+            _mm_shuffle_epi8(table, _mm_and_si128(bits, m4)),
+        );
+        let p = mul_sum_i8(q4, loadu(y.add(2)));
+        let d = _mm256_set1_ps(h2f(y) * crate::fp::e8m0_half(*x));
+        acc[i % 2] = _mm256_fmadd_ps(d, p, acc[i % 2]);
+    }
+    let mut sumf = hsum_float_8(_mm256_add_ps(acc[0], acc[1]));
+    if pairs < nb {
+        let tail = crate::scalar::vec_dot(GgmlType::MXFP4, 32, &w[17 * pairs..], &a[34 * pairs..]);
+        // one block: the scalar kernel returns exactly d·Σ; ggml fuses it into the sum
+        let (x, y) = (&w[17 * pairs..], &a[34 * pairs..]);
+        let d = crate::fp::read_f16(y, 0) * crate::fp::e8m0_half(x[0]);
+        let s = if d != 0.0 { tail / d } else { 0.0 };
+        sumf = d.mul_add(s, sumf);
+    }
+    sumf
+}
+
+/// Q4_K / Q5_K scales: 8 six-bit scales then 8 six-bit mins, as ggml's `utmp` shuffle.
+#[inline]
+fn k4_scales_mins(s: &[u8]) -> [u32; 4] {
+    const KMASK1: u32 = 0x3f3f3f3f;
+    const KMASK2: u32 = 0x0f0f0f0f;
+    const KMASK3: u32 = 0x03030303;
+    let w = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let mut u = [w(0), w(1), w(2), 0];
+    u[3] = ((u[2] >> 4) & KMASK2) | (((u[1] >> 6) & KMASK3) << 4);
+    let uaux = u[1] & KMASK1;
+    u[1] = (u[2] & KMASK2) | (((u[0] >> 6) & KMASK3) << 4);
+    u[2] = uaux;
+    u[0] &= KMASK1;
+    u
+}
+
+/// i16 lanes 0..15 all = scale pair selector for `get_scale_shuffle_k4(i)`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn shuffle_k4(i: usize) -> __m256i {
+    let b = (2 * i) as i8;
+    let pair = (b as u8 as i16) | (((b + 1) as u8 as i16) << 8);
+    _mm256_set1_epi16(pair)
+}
+
+/// Q8_K block: (d, qs pointer, bsums pointer).
+#[inline]
+unsafe fn q8k(y: *const u8) -> (f32, *const u8, *const u8) {
+    ((y as *const f32).read_unaligned(), y.add(4), y.add(260))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
+    let nb = w.len() / 144;
+    let m4 = _mm256_set1_epi8(0xF);
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = _mm_setzero_ps();
+    for i in 0..nb {
+        let x = w.as_ptr().add(144 * i);
+        let (yd, mut q8, bsums) = q8k(a.as_ptr().add(292 * i));
+        let d = yd * h2f(x);
+        let dmin = -yd * h2f(x.add(2));
+        let u = k4_scales_mins(&w[144 * i + 4..144 * i + 16]);
+        let mins_and_scales = _mm256_cvtepu8_epi16(_mm_set_epi32(
+            u[3] as i32,
+            u[2] as i32,
+            u[1] as i32,
+            u[0] as i32,
+        ));
+        let q8sums = loadu(bsums);
+        let q8s = _mm_hadd_epi16(
+            _mm256_extracti128_si256(q8sums, 0),
+            _mm256_extracti128_si256(q8sums, 1),
+        );
+        let prod = _mm_madd_epi16(_mm256_extracti128_si256(mins_and_scales, 1), q8s);
+        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+        let sc128 = _mm256_extracti128_si256(mins_and_scales, 0);
+        let scales = _mm256_set_m128i(sc128, sc128);
+        let mut sumi = _mm256_setzero_si256();
+        let mut q4 = x.add(16);
+        for j in 0..4 {
+            let scale_l = _mm256_shuffle_epi8(scales, shuffle_k4(2 * j));
+            let scale_h = _mm256_shuffle_epi8(scales, shuffle_k4(2 * j + 1));
+            let bits = loadu(q4);
+            q4 = q4.add(32);
+            let q4l = _mm256_and_si256(bits, m4);
+            let q4h = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+            let p16l = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, loadu(q8)));
+            let p16h = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, loadu(q8.add(32))));
+            q8 = q8.add(64);
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p16l, p16h));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
+    acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
+    hsum_float_8(acc) + _mm_cvtss_f32(acc_m)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_k(w: &[u8], a: &[u8]) -> f32 {
+    let nb = w.len() / 176;
+    let m4 = _mm256_set1_epi8(0xF);
+    let mut acc = _mm256_setzero_ps();
+    let mut summs = 0.0f32;
+    for i in 0..nb {
+        let x = w.as_ptr().add(176 * i);
+        let (yd, mut q8, bsums) = q8k(a.as_ptr().add(292 * i));
+        let d = yd * h2f(x);
+        let dmin = -yd * h2f(x.add(2));
+        let u = k4_scales_mins(&w[176 * i + 4..176 * i + 16]);
+        let mins_and_scales = _mm256_cvtepu8_epi16(_mm_set_epi32(
+            u[3] as i32,
+            u[2] as i32,
+            u[1] as i32,
+            u[0] as i32,
+        ));
+        let q8sums = loadu(bsums);
+        let q8s = _mm_hadd_epi16(
+            _mm256_extracti128_si256(q8sums, 0),
+            _mm256_extracti128_si256(q8sums, 1),
+        );
+        let prod = _mm_madd_epi16(_mm256_extracti128_si256(mins_and_scales, 1), q8s);
+        let z = _mm_setzero_si128();
+        let hsum = _mm_hadd_epi32(_mm_hadd_epi32(prod, z), z);
+        summs = dmin.mul_add(_mm_cvtsi128_si32(hsum) as f32, summs);
+        let sc128 = _mm256_extracti128_si256(mins_and_scales, 0);
+        let scales = _mm256_set_m128i(sc128, sc128);
+        let hbits = loadu(x.add(16));
+        let mut q5 = x.add(48);
+        let mut sumi = _mm256_setzero_si256();
+        for j in 0..4 {
+            let bits = loadu(q5);
+            q5 = q5.add(32);
+            let h0 = _mm256_and_si256(srl16(hbits, (2 * j) as i32), _mm256_set1_epi8(1));
+            let h1 = _mm256_and_si256(srl16(hbits, (2 * j + 1) as i32), _mm256_set1_epi8(1));
+            let q5_0 = _mm256_or_si256(_mm256_and_si256(bits, m4), _mm256_slli_epi16(h0, 4));
+            let q5_1 = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4),
+                _mm256_slli_epi16(h1, 4),
+            );
+            let p0 = _mm256_madd_epi16(
+                _mm256_shuffle_epi8(scales, shuffle_k4(2 * j)),
+                _mm256_maddubs_epi16(q5_0, loadu(q8)),
+            );
+            let p1 = _mm256_madd_epi16(
+                _mm256_shuffle_epi8(scales, shuffle_k4(2 * j + 1)),
+                _mm256_maddubs_epi16(q5_1, loadu(q8.add(32))),
+            );
+            q8 = q8.add(64);
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_float_8(acc) + summs
+}
+
+/// i16 lanes 0..7 = scale 2i, lanes 8..15 = scale 2i+1 of a 16-scale i16 vector pair
+/// (`get_scale_shuffle_q3k`, applied to a duplicated 8-scale half).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn shuffle_q3k(i: usize) -> __m256i {
+    let lo = (2 * (2 * i)) as i16;
+    let hi = (2 * (2 * i + 1)) as i16;
+    let plo = (lo & 0xFF) | ((lo + 1) << 8);
+    let phi = (hi & 0xFF) | ((hi + 1) << 8);
+    _mm256_set_m128i(_mm_set1_epi16(phi), _mm_set1_epi16(plo))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
+    let nb = w.len() / 210;
+    let m3 = _mm256_set1_epi8(3);
+    let m15 = _mm256_set1_epi8(15);
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..nb {
+        let x = w.as_ptr().add(210 * i);
+        let (yd, mut q8, bsums) = q8k(a.as_ptr().add(292 * i));
+        let d = yd * h2f(x.add(208));
+        let mut q4 = x;
+        let mut qh = x.add(128);
+        let scales = _mm_loadu_si128(x.add(192) as *const __m128i);
+        let scales16 = _mm256_cvtepi8_epi16(scales);
+        let q8sclsub = _mm256_slli_epi32(_mm256_madd_epi16(loadu(bsums), scales16), 5);
+        let mut sumi = _mm256_setzero_si256();
+        for j in 0..2 {
+            let b1 = loadu(q4);
+            let b2 = loadu(q4.add(32));
+            let bh = loadu(qh);
+            q4 = q4.add(64);
+            qh = qh.add(32);
+            let h0 = _mm256_slli_epi16(_mm256_and_si256(bh, m3), 4);
+            let h1 = _mm256_slli_epi16(_mm256_and_si256(bh, _mm256_set1_epi8(12)), 2);
+            let h2 = _mm256_and_si256(bh, _mm256_set1_epi8(48));
+            let h3 = _mm256_srli_epi16(_mm256_and_si256(bh, _mm256_set1_epi8(-64)), 2);
+            let q = [
+                _mm256_or_si256(_mm256_and_si256(b1, m15), h0),
+                _mm256_or_si256(_mm256_and_si256(b2, m15), h1),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m15), h2),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m15), h3),
+            ];
+            for (c, qc) in q.iter().enumerate() {
+                let p16 = _mm256_maddubs_epi16(*qc, loadu(q8.add(32 * c)));
+                // scales 8j+2c (bytes 0..15) and 8j+2c+1 (bytes 16..31)
+                let s0 = *x.add(192 + 8 * j + 2 * c) as i8 as i16;
+                let s1 = *x.add(192 + 8 * j + 2 * c + 1) as i8 as i16;
+                let sc = _mm256_set_m128i(_mm_set1_epi16(s1), _mm_set1_epi16(s0));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(sc, p16));
+            }
+            q8 = q8.add(128);
+        }
+        sumi = _mm256_sub_epi32(sumi, q8sclsub);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_float_8(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
+    let nb = w.len() / 84;
+    let m3 = _mm256_set1_epi8(3);
+    let m4 = _mm_set1_epi8(0xF);
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..nb {
+        let x = w.as_ptr().add(84 * i);
+        let (yd, mut q8, bsums) = q8k(a.as_ptr().add(292 * i));
+        let d = yd * h2f(x.add(80));
+        let dmin = -yd * h2f(x.add(82));
+        let ms = _mm_loadu_si128(x as *const __m128i);
+        let scales8 = _mm_and_si128(ms, m4);
+        let mins8 = _mm_and_si128(_mm_srli_epi16(ms, 4), m4);
+        let prod = _mm256_madd_epi16(_mm256_cvtepi8_epi16(mins8), loadu(bsums));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc);
+        let all = _mm256_cvtepi8_epi16(scales8);
+        let (l, h) = (
+            _mm256_extracti128_si256(all, 0),
+            _mm256_extracti128_si256(all, 1),
+        );
+        let scales = [_mm256_set_m128i(l, l), _mm256_set_m128i(h, h)];
+        let mut q2 = x.add(16);
+        let mut sumi = _mm256_setzero_si256();
+        for sc in scales {
+            let bits = loadu(q2);
+            q2 = q2.add(32);
+            for c in 0..4 {
+                let q = _mm256_and_si256(srl16(bits, (2 * c) as i32), m3);
+                let p = _mm256_maddubs_epi16(q, loadu(q8.add(32 * c)));
+                sumi = _mm256_add_epi32(
+                    sumi,
+                    _mm256_madd_epi16(_mm256_shuffle_epi8(sc, shuffle_q3k(c)), p),
+                );
+            }
+            q8 = q8.add(128);
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_float_8(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
+    let nb = w.len() / 110;
+    let m3 = _mm256_set1_epi8(3);
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..nb {
+        let x = w.as_ptr().add(110 * i);
+        let (yd, mut q8, _) = q8k(a.as_ptr().add(292 * i));
+        let d = yd * h2f(x.add(108));
+        let s = crate::dequant::q3_k_scales(&w[110 * i + 96..110 * i + 108]);
+        let all = _mm256_cvtepi8_epi16(_mm_loadu_si128(s.as_ptr() as *const __m128i));
+        let (l, h) = (
+            _mm256_extracti128_si256(all, 0),
+            _mm256_extracti128_si256(all, 1),
+        );
+        let scales = [_mm256_set_m128i(l, l), _mm256_set_m128i(h, h)];
+        let hbits = loadu(x);
+        let mut q3 = x.add(32);
+        let mut sumi = _mm256_setzero_si256();
+        for (j, sc) in scales.iter().enumerate() {
+            let bits = loadu(q3);
+            q3 = q3.add(32);
+            for c in 0..4 {
+                let bit = (4 * j + c) as i32;
+                let ql = _mm256_and_si256(srl16(bits, (2 * c) as i32), m3);
+                // 4 where the high bit is clear, 0 where set
+                let hb = _mm256_and_si256(srl16(hbits, bit), _mm256_set1_epi8(1));
+                let qh = _mm256_slli_epi16(_mm256_xor_si256(hb, _mm256_set1_epi8(1)), 2);
+                let y = loadu(q8.add(32 * c));
+                let p = _mm256_sub_epi16(_mm256_maddubs_epi16(ql, y), _mm256_maddubs_epi16(qh, y));
+                sumi = _mm256_add_epi32(
+                    sumi,
+                    _mm256_madd_epi16(_mm256_shuffle_epi8(*sc, shuffle_q3k(c)), p),
+                );
+            }
+            q8 = q8.add(128);
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_float_8(acc)
+}
+
+/// ggml's AVX512 float loop (four 16-lane accumulators, 64 values a step) on eight 8-lane
+/// registers: accumulator j lanes 0..7 in `acc[2j]`, lanes 8..15 in `acc[2j+1]`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dot_floats(n: usize, load: impl Fn(usize, bool) -> (__m256, __m256)) -> (f32, usize) {
+    let np = n & !63;
+    let mut acc = [_mm256_setzero_ps(); 8];
+    let mut i = 0;
+    while i < np {
+        for (r, accr) in acc.iter_mut().enumerate() {
+            let (x, y) = load(i + 8 * r, true);
+            *accr = _mm256_fmadd_ps(x, y, *accr);
+        }
+        i += 64;
+    }
+    // x0 += x2, x1 += x3, x0 += x1 (16-lane registers = pairs of 8-lane ones)
+    for h in 0..2 {
+        acc[h] = _mm256_add_ps(acc[h], acc[4 + h]);
+        acc[2 + h] = _mm256_add_ps(acc[2 + h], acc[6 + h]);
+        acc[h] = _mm256_add_ps(acc[h], acc[2 + h]);
+    }
+    // _mm512_reduce_add_ps: t = hi8 + lo8, then 4+4, then (t0+t2) + (t1+t3)
+    let t3 = _mm256_add_ps(acc[1], acc[0]);
+    let t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
+    let t8 = _mm_add_ps(t6, _mm_movehl_ps(t6, t6));
+    let s = _mm_add_ss(t8, _mm_movehdup_ps(t8));
+    (_mm_cvtss_f32(s), np)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f32(w: &[u8], a: &[u8]) -> f32 {
+    let (wp, ap) = (w.as_ptr() as *const f32, a.as_ptr() as *const f32);
+    let n = w.len() / 4;
+    let (mut sum, np) = dot_floats(n, |e, _| unsafe {
+        (_mm256_loadu_ps(wp.add(e)), _mm256_loadu_ps(ap.add(e)))
+    });
+    for e in np..n {
+        sum = wp
+            .add(e)
+            .read_unaligned()
+            .mul_add(ap.add(e).read_unaligned(), sum);
+    }
+    sum
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f16(w: &[u8], a: &[u8]) -> f32 {
+    let (wp, ap) = (w.as_ptr() as *const u16, a.as_ptr() as *const u16);
+    let n = w.len() / 2;
+    let cvt = |p: *const u16| unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) };
+    let (sum, np) = dot_floats(n, |e, _| (cvt(wp.add(e)), cvt(ap.add(e))));
+    let mut sum = sum as f64;
+    for e in np..n {
+        sum += (h2f(wp.add(e) as *const u8) * h2f(ap.add(e) as *const u8)) as f64;
+    }
+    sum as f32
+}

@@ -236,15 +236,15 @@ impl<W: Write> GgufWriter<W> {
         self.out.write_all(&buf)?;
         self.written = buf.len() as u64;
         self.state = State::Data { next: 0, done: 0 };
-        self.skip_empty_tensors()?;
         Ok(())
     }
 
-    /// Tensors with no elements have no bytes to wait for.
-    fn skip_empty_tensors(&mut self) -> Result<()> {
+    /// Tensors with no elements need no data: moves past those before the current one unless
+    /// it is the one named.
+    fn skip_empty_tensors(&mut self, name: Option<&str>) {
         while let State::Data { next, done: 0 } = self.state {
             match self.tensors.get(next) {
-                Some(t) if t.size == 0 => {
+                Some(t) if t.size == 0 && Some(t.name.as_str()) != name => {
                     self.state = State::Data {
                         next: next + 1,
                         done: 0,
@@ -253,10 +253,10 @@ impl<W: Write> GgufWriter<W> {
                 _ => break,
             }
         }
-        Ok(())
     }
 
-    fn current(&self, name: &str) -> Result<(usize, u64)> {
+    fn current(&mut self, name: &str) -> Result<(usize, u64)> {
+        self.skip_empty_tensors(Some(name));
         let State::Data { next, done } = self.state else {
             return Err(Error::WriterState(
                 "tensor data before write_header".to_string(),
@@ -317,7 +317,7 @@ impl<W: Write> GgufWriter<W> {
             next: i + 1,
             done: 0,
         };
-        self.skip_empty_tensors()
+        Ok(())
     }
 
     /// Checks every tensor was written, flushes, and returns the output.
@@ -325,6 +325,7 @@ impl<W: Write> GgufWriter<W> {
         if self.state == State::Declaring {
             self.write_header()?;
         }
+        self.skip_empty_tensors(None);
         if let State::Data { next, .. } = self.state {
             if let Some(t) = self.tensors.get(next) {
                 return Err(Error::WriterState(format!(

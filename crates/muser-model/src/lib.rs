@@ -1,1 +1,283 @@
-//! muser-model
+//! Model hyperparameters and forward passes, the KV cache pool, and the backend they run on.
+//!
+//! - [`Model::load`] maps a GGUF file (weights stay in the map), reads its geometry
+//!   ([`ModelInfo`]) and binds the architecture's tensors (`models/muse_glimmer.rs`,
+//!   `models/llama.rs`).
+//! - [`Model::new_kv`] sizes a [`KvCache`] pool once: `n_seq` sequences of `n_ctx` positions.
+//! - [`Model::forward`] runs a [`Batch`] (any mix of sequences, prefill chunks and decode
+//!   tokens) and returns logits for the rows that asked for them.
+//!
+//! Numerics follow llama.cpp b11434's CPU backend with its defaults (flash attention on, F16
+//! KV cache, no weight repacking), so greedy decoding matches it token for token; see
+//! `tests/parity.rs` and `scripts/goldens.sh`.
+
+pub mod backend;
+pub mod cpu;
+mod error;
+mod info;
+pub mod kv;
+pub mod models;
+
+pub use backend::{AttnInput, Backend, RopeMode, Weight};
+pub use cpu::CpuBackend;
+pub use error::ModelError;
+pub use info::{Arch, ModelInfo};
+pub use kv::{KvCache, KvLayout, KvSnapshot, KvType, LayerKv};
+
+use models::{llama::Llama, muse_glimmer::MuseGlimmer, Prepared, Tensors};
+use muser_gguf::GgufFile;
+use std::path::Path;
+
+/// How to load a model.
+#[derive(Clone, Debug, Default)]
+pub struct LoadOptions {
+    /// Compute threads; 0 = one per core.
+    pub threads: usize,
+}
+
+/// Tokens to run through the model: token `i` of sequence `seq[i]` at position `pos[i]`; its
+/// logits are returned when `logits[i]`. Within a sequence, positions must continue the cache
+/// (`kv.seq_len(seq)`, `+1`, ...) in batch order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Batch {
+    pub tokens: Vec<u32>,
+    pub pos: Vec<u32>,
+    pub seq: Vec<u32>,
+    pub logits: Vec<bool>,
+    /// Also return the final-norm hidden state of the output rows.
+    pub embeddings: bool,
+}
+
+impl Batch {
+    /// `tokens` of one sequence starting at `start_pos`; logits for every token, or only the
+    /// last when `last_logits_only`.
+    pub fn single(seq: u32, tokens: &[u32], start_pos: u32, last_logits_only: bool) -> Batch {
+        let n = tokens.len();
+        Batch {
+            tokens: tokens.to_vec(),
+            pos: (0..n as u32).map(|i| start_pos + i).collect(),
+            seq: vec![seq; n],
+            logits: (0..n).map(|i| !last_logits_only || i + 1 == n).collect(),
+            embeddings: false,
+        }
+    }
+
+    /// Append one token.
+    pub fn push(&mut self, token: u32, pos: u32, seq: u32, logits: bool) {
+        self.tokens.push(token);
+        self.pos.push(pos);
+        self.seq.push(seq);
+        self.logits.push(logits);
+    }
+
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+}
+
+/// Results of a forward pass, one row per batch entry with `logits[i] == true`, in batch order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Output {
+    /// `n_out × n_vocab`.
+    pub logits: Vec<f32>,
+    /// `n_out × n_embd` when the batch asked for embeddings, else empty.
+    pub embeddings: Vec<f32>,
+    /// Batch indices of the rows, in order.
+    pub rows: Vec<usize>,
+}
+
+impl Output {
+    /// Logits of output row `r`.
+    pub fn row(&self, r: usize, n_vocab: usize) -> &[f32] {
+        &self.logits[r * n_vocab..(r + 1) * n_vocab]
+    }
+}
+
+enum Net {
+    MuseGlimmer(MuseGlimmer),
+    Llama(Llama),
+}
+
+/// A loaded model, ready to run batches on the CPU backend.
+pub struct Model {
+    gguf: GgufFile,
+    info: ModelInfo,
+    net: Net,
+    backend: CpuBackend,
+}
+
+/// Default largest batch per forward pass (llama.cpp's default `n_ubatch`).
+pub const DEFAULT_UBATCH: u32 = 512;
+
+impl Model {
+    pub fn load(path: &Path, opts: &LoadOptions) -> Result<Model, ModelError> {
+        let gguf = GgufFile::open(path).map_err(|source| ModelError::Open {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Model::from_gguf(gguf, opts)
+    }
+
+    /// A model over an already opened file.
+    pub fn from_gguf(gguf: GgufFile, opts: &LoadOptions) -> Result<Model, ModelError> {
+        let info = ModelInfo::from_gguf(&gguf, gguf.file_len())?;
+        let t = Tensors { g: &gguf };
+        let net = match info.arch {
+            Arch::MuseGlimmer => Net::MuseGlimmer(MuseGlimmer::load(&t, &info)?),
+            Arch::Llama => Net::Llama(Llama::load(&t, &info)?),
+        };
+        let backend = CpuBackend::new(opts.threads)?;
+        Ok(Model {
+            gguf,
+            info,
+            net,
+            backend,
+        })
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    pub fn gguf(&self) -> &GgufFile {
+        &self.gguf
+    }
+
+    /// Compute threads in use.
+    pub fn threads(&self) -> usize {
+        self.backend.threads()
+    }
+
+    /// The cache layout this model needs for element type `dtype`.
+    pub fn kv_layout(&self, dtype: KvType) -> KvLayout {
+        let i = &self.info;
+        KvLayout {
+            n_layer: i.n_layer,
+            is_swa: i.is_swa.clone(),
+            n_head_kv: i.n_head_kv,
+            head_dim: i.head_dim,
+            n_swa: i.n_swa,
+            dtype,
+        }
+    }
+
+    /// A KV pool for `n_seq` sequences of `n_ctx_per_seq` positions, for batches of up to
+    /// [`DEFAULT_UBATCH`] tokens.
+    pub fn new_kv(
+        &self,
+        n_ctx_per_seq: usize,
+        n_seq: usize,
+        kv_type: KvType,
+    ) -> Result<KvCache, ModelError> {
+        self.new_kv_ubatch(n_ctx_per_seq, n_seq, kv_type, DEFAULT_UBATCH)
+    }
+
+    /// [`Model::new_kv`] with an explicit largest batch size.
+    pub fn new_kv_ubatch(
+        &self,
+        n_ctx_per_seq: usize,
+        n_seq: usize,
+        kv_type: KvType,
+        n_ubatch: u32,
+    ) -> Result<KvCache, ModelError> {
+        let n_ctx = u32::try_from(n_ctx_per_seq)
+            .map_err(|_| ModelError::Kv(format!("n_ctx {n_ctx_per_seq} too large")))?;
+        KvCache::new(self.kv_layout(kv_type), n_ctx, n_seq, n_ubatch)
+    }
+
+    fn prepare(&self, kv: &mut KvCache, b: &Batch) -> Result<Prepared, ModelError> {
+        let n = b.tokens.len();
+        if n == 0 {
+            return Err(ModelError::BadBatch("empty batch".into()));
+        }
+        if b.pos.len() != n || b.seq.len() != n || b.logits.len() != n {
+            return Err(ModelError::BadBatch(
+                "tokens, pos, seq and logits differ in length".into(),
+            ));
+        }
+        if n > kv.n_ubatch() as usize {
+            return Err(ModelError::BadBatch(format!(
+                "{n} tokens exceed the cache's batch limit {}",
+                kv.n_ubatch()
+            )));
+        }
+        if *kv.layout() != self.kv_layout(kv.layout().dtype) {
+            return Err(ModelError::BadBatch(
+                "the KV cache was made for another model".into(),
+            ));
+        }
+        let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
+        for i in 0..n {
+            let (tok, seq, pos) = (b.tokens[i], b.seq[i], b.pos[i]);
+            if tok as usize >= self.info.n_vocab {
+                return Err(ModelError::BadBatch(format!(
+                    "token {tok} >= n_vocab {}",
+                    self.info.n_vocab
+                )));
+            }
+            if seq as usize >= kv.n_seq() {
+                return Err(ModelError::BadBatch(format!(
+                    "seq {seq} >= n_seq {}",
+                    kv.n_seq()
+                )));
+            }
+            if pos >= kv.n_ctx() {
+                return Err(ModelError::BadBatch(format!(
+                    "position {pos} >= n_ctx {}",
+                    kv.n_ctx()
+                )));
+            }
+            match groups.iter_mut().find(|(s, _)| *s == seq) {
+                Some((_, idx)) => {
+                    let prev = b.pos[*idx.last().unwrap_or(&i)];
+                    if pos != prev + 1 {
+                        return Err(ModelError::BadBatch(format!(
+                            "seq {seq}: position {pos} does not follow {prev}"
+                        )));
+                    }
+                    idx.push(i);
+                }
+                None => {
+                    let next = kv.seq_len(seq);
+                    if pos != next {
+                        return Err(ModelError::BadBatch(format!(
+                            "seq {seq}: first position {pos} but the cache holds {next}"
+                        )));
+                    }
+                    groups.push((seq, vec![i]));
+                }
+            }
+        }
+        let out_rows: Vec<usize> = (0..n).filter(|&i| b.logits[i]).collect();
+        let plan = kv.place(&groups, &b.pos)?;
+        Ok(Prepared {
+            groups,
+            plan,
+            out_rows,
+        })
+    }
+
+    /// Run a batch, writing its K/V into `kv`.
+    pub fn forward(&self, kv: &mut KvCache, batch: &Batch) -> Result<Output, ModelError> {
+        let prep = self.prepare(kv, batch)?;
+        let be = &self.backend;
+        let (g, i) = (&self.gguf, &self.info);
+        let (hidden, logits) = match &self.net {
+            Net::MuseGlimmer(m) => m.forward(be, g, i, kv, &prep, &batch.tokens, &batch.pos),
+            Net::Llama(m) => m.forward(be, g, i, kv, &prep, &batch.tokens, &batch.pos),
+        }?;
+        Ok(Output {
+            logits: be.download(&logits),
+            embeddings: if batch.embeddings {
+                be.download(&hidden)
+            } else {
+                Vec::new()
+            },
+            rows: prep.out_rows,
+        })
+    }
+}

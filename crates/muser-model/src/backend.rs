@@ -1,0 +1,110 @@
+//! The operations model code is written against. A backend owns the activations (`Act`, a
+//! row-major `[rows × cols]` f32 matrix on its device) and implements each op with the numerics
+//! of llama.cpp's corresponding ggml op. Model files (`models/*.rs`) use nothing else, so a new
+//! backend touches no model file.
+
+use crate::error::ModelError;
+use crate::kv::{KvCache, KvPlan};
+use muser_gguf::GgmlType;
+
+/// A weight matrix `{n_in, n_out}` (ggml order), borrowed from the memory-mapped file: `n_out`
+/// rows of `n_in` values in type `ty`.
+#[derive(Clone, Copy, Debug)]
+pub struct Weight<'a> {
+    pub name: &'a str,
+    pub ty: GgmlType,
+    pub n_in: usize,
+    pub n_out: usize,
+    pub data: &'a [u8],
+}
+
+impl Weight<'_> {
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.data.len() / self.n_out.max(1)
+    }
+}
+
+/// RoPE flavour: which pairs rotate together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeMode {
+    /// Adjacent pairs `(x[2i], x[2i+1])` (ggml mode 0; llama, muse-glimmer).
+    Norm,
+    /// Halves `(x[i], x[i + n_rot/2])` (ggml mode 2).
+    Neox,
+}
+
+/// Everything the attention op needs besides Q, K and V.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnInput<'a> {
+    pub layer: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    /// Scale applied to `q·k` before the softmax.
+    pub scale: f32,
+    /// Per sequence in the batch: its id and its token indices (ascending).
+    pub groups: &'a [(u32, Vec<usize>)],
+    /// Every token's position.
+    pub pos: &'a [u32],
+    /// Where the batch's tokens were placed in the cache.
+    pub plan: &'a KvPlan,
+}
+
+/// The operations of a forward pass.
+pub trait Backend: Send + Sync {
+    /// Activations: a row-major `[rows × cols]` f32 matrix.
+    type Act: Send;
+
+    /// A matrix from host data (`data.len() == rows * cols`).
+    fn upload(&self, rows: usize, cols: usize, data: Vec<f32>) -> Self::Act;
+    /// The matrix as host data, row-major.
+    fn download(&self, a: &Self::Act) -> Vec<f32>;
+    /// `(rows, cols)`.
+    fn dims(&self, a: &Self::Act) -> (usize, usize);
+
+    /// Rows `ids` of an embedding table, dequantized exactly.
+    fn get_rows(&self, table: &Weight, ids: &[u32]) -> Result<Self::Act, ModelError>;
+    /// `y = x · Wᵀ` (`[rows × n_in]` → `[rows × n_out]`), with ggml's CPU activation
+    /// quantization and kernel choice for the weight type and row count.
+    fn matmul(&self, w: &Weight, x: &Self::Act) -> Result<Self::Act, ModelError>;
+    /// RMS norm of every `group`-wide slice of every row (group = cols for a plain norm, head_dim
+    /// for a per-head norm), times `weight` (length `group`) when given.
+    fn rms_norm(&self, x: &Self::Act, group: usize, eps: f32, weight: Option<&[f32]>) -> Self::Act;
+    /// Rotate every head of every row in place; row `r` is at position `pos[r]`.
+    fn rope(
+        &self,
+        x: &mut Self::Act,
+        head_dim: usize,
+        n_rot: usize,
+        pos: &[u32],
+        base: f32,
+        mode: RopeMode,
+    );
+    /// `x += y`.
+    fn add(&self, x: &mut Self::Act, y: &Self::Act);
+    /// `x += b` for a bias row broadcast over rows.
+    fn add_row(&self, x: &mut Self::Act, b: &[f32]);
+    /// `x *= sigmoid(gate)`.
+    fn mul_sigmoid(&self, x: &mut Self::Act, gate: &Self::Act);
+    /// `silu(gate) * up`.
+    fn swiglu(&self, gate: &Self::Act, up: &Self::Act) -> Self::Act;
+    /// `x *= s`.
+    fn scale(&self, x: &mut Self::Act, s: f32);
+    /// `x = cap · tanh(x · (1/cap))`.
+    fn softcap(&self, x: &mut Self::Act, cap: f32);
+    /// The listed rows, in that order.
+    fn select_rows(&self, x: &Self::Act, rows: &[usize]) -> Self::Act;
+    /// Store K and V of the batch into the cache cells of `at.plan`, then attend: for every
+    /// token, softmax over the visible cells of its sequence (causal, and the sliding window on
+    /// SWA layers). Q is `[tokens × n_head·hd]`, K and V `[tokens × n_head_kv·hd]`; returns
+    /// `[tokens × n_head·hd]`.
+    fn attention(
+        &self,
+        kv: &mut KvCache,
+        at: &AttnInput,
+        q: &Self::Act,
+        k: &Self::Act,
+        v: &Self::Act,
+    ) -> Result<Self::Act, ModelError>;
+}

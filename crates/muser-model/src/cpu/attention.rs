@@ -1,0 +1,392 @@
+//! Attention over the KV cache with llama.cpp's CPU flash-attention numerics
+//! (`ggml_compute_forward_flash_attn_ext_f16`, b11434). `flash_attn = auto` resolves to enabled
+//! on the CPU backend, so this is the path llama-completion and llama-server take by default.
+//!
+//! ggml picks one of three kernels per call; the numbers differ between them, so we pick the
+//! same one from the same facts (query rows of the sequence, cells in view, threads):
+//! - **tiled** (`q_rows >= 64`, F16/F32 cache): Q stays f32, K is widened to f32, scores are
+//!   sequential FMAs over the head dim, softmax runs per 64-cell tile with ggml's vector exp,
+//!   and V is accumulated in f32 per tile.
+//! - **one chunk** (fewer query rows): Q is rounded to the cache type, scores use ggml's f16 dot,
+//!   the online softmax uses libm `expf`, and for an F16 cache the V accumulator itself is F16.
+//! - **split KV** (one query row, `n_kv >= 512`): the one-chunk kernel over `threads` equal cell
+//!   ranges, merged in f32.
+
+use super::math::{dot_f16, fma_fn, soft_max_tile, LANES};
+use crate::backend::AttnInput;
+use crate::kv::KvType;
+use half::f16;
+
+/// ggml_fa_tile_config: query rows and cells per tile.
+const TILE_Q: usize = 64;
+const TILE_KV: usize = 64;
+
+/// What one query row sees: the cache of its sequence for the layer.
+pub struct View<'a> {
+    pub k: &'a [u8],
+    pub v: &'a [u8],
+    /// Positions of cells `0..n_kv` (-1 = empty).
+    pub cell_pos: &'a [i32],
+    pub dtype: KvType,
+    /// Row stride (elements) of a cell: n_head_kv · head_dim.
+    pub row: usize,
+    pub head_dim: usize,
+    /// Sliding window (0 = none).
+    pub n_swa: u32,
+}
+
+impl View<'_> {
+    fn visible(&self, c: usize, q_pos: i32) -> bool {
+        let p = self.cell_pos[c];
+        p >= 0 && p <= q_pos && (self.n_swa == 0 || q_pos - p < self.n_swa as i32)
+    }
+
+    fn k_f32(&self, c: usize, kvh: usize, out: &mut [f32]) {
+        load(self.k, self.dtype, c * self.row + kvh * self.head_dim, out);
+    }
+
+    fn v_f32(&self, c: usize, kvh: usize, out: &mut [f32]) {
+        load(self.v, self.dtype, c * self.row + kvh * self.head_dim, out);
+    }
+
+    fn f16_row<'b>(&self, buf: &'b [u8], c: usize, kvh: usize, tmp: &'b mut Vec<f16>) -> &'b [f16] {
+        let at = (c * self.row + kvh * self.head_dim) * self.dtype.size();
+        let bytes = &buf[at..at + self.head_dim * self.dtype.size()];
+        tmp.clear();
+        match self.dtype {
+            KvType::F16 => tmp.extend(
+                bytes
+                    .chunks_exact(2)
+                    .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]]))),
+            ),
+            // ggml casts an F32 cache to F16 before flash attention on the CPU.
+            KvType::F32 => tmp.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|b| f16::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
+            ),
+        }
+        tmp
+    }
+}
+
+fn load(buf: &[u8], dtype: KvType, elem: usize, out: &mut [f32]) {
+    match dtype {
+        KvType::F16 => {
+            let b = &buf[elem * 2..elem * 2 + out.len() * 2];
+            for (o, c) in out.iter_mut().zip(b.chunks_exact(2)) {
+                *o = f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+            }
+        }
+        KvType::F32 => {
+            let b = &buf[elem * 4..elem * 4 + out.len() * 4];
+            for (o, c) in out.iter_mut().zip(b.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+    }
+}
+
+/// Store one K or V row (f32) into a cache row.
+pub fn store(buf: &mut [u8], dtype: KvType, elem: usize, src: &[f32]) {
+    match dtype {
+        KvType::F16 => {
+            for (i, &x) in src.iter().enumerate() {
+                let at = (elem + i) * 2;
+                buf[at..at + 2].copy_from_slice(&f16::from_f32(x).to_bits().to_le_bytes());
+            }
+        }
+        KvType::F32 => {
+            for (i, &x) in src.iter().enumerate() {
+                let at = (elem + i) * 4;
+                buf[at..at + 4].copy_from_slice(&x.to_le_bytes());
+            }
+        }
+    }
+}
+
+/// Which kernel ggml runs for a sequence's query rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    Tiled,
+    OneChunk,
+    SplitKv { parts: usize },
+}
+
+pub fn choose(q_rows: usize, n_kv: usize, threads: usize) -> Kernel {
+    if q_rows == 1 && n_kv >= 512 {
+        Kernel::SplitKv {
+            parts: threads.max(1),
+        }
+    } else if q_rows >= TILE_Q {
+        Kernel::Tiled
+    } else {
+        Kernel::OneChunk
+    }
+}
+
+/// Running state of one query head over a range of cells (the "partials" of ggml).
+struct Partial {
+    m: f32,
+    s: f32,
+    acc: Vec<f32>,
+}
+
+fma_fn! {
+/// The one-chunk kernel for one query head over cells `range`: returns (M, S, unnormalised V).
+fn one_chunk(view: &View, kvh: usize, q: &[f32], q_pos: i32, scale: f32, range: std::ops::Range<usize>) -> (f32, f32, Vec<f32>) {
+    let hd = view.head_dim;
+    let qh: Vec<f16> = q.iter().map(|&x| f16::from_f32(x)).collect();
+    let mut s_sum = 0f32;
+    let mut m = f32::NEG_INFINITY;
+    let mut acc16 = vec![f16::ZERO; hd];
+    let mut tmp = Vec::with_capacity(hd);
+    for c in range {
+        if !view.visible(c, q_pos) {
+            continue;
+        }
+        let k = view.f16_row(view.k, c, kvh, &mut tmp);
+        let mut s = dot_f16(k, &qh);
+        s *= scale;
+        let m_old = m;
+        let mut ms = 1f32;
+        let mut vs = 1f32;
+        if s > m {
+            m = s;
+            ms = (m_old - m).exp();
+            for a in acc16.iter_mut() {
+                *a = f16::from_f32(a.to_f32() * ms);
+            }
+        } else {
+            vs = (s - m).exp();
+        }
+        let vrow = view.f16_row(view.v, c, kvh, &mut tmp);
+        for (a, &x) in acc16.iter_mut().zip(vrow) {
+            *a = f16::from_f32(x.to_f32().mul_add(vs, a.to_f32()));
+        }
+        s_sum = s_sum.mul_add(ms, vs);
+    }
+    (m, s_sum, acc16.iter().map(|a| a.to_f32()).collect())
+}
+}
+
+/// Attention for the query rows of one sequence and one query head `h`.
+/// `q(r)` gives query row `r`'s head slice; results go to `out(r)`.
+pub fn attend_head(
+    view: &View,
+    kernel: Kernel,
+    n_kv: usize,
+    kvh: usize,
+    scale: f32,
+    q_rows: &[(&[f32], i32)],
+    out: &mut [&mut [f32]],
+) {
+    match kernel {
+        Kernel::OneChunk => {
+            for ((q, p), o) in q_rows.iter().zip(out.iter_mut()) {
+                let (_, s, mut acc) = one_chunk(view, kvh, q, *p, scale, 0..n_kv);
+                finish(&mut acc, s, o);
+            }
+        }
+        Kernel::SplitKv { parts } => {
+            let chunk = n_kv.div_ceil(parts);
+            for ((q, p), o) in q_rows.iter().zip(out.iter_mut()) {
+                let partials: Vec<Partial> = (0..parts)
+                    .filter(|i| i * chunk < n_kv)
+                    .map(|i| {
+                        let (m, s, acc) = one_chunk(
+                            view,
+                            kvh,
+                            q,
+                            *p,
+                            scale,
+                            i * chunk..((i + 1) * chunk).min(n_kv),
+                        );
+                        Partial { m, s, acc }
+                    })
+                    .collect();
+                merge(&partials, view.head_dim, o);
+            }
+        }
+        Kernel::Tiled => tiled(view, n_kv, kvh, scale, q_rows, out),
+    }
+}
+
+fn finish(acc: &mut [f32], s: f32, out: &mut [f32]) {
+    let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
+    for (o, a) in out.iter_mut().zip(acc.iter()) {
+        *o = a * inv;
+    }
+}
+
+fma_fn! {
+/// `ggml_flash_attn_ext_reduce_partials` for one head.
+fn merge(parts: &[Partial], hd: usize, out: &mut [f32]) {
+    let mut m = f32::NEG_INFINITY;
+    let mut s = 0f32;
+    let mut acc = vec![0f32; hd];
+    for p in parts {
+        if p.s == 0.0 {
+            continue;
+        }
+        let m_new = m.max(p.m);
+        let so = (m - m_new).exp();
+        let sn = (p.m - m_new).exp();
+        for (a, &x) in acc.iter_mut().zip(&p.acc) {
+            *a = a.mul_add(so, x * sn);
+        }
+        s = s.mul_add(so, p.s * sn);
+        m = m_new;
+    }
+    if s != 0.0 {
+        let inv = 1.0 / s;
+        for a in acc.iter_mut() {
+            *a *= inv;
+        }
+    }
+    out.copy_from_slice(&acc);
+}
+}
+
+fma_fn! {
+/// The tiled kernel for up to 64 query rows of one head.
+fn tiled(view: &View, n_kv: usize, kvh: usize, scale: f32, q_rows: &[(&[f32], i32)], out: &mut [&mut [f32]]) {
+    let hd = view.head_dim;
+    for (tile_q, tile_out) in q_rows.chunks(TILE_Q).zip(out.chunks_mut(TILE_Q)) {
+        let nq = tile_q.len();
+        let mut m = vec![f32::NEG_INFINITY; nq];
+        let mut s = vec![0f32; nq];
+        let mut acc = vec![0f32; nq * hd];
+        let mut kt = vec![0f32; hd * TILE_KV]; // K transposed: [d][cell]
+        let mut vt = vec![0f32; TILE_KV * hd];
+        let mut kq = vec![0f32; TILE_KV];
+        let mut mask = vec![0f32; nq * TILE_KV];
+        let mut row = vec![0f32; hd];
+        let mut c0 = 0;
+        while c0 < n_kv {
+            let nc = TILE_KV.min(n_kv - c0);
+            let mut any = false;
+            for (r, (_, p)) in tile_q.iter().enumerate() {
+                for t in 0..TILE_KV {
+                    let vis = t < nc && view.visible(c0 + t, *p);
+                    mask[r * TILE_KV + t] = if vis { 0.0 } else { f32::NEG_INFINITY };
+                    any |= vis;
+                }
+            }
+            if !any {
+                c0 += TILE_KV;
+                continue;
+            }
+            kt.fill(0.0);
+            vt.fill(0.0);
+            for t in 0..nc {
+                view.k_f32(c0 + t, kvh, &mut row);
+                for d in 0..hd {
+                    kt[d * TILE_KV + t] = row[d];
+                }
+                view.v_f32(c0 + t, kvh, &mut vt[t * hd..(t + 1) * hd]);
+            }
+            for (r, (q, _)) in tile_q.iter().enumerate() {
+                kq.fill(0.0);
+                for d in 0..hd {
+                    let qd = q[d];
+                    let krow = &kt[d * TILE_KV..(d + 1) * TILE_KV];
+                    for t in 0..TILE_KV {
+                        kq[t] = qd.mul_add(krow[t], kq[t]);
+                    }
+                }
+                for t in 0..TILE_KV {
+                    kq[t] *= scale;
+                    kq[t] = if t < nc { kq[t] + mask[r * TILE_KV + t] } else { f32::NEG_INFINITY };
+                }
+                let tile_max = kq.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let a = &mut acc[r * hd..(r + 1) * hd];
+                if tile_max == f32::NEG_INFINITY {
+                    continue;
+                }
+                let m_new = m[r].max(tile_max);
+                if m_new > m[r] {
+                    let ms = (m[r] - m_new).exp();
+                    for x in a.iter_mut() {
+                        *x *= ms;
+                    }
+                    s[r] *= ms;
+                }
+                m[r] = m_new;
+                // `S += (double) sum` on a float S: the add happens in f64.
+                s[r] = (f64::from(s[r]) + soft_max_tile(&mut kq, m_new)) as f32;
+                for t in 0..TILE_KV {
+                    let w = kq[t];
+                    let vrow = &vt[t * hd..(t + 1) * hd];
+                    for d in 0..hd {
+                        a[d] = w.mul_add(vrow[d], a[d]);
+                    }
+                }
+            }
+            c0 += TILE_KV;
+        }
+        for (r, o) in tile_out.iter_mut().enumerate() {
+            let inv = if s[r] == 0.0 { 0.0 } else { 1.0 / s[r] };
+            for d in 0..hd {
+                o[d] = acc[r * hd + d] * inv;
+            }
+        }
+    }
+}
+}
+
+// The tile softmax works on 16-lane groups.
+const _: () = assert!(TILE_KV % LANES == 0);
+
+/// Attention for all groups of a batch on one layer. Called by the CPU backend after K/V are
+/// stored. Returns `[tokens × n_head·hd]`.
+pub fn run(
+    at: &AttnInput,
+    views: &[View],
+    n_kvs: &[usize],
+    threads: usize,
+    q: &[f32],
+    n_tokens: usize,
+) -> Vec<f32> {
+    use rayon::prelude::*;
+    let hd = at.head_dim;
+    let qw = at.n_head * hd;
+    let group = at.n_head / at.n_head_kv;
+    let mut out = vec![0f32; n_tokens * qw];
+    // One task per (sequence, head); every task writes disjoint columns of `out`.
+    let tasks: Vec<(usize, usize)> = (0..at.groups.len())
+        .flat_map(|g| (0..at.n_head).map(move |h| (g, h)))
+        .collect();
+    let results: Vec<(usize, usize, Vec<f32>)> = tasks
+        .par_iter()
+        .map(|&(g, h)| {
+            let idx = &at.groups[g].1;
+            let view = &views[g];
+            let kernel = choose(idx.len(), n_kvs[g], threads);
+            let rows: Vec<(&[f32], i32)> = idx
+                .iter()
+                .map(|&t| (&q[t * qw + h * hd..t * qw + (h + 1) * hd], at.pos[t] as i32))
+                .collect();
+            let mut buf = vec![0f32; idx.len() * hd];
+            {
+                let mut outs: Vec<&mut [f32]> = buf.chunks_mut(hd).collect();
+                attend_head(
+                    view,
+                    kernel,
+                    n_kvs[g],
+                    h / group,
+                    at.scale,
+                    &rows,
+                    &mut outs,
+                );
+            }
+            (g, h, buf)
+        })
+        .collect();
+    for (g, h, buf) in results {
+        for (r, &t) in at.groups[g].1.iter().enumerate() {
+            out[t * qw + h * hd..t * qw + (h + 1) * hd].copy_from_slice(&buf[r * hd..(r + 1) * hd]);
+        }
+    }
+    out
+}

@@ -1,0 +1,187 @@
+//! `y = x · Wᵀ` with ggml's CPU kernel choice (b11434, x86 AVX512 build, no weight repacking):
+//!
+//! | weight | rows of x | kernel |
+//! |---|---|---|
+//! | Q4_K, Q5_K, Q6_K | ≥ 8 | tiled K-quant matmul on Q8_K activations ([`super::kquant`]) |
+//! | F16 | ≥ 2 | llamafile tinyBLAS on F16 activations (16-lane FMA, then reduce) |
+//! | F16 | 1 | `ggml_vec_dot_f16` |
+//! | anything else | any | `ggml_vec_dot_<type>` on `vec_dot_type` activations (muser-quant) |
+//!
+//! (tinyBLAS also takes Q8_0/Q4_0/Q5_0 with two or more rows; its per-block FMA into 8 lanes
+//! and final reduction are the same operations as the vec_dot kernels, so one path serves.)
+//!
+//! Work is split over output rows in blocks; each block of weight rows is read once and dotted
+//! with every activation row while it is hot in cache.
+
+use super::kquant;
+use super::math::{dot_f16, dot_f16_tinyblas, fma_fn, reduce_add_16, LANES};
+use crate::backend::Weight;
+use crate::error::ModelError;
+use half::f16;
+use muser_gguf::GgmlType;
+use rayon::prelude::*;
+
+/// Output rows per work item.
+const ROW_BLOCK: usize = 16;
+
+/// Activations converted once for a whole matmul.
+enum Acts {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    /// Quantized rows of `row_bytes` each.
+    Quant {
+        data: Vec<u8>,
+        row_bytes: usize,
+    },
+}
+
+fn quant_err(w: &Weight, e: muser_quant::QuantError) -> ModelError {
+    ModelError::Quant(format!("{}: {e}", w.name))
+}
+
+/// Whether the CPU backend can multiply weights of this type.
+pub fn supported(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::F32 | GgmlType::F16) || muser_quant::has_vec_dot(ty)
+}
+
+pub fn matmul(w: &Weight, x: &[f32], n_rows: usize) -> Result<Vec<f32>, ModelError> {
+    let (n_in, n_out) = (w.n_in, w.n_out);
+    if x.len() != n_rows * n_in {
+        return Err(ModelError::BadBatch(format!(
+            "{}: activation length {} != {n_rows}×{n_in}",
+            w.name,
+            x.len()
+        )));
+    }
+    if !supported(w.ty) {
+        return Err(ModelError::UnsupportedType {
+            name: w.name.to_string(),
+            ty: w.ty.name(),
+        });
+    }
+    let rb = w.row_bytes();
+    let acts = match w.ty {
+        GgmlType::F32 => Acts::F32(x.to_vec()),
+        GgmlType::F16 => Acts::F16(x.iter().map(|&v| f16::from_f32(v)).collect()),
+        ty => {
+            let vt = muser_quant::vec_dot_type(ty);
+            let row_bytes = muser_quant::row_size(vt, n_in).map_err(|e| quant_err(w, e))?;
+            let mut data = vec![0u8; row_bytes * n_rows];
+            for (src, dst) in x.chunks_exact(n_in).zip(data.chunks_exact_mut(row_bytes)) {
+                muser_quant::quantize_activations(vt, src, dst).map_err(|e| quant_err(w, e))?;
+            }
+            Acts::Quant { data, row_bytes }
+        }
+    };
+    let tiled = kquant::applies(w.ty, n_rows);
+    let mut y = vec![0f32; n_rows * n_out];
+    // Results per block of output rows: [row][token], transposed into y afterwards.
+    let blocks: Vec<(usize, Vec<f32>)> = (0..n_out.div_ceil(ROW_BLOCK))
+        .into_par_iter()
+        .map(|b| {
+            let r0 = b * ROW_BLOCK;
+            let r1 = (r0 + ROW_BLOCK).min(n_out);
+            let mut out = vec![0f32; (r1 - r0) * n_rows];
+            for r in r0..r1 {
+                let wrow = &w.data[r * rb..(r + 1) * rb];
+                let o = &mut out[(r - r0) * n_rows..(r - r0 + 1) * n_rows];
+                dot_row(w.ty, n_in, wrow, &acts, tiled, o);
+            }
+            (r0, out)
+        })
+        .collect();
+    for (r0, out) in blocks {
+        let n = out.len() / n_rows;
+        for i in 0..n {
+            for t in 0..n_rows {
+                y[t * n_out + r0 + i] = out[i * n_rows + t];
+            }
+        }
+    }
+    Ok(y)
+}
+
+/// One weight row against every activation row.
+fn dot_row(ty: GgmlType, n_in: usize, wrow: &[u8], acts: &Acts, tiled: bool, out: &mut [f32]) {
+    let n_rows = out.len();
+    match acts {
+        Acts::F32(x) => {
+            let wf: Vec<f32> = wrow
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            for (t, o) in out.iter_mut().enumerate() {
+                *o = dot_f32(&wf, &x[t * n_in..(t + 1) * n_in], n_rows >= 2);
+            }
+        }
+        Acts::F16(x) => {
+            let wh: Vec<f16> = wrow
+                .chunks_exact(2)
+                .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])))
+                .collect();
+            for (t, o) in out.iter_mut().enumerate() {
+                let a = &x[t * n_in..(t + 1) * n_in];
+                *o = if n_rows >= 2 && n_in % LANES == 0 {
+                    dot_f16_tinyblas(&wh, a)
+                } else {
+                    dot_f16(&wh, a)
+                };
+            }
+        }
+        Acts::Quant { data, row_bytes } => {
+            if tiled {
+                let u = kquant::unpack(ty, wrow, n_in);
+                for (t, o) in out.iter_mut().enumerate() {
+                    *o = kquant::dot(&u, &data[t * row_bytes..(t + 1) * row_bytes]);
+                }
+            } else {
+                for (t, o) in out.iter_mut().enumerate() {
+                    *o = muser_quant::vec_dot(
+                        ty,
+                        n_in,
+                        wrow,
+                        &data[t * row_bytes..(t + 1) * row_bytes],
+                    );
+                }
+            }
+        }
+    }
+}
+
+fma_fn! {
+/// `ggml_vec_dot_f32` (one row: four 16-lane accumulators) or tinyBLAS f32 (several rows: one
+/// 16-lane accumulator).
+fn dot_f32(w: &[f32], x: &[f32], tinyblas: bool) -> f32 {
+    let n = w.len();
+    if tinyblas && n % LANES == 0 {
+        let mut acc = [0f32; LANES];
+        for (cw, cx) in w.chunks_exact(LANES).zip(x.chunks_exact(LANES)) {
+            for l in 0..LANES {
+                acc[l] = cw[l].mul_add(cx[l], acc[l]);
+            }
+        }
+        return reduce_add_16(&acc);
+    }
+    let body = n - n % (4 * LANES);
+    let mut acc = [[0f32; LANES]; 4];
+    let mut i = 0;
+    while i < body {
+        for (j, a) in acc.iter_mut().enumerate() {
+            for l in 0..LANES {
+                let k = i + j * LANES + l;
+                a[l] = w[k].mul_add(x[k], a[l]);
+            }
+        }
+        i += 4 * LANES;
+    }
+    let mut s = [0f32; LANES];
+    for l in 0..LANES {
+        s[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
+    let mut sum = f64::from(reduce_add_16(&s));
+    for k in body..n {
+        sum += f64::from(w[k] * x[k]);
+    }
+    sum as f32
+}
+}

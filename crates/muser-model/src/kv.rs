@@ -1,0 +1,650 @@
+//! The KV cache pool, sized once at start-up.
+//!
+//! Layout (the same logical layout a CUDA backend will use):
+//! - one *stream* per sequence (slot); streams never share cells;
+//! - per stream two sub-caches as in llama.cpp's iSWA cache: the *base* cache for full-attention
+//!   layers with `n_ctx` cells, and the *SWA* cache for sliding-window layers with
+//!   `pad256(min(n_ctx, n_swa + n_ubatch))` cells used as a ring;
+//! - per layer one buffer `[n_seq][n_cells][n_head_kv · head_dim]` for K and one for V (not
+//!   transposed), in F16 (default) or F32. A row is head-major: head `h` at `[h·hd, (h+1)·hd)`.
+//!
+//! Cell placement follows llama.cpp's `find_slot`/`apply_ubatch` exactly (search from the head,
+//! reuse a SWA cell once its position left the window, purge older positions that a reuse
+//! would leave dangling). The attention kernels visit cells in index order, so reproducing the
+//! placement reproduces llama.cpp's accumulation order.
+
+use crate::error::ModelError;
+use std::ops::Range;
+
+/// Element type of the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum KvType {
+    #[default]
+    F16,
+    F32,
+}
+
+impl KvType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            KvType::F16 => 2,
+            KvType::F32 => 4,
+        }
+    }
+
+    /// ggml's name ("f16", "f32").
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F16 => "f16",
+            KvType::F32 => "f32",
+        }
+    }
+}
+
+/// What a cache (or a snapshot of one) holds: enough to check that a snapshot fits a model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvLayout {
+    pub n_layer: usize,
+    /// Per layer: true when the layer uses sliding-window attention (its K/V live in the ring).
+    pub is_swa: Vec<bool>,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    /// Sliding window: a key is visible iff `q_pos - k_pos < n_swa`. 0 when no layer slides.
+    pub n_swa: u32,
+    pub dtype: KvType,
+}
+
+impl KvLayout {
+    /// Bytes of one K (or V) row: one position of one layer.
+    pub fn row_bytes(&self) -> usize {
+        self.n_head_kv * self.head_dim * self.dtype.size()
+    }
+}
+
+/// The K/V of one layer for a range of positions, rows in ascending position order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerKv {
+    pub k: Vec<u8>,
+    pub v: Vec<u8>,
+}
+
+/// A sequence's K/V for a position range, in a device-neutral layout: per layer, rows of
+/// `row_bytes()` in ascending position order. Full-attention layers hold every position of the
+/// range; sliding layers hold only the last `min(n_swa, len)` positions of it (older ones can
+/// never be attended to again).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvSnapshot {
+    pub layout: KvLayout,
+    pub positions: Range<u32>,
+    pub layers: Vec<LayerKv>,
+}
+
+impl KvSnapshot {
+    /// Positions stored for layer `il`.
+    pub fn layer_positions(&self, il: usize) -> Range<u32> {
+        layer_positions(&self.layout, il, &self.positions)
+    }
+}
+
+fn layer_positions(layout: &KvLayout, il: usize, r: &Range<u32>) -> Range<u32> {
+    if layout.is_swa[il] && r.end - r.start > layout.n_swa {
+        r.end - layout.n_swa..r.end
+    } else {
+        r.clone()
+    }
+}
+
+const EMPTY: i32 = -1;
+const PAD: u32 = 256;
+
+/// Cell bookkeeping of one sub-cache of one stream (llama.cpp's `llama_kv_cells` for one seq).
+#[derive(Clone, Debug)]
+struct Cells {
+    pos: Vec<i32>,
+    head: u32,
+    used: u32,
+    /// Window for cell reuse; 0 for the base cache (never reuses occupied cells).
+    n_swa: u32,
+}
+
+impl Cells {
+    fn new(size: u32, n_swa: u32) -> Cells {
+        Cells {
+            pos: vec![EMPTY; size as usize],
+            head: 0,
+            used: 0,
+            n_swa,
+        }
+    }
+
+    fn size(&self) -> u32 {
+        self.pos.len() as u32
+    }
+
+    fn pos_max(&self) -> i32 {
+        self.pos.iter().copied().max().unwrap_or(EMPTY)
+    }
+
+    fn pos_min(&self) -> i32 {
+        self.pos
+            .iter()
+            .copied()
+            .filter(|&p| p >= 0)
+            .min()
+            .unwrap_or(EMPTY)
+    }
+
+    fn used_max_p1(&self) -> u32 {
+        self.pos
+            .iter()
+            .rposition(|&p| p >= 0)
+            .map_or(0, |i| i as u32 + 1)
+    }
+
+    /// Cells the attention kernels look at: llama.cpp pads this to 256 so graphs stay constant.
+    fn n_kv(&self) -> u32 {
+        let padded = self.used_max_p1().div_ceil(PAD) * PAD;
+        self.size().min(PAD.max(padded))
+    }
+
+    fn masked_swa(&self, p0: i32, p1: i32) -> bool {
+        self.n_swa > 0 && p1 - p0 >= self.n_swa as i32
+    }
+
+    /// `find_slot` (non-contiguous) followed by `apply_ubatch` for `positions` of one sequence.
+    fn place(&mut self, positions: &[i32]) -> Option<Vec<u32>> {
+        let n = positions.len() as u32;
+        if n > self.size() {
+            return None;
+        }
+        let size = self.size();
+        let mut head = self.head;
+        if head > self.used + 2 * n {
+            head = 0;
+        }
+        let seq_max_p1 = self.pos_max() + 1;
+        let mut idxs = Vec::with_capacity(n as usize);
+        let mut tested = 0u32;
+        loop {
+            if head + 1 > size {
+                tested += size - head;
+                head = 0;
+                continue;
+            }
+            let idx = head;
+            head += 1;
+            tested += 1;
+            let p = self.pos[idx as usize];
+            if p == EMPTY || self.masked_swa(p, seq_max_p1) {
+                idxs.push(idx);
+            }
+            if idxs.len() as u32 == n {
+                break;
+            }
+            if tested >= size {
+                return None;
+            }
+        }
+        let mut max_rm = EMPTY;
+        for (&idx, &p) in idxs.iter().zip(positions) {
+            let cell = &mut self.pos[idx as usize];
+            if *cell != EMPTY {
+                max_rm = max_rm.max(*cell);
+                self.used -= 1;
+            }
+            *cell = p;
+            self.used += 1;
+        }
+        if max_rm != EMPTY && self.pos_min() <= max_rm {
+            self.remove(self.pos_min(), max_rm + 1);
+        }
+        self.head = idxs[idxs.len() - 1] + 1;
+        Some(idxs)
+    }
+
+    /// llama.cpp's `seq_rm(seq, p0, p1)`: free the cells with positions in `[p0, p1)`.
+    fn remove(&mut self, p0: i32, p1: i32) {
+        let size = self.size();
+        let mut new_head = size;
+        for (i, p) in self.pos.iter_mut().enumerate() {
+            if *p != EMPTY && *p >= p0 && *p < p1 {
+                *p = EMPTY;
+                self.used -= 1;
+                if new_head == size {
+                    new_head = i as u32;
+                }
+            }
+        }
+        if new_head != self.size() && new_head < self.head {
+            self.head = new_head;
+        }
+    }
+
+    fn clear(&mut self) {
+        self.pos.fill(EMPTY);
+        self.head = 0;
+        self.used = 0;
+    }
+}
+
+/// One sequence's bookkeeping: the two sub-caches.
+#[derive(Clone, Debug)]
+struct Stream {
+    base: Cells,
+    swa: Cells,
+}
+
+/// Where the tokens of one forward pass went: per token, its cell in each sub-cache, and the
+/// cell counts the attention of each stream must visit.
+#[derive(Clone, Debug, Default)]
+pub struct KvPlan {
+    pub base_cell: Vec<u32>,
+    pub swa_cell: Vec<u32>,
+    /// Per stream touched by the batch: (seq, n_kv base, n_kv swa).
+    pub n_kv: Vec<(u32, u32, u32)>,
+}
+
+/// The KV cache pool.
+#[derive(Debug)]
+pub struct KvCache {
+    layout: KvLayout,
+    n_ctx: u32,
+    n_ubatch: u32,
+    base_size: u32,
+    swa_size: u32,
+    streams: Vec<Stream>,
+    /// Per layer: K and V buffers, `[n_seq][cells][row]`.
+    k: Vec<Vec<u8>>,
+    v: Vec<Vec<u8>>,
+}
+
+/// Most sequences one pool holds (llama.cpp's `LLAMA_MAX_SEQ`).
+pub const MAX_SEQ: usize = 256;
+
+impl KvCache {
+    /// A pool for `n_seq` sequences of up to `n_ctx` positions each. `n_ubatch` is the largest
+    /// batch one forward pass will place (it sizes the SWA ring, as in llama.cpp).
+    pub fn new(
+        layout: KvLayout,
+        n_ctx: u32,
+        n_seq: usize,
+        n_ubatch: u32,
+    ) -> Result<KvCache, ModelError> {
+        if n_seq == 0 || n_seq > MAX_SEQ {
+            return Err(ModelError::Kv(format!(
+                "n_seq {n_seq} is outside 1..={MAX_SEQ}"
+            )));
+        }
+        if n_ctx == 0 || n_ubatch == 0 {
+            return Err(ModelError::Kv("n_ctx and n_ubatch must be positive".into()));
+        }
+        let base_size = n_ctx;
+        let swa_size = if layout.n_swa == 0 {
+            0
+        } else {
+            n_ctx.min(layout.n_swa + n_ubatch).div_ceil(PAD) * PAD
+        };
+        let row = layout.row_bytes();
+        let mut k = Vec::with_capacity(layout.n_layer);
+        let mut v = Vec::with_capacity(layout.n_layer);
+        for il in 0..layout.n_layer {
+            let cells = if layout.is_swa[il] {
+                swa_size
+            } else {
+                base_size
+            } as usize;
+            let bytes = cells
+                .checked_mul(row)
+                .and_then(|b| b.checked_mul(n_seq))
+                .ok_or_else(|| ModelError::Kv("cache size overflows".into()))?;
+            k.push(vec![0u8; bytes]);
+            v.push(vec![0u8; bytes]);
+        }
+        let streams = (0..n_seq)
+            .map(|_| Stream {
+                base: Cells::new(base_size, 0),
+                swa: Cells::new(swa_size, layout.n_swa),
+            })
+            .collect();
+        Ok(KvCache {
+            layout,
+            n_ctx,
+            n_ubatch,
+            base_size,
+            swa_size,
+            streams,
+            k,
+            v,
+        })
+    }
+
+    pub fn layout(&self) -> &KvLayout {
+        &self.layout
+    }
+
+    /// Positions per sequence.
+    pub fn n_ctx(&self) -> u32 {
+        self.n_ctx
+    }
+
+    /// Largest batch one forward pass may place.
+    pub fn n_ubatch(&self) -> u32 {
+        self.n_ubatch
+    }
+
+    pub fn n_seq(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// Bytes held by K and V buffers.
+    pub fn bytes(&self) -> usize {
+        self.k.iter().chain(&self.v).map(Vec::len).sum()
+    }
+
+    /// The next position of `seq` (one past the largest stored), 0 when empty.
+    pub fn seq_len(&self, seq: u32) -> u32 {
+        self.streams.get(seq as usize).map_or(0, |s| {
+            let m = s.base.pos_max().max(s.swa.pos_max());
+            (m + 1) as u32
+        })
+    }
+
+    /// Drop every position `>= pos` of `seq` (rollback).
+    pub fn truncate(&mut self, seq: u32, pos: u32) {
+        if let Some(s) = self.streams.get_mut(seq as usize) {
+            s.base.remove(pos as i32, i32::MAX);
+            s.swa.remove(pos as i32, i32::MAX);
+        }
+    }
+
+    /// Forget `seq` entirely.
+    pub fn clear(&mut self, seq: u32) {
+        if let Some(s) = self.streams.get_mut(seq as usize) {
+            s.base.clear();
+            s.swa.clear();
+        }
+    }
+
+    fn cells_per_stream(&self, il: usize) -> usize {
+        (if self.layout.is_swa[il] {
+            self.swa_size
+        } else {
+            self.base_size
+        }) as usize
+    }
+
+    /// Place the tokens of a batch. `groups` lists, per sequence, its token indices (ascending)
+    /// and `pos` holds every token's position. Fails without changing anything when a sequence
+    /// does not fit.
+    pub(crate) fn place(
+        &mut self,
+        groups: &[(u32, Vec<usize>)],
+        pos: &[u32],
+    ) -> Result<KvPlan, ModelError> {
+        let mut plan = KvPlan {
+            base_cell: vec![0; pos.len()],
+            swa_cell: vec![0; pos.len()],
+            n_kv: Vec::with_capacity(groups.len()),
+        };
+        let has_swa = self.layout.is_swa.iter().any(|&s| s);
+        let has_base = self.layout.is_swa.iter().any(|&s| !s);
+        let saved: Vec<Stream> = groups
+            .iter()
+            .map(|(s, _)| self.streams[*s as usize].clone())
+            .collect();
+        for (seq, idx) in groups {
+            let positions: Vec<i32> = idx.iter().map(|&i| pos[i] as i32).collect();
+            let stream = &mut self.streams[*seq as usize];
+            let mut fit = true;
+            if has_base {
+                match stream.base.place(&positions) {
+                    Some(cells) => idx
+                        .iter()
+                        .zip(cells)
+                        .for_each(|(&i, c)| plan.base_cell[i] = c),
+                    None => fit = false,
+                }
+            }
+            if fit && has_swa {
+                match stream.swa.place(&positions) {
+                    Some(cells) => idx
+                        .iter()
+                        .zip(cells)
+                        .for_each(|(&i, c)| plan.swa_cell[i] = c),
+                    None => fit = false,
+                }
+            }
+            if !fit {
+                for ((s, _), old) in groups.iter().zip(saved) {
+                    self.streams[*s as usize] = old;
+                }
+                return Err(ModelError::KvFull {
+                    seq: *seq,
+                    n_tokens: idx.len(),
+                });
+            }
+            plan.n_kv
+                .push((*seq, stream.base.n_kv(), stream.swa.n_kv()));
+        }
+        Ok(plan)
+    }
+
+    /// Cell positions (-1 = empty) of `seq`'s sub-cache for layer `il`, first `n_kv` cells.
+    pub(crate) fn cell_pos(&self, seq: u32, il: usize) -> &[i32] {
+        let s = &self.streams[seq as usize];
+        if self.layout.is_swa[il] {
+            &s.swa.pos
+        } else {
+            &s.base.pos
+        }
+    }
+
+    /// Byte range of `seq`'s rows in layer `il`'s buffers.
+    fn stream_range(&self, seq: u32, il: usize) -> Range<usize> {
+        let n = self.cells_per_stream(il) * self.layout.row_bytes();
+        let start = seq as usize * n;
+        start..start + n
+    }
+
+    /// K and V rows of `seq` in layer `il`, mutable (for stores) — `[cells][row]`.
+    pub(crate) fn layer_mut(&mut self, seq: u32, il: usize) -> (&mut [u8], &mut [u8]) {
+        let r = self.stream_range(seq, il);
+        (&mut self.k[il][r.clone()], &mut self.v[il][r])
+    }
+
+    /// K and V rows of `seq` in layer `il`.
+    pub(crate) fn layer(&self, seq: u32, il: usize) -> (&[u8], &[u8]) {
+        let r = self.stream_range(seq, il);
+        (&self.k[il][r.clone()], &self.v[il][r])
+    }
+
+    /// Copy out `seq`'s K/V for `positions` (see [`KvSnapshot`] for what each layer holds).
+    pub fn export(&self, seq: u32, positions: Range<u32>) -> Result<KvSnapshot, ModelError> {
+        self.check_seq(seq)?;
+        if positions.start > positions.end || positions.end > self.seq_len(seq) {
+            return Err(ModelError::Kv(format!(
+                "export range {positions:?} is outside the {} stored positions of seq {seq}",
+                self.seq_len(seq)
+            )));
+        }
+        let row = self.layout.row_bytes();
+        let mut layers = Vec::with_capacity(self.layout.n_layer);
+        for il in 0..self.layout.n_layer {
+            let want = layer_positions(&self.layout, il, &positions);
+            let cells = self.cell_pos(seq, il);
+            let (k, v) = self.layer(seq, il);
+            let mut lk = Vec::with_capacity(want.len() * row);
+            let mut lv = Vec::with_capacity(want.len() * row);
+            for p in want {
+                let c = cells.iter().position(|&cp| cp == p as i32).ok_or_else(|| {
+                    ModelError::Kv(format!(
+                        "position {p} of seq {seq} is no longer cached in layer {il}"
+                    ))
+                })?;
+                lk.extend_from_slice(&k[c * row..(c + 1) * row]);
+                lv.extend_from_slice(&v[c * row..(c + 1) * row]);
+            }
+            layers.push(LayerKv { k: lk, v: lv });
+        }
+        Ok(KvSnapshot {
+            layout: self.layout.clone(),
+            positions,
+            layers,
+        })
+    }
+
+    /// Append a snapshot to `seq`, whose length must equal `snap.positions.start`. Cells are
+    /// placed as a forward pass over those positions would place them.
+    pub fn import(&mut self, seq: u32, snap: &KvSnapshot) -> Result<(), ModelError> {
+        self.check_seq(seq)?;
+        if snap.layout != self.layout {
+            return Err(ModelError::Kv(format!(
+                "snapshot layout {:?} does not match the cache's {:?}",
+                snap.layout, self.layout
+            )));
+        }
+        let r = snap.positions.clone();
+        if r.start != self.seq_len(seq) {
+            return Err(ModelError::Kv(format!(
+                "snapshot starts at position {} but seq {seq} holds {}",
+                r.start,
+                self.seq_len(seq)
+            )));
+        }
+        if r.end > self.n_ctx {
+            return Err(ModelError::Kv(format!(
+                "snapshot ends at {} beyond n_ctx {}",
+                r.end, self.n_ctx
+            )));
+        }
+        let row = self.layout.row_bytes();
+        if snap.layers.len() != self.layout.n_layer
+            || (0..self.layout.n_layer).any(|il| {
+                let n = snap.layer_positions(il).len() * row;
+                snap.layers[il].k.len() != n || snap.layers[il].v.len() != n
+            })
+        {
+            return Err(ModelError::Kv(
+                "snapshot layer sizes do not match its positions".into(),
+            ));
+        }
+        // Place in ubatch-sized steps so the SWA ring sees what a forward pass would do.
+        let mut p = r.start;
+        while p < r.end {
+            let end = (p + self.n_ubatch).min(r.end);
+            let pos: Vec<u32> = (p..end).collect();
+            let plan = self.place(&[(seq, (0..pos.len()).collect())], &pos)?;
+            for il in 0..self.layout.n_layer {
+                let have = snap.layer_positions(il);
+                let cells = if self.layout.is_swa[il] {
+                    &plan.swa_cell
+                } else {
+                    &plan.base_cell
+                };
+                let (k, v) = self.layer_mut(seq, il);
+                for (t, &pp) in pos.iter().enumerate() {
+                    if !have.contains(&pp) {
+                        continue;
+                    }
+                    let src = (pp - have.start) as usize * row;
+                    let dst = cells[t] as usize * row;
+                    k[dst..dst + row].copy_from_slice(&snap.layers[il].k[src..src + row]);
+                    v[dst..dst + row].copy_from_slice(&snap.layers[il].v[src..src + row]);
+                }
+            }
+            p = end;
+        }
+        Ok(())
+    }
+
+    fn check_seq(&self, seq: u32) -> Result<(), ModelError> {
+        if seq as usize >= self.streams.len() {
+            return Err(ModelError::Kv(format!(
+                "seq {seq} is outside the pool's {} sequences",
+                self.streams.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout() -> KvLayout {
+        KvLayout {
+            n_layer: 2,
+            is_swa: vec![false, true],
+            n_head_kv: 1,
+            head_dim: 4,
+            n_swa: 4,
+            dtype: KvType::F32,
+        }
+    }
+
+    fn fill(kv: &mut KvCache, seq: u32, range: Range<u32>, chunk: usize) {
+        let all: Vec<u32> = range.collect();
+        for c in all.chunks(chunk) {
+            kv.place(&[(seq, (0..c.len()).collect())], c).unwrap();
+        }
+    }
+
+    #[test]
+    fn base_cells_fill_in_order_and_swa_ring_reuses_old_cells() {
+        let mut kv = KvCache::new(layout(), 1024, 1, 8).unwrap();
+        assert_eq!(kv.swa_size, 256);
+        fill(&mut kv, 0, 0..300, 1);
+        assert_eq!(kv.seq_len(0), 300);
+        let base = kv.cell_pos(0, 0);
+        assert!((0..300).all(|i| base[i] == i as i32));
+        // The ring wrapped: every SWA cell is in use, and the newest 4 positions are present.
+        let swa = kv.cell_pos(0, 1);
+        for p in 296..300 {
+            assert!(swa.contains(&p));
+        }
+        assert_eq!(kv.streams[0].base.n_kv(), 512);
+        assert_eq!(kv.streams[0].swa.n_kv(), 256);
+    }
+
+    #[test]
+    fn truncate_rolls_back_and_reuses_cells() {
+        let mut kv = KvCache::new(layout(), 64, 2, 8).unwrap();
+        fill(&mut kv, 1, 0..20, 7);
+        kv.truncate(1, 10);
+        assert_eq!(kv.seq_len(1), 10);
+        assert_eq!(kv.seq_len(0), 0);
+        fill(&mut kv, 1, 10..12, 2);
+        assert_eq!(kv.cell_pos(1, 0)[10], 10);
+        kv.clear(1);
+        assert_eq!(kv.seq_len(1), 0);
+    }
+
+    #[test]
+    fn export_import_round_trip_keeps_window_rows() {
+        let mut kv = KvCache::new(layout(), 64, 2, 8).unwrap();
+        fill(&mut kv, 0, 0..10, 3);
+        for il in 0..2 {
+            let cells = kv.cell_pos(0, il).to_vec();
+            let (k, v) = kv.layer_mut(0, il);
+            for (c, &p) in cells.iter().enumerate() {
+                if p >= 0 {
+                    k[c * 16..c * 16 + 4].copy_from_slice(&(p as f32).to_le_bytes());
+                    v[c * 16..c * 16 + 4].copy_from_slice(&(-(p as f32)).to_le_bytes());
+                }
+            }
+        }
+        let snap = kv.export(0, 0..10).unwrap();
+        assert_eq!(snap.layers[0].k.len(), 10 * 16);
+        assert_eq!(snap.layer_positions(1), 6..10);
+        assert_eq!(snap.layers[1].k.len(), 4 * 16);
+        kv.import(1, &snap).unwrap();
+        assert_eq!(kv.seq_len(1), 10);
+        assert_eq!(kv.export(1, 0..10).unwrap(), snap);
+        assert!(
+            kv.import(1, &snap).is_err(),
+            "a second import must start at position 10"
+        );
+    }
+}

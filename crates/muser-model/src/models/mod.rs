@@ -1,0 +1,169 @@
+//! Architectures: one file each, written against [`Backend`](crate::backend::Backend) only.
+//! This module holds what they share: tensor lookup with shape checks, and the pieces of a
+//! forward pass every architecture has (embedding lookup, attention plumbing, the output head).
+
+pub mod llama;
+pub mod muse_glimmer;
+
+use crate::backend::{AttnInput, Backend, Weight};
+use crate::cpu::CpuBackend;
+use crate::error::ModelError;
+use crate::info::ModelInfo;
+use crate::kv::{KvCache, KvPlan};
+use muser_gguf::{GgmlType, GgufFile, TensorInfo};
+
+/// A weight matrix in the file: which tensor, and its `{n_in, n_out}` shape.
+#[derive(Clone, Debug)]
+pub struct WRef {
+    info: TensorInfo,
+    pub n_in: usize,
+    pub n_out: usize,
+}
+
+impl WRef {
+    pub fn ty(&self) -> GgmlType {
+        self.info.ty
+    }
+
+    pub fn view<'a>(&'a self, g: &'a GgufFile) -> Weight<'a> {
+        Weight {
+            name: &self.info.name,
+            ty: self.info.ty,
+            n_in: self.n_in,
+            n_out: self.n_out,
+            data: g.tensor_data(&self.info),
+        }
+    }
+}
+
+/// Tensor lookup for a model being loaded.
+pub struct Tensors<'a> {
+    pub g: &'a GgufFile,
+}
+
+impl Tensors<'_> {
+    fn find(&self, name: &str) -> Option<&TensorInfo> {
+        self.g.tensor(name)
+    }
+
+    /// A required matrix `{n_in, n_out}` of a type the CPU backend multiplies.
+    pub fn mat(&self, name: &str, n_in: usize, n_out: usize) -> Result<WRef, ModelError> {
+        self.opt_mat(name, n_in, n_out)?
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: name.to_string(),
+            })
+    }
+
+    pub fn opt_mat(
+        &self,
+        name: &str,
+        n_in: usize,
+        n_out: usize,
+    ) -> Result<Option<WRef>, ModelError> {
+        let Some(t) = self.find(name) else {
+            return Ok(None);
+        };
+        let want = vec![n_in as u64, n_out as u64];
+        if t.dims != want {
+            return Err(ModelError::TensorShape {
+                name: name.to_string(),
+                got: t.dims.clone(),
+                want,
+            });
+        }
+        if !CpuBackend::supports(t.ty) || t.ty.row_bytes(n_in).is_none() {
+            return Err(ModelError::UnsupportedType {
+                name: name.to_string(),
+                ty: t.ty.name(),
+            });
+        }
+        Ok(Some(WRef {
+            info: t.clone(),
+            n_in,
+            n_out,
+        }))
+    }
+
+    /// A required vector of `n` values (norm weights, biases), as f32.
+    pub fn vec(&self, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
+        self.opt_vec(name, n)?
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: name.to_string(),
+            })
+    }
+
+    pub fn opt_vec(&self, name: &str, n: usize) -> Result<Option<Vec<f32>>, ModelError> {
+        let Some(t) = self.find(name) else {
+            return Ok(None);
+        };
+        if t.n_elements() != n as u64 || t.dims.first().copied() != Some(n as u64) {
+            return Err(ModelError::TensorShape {
+                name: name.to_string(),
+                got: t.dims.clone(),
+                want: vec![n as u64],
+            });
+        }
+        let mut out = vec![0f32; n];
+        muser_quant::dequantize_row(t.ty, self.g.tensor_data(t), &mut out)
+            .map_err(|e| ModelError::Quant(format!("{name}: {e}")))?;
+        Ok(Some(out))
+    }
+
+    /// An optional `{1}` per-tensor scale sidecar.
+    pub fn opt_scale(&self, name: &str) -> Result<Option<f32>, ModelError> {
+        Ok(self.opt_vec(name, 1)?.map(|v| v[0]))
+    }
+}
+
+/// A batch after validation: tokens grouped per sequence and placed in the cache.
+pub struct Prepared {
+    pub groups: Vec<(u32, Vec<usize>)>,
+    pub plan: KvPlan,
+    /// Token indices whose outputs are wanted, in batch order.
+    pub out_rows: Vec<usize>,
+}
+
+/// Projection `y = W·x (+ b) (· s)` as llama.cpp's `build_lora_mm` + bias.
+pub fn linear<B: Backend>(
+    be: &B,
+    g: &GgufFile,
+    w: &WRef,
+    bias: Option<&[f32]>,
+    scale: Option<f32>,
+    x: &B::Act,
+) -> Result<B::Act, ModelError> {
+    let mut y = be.matmul(&w.view(g), x)?;
+    if let Some(s) = scale {
+        be.scale(&mut y, s);
+    }
+    if let Some(b) = bias {
+        be.add_row(&mut y, b);
+    }
+    Ok(y)
+}
+
+/// Attention of one layer with the shared plumbing.
+#[allow(clippy::too_many_arguments)]
+pub fn attend<B: Backend>(
+    be: &B,
+    info: &ModelInfo,
+    kv: &mut KvCache,
+    prep: &Prepared,
+    pos: &[u32],
+    layer: usize,
+    q: &B::Act,
+    k: &B::Act,
+    v: &B::Act,
+) -> Result<B::Act, ModelError> {
+    let at = AttnInput {
+        layer,
+        n_head: info.n_head,
+        n_head_kv: info.n_head_kv,
+        head_dim: info.head_dim,
+        scale: info.attn_scale,
+        groups: &prep.groups,
+        pos,
+        plan: &prep.plan,
+    };
+    be.attention(kv, &at, q, k, v)
+}

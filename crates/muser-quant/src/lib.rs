@@ -22,6 +22,10 @@
 //! block of output rows; decode (one activation row) is bound by reading the weights, so the
 //! kernels stream each weight byte once and keep the activation row in L1/L2.
 
+// The block loops mirror ggml's index arithmetic (element e of block b), which is easier to
+// check against the C than iterator chains.
+#![allow(clippy::needless_range_loop)]
+
 mod dequant;
 pub mod fp;
 mod quantize;

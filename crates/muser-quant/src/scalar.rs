@@ -309,7 +309,8 @@ fn dot_f32(w: &[u8], a: &[u8]) -> f32 {
     let (acc, np) = dot_floats(w, a, 4, load);
     let mut sum = reduce_4x16(&acc);
     for e in np..w.len() / 4 {
-        sum = load(&w[4 * e..]).mul_add(load(&a[4 * e..]), sum);
+        // GCC vectorizes the products of the leftover loop: no fused multiply-add there
+        sum += load(&w[4 * e..]) * load(&a[4 * e..]);
     }
     sum
 }

@@ -569,10 +569,8 @@ unsafe fn dot_f32(w: &[u8], a: &[u8]) -> f32 {
         (_mm256_loadu_ps(wp.add(e)), _mm256_loadu_ps(ap.add(e)))
     });
     for e in np..n {
-        sum = wp
-            .add(e)
-            .read_unaligned()
-            .mul_add(ap.add(e).read_unaligned(), sum);
+        // GCC vectorizes the products of ggml's leftover loop: no fused multiply-add there
+        sum += wp.add(e).read_unaligned() * ap.add(e).read_unaligned();
     }
     sum
 }

@@ -37,7 +37,7 @@ pub use pack::{
     SegmentDesc, SegmentPlan,
 };
 pub use prefix::{BlockId, PrefixChain, PrefixHasher, BLOCK_TOKENS};
-pub use radix::{ResidentBlock, ResidentCache, ResidentHit};
+pub use radix::{BlockRows, ResidentBlock, ResidentCache, ResidentHit};
 pub use restore::{apply_delta, restore, verify_pack, Expect, RestoreControl, Restored};
 pub use state::{KvState, LayerKv};
 pub use store::{PackStore, RecoveryReport, StoreConfig, StoreHit};

@@ -536,7 +536,7 @@ pub fn open_pack<S: PackSource + ?Sized>(
 pub struct PackSpec<'a> {
     pub identity: &'a KvIdentity,
     /// Chain of the tokens the state was computed from (at least `state.positions.end`).
-    pub chain: &'a PrefixChain<'a>,
+    pub chain: &'a PrefixChain,
     /// Replay generation, at least 1 and above every earlier one of the same stream.
     pub generation: u64,
     /// Replay stream; the cut id when `None`.
@@ -714,5 +714,144 @@ impl<'s> PackPlan<'s> {
         self.write_to(&mut out)
             .expect("writing to a Vec cannot fail");
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::{CellLayout, KvDtype};
+
+    fn fixture() -> (Keys, Vec<u8>, KvIdentity) {
+        let keys = Keys::derive(&[3; 32]);
+        let layout = KvLayoutAbi {
+            n_layer: 2,
+            swa_layers: vec![false, true],
+            n_head_kv: 1,
+            head_dim: 4,
+            n_swa: 100,
+            dtype: KvDtype::F16,
+            cell_layout: CellLayout::TokenMajor,
+        };
+        let id = KvIdentity {
+            model_weights: [1; 32],
+            tokenizer: [2; 32],
+            chat_template: [3; 32],
+            weight_precision: "F16".into(),
+            layout: layout.clone(),
+            context_policy: [4; 32],
+            engine_abi: "test".into(),
+            adapter: None,
+        };
+        let toks: Vec<u32> = (0..600).collect();
+        let hasher = crate::PrefixHasher::new(&keys, &id.digest(&keys));
+        let chain = hasher.chain(&toks);
+        let mut st = KvState::zeroed(layout, 0..600);
+        for (i, l) in st.layers.iter_mut().enumerate() {
+            l.k.iter_mut()
+                .enumerate()
+                .for_each(|(j, b)| *b = (i * 7 + j) as u8);
+            l.v.iter_mut()
+                .enumerate()
+                .for_each(|(j, b)| *b = (i * 3 + j * 5) as u8);
+        }
+        let spec = PackSpec {
+            identity: &id,
+            chain: &chain,
+            generation: 1,
+            stream: None,
+            base_tokens: 0,
+            plan: SegmentPlan {
+                layers_per_segment: 1,
+                tokens_per_segment: 256,
+            },
+        };
+        let bytes = PackPlan::new(&st, &keys, &spec).unwrap().to_bytes();
+        (keys, bytes, id)
+    }
+
+    /// Re-encodes a changed manifest with a valid header and seal, as the key holder could.
+    fn reseal(keys: &Keys, bytes: &[u8], edit: impl FnOnce(&mut Manifest)) -> Vec<u8> {
+        let p = open_pack(bytes, keys, &ReadLimits::default()).unwrap();
+        let segs = &bytes[p.header.segments_offset() as usize..];
+        let mut m = p.manifest;
+        edit(&mut m);
+        let mb = m.encode();
+        let header = Header {
+            manifest_len: mb.len() as u64,
+            segments_len: segs.len() as u64,
+            file_len: (HEADER_BYTES + mb.len() + SEAL_BYTES + segs.len()) as u64,
+            manifest_sha256: Sha256::digest(&mb).into(),
+        }
+        .encode();
+        let s: [u8; 32] = seal(keys, &header, &mb).finalize().into_bytes().into();
+        [&header[..], &mb, &s, segs].concat()
+    }
+
+    fn open(keys: &Keys, b: &[u8]) -> Result<OpenedPack> {
+        open_pack(b, keys, &ReadLimits::default())
+    }
+
+    #[test]
+    fn reseal_without_edit_is_accepted() {
+        let (keys, bytes, _) = fixture();
+        assert_eq!(reseal(&keys, &bytes, |_| {}), bytes);
+    }
+
+    #[test]
+    fn merkle_root_mismatch_is_rejected() {
+        let (keys, bytes, _) = fixture();
+        let b = reseal(&keys, &bytes, |m| m.merkle_root[0] ^= 1);
+        assert!(matches!(open(&keys, &b), Err(KvpackError::MerkleMismatch)));
+    }
+
+    #[test]
+    fn oversized_segment_length_is_rejected() {
+        let (keys, bytes, _) = fixture();
+        let b = reseal(&keys, &bytes, |m| m.segments[0].len = u64::MAX);
+        assert!(matches!(
+            open(&keys, &b),
+            Err(KvpackError::TooLarge {
+                what: "segment length",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn non_tiling_segments_are_rejected() {
+        let (keys, bytes, _) = fixture();
+        for edit in [
+            (|m: &mut Manifest| m.segments[0].positions.end -= 1) as fn(&mut Manifest),
+            |m| m.segments[1].layer_first = 5,
+            |m| {
+                m.segments.pop();
+            },
+            |m| m.segments.swap(0, 1),
+            |m| m.generation = 0,
+            |m| m.block_ids.truncate(1),
+            |m| m.identity_digest[0] ^= 1,
+            |m| {
+                m.kind = PackKind::Delta {
+                    base_tokens: 100,
+                    base_cut: m.block_ids[0],
+                }
+            },
+        ] {
+            let b = reseal(&keys, &bytes, edit);
+            assert!(
+                matches!(open(&keys, &b), Err(KvpackError::Malformed { .. })),
+                "{:?}",
+                open(&keys, &b)
+            );
+        }
+    }
+
+    #[test]
+    fn merkle_root_depends_on_order_and_count() {
+        let d = [[1u8; 32], [2; 32], [3; 32]];
+        assert_ne!(merkle_root(&d), merkle_root(&[d[1], d[0], d[2]]));
+        assert_ne!(merkle_root(&d), merkle_root(&d[..2]));
+        assert_ne!(merkle_root(&d[..1]), d[0]);
     }
 }

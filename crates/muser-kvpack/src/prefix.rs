@@ -30,6 +30,7 @@ impl std::fmt::Debug for BlockId {
 }
 
 /// Computes prefix chains for one identity.
+#[derive(Clone)]
 pub struct PrefixHasher {
     key: [u8; 32],
     root: BlockId,
@@ -74,7 +75,7 @@ impl PrefixHasher {
     }
 
     /// The chain of `tokens`: one id per full block, and cut ids on demand.
-    pub fn chain(&self, tokens: &[u32]) -> PrefixChain<'_> {
+    pub fn chain(&self, tokens: &[u32]) -> PrefixChain {
         let mut blocks = Vec::with_capacity(tokens.len() / BLOCK_TOKENS as usize);
         let mut parent = self.root;
         for (i, b) in tokens.chunks_exact(BLOCK_TOKENS as usize).enumerate() {
@@ -82,7 +83,7 @@ impl PrefixHasher {
             blocks.push(parent);
         }
         PrefixChain {
-            hasher: self,
+            hasher: self.clone(),
             tokens: tokens.to_vec(),
             blocks,
         }
@@ -91,13 +92,14 @@ impl PrefixHasher {
 
 /// The block ids of one token sequence. Holds the tokens so that cut ids of any length can
 /// be computed; only ids ever leave it.
-pub struct PrefixChain<'h> {
-    hasher: &'h PrefixHasher,
+#[derive(Clone)]
+pub struct PrefixChain {
+    hasher: PrefixHasher,
     tokens: Vec<u32>,
     blocks: Vec<BlockId>,
 }
 
-impl PrefixChain<'_> {
+impl PrefixChain {
     pub fn n_tokens(&self) -> u32 {
         self.tokens.len() as u32
     }

@@ -17,24 +17,32 @@ use crate::state::{KvState, LayerKv};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// KV rows of one block: per layer, `None` for a sliding-window layer whose rows were not
-/// in the window when the block was inserted.
+/// Rows of one layer within a block: positions `first..256` (block-relative). Full-attention
+/// layers hold the whole block; a sliding-window layer may hold only the part of the block
+/// that was inside the window when it was inserted (`first == 256`: none).
+#[derive(Debug, Clone)]
+pub struct BlockRows {
+    pub first: u32,
+    pub kv: LayerKv,
+}
+
+/// KV rows of one block, per layer.
 #[derive(Debug)]
 pub struct ResidentBlock {
     pub index: u32,
-    pub layers: Vec<Option<LayerKv>>,
+    pub layers: Vec<BlockRows>,
 }
 
 impl ResidentBlock {
     fn bytes(&self) -> u64 {
         self.layers
             .iter()
-            .flatten()
-            .map(|l| (l.k.len() + l.v.len()) as u64)
+            .map(|l| (l.kv.k.len() + l.kv.v.len()) as u64)
             .sum()
     }
-    fn has_all(&self) -> bool {
-        self.layers.iter().all(Option::is_some)
+    /// True when every layer holds the block from block-relative position `from` on.
+    fn holds_from(&self, from: u32) -> bool {
+        self.layers.iter().all(|l| l.first <= from)
     }
 }
 
@@ -69,10 +77,14 @@ impl ResidentHit {
                     if lo >= hi {
                         continue;
                     }
-                    let kv = b.layers[l].as_ref().expect("hit checked the window");
-                    let (a, z) = ((lo - bs) as usize * rb, (hi - bs) as usize * rb);
-                    out.k.extend_from_slice(&kv.k[a..z]);
-                    out.v.extend_from_slice(&kv.v[a..z]);
+                    let rows = &b.layers[l];
+                    debug_assert!(lo - bs >= rows.first, "hit checked the window");
+                    let (a, z) = (
+                        (lo - bs - rows.first) as usize * rb,
+                        (hi - bs - rows.first) as usize * rb,
+                    );
+                    out.k.extend_from_slice(&rows.kv.k[a..z]);
+                    out.v.extend_from_slice(&rows.kv.v[a..z]);
                 }
                 out
             })
@@ -131,36 +143,46 @@ impl ResidentCache {
         let n_blocks = ((state.positions.end / BLOCK_TOKENS) as usize).min(block_ids.len());
         self.tick += 1;
         let mut parent = None;
+        // Held while evicting so that the blocks just inserted stay.
+        let mut pinned = Vec::with_capacity(n_blocks);
         for (i, id) in block_ids[..n_blocks].iter().enumerate() {
             let pos = i as u32 * BLOCK_TOKENS..(i as u32 + 1) * BLOCK_TOKENS;
-            let layers: Vec<Option<LayerKv>> = (0..self.layout.n_layer as usize)
+            let layers: Vec<BlockRows> = (0..self.layout.n_layer as usize)
                 .map(|l| {
                     let r = state.layer_range(l);
-                    (r.start <= pos.start && pos.end <= r.end).then(|| {
-                        let (k, v) = state.rows(l, &pos);
-                        LayerKv {
+                    let held = r.start.max(pos.start)..r.end.min(pos.end);
+                    if held.is_empty() {
+                        return BlockRows {
+                            first: BLOCK_TOKENS,
+                            kv: LayerKv::default(),
+                        };
+                    }
+                    let (k, v) = state.rows(l, &held);
+                    BlockRows {
+                        first: held.start - pos.start,
+                        kv: LayerKv {
                             k: k.to_vec(),
                             v: v.to_vec(),
-                        }
-                    })
+                        },
+                    }
                 })
                 .collect();
             match self.nodes.get_mut(id) {
                 Some(node) => {
                     node.last_used = self.tick;
-                    let missing = node
+                    if node
                         .block
                         .layers
                         .iter()
                         .zip(&layers)
-                        .any(|(o, n)| o.is_none() && n.is_some());
-                    if missing {
-                        let merged: Vec<Option<LayerKv>> = node
+                        .any(|(o, n)| n.first < o.first)
+                    {
+                        let merged: Vec<BlockRows> = node
                             .block
                             .layers
                             .iter()
                             .zip(layers)
-                            .map(|(o, n)| o.clone().or(n))
+                            .map(|(o, n)| if n.first < o.first { n } else { o.clone() })
                             .collect();
                         let block = ResidentBlock {
                             index: i as u32,
@@ -169,24 +191,26 @@ impl ResidentCache {
                         self.used_bytes = self.used_bytes - node.block.bytes() + block.bytes();
                         node.block = Arc::new(block);
                     }
+                    pinned.push(node.block.clone());
                 }
                 None => {
-                    let block = ResidentBlock {
+                    let block = Arc::new(ResidentBlock {
                         index: i as u32,
                         layers,
-                    };
+                    });
                     self.used_bytes += block.bytes();
                     if let Some(p) = parent {
                         if let Some(pn) = self.nodes.get_mut(&p) {
                             pn.children += 1;
                         }
                     }
+                    pinned.push(block.clone());
                     self.nodes.insert(
                         *id,
                         Node {
                             parent,
                             children: 0,
-                            block: Arc::new(block),
+                            block,
                             last_used: self.tick,
                         },
                     );
@@ -195,6 +219,7 @@ impl ResidentCache {
             parent = Some(*id);
         }
         self.evict();
+        drop(pinned);
         Ok(())
     }
 
@@ -207,16 +232,17 @@ impl ResidentCache {
             .take(max_blocks)
             .map_while(|id| self.nodes.get(id).map(|n| n.block.clone()))
             .collect();
-        let n_swa = self.layout.n_swa;
         let has_swa = self.layout.swa_layers.iter().any(|&s| s);
+        // Every layer must hold the window before the end: from `end - n_swa` on.
         let ok = |k: usize| {
             let end = k as u32 * BLOCK_TOKENS;
-            let first = if has_swa {
-                (end.saturating_sub(n_swa) / BLOCK_TOKENS) as usize
+            let start = if has_swa {
+                end.saturating_sub(self.layout.n_swa)
             } else {
-                k
+                end
             };
-            matched[first..k].iter().all(|b| b.has_all())
+            (start / BLOCK_TOKENS..end / BLOCK_TOKENS)
+                .all(|j| matched[j as usize].holds_from(start.saturating_sub(j * BLOCK_TOKENS)))
         };
         let k = (1..=matched.len()).rev().find(|&k| ok(k))?;
         self.tick += 1;

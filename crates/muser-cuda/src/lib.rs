@@ -1,1 +1,77 @@
-//! muser-cuda
+//! CUDA backend for Muser: Muse Glimmer on an NVIDIA GPU.
+//!
+//! Behind the `cuda` feature. The CUDA libraries are loaded at run time (driver, NVRTC,
+//! cuBLAS), so a build with the feature needs no toolkit; starting the backend on a machine
+//! without them returns [`CudaError::LibraryMissing`] or [`CudaError::NoDevice`] instead of
+//! panicking. Kernels are CUDA C++ (`src/kernels.cu`), compiled by NVRTC for the device's
+//! architecture at start-up and cached on disk (`$MUSER_CACHE/kernels`, else
+//! `~/.cache/muser/kernels`).
+//!
+//! - [`runtime::Gpu`]: device, stream, kernels, buffers, cuBLAS.
+//! - [`weights::DevWeight`]: a quantized matrix on the device (Q4_K, Q6_K, Q8_0, NVFP4, F16,
+//!   BF16, F32) with its decode GEMV, its bf16 dequantization for prefill, and row lookup.
+//! - [`glimmer::CudaGlimmer`]: the muse-glimmer forward pass (decode as one CUDA graph,
+//!   chunked prefill through cuBLAS), with its F16 KV cache.
+//!
+//! Without the feature only [`CudaError`] and [`probe`] exist, and `probe` says how to get the
+//! backend.
+
+mod error;
+pub use error::CudaError;
+
+#[cfg(feature = "cuda")]
+pub mod glimmer;
+#[cfg(feature = "cuda")]
+pub mod runtime;
+#[cfg(feature = "cuda")]
+pub mod weights;
+
+/// Opens device 0 and describes it, or says why the backend is unavailable.
+#[cfg(feature = "cuda")]
+pub fn probe() -> Result<String, CudaError> {
+    let gpu = runtime::Gpu::new(0)?;
+    let i = gpu.info();
+    Ok(format!(
+        "{} (compute {}.{}, {} SMs, {:.1} GiB)",
+        i.name,
+        i.compute_capability.0,
+        i.compute_capability.1,
+        i.sm_count,
+        i.total_mem as f64 / (1u64 << 30) as f64
+    ))
+}
+
+/// Opens device 0 and describes it, or says why the backend is unavailable.
+#[cfg(not(feature = "cuda"))]
+pub fn probe() -> Result<String, CudaError> {
+    Err(CudaError::NotBuilt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn probe_without_feature_says_how_to_enable() {
+        let e = probe().unwrap_err();
+        assert!(e.to_string().contains("--features cuda"), "{e}");
+    }
+
+    /// On a machine without a GPU (CI), starting the backend must fail with a typed error
+    /// naming the missing piece, never panic.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn probe_fails_cleanly_or_finds_a_device() {
+        match probe() {
+            Ok(desc) => assert!(!desc.is_empty()),
+            Err(e) => assert!(
+                matches!(
+                    e,
+                    CudaError::LibraryMissing { .. } | CudaError::NoDevice(_) | CudaError::HeadersMissing(_)
+                ),
+                "unexpected error {e}"
+            ),
+        }
+    }
+}

@@ -1,0 +1,317 @@
+//! Checks and benchmarks for the CUDA backend, meant to run on the GPU machine.
+//!
+//!   muser-cuda-bench check [--json OUT]
+//!       kernel checks on random data against the CPU reference (muser-quant dequantization,
+//!       f64 sums): decode GEMV per weight type and batch, bf16 dequantization, cuBLAS GEMM,
+//!       embedding rows. Exit status 1 if any relative error reaches its bound.
+//!   muser-cuda-bench model MODEL.gguf [--n-ctx N] [--chunk N] [--pp 512,2048] [--tg 128]
+//!                    [--reps 3] [--json OUT]
+//!       loads a muse-glimmer GGUF, checks prefill against token-by-token decode, then times
+//!       prompt processing (ppN) and greedy generation (tgN, graph replays) like llama-bench.
+//!
+//! Prints a table; with --json writes a receipt.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use muser_cuda::glimmer::{CudaGlimmer, GpuOptions};
+use muser_cuda::runtime::Gpu;
+use muser_cuda::weights::{quantize_act, DevWeight, QAct, WType};
+use muser_cuda::CudaError;
+use muser_gguf::{GgmlType, GgufFile};
+use serde_json::{json, Value};
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// Roughly normal (sum of uniforms), mean 0, sd 1.
+    fn normal(&mut self) -> f32 {
+        let mut s = 0.0;
+        for _ in 0..4 {
+            s += (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+        }
+        ((s - 2.0) * 3f64.sqrt()) as f32
+    }
+}
+
+fn rel_err(got: &[f32], want: &[f64]) -> f64 {
+    let mut num = 0.0;
+    let mut den = 0.0;
+    for (g, w) in got.iter().zip(want) {
+        if !g.is_finite() {
+            return f64::INFINITY;
+        }
+        num += (*g as f64 - w) * (*g as f64 - w);
+        den += w * w;
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+fn ggml(ty: WType) -> GgmlType {
+    GgmlType::from_id(ty.ggml_id()).expect("known type")
+}
+
+fn bf16_to_f32(b: u16) -> f32 {
+    f32::from_bits((b as u32) << 16)
+}
+
+/// One weight type: random matrix quantized by the CPU quantizer, checked through every GPU path.
+fn check_type(gpu: &Gpu, ty: WType, rows: usize, cols: usize, rng: &mut Rng, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let gt = ggml(ty);
+    let rb = ty.row_bytes(cols);
+    let mut wq = vec![0u8; rows * rb];
+    let mut wf = vec![0f32; rows * cols];
+    let mut src = vec![0f32; cols];
+    for r in 0..rows {
+        // Rows of different magnitudes, so per-block scales matter.
+        let mag = 0.02 * (1.0 + (r % 7) as f32);
+        for v in src.iter_mut() {
+            *v = rng.normal() * mag;
+        }
+        muser_quant::quantize_row(gt, &src, &mut wq[r * rb..(r + 1) * rb])
+            .map_err(|e| CudaError::Model(format!("quantize {ty:?}: {e}")))?;
+        muser_quant::dequantize_row(gt, &wq[r * rb..(r + 1) * rb], &mut wf[r * cols..(r + 1) * cols])
+            .map_err(|e| CudaError::Model(format!("dequantize {ty:?}: {e}")))?;
+    }
+    let w = DevWeight::upload(gpu, ty, cols, &[&wq])?;
+    let bmax = 8;
+    let x: Vec<f32> = (0..bmax * cols).map(|_| rng.normal()).collect();
+    let want = |b: usize, r: usize| -> f64 {
+        let wr = &wf[r * cols..(r + 1) * cols];
+        let xb = &x[b * cols..(b + 1) * cols];
+        wr.iter().zip(xb).map(|(a, c)| *a as f64 * *c as f64).sum()
+    };
+    let xd = gpu.alloc(4 * x.len())?;
+    gpu.upload(&xd, 0, &x)?;
+    let q = gpu.alloc(x.len())?;
+    let qd = gpu.alloc(4 * x.len() / 16)?;
+    let qs = gpu.alloc(4 * x.len() / 16)?;
+    let qa = QAct { q: q.ptr(), d: qd.ptr(), s: qs.ptr() };
+    quantize_act(gpu, xd.ptr(), cols, bmax, qa)?;
+    let y = gpu.alloc(4 * bmax * rows)?;
+    let mut ok = true;
+    for batch in [1usize, 3, 8] {
+        gpu.memset(y.ptr(), 0xff, 4 * bmax * rows)?; // NaN poison: every output must be written
+        w.gemv(gpu, batch, qa, xd.ptr(), y.ptr(), rows)?;
+        let mut got = vec![0f32; batch * rows];
+        gpu.download(y.ptr(), &mut got)?;
+        let reference: Vec<f64> = (0..batch).flat_map(|b| (0..rows).map(move |r| (b, r))).map(|(b, r)| want(b, r)).collect();
+        let err = rel_err(&got, &reference);
+        let pass = err < 1e-2;
+        ok &= pass;
+        println!("check gemv   {:<6} B={batch} {rows}x{cols}  rel err {err:.2e}  {}", format!("{ty:?}"), if pass { "ok" } else { "FAIL" });
+        out.push(json!({"check": "gemv", "type": format!("{ty:?}"), "batch": batch, "rows": rows, "cols": cols, "rel_err": err, "pass": pass}));
+    }
+    // bf16 dequantization (prefill operand) against the CPU dequantization.
+    let wb = gpu.alloc(2 * rows * cols)?;
+    w.dequant_bf16(gpu, wb.ptr())?;
+    let mut got = vec![0u16; rows * cols];
+    gpu.download(wb.ptr(), &mut got)?;
+    let got: Vec<f32> = got.into_iter().map(bf16_to_f32).collect();
+    let reference: Vec<f64> = wf.iter().map(|&v| v as f64).collect();
+    let err = rel_err(&got, &reference);
+    let pass = err < 1e-2;
+    ok &= pass;
+    println!("check dequant {:<6} -> bf16          rel err {err:.2e}  {}", format!("{ty:?}"), if pass { "ok" } else { "FAIL" });
+    out.push(json!({"check": "dequant_bf16", "type": format!("{ty:?}"), "rel_err": err, "pass": pass}));
+    // cuBLAS bf16 GEMM: y[n][rows] = x[n][cols] · Wᵀ, n = 8 (x rounded to bf16 on the host).
+    let xb: Vec<u16> = x.iter().map(|v| half::bf16::from_f32(*v).to_bits()).collect();
+    let xbd = gpu.alloc(2 * xb.len())?;
+    gpu.upload(&xbd, 0, &xb)?;
+    gpu.gemm_bf16(y.ptr(), rows, xbd.ptr(), wb.ptr(), bmax, rows, cols)?;
+    let mut got = vec![0f32; bmax * rows];
+    gpu.download(y.ptr(), &mut got)?;
+    let reference: Vec<f64> = (0..bmax).flat_map(|b| (0..rows).map(move |r| (b, r))).map(|(b, r)| want(b, r)).collect();
+    let err = rel_err(&got, &reference);
+    let pass = err < 1e-2;
+    ok &= pass;
+    println!("check gemm   {:<6} n=8 (bf16 cuBLAS) rel err {err:.2e}  {}", format!("{ty:?}"), if pass { "ok" } else { "FAIL" });
+    out.push(json!({"check": "gemm_bf16", "type": format!("{ty:?}"), "rel_err": err, "pass": pass}));
+    // Embedding rows.
+    let ids: Vec<i32> = vec![0, (rows - 1) as i32, (rows / 2) as i32];
+    let idd = gpu.alloc(4 * ids.len())?;
+    gpu.upload(&idd, 0, &ids)?;
+    let xr = gpu.alloc(4 * ids.len() * cols)?;
+    w.get_rows(gpu, idd.ptr(), ids.len(), xr.ptr())?;
+    let mut got = vec![0f32; ids.len() * cols];
+    gpu.download(xr.ptr(), &mut got)?;
+    let reference: Vec<f64> =
+        ids.iter().flat_map(|&r| wf[r as usize * cols..(r as usize + 1) * cols].iter().map(|&v| v as f64)).collect();
+    let err = rel_err(&got, &reference);
+    let pass = err < 1e-6;
+    ok &= pass;
+    println!("check rows   {:<6}                   rel err {err:.2e}  {}", format!("{ty:?}"), if pass { "ok" } else { "FAIL" });
+    out.push(json!({"check": "get_rows", "type": format!("{ty:?}"), "rel_err": err, "pass": pass}));
+    Ok(ok)
+}
+
+fn cmd_check(json_out: Option<PathBuf>) -> Result<bool, CudaError> {
+    let gpu = Gpu::new(0)?;
+    println!("device: {:?}", gpu.info());
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut results = Vec::new();
+    let mut ok = true;
+    for ty in [WType::Q4K, WType::Q6K, WType::Q8_0, WType::NvFp4, WType::F16] {
+        // 6656 columns: 26 Q4_K super-blocks, an odd tail for the unrolled loops.
+        ok &= check_type(&gpu, ty, 300, 6656, &mut rng, &mut results)?;
+    }
+    if let Some(p) = json_out {
+        let doc = json!({"kind": "cuda-kernel-checks", "device": gpu.info().name, "all_pass": ok, "results": results});
+        std::fs::write(p, serde_json::to_string_pretty(&doc).unwrap_or_default())?;
+    }
+    println!("checks: {}", if ok { "all passed" } else { "FAILURES" });
+    Ok(ok)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+struct ModelArgs {
+    path: PathBuf,
+    n_ctx: usize,
+    chunk: usize,
+    pp: Vec<usize>,
+    tg: usize,
+    reps: usize,
+    json: Option<PathBuf>,
+}
+
+fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
+    let t0 = Instant::now();
+    let g = GgufFile::open(&a.path).map_err(|e| CudaError::Model(e.to_string()))?;
+    let gpu = Gpu::new(0)?;
+    let dev = gpu.info().name.clone();
+    let mut m = CudaGlimmer::load(gpu, &g, GpuOptions { n_ctx: a.n_ctx, max_chunk: a.chunk })?;
+    m.sync()?;
+    let load_s = t0.elapsed().as_secs_f64();
+    let info = m.info().clone();
+    let wbytes = m.decode_weight_bytes();
+    println!(
+        "model: {} layers, embd {}, vocab {}, {:.2} GB of weights read per token; loaded in {load_s:.1} s on {dev}",
+        info.n_layer,
+        info.n_embd,
+        info.n_vocab,
+        wbytes as f64 / 1e9
+    );
+    let mut rng = Rng(42);
+    let vocab = info.n_vocab as u64;
+    let mut tokens = |n: usize| -> Vec<u32> { (0..n).map(|_| (rng.next() % vocab) as u32).collect() };
+
+    // Consistency: the prefill path (bf16 GEMMs, cuBLAS attention) against token-by-token
+    // decode (int8 GEMVs, flash-decoding) on the same 48 tokens.
+    let prompt = tokens(48);
+    let (lp, tp) = m.prefill(&prompt, 0)?;
+    let mut ld = Vec::new();
+    let mut td = 0;
+    for (k, &tok) in prompt.iter().enumerate() {
+        let (l, t) = m.decode(tok, k)?;
+        ld = l;
+        td = t;
+    }
+    let want: Vec<f64> = lp.iter().map(|&v| v as f64).collect();
+    let cons_err = rel_err(&ld, &want);
+    println!("consistency: prefill vs decode logits rel err {cons_err:.2e}, argmax {tp} vs {td}");
+
+    // Generation: capture once, replay.
+    let graph = m.capture_decode()?;
+    let t = m.generate(&graph, prompt[0], 0, 8)?; // warm-up
+    let mut tg_times = Vec::new();
+    for _ in 0..a.reps {
+        m.sync()?;
+        let s = Instant::now();
+        let _ = m.generate(&graph, t[0], 0, a.tg)?;
+        tg_times.push(s.elapsed().as_secs_f64());
+    }
+    let tg_s = median(tg_times);
+    let tg_tps = a.tg as f64 / tg_s;
+    let bw = wbytes as f64 * tg_tps / 1e12;
+    println!("tg{}: {tg_tps:.1} tok/s ({:.3} ms/token, weights at {bw:.2} TB/s)", a.tg, 1e3 * tg_s / a.tg as f64);
+    // Graph replay must agree with the step-by-step path.
+    let (_, step0) = m.decode(prompt[0], 0)?;
+    let replay = m.generate(&graph, prompt[0], 0, 1)?;
+    let graph_ok = replay.first() == Some(&step0);
+    println!("graph replay matches a plain decode step: {graph_ok}");
+
+    let mut pp_rows = Vec::new();
+    for &n in &a.pp {
+        let toks = tokens(n);
+        m.prefill(&toks, 0)?; // warm-up
+        let mut times = Vec::new();
+        for _ in 0..a.reps {
+            m.sync()?;
+            let s = Instant::now();
+            m.prefill(&toks, 0)?;
+            times.push(s.elapsed().as_secs_f64());
+        }
+        let sec = median(times);
+        println!("pp{n}: {:.0} tok/s ({:.1} ms)", n as f64 / sec, sec * 1e3);
+        pp_rows.push(json!({"test": format!("pp{n}"), "tokens": n, "seconds": sec, "tok_per_s": n as f64 / sec}));
+    }
+    if let Some(p) = a.json {
+        let doc = json!({
+            "kind": "cuda-model-bench",
+            "device": dev,
+            "model": a.path.file_name().map(|f| f.to_string_lossy().into_owned()),
+            "n_layer": info.n_layer, "n_embd": info.n_embd, "n_vocab": info.n_vocab,
+            "n_ctx": a.n_ctx, "prefill_chunk": a.chunk, "reps": a.reps,
+            "load_seconds": load_s,
+            "decode_weight_bytes": wbytes,
+            "consistency_rel_err": cons_err, "consistency_argmax_equal": tp == td,
+            "graph_replay_matches": graph_ok,
+            "tg": {"test": format!("tg{}", a.tg), "tok_per_s": tg_tps, "ms_per_token": 1e3 * tg_s / a.tg as f64, "weight_tb_per_s": bw},
+            "pp": pp_rows,
+        });
+        std::fs::write(p, serde_json::to_string_pretty(&doc).unwrap_or_default())?;
+    }
+    Ok(graph_ok)
+}
+
+fn usage() -> ! {
+    eprintln!("usage: muser-cuda-bench check [--json OUT] | model MODEL.gguf [--n-ctx N] [--chunk N] [--pp 512,2048] [--tg 128] [--reps 3] [--json OUT]");
+    std::process::exit(2)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let flag = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    let num = |name: &str, d: usize| flag(name).map_or(d, |v| v.parse().unwrap_or_else(|_| usage()));
+    let json_out = flag("--json").map(PathBuf::from);
+    let r = match args.first().map(String::as_str) {
+        Some("check") => cmd_check(json_out),
+        Some("model") => {
+            let path = args.get(1).map(PathBuf::from).unwrap_or_else(|| usage());
+            let pp = flag("--pp")
+                .unwrap_or_else(|| "512,2048".into())
+                .split(',')
+                .filter(|s| !s.is_empty())
+                .map(|s| s.parse().unwrap_or_else(|_| usage()))
+                .collect();
+            cmd_model(ModelArgs {
+                path,
+                n_ctx: num("--n-ctx", 4096),
+                chunk: num("--chunk", 2048),
+                pp,
+                tg: num("--tg", 128),
+                reps: num("--reps", 3),
+                json: json_out,
+            })
+        }
+        _ => usage(),
+    };
+    match r {
+        Ok(true) => {}
+        Ok(false) => std::process::exit(1),
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(1)
+        }
+    }
+}

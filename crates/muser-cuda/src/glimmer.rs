@@ -1,0 +1,655 @@
+//! Muse Glimmer on the GPU: the forward pass of spec §2.2 with fused kernels.
+//!
+//! Decode (one token) runs integer GEMVs over the quantized weights, each weight byte read
+//! once; the whole step (embedding to greedy argmax) can be captured as one CUDA graph whose
+//! inputs (token, position) live in device memory, so a generation loop is graph replays.
+//! Prefill dequantizes each weight matrix to bf16 and multiplies with cuBLAS; attention for
+//! a chunk is two batched f16 GEMMs around a masked softmax.
+//!
+//! The KV cache is F16 in device memory with the CPU cache's logical row layout
+//! (`[position][n_head_kv * head_dim]` per layer, K after norm and RoPE, V raw). Every layer
+//! holds `n_ctx` positions; sliding layers only read the last `n_swa` of them.
+
+use muser_gguf::GgufFile;
+use muser_model::{Arch, ModelInfo};
+
+use crate::runtime::{Arg, DevBuf, Gpu};
+use crate::weights::{DevWeight, QAct, WType};
+use crate::CudaError;
+
+type Result<T> = std::result::Result<T, CudaError>;
+
+/// Flash-decoding splits per (head, token).
+const ATTN_SPLITS: usize = 32;
+const HEAD_DIM: usize = 128;
+
+/// A linear layer made of row blocks that may differ in type (e.g. Q6_K V rows beside Q4_K
+/// Q rows); consecutive blocks of one type share one matrix.
+struct Linear {
+    segs: Vec<(DevWeight, usize)>,
+    rows: usize,
+    cols: usize,
+}
+
+impl Linear {
+    fn load(gpu: &Gpu, g: &GgufFile, names: &[String], cols: usize) -> Result<Linear> {
+        let mut groups: Vec<(WType, Vec<&[u8]>, usize)> = Vec::new();
+        let mut rows = 0;
+        for n in names {
+            let t = g.tensor(n).ok_or_else(|| CudaError::Model(format!("tensor {n} is missing")))?;
+            let ty = WType::from_ggml(t.ty.id())
+                .ok_or_else(|| CudaError::Unsupported(format!("tensor {n} has type {}", t.ty.name())))?;
+            if t.dims.first().copied() != Some(cols as u64) || t.dims.len() != 2 {
+                return Err(CudaError::Model(format!("tensor {n} has dims {:?}, expected [{cols}, _]", t.dims)));
+            }
+            let r = t.dims[1] as usize;
+            let data = g.tensor_data(t);
+            match groups.last_mut() {
+                Some((gty, parts, grows)) if *gty == ty => {
+                    parts.push(data);
+                    *grows += r;
+                }
+                _ => groups.push((ty, vec![data], r)),
+            }
+            rows += r;
+        }
+        let mut segs = Vec::new();
+        let mut off = 0;
+        for (ty, parts, r) in groups {
+            segs.push((DevWeight::upload(gpu, ty, cols, &parts)?, off));
+            off += r;
+        }
+        Ok(Linear { segs, rows, cols })
+    }
+
+    fn device_bytes(&self) -> usize {
+        self.segs.iter().map(|(w, _)| w.device_bytes()).sum()
+    }
+
+    /// Decode: `y[b][0..rows]` (row stride `rows`) for `batch` activation rows.
+    fn gemv(&self, gpu: &Gpu, batch: usize, qa: QAct, xf: u64, y: u64) -> Result<()> {
+        for (w, off) in &self.segs {
+            w.gemv(gpu, batch, qa, xf, y + 4 * *off as u64, self.rows)?;
+        }
+        Ok(())
+    }
+
+    /// Prefill: `y[n][rows] = x[n][cols] (bf16) · Wᵀ`, dequantizing through `wbuf`.
+    fn gemm(&self, gpu: &Gpu, n: usize, x: u64, y: u64, wbuf: u64) -> Result<()> {
+        for (w, off) in &self.segs {
+            w.dequant_bf16(gpu, wbuf)?;
+            gpu.gemm_bf16(y + 4 * *off as u64, self.rows, x, wbuf, n, w.rows, self.cols)?;
+        }
+        Ok(())
+    }
+}
+
+struct Layer {
+    attn_norm: DevBuf,
+    q_norm: DevBuf,
+    k_norm: DevBuf,
+    /// Rows: q (n_head·hd) | k | v (n_head_kv·hd each) | gate (n_head·hd).
+    qkvg: Linear,
+    wo: Linear,
+    post_attn_norm: DevBuf,
+    ffn_norm: DevBuf,
+    /// Rows: ffn_gate (n_ff) | ffn_up (n_ff).
+    gate_up: Linear,
+    down: Linear,
+    post_ffw_norm: DevBuf,
+    k_cache: DevBuf,
+    v_cache: DevBuf,
+}
+
+/// Scratch for one decode step of up to `max_batch` tokens, and for prefill chunks.
+struct Scratch {
+    x: DevBuf,
+    hf: DevBuf,
+    q8: DevBuf,
+    q8d: DevBuf,
+    q8s: DevBuf,
+    y_qkvg: DevBuf,
+    q_f: DevBuf,
+    part: DevBuf,
+    y_o: DevBuf,
+    y_gu: DevBuf,
+    y_d: DevBuf,
+    logits: DevBuf,
+    tokens: DevBuf,
+    pos: DevBuf,
+    history: DevBuf,
+    // prefill
+    hb: DevBuf,
+    q_h: DevBuf,
+    scores: DevBuf,
+    probs: DevBuf,
+    o_heads: DevBuf,
+    wbuf: DevBuf,
+}
+
+/// Sizes the GPU model is built for.
+#[derive(Clone, Copy, Debug)]
+pub struct GpuOptions {
+    /// Positions the KV cache holds.
+    pub n_ctx: usize,
+    /// Largest prefill chunk (tokens per forward pass).
+    pub max_chunk: usize,
+}
+
+impl Default for GpuOptions {
+    fn default() -> Self {
+        GpuOptions { n_ctx: 4096, max_chunk: 512 }
+    }
+}
+
+/// A Muse Glimmer model resident on one GPU, with its KV cache (one sequence).
+pub struct CudaGlimmer {
+    gpu: Gpu,
+    info: ModelInfo,
+    opts: GpuOptions,
+    tok_embd: DevWeight,
+    output_norm: DevBuf,
+    output: Linear,
+    logit_scale: f32,
+    layers: Vec<Layer>,
+    s: Scratch,
+    weight_bytes: usize,
+}
+
+fn norm_vec(gpu: &Gpu, g: &GgufFile, name: &str, n: usize) -> Result<DevBuf> {
+    let t = g.tensor(name).ok_or_else(|| CudaError::Model(format!("tensor {name} is missing")))?;
+    if t.n_elements() != n as u64 || t.ty.id() != 0 {
+        return Err(CudaError::Model(format!("tensor {name}: want {n} f32 values")));
+    }
+    let buf = gpu.alloc(4 * n)?;
+    gpu.upload(&buf, 0, g.tensor_data(t))?;
+    Ok(buf)
+}
+
+fn f32_scalar(g: &GgufFile, name: &str) -> Option<f32> {
+    let t = g.tensor(name)?;
+    let d = g.tensor_data(t);
+    (t.ty.id() == 0 && d.len() == 4).then(|| f32::from_le_bytes([d[0], d[1], d[2], d[3]]))
+}
+
+impl CudaGlimmer {
+    /// Uploads a muse-glimmer GGUF to the GPU and allocates its KV cache and scratch.
+    pub fn load(gpu: Gpu, g: &GgufFile, opts: GpuOptions) -> Result<CudaGlimmer> {
+        let info = ModelInfo::from_gguf(g, g.file_len()).map_err(|e| CudaError::Model(e.to_string()))?;
+        if info.arch != Arch::MuseGlimmer {
+            return Err(CudaError::Unsupported(format!("architecture {} (CUDA runs muse-glimmer)", info.arch.name())));
+        }
+        if info.head_dim != HEAD_DIM || info.n_rot != HEAD_DIM {
+            return Err(CudaError::Unsupported(format!("head_dim {} (kernels need 128)", info.head_dim)));
+        }
+        if info.n_embd % 256 != 0 || info.n_ff % 256 != 0 {
+            return Err(CudaError::Unsupported("n_embd and n_ff must be multiples of 256".into()));
+        }
+        for t in g.tensors() {
+            if t.name.ends_with(".bias") {
+                return Err(CudaError::Unsupported(format!("bias tensor {}", t.name)));
+            }
+        }
+        let (e, nq, nkv, f) = (info.n_embd, info.n_head, info.n_head_kv, info.n_ff);
+        let qw = nq * HEAD_DIM;
+        let kvw = nkv * HEAD_DIM;
+        let tok_embd = {
+            let t = g.tensor("token_embd.weight").ok_or_else(|| CudaError::Model("token_embd.weight is missing".into()))?;
+            let ty = WType::from_ggml(t.ty.id())
+                .ok_or_else(|| CudaError::Unsupported(format!("token_embd type {}", t.ty.name())))?;
+            DevWeight::upload(&gpu, ty, e, &[g.tensor_data(t)])?
+        };
+        let output_norm = norm_vec(&gpu, g, "output_norm.weight", e)?;
+        let output = Linear::load(&gpu, g, &["output.weight".to_string()], e)?;
+        // Per-tensor output scale (NVFP4 checkpoints) multiplies the logits (spec §2.3).
+        let logit_scale = info.logit_scale * f32_scalar(g, "output.scale").unwrap_or(1.0);
+        let cache_bytes = opts.n_ctx * kvw * 2;
+        let mut layers = Vec::with_capacity(info.n_layer);
+        for il in 0..info.n_layer {
+            let n = |s: &str| format!("blk.{il}.{s}.weight");
+            layers.push(Layer {
+                attn_norm: norm_vec(&gpu, g, &n("attn_norm"), e)?,
+                q_norm: norm_vec(&gpu, g, &n("attn_q_norm"), HEAD_DIM)?,
+                k_norm: norm_vec(&gpu, g, &n("attn_k_norm"), HEAD_DIM)?,
+                qkvg: Linear::load(&gpu, g, &[n("attn_q"), n("attn_k"), n("attn_v"), n("attn_gate")], e)?,
+                wo: Linear::load(&gpu, g, &[n("attn_output")], qw)?,
+                post_attn_norm: norm_vec(&gpu, g, &n("post_attention_norm"), e)?,
+                ffn_norm: norm_vec(&gpu, g, &n("ffn_norm"), e)?,
+                gate_up: Linear::load(&gpu, g, &[n("ffn_gate"), n("ffn_up")], e)?,
+                down: Linear::load(&gpu, g, &[n("ffn_down")], f)?,
+                post_ffw_norm: norm_vec(&gpu, g, &n("post_ffw_norm"), e)?,
+                k_cache: gpu.alloc_zeroed(cache_bytes)?,
+                v_cache: gpu.alloc_zeroed(cache_bytes)?,
+            });
+        }
+        let weight_bytes = tok_embd.device_bytes()
+            + output.device_bytes()
+            + layers
+                .iter()
+                .map(|l| l.qkvg.device_bytes() + l.wo.device_bytes() + l.gate_up.device_bytes() + l.down.device_bytes())
+                .sum::<usize>();
+        let s = Self::scratch(&gpu, &info, &opts)?;
+        Ok(CudaGlimmer { gpu, info, opts, tok_embd, output_norm, output, logit_scale, layers, s, weight_bytes })
+    }
+
+    fn scratch(gpu: &Gpu, i: &ModelInfo, o: &GpuOptions) -> Result<Scratch> {
+        let t = o.max_chunk.max(1);
+        let (e, f, v) = (i.n_embd, i.n_ff, i.n_vocab);
+        let qw = i.n_head * HEAD_DIM;
+        let rows_qkvg = 2 * qw + 2 * i.n_head_kv * HEAD_DIM;
+        let widest = e.max(f).max(qw);
+        let max_w = [rows_qkvg * e, e * qw, 2 * f * e, e * f].into_iter().max().unwrap_or(0);
+        Ok(Scratch {
+            x: gpu.alloc(4 * t * e)?,
+            hf: gpu.alloc(4 * t * widest)?,
+            q8: gpu.alloc(t * widest)?,
+            q8d: gpu.alloc(4 * t * widest / 16)?,
+            q8s: gpu.alloc(4 * t * widest / 16)?,
+            y_qkvg: gpu.alloc(4 * t * rows_qkvg)?,
+            q_f: gpu.alloc(4 * t * qw)?,
+            part: gpu.alloc(4 * i.n_head * ATTN_SPLITS * 130)?,
+            y_o: gpu.alloc(4 * t * e)?,
+            y_gu: gpu.alloc(4 * t * 2 * f)?,
+            y_d: gpu.alloc(4 * t * e)?,
+            logits: gpu.alloc(4 * v)?,
+            tokens: gpu.alloc_zeroed(4 * t)?,
+            pos: gpu.alloc_zeroed(4 * t)?,
+            history: gpu.alloc_zeroed(4 * (o.n_ctx + 1))?,
+            hb: gpu.alloc(2 * t * widest)?,
+            q_h: gpu.alloc(2 * t * qw)?,
+            scores: gpu.alloc(4 * i.n_head * t * o.n_ctx)?,
+            probs: gpu.alloc(2 * i.n_head * t * o.n_ctx)?,
+            o_heads: gpu.alloc(4 * t * qw)?,
+            wbuf: gpu.alloc(2 * max_w)?,
+        })
+    }
+
+    /// The model's hyperparameters.
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    /// The device.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// Bytes of weights one decode step reads (all matrices once; the embedding row is noise).
+    pub fn decode_weight_bytes(&self) -> usize {
+        self.weight_bytes - self.tok_embd.device_bytes()
+    }
+
+    fn qact(&self) -> QAct {
+        QAct { q: self.s.q8.ptr(), d: self.s.q8d.ptr(), s: self.s.q8s.ptr() }
+    }
+
+    /// `norm_fused` (see kernels.cu): optional post-norm + residual into x, then the norm of x.
+    #[allow(clippy::too_many_arguments)]
+    fn norm(
+        &self,
+        rows: usize,
+        x: u64,
+        post: Option<(u64, u64, f32)>,
+        w: u64,
+        out_f: u64,
+        out_b: u64,
+        quant: bool,
+    ) -> Result<()> {
+        let (y, wp, ep) = post.unwrap_or((0, 0, 0.0));
+        let qa = self.qact();
+        let (q, qd, qs) = if quant { (qa.q, qa.d, qa.s) } else { (0, 0, 0) };
+        self.gpu.launch(
+            "norm_fused",
+            (rows as u32, 1, 1),
+            1024,
+            &[
+                Arg::P(x),
+                Arg::P(y),
+                Arg::P(wp),
+                Arg::F(ep),
+                Arg::P(w),
+                Arg::F(self.info.rms_eps),
+                Arg::L(self.info.n_embd as i64),
+                Arg::P(out_f),
+                Arg::P(out_b),
+                Arg::P(q),
+                Arg::P(qd),
+                Arg::P(qs),
+            ],
+        )
+    }
+
+    fn theta_scale(&self) -> f32 {
+        self.info.rope_base_swa.powf(-2.0 / self.info.n_rot as f32)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn qk_norm_rope(&self, l: &Layer, il: usize, t: usize, ld: usize, q_f: u64, q_h: u64) -> Result<()> {
+        let i = &self.info;
+        self.gpu.launch(
+            "qk_norm_rope_store",
+            (t as u32, (i.n_head + 2 * i.n_head_kv) as u32, 1),
+            32,
+            &[
+                Arg::P(self.s.y_qkvg.ptr()),
+                Arg::L(ld as i64),
+                Arg::I(i.n_head as i32),
+                Arg::I(i.n_head_kv as i32),
+                Arg::P(l.q_norm.ptr()),
+                Arg::P(l.k_norm.ptr()),
+                Arg::F(i.rms_eps),
+                Arg::P(self.s.pos.ptr()),
+                Arg::I(i.is_swa[il] as i32),
+                Arg::F(self.theta_scale()),
+                Arg::P(q_f),
+                Arg::P(q_h),
+                Arg::I(t as i32),
+                Arg::P(l.k_cache.ptr()),
+                Arg::P(l.v_cache.ptr()),
+            ],
+        )
+    }
+
+    fn window(&self, il: usize) -> i32 {
+        if self.info.is_swa[il] {
+            self.info.n_swa as i32
+        } else {
+            0
+        }
+    }
+
+    /// Enqueues one decode step for the token in `tokens[0]` at `pos[0]`; the greedy next token
+    /// lands in `tokens[0]`, `pos[0]` advances and `history[pos]` records it when `advance`.
+    /// Reads nothing from the host, so it can be captured into a graph.
+    fn enqueue_decode(&self, advance: bool) -> Result<()> {
+        let i = &self.info;
+        let g = &self.gpu;
+        let s = &self.s;
+        let (nq, nkv) = (i.n_head, i.n_head_kv);
+        let qw = nq * HEAD_DIM;
+        let ld = 2 * qw + 2 * nkv * HEAD_DIM;
+        self.tok_embd.get_rows(g, s.tokens.ptr(), 1, s.x.ptr())?;
+        // Embedding RMSNorm (no weight), in place.
+        self.norm(1, s.x.ptr(), None, 0, s.x.ptr(), 0, false)?;
+        self.norm(1, s.x.ptr(), None, self.layers[0].attn_norm.ptr(), s.hf.ptr(), 0, true)?;
+        for (il, l) in self.layers.iter().enumerate() {
+            l.qkvg.gemv(g, 1, self.qact(), s.hf.ptr(), s.y_qkvg.ptr())?;
+            self.qk_norm_rope(l, il, 1, ld, s.q_f.ptr(), 0)?;
+            g.launch(
+                "attn_decode",
+                (nq as u32, 1, ATTN_SPLITS as u32),
+                128,
+                &[
+                    Arg::P(s.q_f.ptr()),
+                    Arg::P(l.k_cache.ptr()),
+                    Arg::P(l.v_cache.ptr()),
+                    Arg::P(s.pos.ptr()),
+                    Arg::I(nq as i32),
+                    Arg::I(nkv as i32),
+                    Arg::I(self.window(il)),
+                    Arg::F(i.attn_scale),
+                    Arg::P(s.part.ptr()),
+                    Arg::I(ATTN_SPLITS as i32),
+                ],
+            )?;
+            let qa = self.qact();
+            g.launch(
+                "attn_combine_gate",
+                (nq as u32, 1, 1),
+                128,
+                &[
+                    Arg::P(s.part.ptr()),
+                    Arg::I(nq as i32),
+                    Arg::I(ATTN_SPLITS as i32),
+                    Arg::P(s.y_qkvg.at(4 * (qw + 2 * nkv * HEAD_DIM))),
+                    Arg::L(ld as i64),
+                    Arg::P(s.hf.ptr()),
+                    Arg::P(qa.q),
+                    Arg::P(qa.d),
+                    Arg::P(qa.s),
+                ],
+            )?;
+            l.wo.gemv(g, 1, qa, s.hf.ptr(), s.y_o.ptr())?;
+            self.norm(1, s.x.ptr(), Some((s.y_o.ptr(), l.post_attn_norm.ptr(), 1e-8)), l.ffn_norm.ptr(), s.hf.ptr(), 0, true)?;
+            l.gate_up.gemv(g, 1, qa, s.hf.ptr(), s.y_gu.ptr())?;
+            g.launch(
+                "swiglu",
+                ((i.n_ff / 16).div_ceil(256) as u32, 1, 1),
+                256,
+                &[
+                    Arg::P(s.y_gu.ptr()),
+                    Arg::L(i.n_ff as i64),
+                    Arg::L(1),
+                    Arg::P(s.hf.ptr()),
+                    Arg::P(0),
+                    Arg::P(qa.q),
+                    Arg::P(qa.d),
+                    Arg::P(qa.s),
+                ],
+            )?;
+            l.down.gemv(g, 1, qa, s.hf.ptr(), s.y_d.ptr())?;
+            let next = self.layers.get(il + 1).map_or(self.output_norm.ptr(), |n| n.attn_norm.ptr());
+            self.norm(1, s.x.ptr(), Some((s.y_d.ptr(), l.post_ffw_norm.ptr(), 1e-8)), next, s.hf.ptr(), 0, true)?;
+        }
+        self.output.gemv(g, 1, self.qact(), s.hf.ptr(), s.logits.ptr())?;
+        self.finish_logits(advance)
+    }
+
+    fn finish_logits(&self, advance: bool) -> Result<()> {
+        self.gpu.launch(
+            "logits_argmax",
+            (1, 1, 1),
+            1024,
+            &[
+                Arg::P(self.s.logits.ptr()),
+                Arg::L(self.info.n_vocab as i64),
+                Arg::F(self.logit_scale),
+                Arg::F(self.info.softcap),
+                Arg::P(self.s.tokens.ptr()),
+                Arg::P(self.s.pos.ptr()),
+                Arg::P(self.s.history.ptr()),
+                Arg::I(self.opts.n_ctx as i32 + 1),
+                Arg::I(advance as i32),
+            ],
+        )
+    }
+
+    fn check_pos(&self, pos: usize, n: usize) -> Result<()> {
+        if pos + n > self.opts.n_ctx {
+            return Err(CudaError::Shape(format!(
+                "positions {pos}..{} exceed the KV cache of {} positions",
+                pos + n,
+                self.opts.n_ctx
+            )));
+        }
+        Ok(())
+    }
+
+    /// One decode step: `token` at `pos`; returns the logits (after scale and softcap) and the
+    /// greedy next token.
+    pub fn decode(&mut self, token: u32, pos: usize) -> Result<(Vec<f32>, u32)> {
+        self.check_pos(pos, 1)?;
+        self.gpu.upload(&self.s.tokens, 0, &[token as i32])?;
+        self.gpu.upload(&self.s.pos, 0, &[pos as i32])?;
+        self.enqueue_decode(false)?;
+        self.read_logits()
+    }
+
+    fn read_logits(&self) -> Result<(Vec<f32>, u32)> {
+        let mut logits = vec![0f32; self.info.n_vocab];
+        self.gpu.download(self.s.logits.ptr(), &mut logits)?;
+        let mut tok = [0i32];
+        self.gpu.download(self.s.tokens.ptr(), &mut tok)?;
+        Ok((logits, tok[0] as u32))
+    }
+
+    /// Captures one decode step (token and position read from device memory) as a graph.
+    pub fn capture_decode(&self) -> Result<DecodeGraph> {
+        self.gpu.sync()?;
+        self.gpu.begin_capture()?;
+        let r = self.enqueue_decode(true);
+        let graph = self.gpu.end_capture();
+        r?;
+        Ok(DecodeGraph { graph: graph? })
+    }
+
+    /// Greedy generation of `n` tokens after `token` at `pos` by replaying `graph`; returns the
+    /// generated tokens. The KV cache must hold positions before `pos`.
+    pub fn generate(&self, graph: &DecodeGraph, token: u32, pos: usize, n: usize) -> Result<Vec<u32>> {
+        self.check_pos(pos, n)?;
+        self.gpu.upload(&self.s.tokens, 0, &[token as i32])?;
+        self.gpu.upload(&self.s.pos, 0, &[pos as i32])?;
+        for _ in 0..n {
+            graph.graph.launch().map_err(crate::runtime::drv_err)?;
+        }
+        let mut hist = vec![0i32; n];
+        self.gpu.download(self.s.history.at(4 * (pos + 1)), &mut hist)?;
+        Ok(hist.into_iter().map(|t| t as u32).collect())
+    }
+
+    /// Prefill `tokens` at positions `pos..`, in chunks of at most `max_chunk`; returns the
+    /// last token's logits and its greedy next token.
+    pub fn prefill(&mut self, tokens: &[u32], pos: usize) -> Result<(Vec<f32>, u32)> {
+        if tokens.is_empty() {
+            return Err(CudaError::Shape("empty prompt".into()));
+        }
+        self.check_pos(pos, tokens.len())?;
+        let mut p = pos;
+        for chunk in tokens.chunks(self.opts.max_chunk) {
+            self.enqueue_prefill_chunk(chunk, p)?;
+            p += chunk.len();
+        }
+        self.read_logits()
+    }
+
+    /// Enqueues a prefill chunk (used by `prefill` and timed by the bench).
+    pub fn enqueue_prefill_chunk(&self, tokens: &[u32], p0: usize) -> Result<()> {
+        let i = &self.info;
+        let g = &self.gpu;
+        let s = &self.s;
+        let t = tokens.len();
+        if t == 0 || t > self.opts.max_chunk {
+            return Err(CudaError::Shape(format!("chunk of {t} tokens (max {})", self.opts.max_chunk)));
+        }
+        self.check_pos(p0, t)?;
+        let (e, nq, nkv) = (i.n_embd, i.n_head, i.n_head_kv);
+        let qw = nq * HEAD_DIM;
+        let ld = 2 * qw + 2 * nkv * HEAD_DIM;
+        let group = nq / nkv;
+        let ids: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
+        let poss: Vec<i32> = (0..t).map(|k| (p0 + k) as i32).collect();
+        g.upload(&s.tokens, 0, &ids)?;
+        g.upload(&s.pos, 0, &poss)?;
+        self.tok_embd.get_rows(g, s.tokens.ptr(), t, s.x.ptr())?;
+        self.norm(t, s.x.ptr(), None, 0, s.x.ptr(), 0, false)?;
+        self.norm(t, s.x.ptr(), None, self.layers[0].attn_norm.ptr(), 0, s.hb.ptr(), false)?;
+        for (il, l) in self.layers.iter().enumerate() {
+            l.qkvg.gemm(g, t, s.hb.ptr(), s.y_qkvg.ptr(), s.wbuf.ptr())?;
+            self.qk_norm_rope(l, il, t, ld, 0, s.q_h.ptr())?;
+            let w = self.window(il);
+            let k_lo = if w > 0 { (p0 + 1).saturating_sub(w as usize) } else { 0 };
+            let nk = p0 + t - k_lo;
+            let rows = group * t;
+            // scores[g][r][j] = q_h[g][r] · k[k_lo + j]   (r = head-in-group * t + token)
+            g.gemm_f16_batched(
+                true,
+                nk,
+                rows,
+                HEAD_DIM,
+                l.k_cache.at(2 * k_lo * nkv * HEAD_DIM),
+                nkv * HEAD_DIM,
+                HEAD_DIM,
+                s.q_h.ptr(),
+                HEAD_DIM,
+                rows * HEAD_DIM,
+                s.scores.ptr(),
+                nk,
+                rows * nk,
+                nkv,
+            )?;
+            g.launch(
+                "softmax_mask",
+                ((nkv * rows) as u32, 1, 1),
+                256,
+                &[
+                    Arg::P(s.scores.ptr()),
+                    Arg::P(s.probs.ptr()),
+                    Arg::I(t as i32),
+                    Arg::I(nk as i32),
+                    Arg::I(p0 as i32),
+                    Arg::I(k_lo as i32),
+                    Arg::I(w),
+                    Arg::F(i.attn_scale),
+                ],
+            )?;
+            // o[g][r][d] = Σ_j p[g][r][j] · v[k_lo + j][d]
+            g.gemm_f16_batched(
+                false,
+                HEAD_DIM,
+                rows,
+                nk,
+                l.v_cache.at(2 * k_lo * nkv * HEAD_DIM),
+                nkv * HEAD_DIM,
+                HEAD_DIM,
+                s.probs.ptr(),
+                nk,
+                rows * nk,
+                s.o_heads.ptr(),
+                HEAD_DIM,
+                rows * HEAD_DIM,
+                nkv,
+            )?;
+            g.launch(
+                "gate_heads_bf16",
+                ((t * qw).div_ceil(256) as u32, 1, 1),
+                256,
+                &[
+                    Arg::P(s.o_heads.ptr()),
+                    Arg::P(s.y_qkvg.at(4 * (qw + 2 * nkv * HEAD_DIM))),
+                    Arg::L(ld as i64),
+                    Arg::I(t as i32),
+                    Arg::I(nq as i32),
+                    Arg::P(s.hb.ptr()),
+                ],
+            )?;
+            l.wo.gemm(g, t, s.hb.ptr(), s.y_o.ptr(), s.wbuf.ptr())?;
+            self.norm(t, s.x.ptr(), Some((s.y_o.ptr(), l.post_attn_norm.ptr(), 1e-8)), l.ffn_norm.ptr(), 0, s.hb.ptr(), false)?;
+            l.gate_up.gemm(g, t, s.hb.ptr(), s.y_gu.ptr(), s.wbuf.ptr())?;
+            g.launch(
+                "swiglu",
+                ((t * i.n_ff / 16).div_ceil(256) as u32, 1, 1),
+                256,
+                &[
+                    Arg::P(s.y_gu.ptr()),
+                    Arg::L(i.n_ff as i64),
+                    Arg::L(t as i64),
+                    Arg::P(0),
+                    Arg::P(s.hb.ptr()),
+                    Arg::P(0),
+                    Arg::P(0),
+                    Arg::P(0),
+                ],
+            )?;
+            l.down.gemm(g, t, s.hb.ptr(), s.y_d.ptr(), s.wbuf.ptr())?;
+            let last = il + 1 == self.layers.len();
+            let next = if last { self.output_norm.ptr() } else { self.layers[il + 1].attn_norm.ptr() };
+            self.norm(t, s.x.ptr(), Some((s.y_d.ptr(), l.post_ffw_norm.ptr(), 1e-8)), next, 0, if last { 0 } else { s.hb.ptr() }, false)?;
+        }
+        // Logits for the last token only.
+        let xl = s.x.at(4 * (t - 1) * e);
+        self.norm(1, xl, None, self.output_norm.ptr(), s.hf.ptr(), 0, true)?;
+        self.output.gemv(g, 1, self.qact(), s.hf.ptr(), s.logits.ptr())?;
+        // The next token's position, for a decode graph that follows.
+        self.finish_logits(false)
+    }
+
+    /// Waits for the GPU.
+    pub fn sync(&self) -> Result<()> {
+        self.gpu.sync()
+    }
+}
+
+/// A captured decode step.
+pub struct DecodeGraph {
+    graph: cudarc::driver::CudaGraph,
+}

@@ -1,0 +1,795 @@
+// Muser CUDA kernels, compiled at start-up by NVRTC for the device's architecture.
+//
+// Layouts (device side, see weights.rs):
+//   Q4_K   ggml blocks as in the file (144 bytes / 256 values, 16-byte aligned).
+//   Q6_K   ggml blocks padded to 224 bytes (ql 128 | qh 64 | scales 16 | d f16 | pad 14).
+//   Q8_0   split: int8 quants [rows][cols], then f16 scales [rows][cols/32].
+//   NVFP4  split: packed nibbles [rows][cols/2], then UE4M3 scales [rows][cols/16].
+//   F16 / BF16 / F32 plain row-major.
+// Activations for the integer GEMV paths are quantized per 16 values:
+//   xq int8 [B][n], xd f32 [B][n/16] (scale), xs f32 [B][n/16] (scale * sum of quants).
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef __nv_bfloat16 bf16;
+
+#define FULL 0xffffffffu
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024). `sh` holds 33 floats.
+__device__ float block_sum(float v, float* sh) {
+    v = warp_sum(v);
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    __syncthreads();
+    if (l == 0) sh[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        float t = l < (int)(blockDim.x >> 5) ? sh[l] : 0.f;
+        t = warp_sum(t);
+        if (l == 0) sh[32] = t;
+    }
+    __syncthreads();
+    return sh[32];
+}
+
+__device__ __forceinline__ float h2f(u16 bits) { return __half2float(__ushort_as_half(bits)); }
+
+// Quantize 16 activations to int8 with one scale; writes 16 bytes, the scale and scale*sum.
+__device__ __forceinline__ void quant16(const float* v, i8* q, float* qd, float* qs) {
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; i++) amax = fmaxf(amax, fabsf(v[i]));
+    const float d = amax / 127.f;
+    const float id = d > 0.f ? 1.f / d : 0.f;
+    int sum = 0;
+    u32 w[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        u32 word = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int qi = __float2int_rn(v[4 * k + i] * id);
+            sum += qi;
+            word |= ((u32)(qi & 0xff)) << (8 * i);
+        }
+        w[k] = word;
+    }
+    *(uint4*)q = make_uint4(w[0], w[1], w[2], w[3]);
+    *qd = d;
+    *qs = d * (float)sum;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dequantization of 16 consecutive values (group g of a row) from the device layouts.
+
+__device__ __forceinline__ void scale_min_k4(int j, const u8* q, int* sc, int* m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+__constant__ float FP4_LUT[16] = {0.f, 1.f, 2.f, 3.f, 4.f, 6.f, 8.f, 12.f,
+                                  0.f, -1.f, -2.f, -3.f, -4.f, -6.f, -8.f, -12.f};
+
+// UE4M3 scale, halved (the E2M1 table above is doubled). 0 and 0x7F decode to 0.
+__device__ __forceinline__ float ue4m3_half(u32 x) {
+    if (x == 0 || x == 0x7F) return 0.f;
+    const int e = (x >> 3) & 15, m = x & 7;
+    const float raw = e == 0 ? ldexpf((float)m, -9) : ldexpf(1.f + (float)m / 8.f, e - 7);
+    return raw * 0.5f;
+}
+
+// ty: 0 F32, 1 F16, 8 Q8_0, 12 Q4_K, 14 Q6_K, 30 BF16, 40 NVFP4 (ggml ids).
+__device__ void dq16(int ty, const u8* W, const u8* S, long cols, long row, long g, float* o) {
+    if (ty == 12) {
+        const long s = g >> 4;
+        const int e = (int)(g & 15) * 16, c = e >> 6, r = e & 63;
+        const u8* blk = W + (row * (cols >> 8) + s) * 144;
+        const float d = h2f(*(const u16*)blk), dmin = h2f(*(const u16*)(blk + 2));
+        int sc, m;
+        scale_min_k4(2 * c + (r >= 32), blk + 4, &sc, &m);
+        const u8* qs = blk + 16 + 32 * c + (r & 31);
+        const float a = d * (float)sc, b = dmin * (float)m;
+#pragma unroll
+        for (int t = 0; t < 16; t++) o[t] = a * (float)(r < 32 ? (qs[t] & 15) : (qs[t] >> 4)) - b;
+    } else if (ty == 14) {
+        const long s = g >> 4;
+        const int e = (int)(g & 15) * 16, n = e >> 7, r = e & 127, quad = r >> 5, l0 = r & 31;
+        const u8* blk = W + (row * (cols >> 8) + s) * 224;
+        const u8* ql = blk + 64 * n + (quad & 1) * 32 + l0;
+        const u8* qh = blk + 128 + 32 * n + l0;
+        const float d = h2f(*(const u16*)(blk + 208));
+        const float a = d * (float)((const i8*)(blk + 192))[8 * n + l0 / 16 + 2 * quad];
+#pragma unroll
+        for (int t = 0; t < 16; t++) {
+            const int lo = quad < 2 ? (ql[t] & 15) : (ql[t] >> 4);
+            const int q = (lo | (((qh[t] >> (2 * quad)) & 3) << 4)) - 32;
+            o[t] = a * (float)q;
+        }
+    } else if (ty == 8) {
+        const i8* qs = (const i8*)W + row * cols + 16 * g;
+        const float d = h2f(((const u16*)S)[row * (cols / 32) + g / 2]);
+#pragma unroll
+        for (int t = 0; t < 16; t++) o[t] = d * (float)qs[t];
+    } else if (ty == 40) {
+        const u8* qs = W + row * (cols / 2) + 8 * g;
+        const float d = ue4m3_half(S[row * (cols / 16) + g]);
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            o[t] = FP4_LUT[qs[t] & 15] * d;
+            o[t + 8] = FP4_LUT[qs[t] >> 4] * d;
+        }
+    } else if (ty == 1) {
+        const u16* p = (const u16*)W + row * cols + 16 * g;
+#pragma unroll
+        for (int t = 0; t < 16; t++) o[t] = h2f(p[t]);
+    } else if (ty == 30) {
+        const u16* p = (const u16*)W + row * cols + 16 * g;
+#pragma unroll
+        for (int t = 0; t < 16; t++) o[t] = __uint_as_float(((u32)p[t]) << 16);
+    } else {
+        const float* p = (const float*)W + row * cols + 16 * g;
+#pragma unroll
+        for (int t = 0; t < 16; t++) o[t] = p[t];
+    }
+}
+
+// Whole matrix to bf16 [rows][cols] (prefill GEMM operand). One thread per 16 values.
+extern "C" __global__ void dequant_bf16(int ty, const u8* W, const u8* S, long rows, long cols, bf16* out) {
+    const long ng = cols / 16;
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * ng) return;
+    const long row = i / ng, g = i % ng;
+    float v[16];
+    dq16(ty, W, S, cols, row, g, v);
+    __align__(16) bf16 b[16];
+#pragma unroll
+    for (int t = 0; t < 16; t++) b[t] = __float2bfloat16(v[t]);
+    uint4* dst = (uint4*)(out + row * cols + 16 * g);
+    dst[0] = ((uint4*)b)[0];
+    dst[1] = ((uint4*)b)[1];
+}
+
+// Embedding rows for T tokens into x f32 [T][cols]. grid (ceil(cols/16/128), T).
+extern "C" __global__ void get_rows(int ty, const u8* W, const u8* S, long cols, const int* tokens, float* x) {
+    const long g = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    const int t = blockIdx.y;
+    if (g >= cols / 16) return;
+    float v[16];
+    dq16(ty, W, S, cols, tokens[t], g, v);
+#pragma unroll
+    for (int k = 0; k < 16; k++) x[(long)t * cols + 16 * g + k] = v[k];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decode GEMV: y[b][row] = W[row] . x[b]. One warp per row, 4 rows per 128-thread block.
+
+__device__ __forceinline__ int dot16(uint4 w, int4 x, int acc) {
+    acc = __dp4a((int)w.x, x.x, acc);
+    acc = __dp4a((int)w.y, x.y, acc);
+    acc = __dp4a((int)w.z, x.z, acc);
+    acc = __dp4a((int)w.w, x.w, acc);
+    return acc;
+}
+
+__device__ __forceinline__ uint4 and4(uint4 v, u32 m) { return make_uint4(v.x & m, v.y & m, v.z & m, v.w & m); }
+__device__ __forceinline__ uint4 shr4(uint4 v, int s) { return make_uint4(v.x >> s, v.y >> s, v.z >> s, v.w >> s); }
+
+struct Act {
+    const i8* q;
+    const float* d;
+    const float* s;
+    long n;
+};
+
+template <int B>
+__device__ __forceinline__ void q4k_step(uint4 hd, uint4 qv, long s, int j, Act x, float* acc) {
+    const int c = j >> 1, h = j & 1;
+    const float d = h2f(hd.x & 0xffff), dmin = h2f(hd.x >> 16);
+    u32 sw[3] = {hd.y, hd.z, hd.w};
+    const u8* sc8 = (const u8*)sw;
+    int sc1, m1, sc2, m2;
+    scale_min_k4(2 * c, sc8, &sc1, &m1);
+    scale_min_k4(2 * c + 1, sc8, &sc2, &m2);
+    const uint4 lo = and4(qv, 0x0F0F0F0Fu), hi = and4(shr4(qv, 4), 0x0F0F0F0Fu);
+    const long ga = s * 16 + 4 * c + h, gb = ga + 2;
+#pragma unroll
+    for (int b = 0; b < B; b++) {
+        const long go = b * (x.n / 16);
+        const int4 xa = *(const int4*)(x.q + b * x.n + ga * 16);
+        const int4 xb = *(const int4*)(x.q + b * x.n + gb * 16);
+        const int sa = dot16(lo, xa, 0), sb = dot16(hi, xb, 0);
+        acc[b] += d * ((float)sc1 * x.d[go + ga] * (float)sa + (float)sc2 * x.d[go + gb] * (float)sb) -
+                  dmin * ((float)m1 * x.s[go + ga] + (float)m2 * x.s[go + gb]);
+    }
+}
+
+template <int B>
+__device__ void gemv_q4k(const u8* __restrict__ W, long rows, long cols, Act x, float* __restrict__ y, long ldy) {
+    const int lane = threadIdx.x & 31;
+    const long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    const long nsb = cols >> 8;
+    const u8* wr = W + row * nsb * 144;
+    const int j = lane & 7;
+    float acc[B];
+#pragma unroll
+    for (int b = 0; b < B; b++) acc[b] = 0.f;
+    long s = lane >> 3;
+    for (; s + 4 < nsb; s += 8) {
+        const uint4 h0 = __ldg((const uint4*)(wr + s * 144));
+        const uint4 q0 = __ldg((const uint4*)(wr + s * 144 + 16 + 16 * j));
+        const uint4 h1 = __ldg((const uint4*)(wr + (s + 4) * 144));
+        const uint4 q1 = __ldg((const uint4*)(wr + (s + 4) * 144 + 16 + 16 * j));
+        q4k_step<B>(h0, q0, s, j, x, acc);
+        q4k_step<B>(h1, q1, s + 4, j, x, acc);
+    }
+    if (s < nsb) {
+        const uint4 h0 = __ldg((const uint4*)(wr + s * 144));
+        const uint4 q0 = __ldg((const uint4*)(wr + s * 144 + 16 + 16 * j));
+        q4k_step<B>(h0, q0, s, j, x, acc);
+    }
+#pragma unroll
+    for (int b = 0; b < B; b++) {
+        const float v = warp_sum(acc[b]);
+        if (lane == 0) y[b * ldy + row] = v;
+    }
+}
+
+template <int B>
+__device__ __forceinline__ void q6k_step(const u8* blk, long s, int j, Act x, float* acc) {
+    const int n = j >> 2, a = (j >> 1) & 1, bb = j & 1;
+    const uint4 ql = __ldg((const uint4*)(blk + 64 * n + 32 * a + 16 * bb));
+    const uint4 qh = __ldg((const uint4*)(blk + 128 + 32 * n + 16 * bb));
+    const uint4 scv = __ldg((const uint4*)(blk + 192));
+    const float d = h2f(*(const u16*)(blk + 208));
+    const i8* sc = (const i8*)&scv;
+    const int sl2 = 2 * a;
+    const uint4 lo2 = make_uint4((ql.x & 0x0F0F0F0Fu) | (((qh.x >> sl2) & 0x03030303u) << 4),
+                                 (ql.y & 0x0F0F0F0Fu) | (((qh.y >> sl2) & 0x03030303u) << 4),
+                                 (ql.z & 0x0F0F0F0Fu) | (((qh.z >> sl2) & 0x03030303u) << 4),
+                                 (ql.w & 0x0F0F0F0Fu) | (((qh.w >> sl2) & 0x03030303u) << 4));
+    const uint4 hn = and4(shr4(ql, 4), 0x0F0F0F0Fu);
+    const int sh = 2 * a + 4;
+    const uint4 hi = make_uint4(hn.x | (((qh.x >> sh) & 0x03030303u) << 4), hn.y | (((qh.y >> sh) & 0x03030303u) << 4),
+                                hn.z | (((qh.z >> sh) & 0x03030303u) << 4), hn.w | (((qh.w >> sh) & 0x03030303u) << 4));
+    const int il = 8 * n + 2 * a + bb, ih = il + 4;
+    const float scl = d * (float)sc[il], sch = d * (float)sc[ih];
+    const long gl = s * 16 + il, gh = s * 16 + ih;
+#pragma unroll
+    for (int b = 0; b < B; b++) {
+        const long go = b * (x.n / 16);
+        const int4 xl = *(const int4*)(x.q + b * x.n + gl * 16);
+        const int4 xh = *(const int4*)(x.q + b * x.n + gh * 16);
+        const int sl = dot16(lo2, xl, 0), shh = dot16(hi, xh, 0);
+        acc[b] += scl * (x.d[go + gl] * (float)sl - 32.f * x.s[go + gl]) +
+                  sch * (x.d[go + gh] * (float)shh - 32.f * x.s[go + gh]);
+    }
+}
+
+template <int B>
+__device__ void gemv_q6k(const u8* __restrict__ W, long rows, long cols, Act x, float* __restrict__ y, long ldy) {
+    const int lane = threadIdx.x & 31;
+    const long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    const long nsb = cols >> 8;
+    const u8* wr = W + row * nsb * 224;
+    const int j = lane & 7;
+    float acc[B];
+#pragma unroll
+    for (int b = 0; b < B; b++) acc[b] = 0.f;
+    for (long s = lane >> 3; s < nsb; s += 4) q6k_step<B>(wr + s * 224, s, j, x, acc);
+#pragma unroll
+    for (int b = 0; b < B; b++) {
+        const float v = warp_sum(acc[b]);
+        if (lane == 0) y[b * ldy + row] = v;
+    }
+}
+
+template <int B>
+__device__ void gemv_q80(const u8* __restrict__ W, const u8* __restrict__ S, long rows, long cols, Act x,
+                         float* __restrict__ y, long ldy) {
+    const int lane = threadIdx.x & 31;
+    const long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    const u8* wr = W + row * cols;
+    const u16* sr = (const u16*)S + row * (cols / 32);
+    float acc[B];
+#pragma unroll
+    for (int b = 0; b < B; b++) acc[b] = 0.f;
+    for (long e = 16 * lane; e < cols; e += 512) {
+        const uint4 w = __ldg((const uint4*)(wr + e));
+        const float d = h2f(sr[e / 32]);
+        const long g = e / 16;
+#pragma unroll
+        for (int b = 0; b < B; b++) {
+            const int4 xv = *(const int4*)(x.q + b * x.n + e);
+            acc[b] += d * x.d[b * (x.n / 16) + g] * (float)dot16(w, xv, 0);
+        }
+    }
+#pragma unroll
+    for (int b = 0; b < B; b++) {
+        const float v = warp_sum(acc[b]);
+        if (lane == 0) y[b * ldy + row] = v;
+    }
+}
+
+// 4 nibbles (one per byte) -> 4 int8 values of the doubled E2M1 table.
+__device__ __forceinline__ int fp4_lut4(u32 q) {
+    const u32 t0 = 0x03020100u, t1 = 0x0C080604u, t2 = 0xFDFEFF00u, t3 = 0xF4F8FAFCu;
+    const u32 s = (q & 7) | ((q >> 4) & 0x70) | ((q >> 8) & 0x700) | ((q >> 12) & 0x7000);
+    const u32 lo = __byte_perm(t0, t1, s), hi = __byte_perm(t2, t3, s);
+    const u32 m = ((q & 0x08080808u) >> 3) * 0xFFu;
+    return (int)((lo & ~m) | (hi & m));
+}
+
+template <int B>
+__device__ void gemv_nvfp4(const u8* __restrict__ W, const u8* __restrict__ S, long rows, long cols, Act x,
+                           float* __restrict__ y, long ldy) {
+    const int lane = threadIdx.x & 31;
+    const long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    const u8* wr = W + row * (cols / 2);
+    const u8* sr = S + row * (cols / 16);
+    float acc[B];
+#pragma unroll
+    for (int b = 0; b < B; b++) acc[b] = 0.f;
+    for (long e = 32 * lane; e < cols; e += 1024) {
+        const uint4 w = __ldg((const uint4*)(wr + e / 2));
+        const long g = e / 16;
+        const float d0 = ue4m3_half(sr[g]), d1 = ue4m3_half(sr[g + 1]);
+        const int a0 = fp4_lut4(w.x & 0x0F0F0F0Fu), a1 = fp4_lut4(w.y & 0x0F0F0F0Fu);
+        const int a2 = fp4_lut4((w.x >> 4) & 0x0F0F0F0Fu), a3 = fp4_lut4((w.y >> 4) & 0x0F0F0F0Fu);
+        const int b0 = fp4_lut4(w.z & 0x0F0F0F0Fu), b1 = fp4_lut4(w.w & 0x0F0F0F0Fu);
+        const int b2 = fp4_lut4((w.z >> 4) & 0x0F0F0F0Fu), b3 = fp4_lut4((w.w >> 4) & 0x0F0F0F0Fu);
+#pragma unroll
+        for (int b = 0; b < B; b++) {
+            const int4 x0 = *(const int4*)(x.q + b * x.n + e);
+            const int4 x1 = *(const int4*)(x.q + b * x.n + e + 16);
+            int s0 = __dp4a(a0, x0.x, 0);
+            s0 = __dp4a(a1, x0.y, s0);
+            s0 = __dp4a(a2, x0.z, s0);
+            s0 = __dp4a(a3, x0.w, s0);
+            int s1 = __dp4a(b0, x1.x, 0);
+            s1 = __dp4a(b1, x1.y, s1);
+            s1 = __dp4a(b2, x1.z, s1);
+            s1 = __dp4a(b3, x1.w, s1);
+            const long go = b * (x.n / 16);
+            acc[b] += d0 * x.d[go + g] * (float)s0 + d1 * x.d[go + g + 1] * (float)s1;
+        }
+    }
+#pragma unroll
+    for (int b = 0; b < B; b++) {
+        const float v = warp_sum(acc[b]);
+        if (lane == 0) y[b * ldy + row] = v;
+    }
+}
+
+// Float weights (F16, BF16, F32) against f32 activations xf [B][cols].
+template <int B>
+__device__ void gemv_float(int ty, const u8* __restrict__ W, long rows, long cols, const float* __restrict__ xf,
+                           float* __restrict__ y, long ldy) {
+    const int lane = threadIdx.x & 31;
+    const long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    float acc[B];
+#pragma unroll
+    for (int b = 0; b < B; b++) acc[b] = 0.f;
+    for (long e = 8 * lane; e < cols; e += 256) {
+        float w[8];
+        if (ty == 1) {
+            const uint4 v = __ldg((const uint4*)((const u16*)W + row * cols + e));
+            const u16* h = (const u16*)&v;
+#pragma unroll
+            for (int t = 0; t < 8; t++) w[t] = h2f(h[t]);
+        } else if (ty == 30) {
+            const uint4 v = __ldg((const uint4*)((const u16*)W + row * cols + e));
+            const u16* h = (const u16*)&v;
+#pragma unroll
+            for (int t = 0; t < 8; t++) w[t] = __uint_as_float(((u32)h[t]) << 16);
+        } else {
+            const float4 v0 = __ldg((const float4*)((const float*)W + row * cols + e));
+            const float4 v1 = __ldg((const float4*)((const float*)W + row * cols + e + 4));
+            w[0] = v0.x; w[1] = v0.y; w[2] = v0.z; w[3] = v0.w;
+            w[4] = v1.x; w[5] = v1.y; w[6] = v1.z; w[7] = v1.w;
+        }
+#pragma unroll
+        for (int b = 0; b < B; b++) {
+            const float4 x0 = *(const float4*)(xf + b * cols + e);
+            const float4 x1 = *(const float4*)(xf + b * cols + e + 4);
+            acc[b] += w[0] * x0.x + w[1] * x0.y + w[2] * x0.z + w[3] * x0.w + w[4] * x1.x + w[5] * x1.y +
+                      w[6] * x1.z + w[7] * x1.w;
+        }
+    }
+#pragma unroll
+    for (int b = 0; b < B; b++) {
+        const float v = warp_sum(acc[b]);
+        if (lane == 0) y[b * ldy + row] = v;
+    }
+}
+
+#define GEMV_ENTRIES(B)                                                                                       \
+    extern "C" __global__ void gemv_q4k_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,    \
+                                             const float* xd, const float* xs, const float* xf, float* y, long ldy) {   \
+        Act x = {xq, xd, xs, cols};                                                                           \
+        gemv_q4k<B>(W, rows, cols, x, y, ldy);                                                                     \
+    }                                                                                                         \
+    extern "C" __global__ void gemv_q6k_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,    \
+                                             const float* xd, const float* xs, const float* xf, float* y, long ldy) {   \
+        Act x = {xq, xd, xs, cols};                                                                           \
+        gemv_q6k<B>(W, rows, cols, x, y, ldy);                                                                     \
+    }                                                                                                         \
+    extern "C" __global__ void gemv_q80_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,    \
+                                             const float* xd, const float* xs, const float* xf, float* y, long ldy) {   \
+        Act x = {xq, xd, xs, cols};                                                                           \
+        gemv_q80<B>(W, S, rows, cols, x, y, ldy);                                                                  \
+    }                                                                                                         \
+    extern "C" __global__ void gemv_nvfp4_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,  \
+                                               const float* xd, const float* xs, const float* xf, float* y, long ldy) { \
+        Act x = {xq, xd, xs, cols};                                                                           \
+        gemv_nvfp4<B>(W, S, rows, cols, x, y, ldy);                                                                \
+    }                                                                                                         \
+    extern "C" __global__ void gemv_f16_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,    \
+                                             const float* xd, const float* xs, const float* xf, float* y, long ldy) {   \
+        gemv_float<B>(1, W, rows, cols, xf, y, ldy);                                                               \
+    }                                                                                                         \
+    extern "C" __global__ void gemv_bf16_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,   \
+                                              const float* xd, const float* xs, const float* xf, float* y, long ldy) {  \
+        gemv_float<B>(30, W, rows, cols, xf, y, ldy);                                                              \
+    }                                                                                                         \
+    extern "C" __global__ void gemv_f32_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,    \
+                                             const float* xd, const float* xs, const float* xf, float* y, long ldy) {   \
+        gemv_float<B>(0, W, rows, cols, xf, y, ldy);                                                               \
+    }
+
+GEMV_ENTRIES(1)
+GEMV_ENTRIES(2)
+GEMV_ENTRIES(3)
+GEMV_ENTRIES(4)
+GEMV_ENTRIES(5)
+GEMV_ENTRIES(6)
+GEMV_ENTRIES(7)
+GEMV_ENTRIES(8)
+
+// Quantize f32 activations [B][n] (n a multiple of 16) for the integer GEMV paths.
+extern "C" __global__ void quantize_act(const float* x, long n, long total_groups, i8* q, float* qd, float* qs) {
+    const long g = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= total_groups) return;
+    float v[16];
+#pragma unroll
+    for (int t = 0; t < 16; t++) v[t] = x[16 * g + t];
+    quant16(v, q + 16 * g, qd + g, qs + g);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Norms. One block per row.
+//   if y:  x += RMSNorm(y, eps_post) * w_post          (post-norm and residual)
+//   out = RMSNorm(x, eps) * w  (w may be null)  -> f32 out_f, bf16 out_b, quantized (q, qd, qs)
+// Each output pointer may be null.
+extern "C" __global__ void norm_fused(float* x, const float* y, const float* w_post, float eps_post, const float* w,
+                                      float eps, long n, float* out_f, bf16* out_b, i8* q, float* qd, float* qs) {
+    __shared__ float sh[33];
+    const long r = blockIdx.x;
+    float* xr = x + r * n;
+    if (y) {
+        const float* yr = y + r * n;
+        float ss = 0.f;
+        for (long i = threadIdx.x; i < n; i += blockDim.x) ss += yr[i] * yr[i];
+        ss = block_sum(ss, sh);
+        const float sy = 1.0f / sqrtf(ss / (float)n + eps_post);
+        for (long i = threadIdx.x; i < n; i += blockDim.x) xr[i] += yr[i] * sy * w_post[i];
+    }
+    float ss = 0.f;
+    for (long i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, sh);
+    const float sx = 1.0f / sqrtf(ss / (float)n + eps);
+    for (long g = threadIdx.x; g < n / 16; g += blockDim.x) {
+        float v[16];
+#pragma unroll
+        for (int t = 0; t < 16; t++) v[t] = xr[16 * g + t] * sx * (w ? w[16 * g + t] : 1.f);
+        if (out_f) {
+#pragma unroll
+            for (int t = 0; t < 16; t++) out_f[r * n + 16 * g + t] = v[t];
+        }
+        if (out_b) {
+#pragma unroll
+            for (int t = 0; t < 16; t++) out_b[r * n + 16 * g + t] = __float2bfloat16(v[t]);
+        }
+        if (q) quant16(v, q + r * n + 16 * g, qd + r * (n / 16) + g, qs + r * (n / 16) + g);
+    }
+}
+
+// Per-head RMSNorm of q and k, NORM RoPE (adjacent pairs) when `rope`, K/V into the cache.
+// qkv rows [T][ld]: q heads at 0, k heads at nq*128, v heads at (nq+nkv)*128. head_dim 128.
+// grid (T, nq + 2 nkv), block 32. q goes to q_f [T][nq][128] f32 and/or q_h [nq][T][128] f16.
+extern "C" __global__ void qk_norm_rope_store(const float* qkv, long ld, int nq, int nkv, const float* qn_w,
+                                              const float* kn_w, float eps, const int* pos, int rope,
+                                              float theta_scale, float* q_f, __half* q_h, int T, __half* kc,
+                                              __half* vc) {
+    const int t = blockIdx.x, head = blockIdx.y, lane = threadIdx.x;
+    const int p = pos[t];
+    const float4 v4 = *(const float4*)(qkv + (long)t * ld + (long)head * 128 + 4 * lane);
+    float v[4] = {v4.x, v4.y, v4.z, v4.w};
+    const bool is_q = head < nq, is_k = !is_q && head < nq + nkv;
+    if (is_q || is_k) {
+        const float ss = warp_sum(v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3]);
+        const float s = 1.0f / sqrtf(ss / 128.f + eps);
+        const float* nw = is_q ? qn_w : kn_w;
+#pragma unroll
+        for (int i = 0; i < 4; i++) v[i] = v[i] * s * nw[4 * lane + i];
+        if (rope) {
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                const int i = 2 * lane + k;  // pair index
+                const float theta = (float)p * powf(theta_scale, (float)i);
+                float sn, cs;
+                sincosf(theta, &sn, &cs);
+                const float a = v[2 * k], b = v[2 * k + 1];
+                v[2 * k] = a * cs - b * sn;
+                v[2 * k + 1] = a * sn + b * cs;
+            }
+        }
+    }
+    if (is_q) {
+        if (q_f) *(float4*)(q_f + ((long)t * nq + head) * 128 + 4 * lane) = make_float4(v[0], v[1], v[2], v[3]);
+        if (q_h) {
+            __half* d = q_h + ((long)head * T + t) * 128 + 4 * lane;
+            d[0] = __float2half(v[0]); d[1] = __float2half(v[1]);
+            d[2] = __float2half(v[2]); d[3] = __float2half(v[3]);
+        }
+    } else {
+        const int kh = is_k ? head - nq : head - nq - nkv;
+        __half* d = (is_k ? kc : vc) + (long)p * nkv * 128 + kh * 128 + 4 * lane;
+        d[0] = __float2half(v[0]); d[1] = __float2half(v[1]);
+        d[2] = __float2half(v[2]); d[3] = __float2half(v[3]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decode attention (flash-decoding). q_f [B][nq][128] f32, caches [n_ctx][nkv*128] f16,
+// pos[b] = position of the query. Keys in [lo, pos] with lo = pos - window + 1 for SWA.
+// grid (nq, B, S), block 128. part [B][nq][S][130]: acc[128], max, sum.
+extern "C" __global__ void attn_decode(const float* q_f, const __half* kc, const __half* vc, const int* pos, int nq,
+                                       int nkv, int window, float scale, float* part, int S) {
+    const int h = blockIdx.x, b = blockIdx.y, sp = blockIdx.z;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int p = pos[b];
+    const int lo = window > 0 ? max(0, p - window + 1) : 0;
+    const int nk = p - lo + 1;
+    const int chunk = (nk + S - 1) / S;
+    const int k0 = lo + sp * chunk, k1 = min(p + 1, k0 + chunk);
+    const int g = h / (nq / nkv);
+    const float4 q4 = *(const float4*)(q_f + ((long)b * nq + h) * 128 + 4 * lane);
+    const float qv[4] = {q4.x * scale, q4.y * scale, q4.z * scale, q4.w * scale};
+    float m = -INFINITY, l = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const long stride = (long)nkv * 128;
+    for (int j = k0 + w; j < k1; j += 4) {
+        const uint2 kr = *(const uint2*)(kc + j * stride + g * 128 + 4 * lane);
+        const __half2 k01 = *(const __half2*)&kr.x, k23 = *(const __half2*)&kr.y;
+        const float2 a = __half22float2(k01), c = __half22float2(k23);
+        const float s = warp_sum(qv[0] * a.x + qv[1] * a.y + qv[2] * c.x + qv[3] * c.y);
+        const float mn = fmaxf(m, s);
+        const float corr = __expf(m - mn), pe = __expf(s - mn);
+        const uint2 vr = *(const uint2*)(vc + j * stride + g * 128 + 4 * lane);
+        const float2 va = __half22float2(*(const __half2*)&vr.x), vb = __half22float2(*(const __half2*)&vr.y);
+        l = l * corr + pe;
+        acc[0] = acc[0] * corr + pe * va.x;
+        acc[1] = acc[1] * corr + pe * va.y;
+        acc[2] = acc[2] * corr + pe * vb.x;
+        acc[3] = acc[3] * corr + pe * vb.y;
+        m = mn;
+    }
+    __shared__ float sm[4], sl[4], sa[4][128];
+    if (lane == 0) { sm[w] = m; sl[w] = l; }
+#pragma unroll
+    for (int i = 0; i < 4; i++) sa[w][4 * lane + i] = acc[i];
+    __syncthreads();
+    const int d = threadIdx.x;
+    float M = fmaxf(fmaxf(sm[0], sm[1]), fmaxf(sm[2], sm[3]));
+    float L = 0.f, A = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if (sm[i] != -INFINITY) {
+                const float f = __expf(sm[i] - M);
+                L += sl[i] * f;
+                A += sa[i][d] * f;
+            }
+        }
+    }
+    float* o = part + (((long)b * nq + h) * S + sp) * 130;
+    o[d] = A;
+    if (d == 0) { o[128] = M; o[129] = L; }
+}
+
+// Merge the splits, apply the sigmoid gate, write f32 (out_f [B][nq*128]) and/or quantized.
+// grid (nq, B), block 128. gate rows [B][ldg].
+extern "C" __global__ void attn_combine_gate(const float* part, int nq, int S, const float* gate, long ldg,
+                                             float* out_f, i8* q, float* qd, float* qs) {
+    const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
+    const float* pp = part + ((long)b * nq + h) * S * 130;
+    float M = -INFINITY;
+    for (int s = 0; s < S; s++) M = fmaxf(M, pp[s * 130 + 128]);
+    float L = 0.f, A = 0.f;
+    if (M != -INFINITY) {
+        for (int s = 0; s < S; s++) {
+            const float ms = pp[s * 130 + 128];
+            if (ms == -INFINITY) continue;
+            const float f = __expf(ms - M);
+            L += pp[s * 130 + 129] * f;
+            A += pp[s * 130 + d] * f;
+        }
+    }
+    const float gt = gate[(long)b * ldg + h * 128 + d];
+    const float v = (L > 0.f ? A / L : 0.f) * (1.f / (1.f + __expf(-gt)));
+    const long n = (long)nq * 128;
+    const long idx = (long)b * n + h * 128 + d;
+    if (out_f) out_f[idx] = v;
+    if (q) {
+        float amax = fabsf(v);
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL, amax, o, 16));
+        const float dd = amax / 127.f;
+        const int qi = dd > 0.f ? __float2int_rn(v / dd) : 0;
+        int sum = qi;
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL, sum, o, 16);
+        q[idx] = (i8)qi;
+        if ((d & 15) == 0) {
+            qd[idx / 16] = dd;
+            qs[idx / 16] = dd * (float)sum;
+        }
+    }
+}
+
+// Prefill attention pieces (scores from cuBLAS). S rows: [2 * 16 * n] x nk laid out per KV group g
+// as rows (h_local, t). Query t is at position p0 + t, key j at position k_lo + j.
+// P = softmax(scale * S + mask) as f16. grid = rows, block 256.
+extern "C" __global__ void softmax_mask(const float* Sc, __half* P, int n, int nk, int p0, int k_lo, int window,
+                                       float scale) {
+    __shared__ float sh[33];
+    const long r = blockIdx.x;
+    const int t = (int)(r % n);
+    const int qp = p0 + t;
+    const float* sr = Sc + r * nk;
+    __half* pr = P + r * nk;
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) {
+        const int kp = k_lo + j;
+        const bool ok = kp <= qp && (window <= 0 || qp - kp < window);
+        if (ok) m = fmaxf(m, sr[j] * scale);
+    }
+    // block max
+    m = warp_max(m);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = m;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float t2 = threadIdx.x < (blockDim.x >> 5) ? sh[threadIdx.x] : -INFINITY;
+        t2 = warp_max(t2);
+        if (threadIdx.x == 0) sh[32] = t2;
+    }
+    __syncthreads();
+    m = sh[32];
+    float sum = 0.f;
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) {
+        const int kp = k_lo + j;
+        const bool ok = kp <= qp && (window <= 0 || qp - kp < window);
+        sum += ok ? __expf(sr[j] * scale - m) : 0.f;
+    }
+    sum = block_sum(sum, sh);
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) {
+        const int kp = k_lo + j;
+        const bool ok = kp <= qp && (window <= 0 || qp - kp < window);
+        pr[j] = __float2half(ok ? __expf(sr[j] * scale - m) * inv : 0.f);
+    }
+}
+
+// a[t][h*128+d] = O[h][t][d] * sigmoid(gate[t][h*128+d]) as bf16. One thread per element.
+extern "C" __global__ void gate_heads_bf16(const float* O, const float* gate, long ldg, int n, int nq, bf16* out) {
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long total = (long)n * nq * 128;
+    if (i >= total) return;
+    const int t = (int)(i / (nq * 128));
+    const int c = (int)(i % (nq * 128));
+    const int h = c / 128, d = c % 128;
+    const float gt = gate[(long)t * ldg + c];
+    out[i] = __float2bfloat16(O[((long)h * n + t) * 128 + d] * (1.f / (1.f + __expf(-gt))));
+}
+
+// SwiGLU over rows [T][2F] (gate | up): a = silu(gate) * up -> f32, bf16 and/or quantized [T][F].
+extern "C" __global__ void swiglu(const float* gu, long F, long T, float* out_f, bf16* out_b, i8* q, float* qd,
+                                  float* qs) {
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long ng = F / 16;
+    if (i >= T * ng) return;
+    const long t = i / ng, g = i % ng;
+    const float* gr = gu + t * 2 * F + 16 * g;
+    const float* ur = gr + F;
+    float v[16];
+#pragma unroll
+    for (int k = 0; k < 16; k++) {
+        const float z = gr[k];
+        v[k] = z / (1.f + __expf(-z)) * ur[k];
+    }
+    if (out_f) {
+#pragma unroll
+        for (int k = 0; k < 16; k++) out_f[t * F + 16 * g + k] = v[k];
+    }
+    if (out_b) {
+#pragma unroll
+        for (int k = 0; k < 16; k++) out_b[t * F + 16 * g + k] = __float2bfloat16(v[k]);
+    }
+    if (q) quant16(v, q + t * F + 16 * g, qd + t * ng + g, qs + t * ng + g);
+}
+
+// Logit scale and softcap in place, then greedy argmax per row (lowest index wins ties).
+// The chosen token goes to tokens[b]; history[b * hist_len + pos[b] + 1] = token; pos[b] += 1
+// when advance != 0 (decode loops replayed from a CUDA graph). grid B, block 1024.
+extern "C" __global__ void logits_argmax(float* logits, long V, float scale, float cap, int* tokens, int* pos,
+                                         int* history, int hist_len, int advance) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const int b = blockIdx.x;
+    float* lr = logits + (long)b * V;
+    float best = -INFINITY;
+    int bi = 0x7fffffff;
+    for (long j = threadIdx.x; j < V; j += blockDim.x) {
+        float v = lr[j] * scale;
+        if (cap > 0.f) v = cap * tanhf(v / cap);
+        lr[j] = v;
+        if (v > best) { best = v; bi = (int)j; }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(FULL, best, o);
+        const int oi = __shfl_xor_sync(FULL, bi, o);
+        if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+    }
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    if (l == 0) { sv[w] = best; si[w] = bi; }
+    __syncthreads();
+    if (w == 0) {
+        best = l < (int)(blockDim.x >> 5) ? sv[l] : -INFINITY;
+        bi = l < (int)(blockDim.x >> 5) ? si[l] : 0x7fffffff;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(FULL, best, o);
+            const int oi = __shfl_xor_sync(FULL, bi, o);
+            if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+        }
+        if (l == 0) {
+            tokens[b] = bi;
+            if (advance) {
+                const int p = pos[b] + 1;
+                if (p < hist_len) history[(long)b * hist_len + p] = bi;
+                pos[b] = p;
+            }
+        }
+    }
+}

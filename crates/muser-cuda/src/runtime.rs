@@ -1,0 +1,452 @@
+//! Device start-up, kernel compilation (NVRTC, cached on disk), device buffers, launches and
+//! cuBLAS calls. Everything runs on one stream, so a decode step can be captured as a graph.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
+use cudarc::driver::{
+    result as drv, sys as drv_sys, CudaContext, CudaFunction, CudaGraph, CudaModule, CudaStream, DriverError,
+    LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::{CompileOptions, Ptx};
+
+use crate::CudaError;
+
+/// The kernel source, compiled at start-up for the device's architecture.
+pub const KERNELS_CU: &str = include_str!("kernels.cu");
+
+type Result<T> = std::result::Result<T, CudaError>;
+
+pub(crate) fn drv_err(e: DriverError) -> CudaError {
+    CudaError::Driver(format!("{e:?}"))
+}
+
+fn blas_err(e: blas::CublasError) -> CudaError {
+    CudaError::Blas(format!("{e:?}"))
+}
+
+/// What the device is.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    /// Marketing name, e.g. "NVIDIA H200".
+    pub name: String,
+    /// Compute capability (major, minor).
+    pub compute_capability: (i32, i32),
+    /// Device memory in bytes.
+    pub total_mem: usize,
+    /// Number of multiprocessors.
+    pub sm_count: i32,
+}
+
+/// Checks that the driver, NVRTC and cuBLAS libraries can be loaded, without panicking
+/// (cudarc panics on first use of a missing library).
+pub fn check_libraries() -> Result<()> {
+    // SAFETY: these only try to open the shared libraries.
+    unsafe {
+        if !drv_sys::is_culib_present() {
+            return Err(CudaError::LibraryMissing { lib: "libcuda.so", hint: "the NVIDIA driver" });
+        }
+        if !cudarc::nvrtc::sys::is_culib_present() {
+            return Err(CudaError::LibraryMissing { lib: "libnvrtc.so", hint: "the CUDA toolkit (NVRTC)" });
+        }
+        if !blas_sys::is_culib_present() {
+            return Err(CudaError::LibraryMissing { lib: "libcublas.so", hint: "the CUDA toolkit (cuBLAS)" });
+        }
+    }
+    Ok(())
+}
+
+/// The CUDA include folder: `$CUDA_HOME/include`, `$CUDA_PATH/include`, or `/usr/local/cuda/include`.
+pub fn cuda_include_dir() -> Result<PathBuf> {
+    let mut tried = Vec::new();
+    let roots = ["CUDA_HOME", "CUDA_PATH"]
+        .iter()
+        .filter_map(|k| std::env::var_os(k).map(PathBuf::from))
+        .chain(std::iter::once(PathBuf::from("/usr/local/cuda")));
+    for root in roots {
+        let inc = root.join("include");
+        if inc.join("cuda_fp16.h").is_file() {
+            return Ok(inc);
+        }
+        tried.push(inc.display().to_string());
+    }
+    Err(CudaError::HeadersMissing(tried.join(", ")))
+}
+
+fn cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("MUSER_CACHE") {
+        return Some(PathBuf::from(d).join("kernels"));
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(d).join("muser").join("kernels"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("muser").join("kernels"))
+}
+
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for &b in *p {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// Compiles the kernels to PTX for `arch` (e.g. "sm_90"), or reads them from the disk cache
+/// (keyed by source, architecture and NVRTC version). Needs no device, only NVRTC and headers.
+pub fn compile_kernels(arch: &str) -> Result<String> {
+    // SAFETY: probing the library only.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(CudaError::LibraryMissing { lib: "libnvrtc.so", hint: "the CUDA toolkit (NVRTC)" });
+    }
+    let include = cuda_include_dir()?;
+    let (mut major, mut minor) = (0i32, 0i32);
+    // SAFETY: writes two ints.
+    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    let version = (major, minor);
+    let key = fnv1a(&[KERNELS_CU.as_bytes(), arch.as_bytes(), format!("{version:?}").as_bytes()]);
+    let cached = cache_dir().map(|d| d.join(format!("muser-{key:016x}.ptx")));
+    if let Some(path) = &cached {
+        if let Ok(ptx) = std::fs::read_to_string(path) {
+            return Ok(ptx);
+        }
+    }
+    let opts = CompileOptions {
+        include_paths: vec![include.display().to_string()],
+        options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into(), "-lineinfo".into()],
+        fmad: Some(true),
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNELS_CU, opts).map_err(|e| match e {
+        cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+            CudaError::Compile(log.to_string_lossy().into_owned())
+        }
+        other => CudaError::Compile(format!("{other:?}")),
+    })?;
+    let bytes = ptx.as_bytes().unwrap_or_default();
+    let text = String::from_utf8_lossy(bytes).trim_end_matches('\0').to_string();
+    if let Some(path) = cached {
+        write_cache(&path, &text);
+    }
+    Ok(text)
+}
+
+fn write_cache(path: &Path, text: &str) {
+    // The cache is an optimisation: failing to write it is not an error.
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    if std::fs::write(&tmp, text).is_ok() {
+        let _ = std::fs::rename(&tmp, path);
+    }
+}
+
+const GEMV_TYPES: [&str; 7] = ["q4k", "q6k", "q80", "nvfp4", "f16", "bf16", "f32"];
+const OTHER_KERNELS: [&str; 11] = [
+    "dequant_bf16",
+    "get_rows",
+    "quantize_act",
+    "norm_fused",
+    "qk_norm_rope_store",
+    "attn_decode",
+    "attn_combine_gate",
+    "softmax_mask",
+    "gate_heads_bf16",
+    "swiglu",
+    "logits_argmax",
+];
+
+/// Largest batch the decode GEMV kernels are instantiated for.
+pub const MAX_GEMV_BATCH: usize = 8;
+
+/// One kernel argument.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg {
+    /// Device pointer (0 for a null pointer).
+    P(u64),
+    /// C `int`.
+    I(i32),
+    /// C `long` (64-bit on the platforms we build for).
+    L(i64),
+    /// C `float`.
+    F(f32),
+}
+
+/// A device allocation, freed on drop.
+pub struct DevBuf {
+    ptr: u64,
+    bytes: usize,
+    ctx: Arc<CudaContext>,
+}
+
+impl DevBuf {
+    /// Device address.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    /// Size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+    /// Address `off` bytes in (checked against the size).
+    pub fn at(&self, off: usize) -> u64 {
+        assert!(off <= self.bytes, "offset {off} past a {} byte buffer", self.bytes);
+        self.ptr + off as u64
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: ptr came from malloc_sync and is freed once.
+            let _ = unsafe { drv::free_sync(self.ptr) };
+        }
+    }
+}
+
+/// The device, its stream, the compiled kernels and a cuBLAS handle.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    _module: Arc<CudaModule>,
+    funcs: HashMap<String, CudaFunction>,
+    blas: CudaBlas,
+    info: DeviceInfo,
+}
+
+impl Gpu {
+    /// Opens device `ordinal`, compiles (or loads cached) kernels, creates a cuBLAS handle.
+    pub fn new(ordinal: usize) -> Result<Gpu> {
+        check_libraries()?;
+        let count = CudaContext::device_count().map_err(|e| CudaError::NoDevice(format!("{e:?}")))?;
+        if count <= 0 {
+            return Err(CudaError::NoDevice("the driver reports 0 devices".into()));
+        }
+        if ordinal >= count as usize {
+            return Err(CudaError::NoDevice(format!("device {ordinal} asked for, {count} present")));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| CudaError::NoDevice(format!("{e:?}")))?;
+        // One stream and raw pointers: the library's per-buffer events would only get in the way
+        // of graph capture.
+        // SAFETY: no CudaSlice of this context is shared across streams.
+        unsafe { ctx.disable_event_tracking() };
+        let cc = ctx.compute_capability().map_err(drv_err)?;
+        let info = DeviceInfo {
+            name: ctx.name().map_err(drv_err)?,
+            compute_capability: cc,
+            total_mem: ctx.total_mem().map_err(drv_err)?,
+            sm_count: ctx
+                .attribute(drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                .map_err(drv_err)?,
+        };
+        if cc.0 < 7 || (cc.0 == 7 && cc.1 < 5) {
+            return Err(CudaError::Unsupported(format!(
+                "compute capability {}.{} (need 7.5 or newer)",
+                cc.0, cc.1
+            )));
+        }
+        let arch = format!("sm_{}{}", cc.0, cc.1);
+        let ptx = compile_kernels(&arch)?;
+        let module = ctx.load_module(Ptx::from_src(ptx)).map_err(drv_err)?;
+        let mut funcs = HashMap::new();
+        let mut names: Vec<String> = OTHER_KERNELS.iter().map(|s| s.to_string()).collect();
+        for t in GEMV_TYPES {
+            for b in 1..=MAX_GEMV_BATCH {
+                names.push(format!("gemv_{t}_b{b}"));
+            }
+        }
+        for n in names {
+            let f = module.load_function(&n).map_err(drv_err)?;
+            funcs.insert(n, f);
+        }
+        let stream = ctx.new_stream().map_err(drv_err)?;
+        let blas = CudaBlas::new(stream.clone()).map_err(blas_err)?;
+        Ok(Gpu { ctx, stream, _module: module, funcs, blas, info })
+    }
+
+    /// What the device is.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// Allocates `bytes` of device memory (uninitialised).
+    pub fn alloc(&self, bytes: usize) -> Result<DevBuf> {
+        self.ctx.bind_to_thread().map_err(drv_err)?;
+        // SAFETY: plain device allocation.
+        let ptr = unsafe { drv::malloc_sync(bytes.max(256)) }.map_err(|e| {
+            CudaError::Driver(format!("allocating {:.1} MiB: {e:?}", bytes as f64 / 1048576.0))
+        })?;
+        Ok(DevBuf { ptr, bytes, ctx: self.ctx.clone() })
+    }
+
+    /// Allocates and zero-fills.
+    pub fn alloc_zeroed(&self, bytes: usize) -> Result<DevBuf> {
+        let b = self.alloc(bytes)?;
+        self.memset(b.ptr, 0, bytes)?;
+        Ok(b)
+    }
+
+    /// Sets `bytes` bytes at `ptr` to `value` (stream ordered).
+    pub fn memset(&self, ptr: u64, value: u8, bytes: usize) -> Result<()> {
+        // SAFETY: the caller passes a range inside one allocation.
+        unsafe { drv::memset_d8_async(ptr, value, bytes, self.stream.cu_stream()) }.map_err(drv_err)
+    }
+
+    /// Copies host data to `dst + off` and waits for the copy.
+    pub fn upload<T: Copy>(&self, dst: &DevBuf, off: usize, src: &[T]) -> Result<()> {
+        let n = std::mem::size_of_val(src);
+        if off + n > dst.bytes {
+            return Err(CudaError::Shape(format!("upload of {n} bytes at {off} into {} bytes", dst.bytes)));
+        }
+        // SAFETY: range checked above; we synchronize before `src` can go away.
+        unsafe { drv::memcpy_htod_async(dst.ptr + off as u64, src, self.stream.cu_stream()) }.map_err(drv_err)?;
+        self.sync()
+    }
+
+    /// Copies device data at `src` into `dst` and waits.
+    pub fn download<T: Copy>(&self, src: u64, dst: &mut [T]) -> Result<()> {
+        // SAFETY: the caller passes a device range at least as large as dst.
+        unsafe { drv::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }.map_err(drv_err)?;
+        self.sync()
+    }
+
+    /// Waits for all work on the stream.
+    pub fn sync(&self) -> Result<()> {
+        self.stream.synchronize().map_err(drv_err)
+    }
+
+    /// Launches kernel `name` with a 1-D block.
+    pub fn launch(&self, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> Result<()> {
+        let f = self
+            .funcs
+            .get(name)
+            .ok_or_else(|| CudaError::Unsupported(format!("no kernel named {name}")))?;
+        let mut b = self.stream.launch_builder(f);
+        for a in args {
+            match a {
+                Arg::P(v) => b.arg(v),
+                Arg::I(v) => b.arg(v),
+                Arg::L(v) => b.arg(v),
+                Arg::F(v) => b.arg(v),
+            };
+        }
+        let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: argument lists match the kernel signatures in kernels.cu (kept side by side).
+        unsafe { b.launch(cfg) }.map_err(|e| CudaError::Driver(format!("launch {name}: {e:?}")))?;
+        Ok(())
+    }
+
+    /// Row-major `y[n][m] (f32) = x[n][k] (bf16) · w[m][k]^T (bf16)`, with `ldy` floats per y row.
+    pub fn gemm_bf16(&self, y: u64, ldy: usize, x: u64, w: u64, n: usize, m: usize, k: usize) -> Result<()> {
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // SAFETY: shapes come from the weights and scratch buffers sized for them.
+        unsafe {
+            blas::gemm_ex(
+                *self.blas.handle(),
+                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                m as i32,
+                n as i32,
+                k as i32,
+                &alpha as *const f32 as *const c_void,
+                w as *const c_void,
+                blas_sys::cudaDataType::CUDA_R_16BF,
+                k as i32,
+                x as *const c_void,
+                blas_sys::cudaDataType::CUDA_R_16BF,
+                k as i32,
+                &beta as *const f32 as *const c_void,
+                y as *mut c_void,
+                blas_sys::cudaDataType::CUDA_R_32F,
+                ldy as i32,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(blas_err)
+    }
+
+    /// Column-major strided-batched `C = op(A) · op(B)` with f16 inputs and f32 (or f16) output.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_f16_batched(
+        &self,
+        trans_a: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: u64,
+        lda: usize,
+        stride_a: usize,
+        b: u64,
+        ldb: usize,
+        stride_b: usize,
+        c: u64,
+        ldc: usize,
+        stride_c: usize,
+        batch: usize,
+    ) -> Result<()> {
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let op_a = if trans_a {
+            blas_sys::cublasOperation_t::CUBLAS_OP_T
+        } else {
+            blas_sys::cublasOperation_t::CUBLAS_OP_N
+        };
+        // SAFETY: shapes checked by the callers against their scratch buffers.
+        unsafe {
+            blas::gemm_strided_batched_ex(
+                *self.blas.handle(),
+                op_a,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                m as i32,
+                n as i32,
+                k as i32,
+                &alpha as *const f32 as *const c_void,
+                a as *const c_void,
+                blas_sys::cudaDataType::CUDA_R_16F,
+                lda as i32,
+                stride_a as i64,
+                b as *const c_void,
+                blas_sys::cudaDataType::CUDA_R_16F,
+                ldb as i32,
+                stride_b as i64,
+                &beta as *const f32 as *const c_void,
+                c as *mut c_void,
+                blas_sys::cudaDataType::CUDA_R_32F,
+                ldc as i32,
+                stride_c as i64,
+                batch as i32,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(blas_err)
+    }
+
+    /// Starts capturing the stream's work into a graph.
+    pub fn begin_capture(&self) -> Result<()> {
+        self.stream
+            .begin_capture(drv_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map_err(drv_err)
+    }
+
+    /// Ends the capture and instantiates the graph.
+    pub fn end_capture(&self) -> Result<CudaGraph> {
+        self.stream
+            .end_capture(drv_sys::CUgraphInstantiate_flags(0))
+            .map_err(drv_err)?
+            .ok_or_else(|| CudaError::Driver("graph capture produced no graph".into()))
+    }
+
+    /// A timing event pair helper: records an event on the stream.
+    pub fn event(&self) -> Result<cudarc::driver::CudaEvent> {
+        self.stream.record_event(Some(drv_sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(drv_err)
+    }
+}

@@ -1,0 +1,902 @@
+//! Token sampling in llama.cpp's default chain order.
+//!
+//! The chain (llama.cpp b11434 `common_sampler_init` with default `samplers`) is:
+//!
+//! ```text
+//! logit bias -> penalties -> [dry: off] -> [top_n_sigma: off] -> top_k -> typical -> top_p
+//!            -> min_p -> [xtc: off] -> temperature -> dist
+//! ```
+//!
+//! Each stage is a function over [`Candidates`] with llama.cpp's semantics (which tokens
+//! survive, in which order they are summed). A temperature `<= 0` keeps only the candidate with
+//! the highest logit, the first one in candidate order on a tie, which for the default chain is
+//! the lowest token id: greedy decoding is an exact argmax.
+//!
+//! Ties between equal logits are broken by token id everywhere (llama.cpp leaves their order to
+//! `std::partial_sort`), so a run is fully determined by its logits and seed. The `dist` stage
+//! draws from the same MT19937 stream as llama.cpp's, seeded with the low 32 bits of the seed.
+
+use std::cmp::Ordering;
+use std::collections::{HashMap, VecDeque};
+
+use crate::rng::Mt19937;
+
+/// Sampling settings of one request. `Default` gives llama.cpp's defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// `<= 0` samples greedily.
+    pub temperature: f32,
+    /// `<= 0` keeps the whole vocabulary.
+    pub top_k: i32,
+    /// `1.0` disables.
+    pub top_p: f32,
+    /// `0.0` disables.
+    pub min_p: f32,
+    /// `1.0` disables.
+    pub typical_p: f32,
+    /// `1.0` disables.
+    pub repeat_penalty: f32,
+    /// Tokens (prompt and generated) the penalties look back over; `0` disables, `-1` means
+    /// the whole context.
+    pub repeat_last_n: i32,
+    /// `0.0` disables.
+    pub presence_penalty: f32,
+    /// `0.0` disables.
+    pub frequency_penalty: f32,
+    /// Added to the raw logits before anything else; `f32::NEG_INFINITY` bans a token. Ids
+    /// outside the vocabulary are ignored, as llama.cpp does.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// `None` draws a fresh seed. Only the low 32 bits are used (llama.cpp seeds are 32-bit).
+    pub seed: Option<u64>,
+    /// Report this many most likely tokens with each sampled token (0: no log-probabilities).
+    pub n_probs: usize,
+    /// The filtering stages keep at least this many candidates (0: no minimum).
+    pub min_keep: usize,
+    /// Report probabilities after the sampling chain instead of the softmax of the raw
+    /// logits (llama.cpp server's `post_sampling_probs`; off by default).
+    pub post_sampling_probs: bool,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            typical_p: 1.0,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
+            seed: None,
+            n_probs: 0,
+            min_keep: 0,
+            post_sampling_probs: false,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding: temperature 0, everything else default.
+    pub fn greedy() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        }
+    }
+
+    /// Checks the values llama.cpp rejects, plus non-finite filters.
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        let bad = |what: &str| Err(SamplingError::InvalidParam(what.to_string()));
+        if !self.repeat_penalty.is_finite()
+            || self.repeat_penalty <= 0.0
+            || !(1.0 / self.repeat_penalty).is_finite()
+        {
+            return bad("repeat_penalty must be finite and greater than 0");
+        }
+        if !self.frequency_penalty.is_finite() {
+            return bad("frequency_penalty must be finite");
+        }
+        if !self.presence_penalty.is_finite() {
+            return bad("presence_penalty must be finite");
+        }
+        if self.repeat_last_n < -1 {
+            return bad("repeat_last_n must be -1, 0 or positive");
+        }
+        for (name, v) in [
+            ("temperature", self.temperature),
+            ("top_p", self.top_p),
+            ("min_p", self.min_p),
+            ("typical_p", self.typical_p),
+        ] {
+            if v.is_nan() {
+                return Err(SamplingError::InvalidParam(format!("{name} is NaN")));
+            }
+        }
+        if self.logit_bias.iter().any(|(_, b)| b.is_nan()) {
+            return bad("logit_bias values must not be NaN");
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum SamplingError {
+    #[error("invalid sampling parameter: {0}")]
+    InvalidParam(String),
+}
+
+/// One token with its probability; `logprob` is `ln(prob)`, or `f32::MIN` when `prob` is 0
+/// (llama.cpp server's convention, which keeps the value representable in JSON).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TokenProb {
+    pub id: u32,
+    pub prob: f32,
+    pub logprob: f32,
+}
+
+impl TokenProb {
+    fn new(id: u32, prob: f32) -> Self {
+        let logprob = if prob == 0.0 { f32::MIN } else { prob.ln() };
+        TokenProb { id, prob, logprob }
+    }
+}
+
+/// Probabilities reported with a sampled token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    /// The sampled token.
+    pub token: TokenProb,
+    /// The `n_probs` most likely tokens, most likely first.
+    pub top: Vec<TokenProb>,
+    /// Whether these are post-chain probabilities (else softmax of the raw logits).
+    pub post_sampling: bool,
+}
+
+/// The result of one sampling step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sampled {
+    pub id: u32,
+    pub logprobs: Option<TokenLogprobs>,
+}
+
+/// One candidate token: its (possibly modified) logit and its probability once a stage has
+/// computed one.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Candidate {
+    pub id: u32,
+    pub logit: f32,
+    pub p: f32,
+}
+
+/// The candidate list every stage reads and narrows; `sorted` means by logit, descending.
+#[derive(Clone, Debug, Default)]
+pub struct Candidates {
+    pub data: Vec<Candidate>,
+    pub sorted: bool,
+}
+
+/// Descending logit, then ascending id: a total order (NaN logits are mapped to -inf on entry).
+fn by_logit_desc(a: &Candidate, b: &Candidate) -> Ordering {
+    if a.logit > b.logit {
+        Ordering::Less
+    } else if a.logit < b.logit {
+        Ordering::Greater
+    } else {
+        a.id.cmp(&b.id)
+    }
+}
+
+impl Candidates {
+    /// All tokens of a logits row, in id order. NaN logits become -inf.
+    pub fn from_logits(logits: &[f32]) -> Self {
+        let mut c = Candidates::default();
+        c.fill(logits);
+        c
+    }
+
+    fn fill(&mut self, logits: &[f32]) {
+        self.data.clear();
+        self.data
+            .extend(logits.iter().enumerate().map(|(i, &l)| Candidate {
+                id: i as u32,
+                logit: if l.is_nan() { f32::NEG_INFINITY } else { l },
+                p: 0.0,
+            }));
+        self.sorted = false;
+    }
+
+    /// Sorts the `k` best candidates to the front (descending logit) and drops the rest.
+    fn truncate_sorted(&mut self, k: usize) {
+        let k = k.min(self.data.len());
+        if k == 0 {
+            self.data.clear();
+        } else if !self.sorted {
+            if k < self.data.len() {
+                self.data.select_nth_unstable_by(k - 1, by_logit_desc);
+                self.data.truncate(k);
+            }
+            self.data.sort_unstable_by(by_logit_desc);
+        } else {
+            self.data.truncate(k);
+        }
+        self.sorted = true;
+    }
+
+    fn sort(&mut self) {
+        let n = self.data.len();
+        self.truncate_sorted(n);
+    }
+
+    fn max_logit(&self) -> f32 {
+        if self.sorted {
+            return self.data.first().map_or(f32::NEG_INFINITY, |c| c.logit);
+        }
+        self.data.iter().fold(
+            f32::NEG_INFINITY,
+            |m, c| if c.logit > m { c.logit } else { m },
+        )
+    }
+
+    /// `p = softmax(logit)` over the current candidates, f32 sums in candidate order.
+    fn softmax(&mut self) {
+        let max = self.max_logit();
+        let mut sum = 0.0f32;
+        for c in &mut self.data {
+            c.p = (c.logit - max).exp();
+            sum += c.p;
+        }
+        for c in &mut self.data {
+            c.p /= sum;
+        }
+    }
+}
+
+/// Adds each bias to its token's logit (unknown ids are ignored).
+pub fn apply_logit_bias(cands: &mut Candidates, bias: &[(u32, f32)]) {
+    for &(id, b) in bias {
+        // the candidate list is still in id order when the bias applies
+        if let Some(c) = cands.data.get_mut(id as usize) {
+            debug_assert_eq!(c.id, id);
+            c.logit += b;
+        }
+    }
+}
+
+/// Repetition, frequency and presence penalties over a window of recent tokens.
+#[derive(Clone, Debug)]
+pub struct Penalties {
+    window: usize,
+    repeat: f32,
+    frequency: f32,
+    presence: f32,
+    history: VecDeque<u32>,
+    counts: HashMap<u32, u32>,
+}
+
+impl Penalties {
+    pub fn new(window: usize, repeat: f32, frequency: f32, presence: f32) -> Self {
+        Penalties {
+            window,
+            repeat,
+            frequency,
+            presence,
+            history: VecDeque::with_capacity(window.min(1 << 16)),
+            counts: HashMap::new(),
+        }
+    }
+
+    fn disabled(&self) -> bool {
+        self.window == 0 || (self.repeat == 1.0 && self.frequency == 0.0 && self.presence == 0.0)
+    }
+
+    /// Records a token (of the prompt or of the output) in the window.
+    pub fn accept(&mut self, id: u32) {
+        if self.window == 0 {
+            return;
+        }
+        *self.counts.entry(id).or_insert(0) += 1;
+        if self.history.len() >= self.window {
+            if let Some(old) = self.history.pop_front() {
+                if let Some(n) = self.counts.get_mut(&old) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.counts.remove(&old);
+                    }
+                }
+            }
+        }
+        self.history.push_back(id);
+    }
+
+    /// A positive logit is divided by the repeat penalty and a non-positive one multiplied,
+    /// then `count * frequency + presence` is subtracted.
+    pub fn apply(&self, cands: &mut Candidates) {
+        if self.disabled() || self.counts.is_empty() {
+            return;
+        }
+        for c in &mut cands.data {
+            let Some(&count) = self.counts.get(&c.id) else {
+                continue;
+            };
+            if c.logit <= 0.0 {
+                c.logit *= self.repeat;
+            } else {
+                c.logit /= self.repeat;
+            }
+            c.logit -= count as f32 * self.frequency + self.presence;
+        }
+        cands.sorted = false;
+    }
+}
+
+/// Keeps the `k` highest logits, sorted; `k <= 0` does nothing.
+pub fn top_k(cands: &mut Candidates, k: i32) {
+    if k <= 0 {
+        return;
+    }
+    cands.truncate_sorted(k as usize);
+}
+
+/// Locally typical sampling: keeps the tokens whose surprise is closest to the entropy until
+/// their mass exceeds `p`. Leaves the candidates in that order (not sorted by logit).
+pub fn typical(cands: &mut Candidates, p: f32, min_keep: usize) {
+    if p >= 1.0 || cands.data.is_empty() {
+        return;
+    }
+    cands.sort();
+    cands.softmax();
+    let entropy: f32 = cands.data.iter().map(|c| -c.p * c.p.ln()).sum();
+    let shifted: Vec<f32> = cands
+        .data
+        .iter()
+        .map(|c| (-c.p.ln() - entropy).abs())
+        .collect();
+    let mut order: Vec<usize> = (0..cands.data.len()).collect();
+    order.sort_by(|&a, &b| shifted[a].total_cmp(&shifted[b]));
+
+    let mut cum = 0.0f32;
+    let mut keep = order.len();
+    for (i, &idx) in order.iter().enumerate() {
+        cum += cands.data[idx].p;
+        if cum > p && (min_keep == 0 || i + 1 >= min_keep) {
+            keep = i + 1;
+            break;
+        }
+    }
+    let kept: Vec<Candidate> = order[..keep].iter().map(|&i| cands.data[i]).collect();
+    cands.data = kept;
+    cands.sorted = false;
+}
+
+/// Nucleus sampling: keeps the smallest prefix (by descending probability) whose mass reaches
+/// `p`, and at least `min_keep` tokens.
+pub fn top_p(cands: &mut Candidates, p: f32, min_keep: usize) {
+    if p >= 1.0 || cands.data.is_empty() {
+        return;
+    }
+    // probabilities over every candidate, before any sorting (as llama.cpp sums them)
+    cands.softmax();
+    if !cands.sorted {
+        // most of the mass sits in few tokens: sort a head first and widen only if needed
+        let head = 256.min(cands.data.len());
+        let mut sorted_head = cands.data.clone();
+        if head < sorted_head.len() {
+            sorted_head.select_nth_unstable_by(head - 1, by_logit_desc);
+            sorted_head.truncate(head);
+        }
+        sorted_head.sort_unstable_by(by_logit_desc);
+        let mut cum = 0.0f32;
+        for (i, c) in sorted_head.iter().enumerate() {
+            cum += c.p;
+            if cum >= p && i + 1 >= min_keep {
+                sorted_head.truncate(i + 1);
+                cands.data = sorted_head;
+                cands.sorted = true;
+                return;
+            }
+        }
+        cands.sort();
+    }
+    let mut cum = 0.0f32;
+    let mut keep = cands.data.len();
+    for (i, c) in cands.data.iter().enumerate() {
+        cum += c.p;
+        if cum >= p && i + 1 >= min_keep {
+            keep = i + 1;
+            break;
+        }
+    }
+    cands.data.truncate(keep);
+}
+
+/// Keeps the tokens whose probability is at least `p` times the best one's
+/// (`logit >= max_logit + ln p`), and at least `min_keep`.
+pub fn min_p(cands: &mut Candidates, p: f32, min_keep: usize) {
+    if p <= 0.0 || cands.data.is_empty() {
+        return;
+    }
+    let min_logit = cands.max_logit() + p.ln();
+    if !cands.sorted {
+        let n_pass = cands.data.iter().filter(|c| c.logit >= min_logit).count();
+        if n_pass > 0 && n_pass >= min_keep {
+            cands.data.retain(|c| c.logit >= min_logit);
+            return;
+        }
+        cands.sort();
+    }
+    let mut keep = 1;
+    while keep < cands.data.len() && (cands.data[keep].logit >= min_logit || keep < min_keep) {
+        keep += 1;
+    }
+    cands.data.truncate(keep);
+}
+
+/// Divides the logits by `t`; `t <= 0` keeps only the best candidate's logit (first in
+/// candidate order on a tie) and sets every other to -inf.
+pub fn temperature(cands: &mut Candidates, t: f32) {
+    if cands.data.is_empty() {
+        return;
+    }
+    if t <= 0.0 {
+        let mut best = 0;
+        for i in 1..cands.data.len() {
+            if cands.data[i].logit > cands.data[best].logit {
+                cands.data[best].logit = f32::NEG_INFINITY;
+                best = i;
+            } else {
+                cands.data[i].logit = f32::NEG_INFINITY;
+            }
+        }
+        return;
+    }
+    for c in &mut cands.data {
+        c.logit /= t;
+    }
+}
+
+/// Draws one candidate in proportion to `softmax(logit)` and returns its index; leaves the
+/// normalized probabilities in `p`. Consumes exactly one uniform double per call.
+pub fn dist(cands: &mut Candidates, rng: &mut Mt19937) -> Option<usize> {
+    if cands.data.is_empty() {
+        return None;
+    }
+    let u = rng.next_f64();
+    if cands.data.len() == 1 {
+        cands.data[0].p = 1.0;
+        return Some(0);
+    }
+    let max = cands.max_logit();
+    let mut sum = 0.0f64;
+    for c in &mut cands.data {
+        c.p = (c.logit - max).exp();
+        sum += c.p as f64;
+    }
+    let target = sum * u;
+    let mut run = 0.0f64;
+    let mut selected = None;
+    for (i, c) in cands.data.iter_mut().enumerate() {
+        if selected.is_none() {
+            run += c.p as f64;
+            if run >= target {
+                selected = Some(i);
+            }
+        }
+        c.p = (c.p as f64 / sum) as f32;
+    }
+    Some(selected.unwrap_or(cands.data.len() - 1))
+}
+
+/// The `n` most likely tokens of a raw logits row (softmax over the whole row, f32), most
+/// likely first, and the probability of token `id`.
+pub fn raw_logprobs(logits: &[f32], id: u32, n: usize) -> TokenLogprobs {
+    let mut cands = Candidates::from_logits(logits);
+    cands.softmax();
+    let token = TokenProb::new(id, cands.data.get(id as usize).map_or(0.0, |c| c.p));
+    cands.truncate_sorted(n);
+    TokenLogprobs {
+        token,
+        top: cands
+            .data
+            .iter()
+            .map(|c| TokenProb::new(c.id, c.p))
+            .collect(),
+        post_sampling: false,
+    }
+}
+
+/// A sampling chain with its state (penalty window, random stream) for one generation.
+pub struct Sampler {
+    params: SamplingParams,
+    penalties: Penalties,
+    rng: Mt19937,
+    cands: Candidates,
+}
+
+impl Sampler {
+    /// `n_ctx` resolves `repeat_last_n = -1`.
+    pub fn new(params: &SamplingParams, n_ctx: usize) -> Result<Self, SamplingError> {
+        params.validate()?;
+        let window = match params.repeat_last_n {
+            -1 => n_ctx,
+            n => n.max(0) as usize,
+        };
+        let seed = params.seed.map_or_else(Mt19937::entropy_seed, |s| s as u32);
+        Ok(Sampler {
+            penalties: Penalties::new(
+                window,
+                params.repeat_penalty,
+                params.frequency_penalty,
+                params.presence_penalty,
+            ),
+            params: params.clone(),
+            rng: Mt19937::new(seed),
+            cands: Candidates::default(),
+        })
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Records a token of the context (prompt or generated) for the penalties.
+    pub fn accept(&mut self, id: u32) {
+        self.penalties.accept(id);
+    }
+
+    /// Samples the next token from one logits row. Does not `accept` it.
+    pub fn sample(&mut self, logits: &[f32]) -> Sampled {
+        let p = &self.params;
+        let cands = &mut self.cands;
+        cands.fill(logits);
+        apply_logit_bias(cands, &p.logit_bias);
+        self.penalties.apply(cands);
+
+        let (id, post) = if p.temperature <= 0.0 && p.typical_p >= 1.0 {
+            // top-k, top-p and min-p always keep the best token: greedy is an argmax
+            let best = argmax(&cands.data);
+            (best, vec![TokenProb::new(best, 1.0)])
+        } else {
+            top_k(cands, p.top_k);
+            typical(cands, p.typical_p, p.min_keep);
+            top_p(cands, p.top_p, p.min_keep);
+            min_p(cands, p.min_p, p.min_keep);
+            temperature(cands, p.temperature);
+            let i = dist(cands, &mut self.rng).unwrap_or(0);
+            let id = cands.data.get(i).map_or(0, |c| c.id);
+            let post = if p.n_probs > 0 && p.post_sampling_probs {
+                let mut by_p = cands.data.clone();
+                by_p.sort_by(|a, b| b.p.total_cmp(&a.p));
+                by_p.iter()
+                    .take_while(|c| c.p != 0.0)
+                    .map(|c| TokenProb::new(c.id, c.p))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            (id, post)
+        };
+
+        let logprobs = (p.n_probs > 0).then(|| {
+            if p.post_sampling_probs {
+                let token = post
+                    .iter()
+                    .find(|t| t.id == id)
+                    .copied()
+                    .unwrap_or(TokenProb::new(id, 0.0));
+                TokenLogprobs {
+                    token,
+                    top: post.into_iter().take(p.n_probs).collect(),
+                    post_sampling: true,
+                }
+            } else {
+                raw_logprobs(logits, id, p.n_probs)
+            }
+        });
+        Sampled { id, logprobs }
+    }
+}
+
+/// The id of the highest logit; the first (lowest id) on a tie.
+fn argmax(data: &[Candidate]) -> u32 {
+    let mut best = 0;
+    for i in 1..data.len() {
+        if data[i].logit > data[best].logit {
+            best = i;
+        }
+    }
+    data.get(best).map_or(0, |c| c.id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(c: &Candidates) -> Vec<u32> {
+        c.data.iter().map(|c| c.id).collect()
+    }
+
+    fn logits_of(probs: &[f32]) -> Vec<f32> {
+        probs.iter().map(|p| p.ln()).collect()
+    }
+
+    #[test]
+    fn greedy_is_argmax_with_lowest_id_on_ties() {
+        let mut s = Sampler::new(&SamplingParams::greedy(), 64).unwrap();
+        assert_eq!(s.sample(&[0.1, 3.0, -2.0, 2.9]).id, 1);
+        assert_eq!(s.sample(&[1.0, 5.0, 5.0, 5.0]).id, 1);
+        assert_eq!(s.sample(&[f32::NAN, 0.5, 0.25]).id, 1);
+        // the full chain at temperature 0 agrees with the fast path on ties
+        let mut c = Candidates::from_logits(&[1.0, 5.0, 5.0, 5.0]);
+        top_k(&mut c, 40);
+        top_p(&mut c, 0.95, 0);
+        temperature(&mut c, 0.0);
+        let i = dist(&mut c, &mut Mt19937::new(1)).unwrap();
+        assert_eq!(c.data[i].id, 1);
+    }
+
+    #[test]
+    fn logit_bias_applies_before_everything() {
+        let mut params = SamplingParams::greedy();
+        params.logit_bias = vec![(1, f32::NEG_INFINITY), (2, 0.5), (99, 10.0)];
+        let mut s = Sampler::new(&params, 64).unwrap();
+        // 3.0 banned; 2.9 + 0.5 = 3.4 beats 3.2; id 99 is outside the vocabulary and ignored
+        assert_eq!(s.sample(&[0.0, 3.0, 2.9, 3.2]).id, 2);
+    }
+
+    #[test]
+    fn repeat_penalty_divides_positive_and_multiplies_negative_logits() {
+        let mut pen = Penalties::new(64, 2.0, 0.0, 0.0);
+        pen.accept(0);
+        pen.accept(1);
+        let mut c = Candidates::from_logits(&[2.0, -1.0, 0.5]);
+        pen.apply(&mut c);
+        let l: Vec<f32> = c.data.iter().map(|c| c.logit).collect();
+        assert_eq!(l, vec![1.0, -2.0, 0.5]);
+    }
+
+    #[test]
+    fn frequency_and_presence_penalties_count_occurrences_in_the_window() {
+        let mut pen = Penalties::new(3, 1.0, 0.5, 1.0);
+        for t in [2, 0, 0, 1] {
+            pen.accept(t); // window of 3: token 2 falls out
+        }
+        let mut c = Candidates::from_logits(&[4.0, 4.0, 4.0]);
+        pen.apply(&mut c);
+        let l: Vec<f32> = c.data.iter().map(|c| c.logit).collect();
+        // token 0: 2 occurrences -> 4 - 2*0.5 - 1 = 2; token 1: 4 - 0.5 - 1 = 2.5; token 2: gone
+        assert_eq!(l, vec![2.0, 2.5, 4.0]);
+    }
+
+    #[test]
+    fn penalties_change_the_greedy_choice() {
+        let mut params = SamplingParams::greedy();
+        params.repeat_penalty = 1.5;
+        let mut s = Sampler::new(&params, 64).unwrap();
+        s.accept(0);
+        // 3.0 / 1.5 = 2.0 < 2.5
+        assert_eq!(s.sample(&[3.0, 2.5]).id, 1);
+    }
+
+    #[test]
+    fn top_k_keeps_the_k_best_sorted() {
+        let mut c = Candidates::from_logits(&[0.1, 0.9, 0.5, 0.7, 0.9]);
+        top_k(&mut c, 3);
+        assert_eq!(ids(&c), vec![1, 4, 3]);
+        assert!(c.sorted);
+        let mut c = Candidates::from_logits(&[0.1, 0.9]);
+        top_k(&mut c, 0);
+        assert_eq!(ids(&c), vec![0, 1]);
+    }
+
+    #[test]
+    fn top_p_keeps_the_smallest_prefix_reaching_p() {
+        let l = logits_of(&[0.2, 0.5, 0.3]);
+        let mut c = Candidates::from_logits(&l);
+        top_p(&mut c, 0.75, 0);
+        assert_eq!(ids(&c), vec![1, 2]); // 0.5 + 0.3 = 0.8 >= 0.75
+        let mut c = Candidates::from_logits(&l);
+        top_p(&mut c, 0.45, 0);
+        assert_eq!(ids(&c), vec![1]);
+        let mut c = Candidates::from_logits(&l);
+        top_p(&mut c, 0.45, 2);
+        assert_eq!(ids(&c), vec![1, 2]); // min_keep
+        let mut c = Candidates::from_logits(&l);
+        top_p(&mut c, 0.85, 0);
+        assert_eq!(ids(&c), vec![1, 2, 0]);
+    }
+
+    #[test]
+    fn top_p_on_a_large_unsorted_vocabulary_widens_past_the_head() {
+        // 2000 equal tokens: 95% of the mass needs 1900 of them, beyond the 256-token head
+        let l = vec![0.0f32; 2000];
+        let mut c = Candidates::from_logits(&l);
+        top_p(&mut c, 0.95, 0);
+        let n = c.data.len();
+        assert!((1899..=1901).contains(&n), "{n}");
+        assert_eq!(c.data[0].id, 0);
+        // and a peaked one stops inside the head
+        let mut l = vec![-10.0f32; 2000];
+        l[1234] = 10.0;
+        let mut c = Candidates::from_logits(&l);
+        top_p(&mut c, 0.95, 0);
+        assert_eq!(ids(&c), vec![1234]);
+    }
+
+    #[test]
+    fn min_p_keeps_tokens_within_a_ratio_of_the_best() {
+        let l = logits_of(&[0.01, 0.5, 0.3, 0.19]);
+        let mut c = Candidates::from_logits(&l);
+        min_p(&mut c, 0.1, 0); // keep p >= 0.05
+        assert_eq!(ids(&c), vec![1, 2, 3]);
+        // sorted input takes the prefix path, min_keep honoured
+        let mut c = Candidates::from_logits(&l);
+        top_k(&mut c, 4);
+        min_p(&mut c, 0.9, 2);
+        assert_eq!(ids(&c), vec![1, 2]);
+    }
+
+    #[test]
+    fn typical_keeps_tokens_near_the_entropy_and_can_drop_the_argmax() {
+        // p = [0.6, 0.38, 0.02]: entropy 0.7524; |−ln p − H| = 0.2416, 0.2152, 3.16
+        let l = logits_of(&[0.6, 0.38, 0.02]);
+        let mut c = Candidates::from_logits(&l);
+        typical(&mut c, 0.3, 0);
+        assert_eq!(ids(&c), vec![1]);
+        let mut c = Candidates::from_logits(&l);
+        typical(&mut c, 0.9, 0);
+        assert_eq!(ids(&c), vec![1, 0]); // 0.38 + 0.6 = 0.98 > 0.9
+        assert!(!c.sorted);
+        // in the chain at temperature 0 the greedy pick is then token 1
+        let mut params = SamplingParams::greedy();
+        params.typical_p = 0.3;
+        let mut s = Sampler::new(&params, 64).unwrap();
+        assert_eq!(s.sample(&l).id, 1);
+    }
+
+    #[test]
+    fn temperature_scales_logits_and_zero_keeps_only_the_first_best() {
+        let mut c = Candidates::from_logits(&[1.0, 2.0, -4.0]);
+        temperature(&mut c, 0.5);
+        let l: Vec<f32> = c.data.iter().map(|c| c.logit).collect();
+        assert_eq!(l, vec![2.0, 4.0, -8.0]);
+        let mut c = Candidates::from_logits(&[1.0, 2.0, 2.0]);
+        temperature(&mut c, 0.0);
+        let l: Vec<f32> = c.data.iter().map(|c| c.logit).collect();
+        assert_eq!(l, vec![f32::NEG_INFINITY, 2.0, f32::NEG_INFINITY]);
+    }
+
+    #[test]
+    fn dist_follows_the_probabilities() {
+        let l = logits_of(&[0.25, 0.75]);
+        let mut rng = Mt19937::new(7);
+        let mut hits = [0u32; 2];
+        for _ in 0..4000 {
+            let mut c = Candidates::from_logits(&l);
+            let i = dist(&mut c, &mut rng).unwrap();
+            hits[c.data[i].id as usize] += 1;
+            assert!((c.data[1].p - 0.75).abs() < 1e-6);
+        }
+        assert!((2850..=3150).contains(&hits[1]), "{hits:?}");
+    }
+
+    #[test]
+    fn dist_picks_where_the_cumulative_mass_crosses_the_draw() {
+        let l = logits_of(&[0.25, 0.75]);
+        let mut rng = Mt19937::new(3);
+        let u = rng.clone().next_f64();
+        let mut c = Candidates::from_logits(&l);
+        let i = dist(&mut c, &mut rng).unwrap();
+        assert_eq!(i, usize::from(u > 0.25));
+    }
+
+    #[test]
+    fn seeded_sampling_is_deterministic() {
+        let params = SamplingParams {
+            seed: Some(1234),
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..Default::default()
+        };
+        let logits: Vec<f32> = (0..50).map(|i| ((i * 7919) % 13) as f32 * 0.3).collect();
+        let run = |params: &SamplingParams| {
+            let mut s = Sampler::new(params, 64).unwrap();
+            (0..32).map(|_| s.sample(&logits).id).collect::<Vec<_>>()
+        };
+        let a = run(&params);
+        assert_eq!(a, run(&params));
+        let other = SamplingParams {
+            seed: Some(4321),
+            ..params.clone()
+        };
+        assert_ne!(a, run(&other));
+        // not degenerate: several distinct tokens
+        let mut d = a.clone();
+        d.sort();
+        d.dedup();
+        assert!(d.len() > 3);
+    }
+
+    #[test]
+    fn raw_logprobs_are_the_log_softmax_of_the_raw_logits() {
+        let mut params = SamplingParams::greedy();
+        params.n_probs = 2;
+        params.logit_bias = vec![(0, 100.0)]; // bias does not enter the reported probabilities
+        let mut s = Sampler::new(&params, 64).unwrap();
+        let l = logits_of(&[0.25, 0.75, 0.0]);
+        let out = s.sample(&l);
+        assert_eq!(out.id, 0);
+        let lp = out.logprobs.unwrap();
+        assert!(!lp.post_sampling);
+        assert!((lp.token.prob - 0.25).abs() < 1e-6);
+        assert!((lp.token.logprob - 0.25f32.ln()).abs() < 1e-5);
+        assert_eq!(lp.top.iter().map(|t| t.id).collect::<Vec<_>>(), vec![1, 0]);
+        assert!((lp.top[0].logprob - 0.75f32.ln()).abs() < 1e-5);
+        // a zero probability is reported as f32::MIN, not -inf
+        let lp = raw_logprobs(&l, 2, 3);
+        assert_eq!(lp.token.logprob, f32::MIN);
+    }
+
+    #[test]
+    fn post_sampling_probs_come_from_the_chain() {
+        let params = SamplingParams {
+            n_probs: 5,
+            post_sampling_probs: true,
+            top_k: 2,
+            top_p: 1.0,
+            min_p: 0.0,
+            temperature: 1.0,
+            seed: Some(1),
+            ..Default::default()
+        };
+        let mut s = Sampler::new(&params, 64).unwrap();
+        let out = s.sample(&logits_of(&[0.1, 0.6, 0.3]));
+        let lp = out.logprobs.unwrap();
+        assert!(lp.post_sampling);
+        // top-2 renormalized: 0.6/0.9, 0.3/0.9
+        assert_eq!(lp.top.len(), 2);
+        assert_eq!(lp.top[0].id, 1);
+        assert!((lp.top[0].prob - 2.0 / 3.0).abs() < 1e-6);
+        assert!((lp.top[1].prob - 1.0 / 3.0).abs() < 1e-6);
+        assert_eq!(lp.token.id, out.id);
+        // greedy: one token with probability 1
+        let mut s = Sampler::new(
+            &SamplingParams {
+                temperature: 0.0,
+                ..params
+            },
+            64,
+        )
+        .unwrap();
+        let lp = s.sample(&logits_of(&[0.1, 0.6, 0.3])).logprobs.unwrap();
+        assert_eq!(lp.top, vec![TokenProb::new(1, 1.0)]);
+    }
+
+    #[test]
+    fn invalid_parameters_are_rejected() {
+        for p in [
+            SamplingParams {
+                repeat_penalty: 0.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                frequency_penalty: f32::INFINITY,
+                ..Default::default()
+            },
+            SamplingParams {
+                top_p: f32::NAN,
+                ..Default::default()
+            },
+            SamplingParams {
+                repeat_last_n: -2,
+                ..Default::default()
+            },
+        ] {
+            assert!(Sampler::new(&p, 64).is_err());
+        }
+    }
+}

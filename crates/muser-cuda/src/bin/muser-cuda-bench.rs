@@ -5,7 +5,7 @@
 //!       f64 sums): decode GEMV per weight type and batch, bf16 dequantization, cuBLAS GEMM,
 //!       embedding rows. Exit status 1 if any relative error reaches its bound.
 //!   muser-cuda-bench model MODEL.gguf [--n-ctx N] [--chunk N] [--pp 512,2048] [--tg 128]
-//!                    [--reps 3] [--json OUT]
+//!                    [--reps 3] [--json OUT] [--cpu-check]
 //!       loads a muse-glimmer GGUF, checks prefill against token-by-token decode, then times
 //!       prompt processing (ppN) and greedy generation (tgN, graph replays) like llama-bench.
 //!
@@ -182,6 +182,28 @@ struct ModelArgs {
     tg: usize,
     reps: usize,
     json: Option<PathBuf>,
+    /// Also run the CPU model (muser-model) on the consistency prompt and compare logits.
+    cpu_check: bool,
+}
+
+/// Logits of the last prompt token from the CPU backend (the numerics reference).
+fn cpu_logits(path: &std::path::Path, prompt: &[u32]) -> Result<Vec<f32>, CudaError> {
+    use muser_model::{Batch, KvType, LoadOptions, Model};
+    let err = |e: muser_model::ModelError| CudaError::Model(format!("CPU reference: {e}"));
+    let model = Model::load(path, &LoadOptions::default()).map_err(err)?;
+    let mut kv = model.new_kv(prompt.len().next_power_of_two().max(256), 1, KvType::F16).map_err(err)?;
+    let out = model.forward(&mut kv, &Batch::single(0, prompt, 0, true)).map_err(err)?;
+    Ok(out.row(0, model.info().n_vocab).to_vec())
+}
+
+fn argmax(v: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best
 }
 
 fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
@@ -219,6 +241,26 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
     let want: Vec<f64> = lp.iter().map(|&v| v as f64).collect();
     let cons_err = rel_err(&ld, &want);
     println!("consistency: prefill vs decode logits rel err {cons_err:.2e}, argmax {tp} vs {td}");
+    let mut cpu = json!(null);
+    if a.cpu_check {
+        let s = Instant::now();
+        match cpu_logits(&a.path, &prompt) {
+            Ok(c) => {
+                let want: Vec<f64> = c.iter().map(|&v| v as f64).collect();
+                let (ep, ed) = (rel_err(&lp, &want), rel_err(&ld, &want));
+                let am = argmax(&c);
+                println!(
+                    "cpu reference ({:.1} s): prefill rel err {ep:.2e}, decode rel err {ed:.2e}; argmax cpu {am} gpu prefill {tp} decode {td}",
+                    s.elapsed().as_secs_f64()
+                );
+                cpu = json!({"prefill_rel_err": ep, "decode_rel_err": ed, "argmax_cpu": am, "argmax_prefill": tp, "argmax_decode": td});
+            }
+            Err(e) => {
+                println!("cpu reference failed: {e}");
+                cpu = json!({"error": e.to_string()});
+            }
+        }
+    }
 
     // Generation: capture once, replay.
     let graph = m.capture_decode()?;
@@ -266,6 +308,7 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
             "decode_weight_bytes": wbytes,
             "consistency_rel_err": cons_err, "consistency_argmax_equal": tp == td,
             "graph_replay_matches": graph_ok,
+            "cpu_reference": cpu,
             "tg": {"test": format!("tg{}", a.tg), "tok_per_s": tg_tps, "ms_per_token": 1e3 * tg_s / a.tg as f64, "weight_tb_per_s": bw},
             "pp": pp_rows,
         });
@@ -275,7 +318,7 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
 }
 
 fn usage() -> ! {
-    eprintln!("usage: muser-cuda-bench check [--json OUT] | model MODEL.gguf [--n-ctx N] [--chunk N] [--pp 512,2048] [--tg 128] [--reps 3] [--json OUT]");
+    eprintln!("usage: muser-cuda-bench check [--json OUT] | model MODEL.gguf [--n-ctx N] [--chunk N] [--pp 512,2048] [--tg 128] [--reps 3] [--json OUT] [--cpu-check]");
     std::process::exit(2)
 }
 
@@ -302,6 +345,7 @@ fn main() {
                 tg: num("--tg", 128),
                 reps: num("--reps", 3),
                 json: json_out,
+                cpu_check: args.iter().any(|a| a == "--cpu-check"),
             })
         }
         _ => usage(),

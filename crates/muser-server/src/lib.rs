@@ -1,1 +1,45 @@
-//! muser-server
+//! muser-server: the HTTP edge of Muser. OpenAI-, llama.cpp- and Ollama-shaped routes over
+//! the engine, strict JSON wire types, API-key auth, limits, Prometheus metrics, and the
+//! pinned model store.
+//!
+//! # Rules on every route
+//! - Bodies must be `Content-Type: application/json` (`charset=utf-8` allowed) and valid
+//!   JSON, else **415**. Bodies over 8 MiB, unknown fields (at any depth, named with their
+//!   path), wrong types, bad ranges, token ids outside the vocabulary, and prompts that do not
+//!   fit the per-slot context are **400** with the field or limit in the message.
+//! - A model name other than the served one is **404** `model_not_found`.
+//! - A full engine queue is **429** with `Retry-After`. A client that disconnects cancels its
+//!   generation (the engine receiver is dropped).
+//! - With `--api-key`, every route but `/health` needs `Authorization: Bearer KEY`
+//!   (constant-time compare), else **401**.
+//! - Errors are `{"error": {"type", "message", "code"}}`.
+//!
+//! # Routes and deviations
+//! - `POST /v1/chat/completions`: messages (text and `image_url` parts; images are refused
+//!   with 400 because no vision encoder is loaded), tools and tool_choice (passed to the
+//!   template; `required`/named choices are not enforced), `response_format` `text` or
+//!   `json_object` (**accepted but not enforced**: no grammar-constrained sampling yet),
+//!   stream with `stream_options.include_usage`, logprobs/top_logprobs (≤ 20), `n` = 1 only,
+//!   seed, stop, max_tokens / max_completion_tokens, temperature, top_p, top_k, min_p,
+//!   presence/frequency/repeat penalties, logit_bias. For Muse models the output goes through
+//!   `MuseParser`: reasoning in `reasoning_content`, tool calls in `tool_calls`.
+//! - `POST /v1/completions` (one prompt: text or token ids; `echo`, `suffix`, `best_of` > 1
+//!   refused), `POST /v1/embeddings` (last-token pooling, L2-normalized; float or base64),
+//!   `GET /v1/models`.
+//! - llama.cpp: `POST /completion` (prompt as text, ids or a mix; n_predict, sampling fields,
+//!   seed, stop, stream, cache_prompt, id_slot, n_probs, return_tokens, ignore_eos,
+//!   logit_bias pairs; `timings` in the answer), `/tokenize`, `/detokenize`,
+//!   `/apply-template`, `/embedding`, `GET /props`, `GET /slots`,
+//!   `POST /slots/{id}?action=save|restore|erase` (files under `--slot-save-path`, names of
+//!   `[A-Za-z0-9._-]` only), `GET /health`, `GET /metrics` (Prometheus text).
+//! - Ollama: `POST /api/generate` and `/api/chat` (NDJSON streaming by default; `suffix` and
+//!   `template` refused unless empty, `images` refused, `format` accepted but not enforced,
+//!   `keep_alive` ignored), `GET /api/tags`, `POST /api/show`, `GET /api/version`.
+
+pub mod auth;
+pub mod error;
+pub mod json;
+pub mod metrics;
+pub mod reqlog;
+pub mod store;
+pub mod wire;

@@ -1,0 +1,150 @@
+//! Chat specifics: turning OpenAI/Ollama messages into the template's input, rendering, and
+//! splitting model output into reasoning, content and tool calls (Muse models, through
+//! `muser_text::muse::MuseParser`; other models' output is plain content).
+
+use crate::error::{ApiError, ApiResult};
+use crate::state::AppState;
+use crate::wire::openai::{ChatMessage, Content, ContentPart, Tool};
+use muser_text::muse::{MuseParser, ParseEvent};
+use serde_json::{json, Value};
+
+/// A message as the chat template sees it.
+pub fn template_message(m: &ChatMessage) -> ApiResult<Value> {
+    let content = match &m.content {
+        None => Value::Null,
+        Some(Content::Text(t)) => Value::String(t.clone()),
+        Some(Content::Parts(parts)) => {
+            let mut texts = Vec::new();
+            for part in parts {
+                match part {
+                    ContentPart::Text { text } => texts.push(text.as_str()),
+                    ContentPart::ImageUrl { .. } => {
+                        return Err(ApiError::bad_request(
+                            "image_url parts need a vision encoder; the served model has none",
+                        ))
+                    }
+                }
+            }
+            Value::String(texts.join("\n"))
+        }
+    };
+    let mut msg = json!({ "role": m.role.as_str(), "content": content });
+    if let Some(name) = &m.name {
+        msg["name"] = json!(name);
+    }
+    if let Some(id) = &m.tool_call_id {
+        msg["tool_call_id"] = json!(id);
+    }
+    if let Some(r) = &m.reasoning_content {
+        msg["reasoning_content"] = json!(r);
+    }
+    if let Some(calls) = &m.tool_calls {
+        let calls: Vec<Value> = calls
+            .iter()
+            .map(|c| {
+                // Templates index into the arguments, so hand them the parsed object.
+                let args = serde_json::from_str::<Value>(&c.function.arguments)
+                    .unwrap_or_else(|_| Value::String(c.function.arguments.clone()));
+                json!({
+                    "id": c.id, "type": "function",
+                    "function": { "name": c.function.name, "arguments": args }
+                })
+            })
+            .collect();
+        msg["tool_calls"] = Value::Array(calls);
+    }
+    Ok(msg)
+}
+
+pub fn tools_value(tools: &[Tool]) -> Value {
+    serde_json::to_value(tools).unwrap_or(Value::Null)
+}
+
+/// Renders the conversation with the model's template.
+pub fn render(
+    state: &AppState,
+    messages: Vec<Value>,
+    tools: Option<Value>,
+    add_generation_prompt: bool,
+    extra: serde_json::Map<String, Value>,
+) -> ApiResult<String> {
+    if messages.is_empty() {
+        return Err(ApiError::bad_request("messages must not be empty"));
+    }
+    let template = state
+        .template
+        .as_ref()
+        .ok_or_else(|| ApiError::bad_request("the served model has no chat template; use /v1/completions"))?;
+    let request = muser_text::ChatRequest { messages, tools, add_generation_prompt, extra };
+    template
+        .render(&request)
+        .map_err(|e| ApiError::bad_request(format!("chat template: {e}")))
+}
+
+/// A piece of assistant output.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Piece {
+    Reasoning(String),
+    Content(String),
+    ToolCall { name: String, arguments: String },
+}
+
+/// Incremental output splitter: plain text for ordinary models, the Muse parser for Muse.
+pub enum OutputParser {
+    Plain,
+    Muse(Box<MuseParser>),
+}
+
+impl OutputParser {
+    pub fn new(is_muse: bool) -> Self {
+        if is_muse {
+            OutputParser::Muse(Box::new(MuseParser::new()))
+        } else {
+            OutputParser::Plain
+        }
+    }
+
+    pub fn push(&mut self, text: &str) -> Vec<Piece> {
+        match self {
+            OutputParser::Plain if text.is_empty() => Vec::new(),
+            OutputParser::Plain => vec![Piece::Content(text.to_string())],
+            OutputParser::Muse(p) => p.push(text).into_iter().map(piece).collect(),
+        }
+    }
+
+    pub fn finish(&mut self) -> Vec<Piece> {
+        match self {
+            OutputParser::Plain => Vec::new(),
+            OutputParser::Muse(p) => p.finish().into_iter().map(piece).collect(),
+        }
+    }
+}
+
+fn piece(e: ParseEvent) -> Piece {
+    match e {
+        ParseEvent::Reasoning(s) => Piece::Reasoning(s),
+        ParseEvent::Content(s) => Piece::Content(s),
+        ParseEvent::ToolCall { name, arguments_json } => Piece::ToolCall { name, arguments: arguments_json },
+    }
+}
+
+/// The whole output split at once.
+#[derive(Debug, Default)]
+pub struct Message {
+    pub reasoning: String,
+    pub content: String,
+    pub tool_calls: Vec<(String, String)>,
+}
+
+pub fn split_output(is_muse: bool, text: &str) -> Message {
+    let mut parser = OutputParser::new(is_muse);
+    let mut msg = Message::default();
+    for p in parser.push(text).into_iter().chain(parser.finish()) {
+        match p {
+            Piece::Reasoning(s) => msg.reasoning.push_str(&s),
+            Piece::Content(s) => msg.content.push_str(&s),
+            Piece::ToolCall { name, arguments } => msg.tool_calls.push((name, arguments)),
+        }
+    }
+    msg
+}

@@ -1,0 +1,79 @@
+//! The one error type of the HTTP layer and its JSON envelope:
+//! `{"error": {"type": ..., "message": ..., "code": <status>}}`.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub kind: &'static str,
+    pub message: String,
+    pub retry_after_s: Option<u64>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            kind,
+            message: message.into(),
+            retry_after_s: None,
+        }
+    }
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+    pub fn unsupported_media(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "invalid_request_error",
+            message,
+        )
+    }
+    pub fn unauthorized() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "missing or invalid API key: send `Authorization: Bearer <key>`",
+        )
+    }
+    pub fn not_found(kind: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, kind, message)
+    }
+    pub fn busy(retry_after_s: u64) -> Self {
+        Self {
+            retry_after_s: Some(retry_after_s.max(1)),
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_exceeded",
+                "the request queue is full; retry later",
+            )
+        }
+    }
+    pub fn not_implemented(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_IMPLEMENTED, "not_implemented", message)
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+    }
+    pub fn body(&self) -> serde_json::Value {
+        serde_json::json!({
+            "error": { "type": self.kind, "message": self.message, "code": self.status.as_u16() }
+        })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, axum::Json(self.body())).into_response();
+        if let Some(s) = self.retry_after_s {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        response
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;

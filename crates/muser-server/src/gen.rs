@@ -1,0 +1,250 @@
+//! The bridge between handlers and the engine: sampling options from any wire family, submit
+//! with error mapping, collecting a whole generation, and streaming frames to a client.
+
+use crate::error::{ApiError, ApiResult};
+use crate::reqlog::RequestLog;
+use crate::state::AppState;
+use axum::body::Body;
+use muser_engine::{Event, FinishReason, GenerateRequest, SamplingParams, SubmitError, TokenLogprobs};
+use std::convert::Infallible;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// Sampling options as any wire family states them; `None` keeps llama.cpp's default.
+#[derive(Debug, Default, Clone)]
+pub struct SamplingOptions {
+    pub temperature: Option<f32>,
+    pub top_k: Option<i32>,
+    pub top_p: Option<f32>,
+    pub min_p: Option<f32>,
+    pub typical_p: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub repeat_last_n: Option<i32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub seed: Option<i64>,
+    pub n_probs: usize,
+    pub logit_bias: Vec<(u32, f32)>,
+}
+
+impl SamplingOptions {
+    /// Validates ranges and fills in defaults.
+    pub fn to_params(&self) -> ApiResult<SamplingParams> {
+        let mut p = SamplingParams::default();
+        let finite = |name: &str, v: Option<f32>, lo: f32, hi: f32| -> ApiResult<Option<f32>> {
+            match v {
+                Some(x) if !x.is_finite() || x < lo || x > hi => Err(ApiError::bad_request(format!(
+                    "{name} must be between {lo} and {hi}, got {x}"
+                ))),
+                other => Ok(other),
+            }
+        };
+        if let Some(t) = finite("temperature", self.temperature, 0.0, 100.0)? {
+            p.temperature = t;
+        }
+        if let Some(v) = finite("top_p", self.top_p, 0.0, 1.0)? {
+            p.top_p = v;
+        }
+        if let Some(v) = finite("min_p", self.min_p, 0.0, 1.0)? {
+            p.min_p = v;
+        }
+        if let Some(v) = finite("typical_p", self.typical_p, 0.0, 1.0)? {
+            p.typical_p = v;
+        }
+        if let Some(v) = finite("repeat_penalty", self.repeat_penalty, 0.0, 100.0)? {
+            p.repeat_penalty = v;
+        }
+        if let Some(v) = finite("presence_penalty", self.presence_penalty, -2.0, 2.0)? {
+            p.presence_penalty = v;
+        }
+        if let Some(v) = finite("frequency_penalty", self.frequency_penalty, -2.0, 2.0)? {
+            p.frequency_penalty = v;
+        }
+        if let Some(k) = self.top_k {
+            if k < -1 {
+                return Err(ApiError::bad_request(format!("top_k must be -1 or more, got {k}")));
+            }
+            p.top_k = k;
+        }
+        if let Some(n) = self.repeat_last_n {
+            if n < -1 {
+                return Err(ApiError::bad_request(format!("repeat_last_n must be -1 or more, got {n}")));
+            }
+            p.repeat_last_n = n;
+        }
+        p.seed = crate::wire::seed_from(self.seed).map_err(ApiError::bad_request)?;
+        if self.n_probs > 20 {
+            return Err(ApiError::bad_request(format!(
+                "at most 20 log-probabilities per token, asked for {}",
+                self.n_probs
+            )));
+        }
+        p.n_probs = self.n_probs;
+        p.logit_bias = self.logit_bias.clone();
+        Ok(p)
+    }
+}
+
+/// OpenAI `logit_bias`: token id (as a string) → bias in [-100, 100].
+pub fn openai_logit_bias(
+    state: &AppState,
+    map: Option<&std::collections::BTreeMap<String, f32>>,
+) -> ApiResult<Vec<(u32, f32)>> {
+    let Some(map) = map else { return Ok(Vec::new()) };
+    map.iter()
+        .map(|(k, &v)| {
+            let id: u64 = k
+                .parse()
+                .map_err(|_| ApiError::bad_request(format!("logit_bias key `{k}` is not a token id")))?;
+            if !v.is_finite() || !(-100.0..=100.0).contains(&v) {
+                return Err(ApiError::bad_request(format!("logit_bias for {k} must be in [-100, 100]")));
+            }
+            Ok((state.check_token(id)?, v))
+        })
+        .collect()
+}
+
+/// How a generation ended, with its counts and timings.
+#[derive(Debug, Clone, Copy)]
+pub struct Finished {
+    pub reason: FinishReason,
+    pub n_prompt: u32,
+    pub n_cached: u32,
+    pub n_gen: u32,
+    pub prompt_ms: f64,
+    pub gen_ms: f64,
+}
+
+impl Finished {
+    /// OpenAI's finish_reason.
+    pub fn openai_reason(&self) -> &'static str {
+        match self.reason {
+            FinishReason::Length => "length",
+            _ => "stop",
+        }
+    }
+}
+
+/// One step of a generation as handlers see it.
+pub enum Step {
+    Token { id: u32, text: String, logprobs: Option<TokenLogprobs> },
+    Embedding(Vec<f32>),
+    Done(Finished),
+}
+
+/// Submits a request, mapping engine refusals to HTTP errors (429 with Retry-After, 400).
+pub fn submit(
+    state: &AppState,
+    log: &RequestLog,
+    req: GenerateRequest,
+) -> ApiResult<mpsc::UnboundedReceiver<Event>> {
+    state.check_prompt_len(req.prompt.len())?;
+    state.engine.submit(req).map_err(|e| match e {
+        SubmitError::QueueFull { retry_after_s } => {
+            state.metrics.record_busy();
+            ApiError::busy(retry_after_s)
+        }
+        SubmitError::PromptTooLong { n_prompt, n_ctx } => ApiError::bad_request(format!(
+            "the prompt has {n_prompt} tokens; the context per slot is {n_ctx} tokens"
+        )),
+        other => {
+            let _ = log;
+            ApiError::bad_request(other.to_string())
+        }
+    })
+}
+
+/// Next step of a generation; records the finished generation in the request log.
+pub async fn next_step(rx: &mut mpsc::UnboundedReceiver<Event>, log: &RequestLog) -> ApiResult<Step> {
+    match rx.recv().await {
+        Some(Event::Token { id, text, logprobs }) => Ok(Step::Token { id, text, logprobs }),
+        Some(Event::Embedding(v)) => Ok(Step::Embedding(v)),
+        Some(Event::Done { reason, n_prompt, n_cached, n_gen, timings }) => {
+            let done = Finished {
+                reason,
+                n_prompt: n_prompt as u32,
+                n_cached: n_cached as u32,
+                n_gen: n_gen as u32,
+                prompt_ms: timings.prompt_ms,
+                gen_ms: timings.gen_ms,
+            };
+            log.add_generation(u64::from(done.n_prompt), u64::from(done.n_gen), done.prompt_ms, done.gen_ms);
+            Ok(Step::Done(done))
+        }
+        Some(Event::Error(message)) => Err(ApiError::internal(format!("generation failed: {message}"))),
+        None => Err(ApiError::internal("the engine stopped before finishing the request")),
+    }
+}
+
+/// A whole generation, gathered.
+pub struct Output {
+    pub text: String,
+    pub tokens: Vec<u32>,
+    pub logprobs: Vec<TokenLogprobs>,
+    pub embedding: Option<Vec<f32>>,
+    pub done: Finished,
+}
+
+pub async fn collect(mut rx: mpsc::UnboundedReceiver<Event>, log: &RequestLog) -> ApiResult<Output> {
+    let (mut text, mut tokens, mut logprobs, mut embedding) = (String::new(), Vec::new(), Vec::new(), None);
+    loop {
+        match next_step(&mut rx, log).await? {
+            Step::Token { id, text: piece, logprobs: lp } => {
+                text.push_str(&piece);
+                tokens.push(id);
+                logprobs.extend(lp);
+            }
+            Step::Embedding(v) => embedding = Some(v),
+            Step::Done(done) => return Ok(Output { text, tokens, logprobs, embedding, done }),
+        }
+    }
+}
+
+/// Frames of a streamed response. The formatter turns each step (or an error) into zero or
+/// more frames; the stream ends after `Done` or an error. A client that goes away closes the
+/// channel: the task ends and drops the engine receiver, which cancels the generation.
+pub fn stream_body<F>(mut rx: mpsc::UnboundedReceiver<Event>, log: Arc<RequestLog>, mut format: F) -> Body
+where
+    F: FnMut(Result<Step, ApiError>) -> Vec<String> + Send + 'static,
+{
+    let (tx, out) = mpsc::channel::<String>(64);
+    tokio::spawn(async move {
+        loop {
+            let step = tokio::select! {
+                step = next_step(&mut rx, &log) => step,
+                () = tx.closed() => return,
+            };
+            let last = matches!(step, Ok(Step::Done(_)) | Err(_));
+            for frame in format(step) {
+                if tx.send(frame).await.is_err() {
+                    return;
+                }
+            }
+            if last {
+                return;
+            }
+        }
+    });
+    Body::from_stream(futures::stream::unfold(out, |mut out| async move {
+        out.recv().await.map(|frame| (Ok::<_, Infallible>(frame), out))
+    }))
+}
+
+/// L2-normalizes a vector in place (an all-zero vector stays zero).
+pub fn l2_normalize(v: &mut [f32]) {
+    let norm = v.iter().map(|x| f64::from(*x) * f64::from(*x)).sum::<f64>().sqrt();
+    if norm > 0.0 {
+        for x in v {
+            *x = (f64::from(*x) / norm) as f32;
+        }
+    }
+}
+
+/// Tokens per second, 0 when no time was spent.
+pub fn per_second(n: u32, ms: f64) -> f64 {
+    if ms > 0.0 {
+        f64::from(n) * 1e3 / ms
+    } else {
+        0.0
+    }
+}

@@ -1,0 +1,165 @@
+//! Strict JSON request bodies: `Content-Type: application/json` (optionally `charset=utf-8`),
+//! a bounded body, and typed parsing whose errors name the offending field and its path.
+
+use crate::error::ApiError;
+use axum::extract::{FromRequest, Request};
+use axum::http::header;
+use serde::de::DeserializeOwned;
+
+/// Largest request body accepted on any route.
+pub const BODY_LIMIT_BYTES: usize = 8 << 20;
+
+/// A request body parsed strictly as `T` (whose types use `deny_unknown_fields`).
+pub struct StrictJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for StrictJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
+        check_content_type(req.headers().get(header::CONTENT_TYPE))?;
+        let bytes = axum::body::to_bytes(req.into_body(), BODY_LIMIT_BYTES)
+            .await
+            .map_err(|_| {
+                ApiError::bad_request(format!(
+                    "request body exceeds the limit of {BODY_LIMIT_BYTES} bytes"
+                ))
+            })?;
+        parse(&bytes).map(StrictJson)
+    }
+}
+
+/// Like [`StrictJson`], but an empty body (with or without a Content-Type) is `None`.
+pub struct OptionalJson<T>(pub Option<T>);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for OptionalJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
+        let content_type = req.headers().get(header::CONTENT_TYPE).cloned();
+        let bytes = axum::body::to_bytes(req.into_body(), BODY_LIMIT_BYTES)
+            .await
+            .map_err(|_| {
+                ApiError::bad_request(format!(
+                    "request body exceeds the limit of {BODY_LIMIT_BYTES} bytes"
+                ))
+            })?;
+        if bytes.is_empty() {
+            return Ok(OptionalJson(None));
+        }
+        check_content_type(content_type.as_ref())?;
+        parse(&bytes).map(|v| OptionalJson(Some(v)))
+    }
+}
+
+fn check_content_type(value: Option<&header::HeaderValue>) -> Result<(), ApiError> {
+    let Some(value) = value else {
+        return Err(ApiError::unsupported_media(
+            "missing Content-Type: send `Content-Type: application/json`",
+        ));
+    };
+    let text = value.to_str().unwrap_or("").to_ascii_lowercase();
+    let mut parts = text.split(';').map(str::trim);
+    let media = parts.next().unwrap_or("");
+    let params_ok = parts.all(|p| p.is_empty() || p.replace(' ', "") == "charset=utf-8");
+    if media == "application/json" && params_ok {
+        Ok(())
+    } else {
+        Err(ApiError::unsupported_media(format!(
+            "Content-Type `{text}` is not supported: send `application/json`"
+        )))
+    }
+}
+
+/// Parses a JSON body. Malformed JSON is 415 (the body is not JSON); JSON of the wrong shape
+/// (unknown field, wrong type, missing field) is 400 with the field's path.
+pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de);
+    let value = value.map_err(|err| {
+        let path = err.path().to_string();
+        let inner = err.into_inner();
+        match inner.classify() {
+            serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+                ApiError::unsupported_media(format!("request body is not valid JSON: {inner}"))
+            }
+            _ if path.is_empty() || path == "." => {
+                ApiError::bad_request(format!("invalid request: {}", strip_position(&inner)))
+            }
+            _ => ApiError::bad_request(format!(
+                "invalid request at `{path}`: {}",
+                strip_position(&inner)
+            )),
+        }
+    })?;
+    de.end()
+        .map_err(|e| ApiError::unsupported_media(format!("request body is not valid JSON: {e}")))?;
+    Ok(value)
+}
+
+/// serde_json appends " at line L column C"; the field path says more.
+fn strip_position(err: &serde_json::Error) -> String {
+    let text = err.to_string();
+    match text.rfind(" at line ") {
+        Some(i) => text[..i].to_string(),
+        None => text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::StatusCode;
+    use serde::Deserialize;
+
+    #[derive(Deserialize, Debug)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Outer {
+        a: u32,
+        #[serde(default)]
+        inner: Option<Inner>,
+    }
+    #[derive(Deserialize, Debug)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Inner {
+        b: bool,
+    }
+
+    #[test]
+    fn unknown_nested_field_is_named_with_its_path() {
+        let err = parse::<Outer>(br#"{"a":1,"inner":{"b":true,"typo":1}}"#).unwrap_err();
+        assert_eq!(err.status, StatusCode::BAD_REQUEST);
+        assert!(
+            err.message.contains("`typo`") && err.message.contains("inner"),
+            "{}",
+            err.message
+        );
+    }
+
+    #[test]
+    fn malformed_json_is_415_and_wrong_type_is_400() {
+        assert_eq!(
+            parse::<Outer>(b"{\"a\":").unwrap_err().status,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE
+        );
+        assert_eq!(
+            parse::<Outer>(b"hello").unwrap_err().status,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE
+        );
+        let err = parse::<Outer>(br#"{"a":"x"}"#).unwrap_err();
+        assert_eq!(err.status, StatusCode::BAD_REQUEST);
+        assert!(err.message.contains("`a`"), "{}", err.message);
+        assert!(parse::<Outer>(br#"{"a":1} trailing"#).is_err());
+    }
+
+    #[test]
+    fn content_type_must_be_json() {
+        let ok = |s: &str| check_content_type(Some(&header::HeaderValue::from_str(s).unwrap()));
+        assert!(ok("application/json").is_ok());
+        assert!(ok("application/json; charset=utf-8").is_ok());
+        assert!(ok("text/plain").is_err());
+        assert!(ok("application/json; charset=latin1").is_err());
+        assert!(check_content_type(None).is_err());
+    }
+}

@@ -1,0 +1,278 @@
+//! llama.cpp-server-shaped routes: /completion, /tokenize, /detokenize, /apply-template,
+//! /embedding, /props, /slots, /slots/{id}, /health, /metrics.
+
+use super::{sse_response, timings, Log};
+use crate::error::{ApiError, ApiResult};
+use crate::gen::{self, Finished, SamplingOptions, Step};
+use crate::json::{OptionalJson, StrictJson};
+use crate::metrics::EngineGauges;
+use crate::state::{AppState, SharedState};
+use crate::wire::llama::{
+    valid_slot_filename, CompletionRequest, DetokenizeRequest, EmbeddingRequest, SlotAction, SlotActionRequest,
+    SlotQuery, TokenizeRequest,
+};
+use crate::wire::openai::ChatCompletionRequest;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use muser_engine::{FinishReason, GenerateRequest, TokenLogprobs};
+use serde_json::{json, Value};
+
+fn stop_type(done: &Finished) -> &'static str {
+    match done.reason {
+        FinishReason::Eog => "eos",
+        FinishReason::Stop => "word",
+        FinishReason::Length => "limit",
+        FinishReason::Cancelled => "none",
+    }
+}
+
+/// `completion_probabilities` entries (llama.cpp's current shape).
+fn probs(state: &AppState, lps: &[TokenLogprobs]) -> Value {
+    let entry = |id: u32, logprob: f32| {
+        let bytes = state.tokenizer.token_to_piece(id, true).to_vec();
+        json!({ "id": id, "token": String::from_utf8_lossy(&bytes), "bytes": bytes, "logprob": logprob })
+    };
+    lps.iter()
+        .map(|lp| {
+            let mut e = entry(lp.token.id, lp.token.logprob);
+            e["top_logprobs"] = lp.top.iter().map(|t| entry(t.id, t.logprob)).collect();
+            e
+        })
+        .collect()
+}
+
+pub async fn completion(
+    State(state): State<SharedState>,
+    Log(log): Log,
+    StrictJson(req): StrictJson<CompletionRequest>,
+) -> ApiResult<Response> {
+    let ids = state.tokenize_prompt(&req.prompt, true, true)?;
+    let max_tokens = match req.n_predict {
+        None | Some(-1) => None,
+        Some(n) if n >= 0 => Some(u32::try_from(n).unwrap_or(u32::MAX)),
+        Some(n) => return Err(ApiError::bad_request(format!("n_predict must be -1 or more, got {n}"))),
+    };
+    let mut logit_bias = Vec::new();
+    for (id, bias) in req.logit_bias.iter().flatten() {
+        let id = state.check_token(*id)?;
+        let b = match bias {
+            Value::Bool(false) => f32::NEG_INFINITY,
+            Value::Number(n) => n.as_f64().filter(|x| x.is_finite()).map(|x| x as f32).ok_or_else(|| {
+                ApiError::bad_request("logit_bias values must be finite numbers or false")
+            })?,
+            _ => return Err(ApiError::bad_request("logit_bias values must be finite numbers or false")),
+        };
+        logit_bias.push((id, b));
+    }
+    if req.ignore_eos {
+        for eog in state.tokenizer.eog_ids() {
+            logit_bias.push((eog, f32::NEG_INFINITY));
+        }
+    }
+    let opts = SamplingOptions {
+        temperature: req.temperature,
+        top_k: req.top_k,
+        top_p: req.top_p,
+        min_p: req.min_p,
+        typical_p: req.typical_p,
+        repeat_penalty: req.repeat_penalty,
+        repeat_last_n: req.repeat_last_n,
+        presence_penalty: req.presence_penalty,
+        frequency_penalty: req.frequency_penalty,
+        seed: req.seed,
+        n_probs: req.n_probs.unwrap_or(0) as usize,
+        logit_bias,
+    };
+    let n_probs = opts.n_probs;
+    let slot = super::slot_from(req.id_slot, &state)?;
+    let greq = GenerateRequest {
+        prompt: ids,
+        params: opts.to_params()?,
+        max_tokens,
+        stop: req.stop.map(|s| s.0).unwrap_or_default(),
+        slot,
+        cache_prompt: req.cache_prompt.unwrap_or(true),
+        embeddings: false,
+        special: false,
+    };
+    let rx = gen::submit(&state, &log, greq)?;
+    let model = state.model.id.clone();
+    let id_slot = slot.map_or(-1, |s| s as i64);
+    let return_tokens = req.return_tokens;
+    let final_fields = move |content: &str, tokens: &[u32], done: &Finished| {
+        json!({
+            "content": content, "tokens": if return_tokens { json!(tokens) } else { json!([]) },
+            "id_slot": id_slot, "stop": true, "model": model,
+            "tokens_predicted": done.n_gen, "tokens_evaluated": done.n_prompt,
+            "tokens_cached": done.n_cached, "truncated": false,
+            "stop_type": stop_type(done), "stopping_word": "",
+            "timings": timings(done),
+        })
+    };
+    if req.stream {
+        let st = state.clone();
+        let body = gen::stream_body(rx, log.0.clone(), move |step| match step {
+            Ok(Step::Token { id, text, logprobs }) => {
+                let mut v = json!({ "content": text, "stop": false, "id_slot": id_slot,
+                                    "tokens": if return_tokens { json!([id]) } else { json!([]) } });
+                if n_probs > 0 {
+                    v["completion_probabilities"] = probs(&st, logprobs.as_slice());
+                }
+                vec![format!("data: {v}\n\n")]
+            }
+            Ok(Step::Embedding(_)) => Vec::new(),
+            Ok(Step::Done(done)) => vec![format!("data: {}\n\n", final_fields("", &[], &done))],
+            Err(e) => vec![format!("data: {}\n\n", e.body())],
+        });
+        return Ok(sse_response(body));
+    }
+    let out = gen::collect(rx, &log).await?;
+    let mut v = final_fields(&out.text, &out.tokens, &out.done);
+    if n_probs > 0 {
+        v["completion_probabilities"] = probs(&state, &out.logprobs);
+    }
+    Ok(Json(v).into_response())
+}
+
+pub async fn tokenize(State(state): State<SharedState>, StrictJson(req): StrictJson<TokenizeRequest>) -> ApiResult<Json<Value>> {
+    let ids = state.tokenize_prompt(&req.content, req.add_special, req.parse_special)?;
+    if !req.with_pieces {
+        return Ok(Json(json!({ "tokens": ids })));
+    }
+    let tokens: Vec<Value> = ids
+        .iter()
+        .map(|&id| {
+            let bytes = state.tokenizer.token_to_piece(id, true);
+            let piece = match std::str::from_utf8(bytes) {
+                Ok(s) => json!(s),
+                Err(_) => json!(bytes),
+            };
+            json!({ "id": id, "piece": piece })
+        })
+        .collect();
+    Ok(Json(json!({ "tokens": tokens })))
+}
+
+pub async fn detokenize(
+    State(state): State<SharedState>,
+    StrictJson(req): StrictJson<DetokenizeRequest>,
+) -> ApiResult<Json<Value>> {
+    let ids = req.tokens.iter().map(|&t| state.check_token(t)).collect::<ApiResult<Vec<_>>>()?;
+    Ok(Json(json!({ "content": state.tokenizer.decode(&ids, true) })))
+}
+
+pub async fn apply_template(
+    State(state): State<SharedState>,
+    StrictJson(req): StrictJson<ChatCompletionRequest>,
+) -> ApiResult<Json<Value>> {
+    Ok(Json(json!({ "prompt": super::openai::render_chat(&state, &req)? })))
+}
+
+pub async fn embedding(
+    State(state): State<SharedState>,
+    Log(log): Log,
+    StrictJson(req): StrictJson<EmbeddingRequest>,
+) -> ApiResult<Json<Value>> {
+    let ids = state.tokenize_prompt(&req.content, true, true)?;
+    let (v, _) = super::openai::embed(&state, &log, ids).await?;
+    Ok(Json(json!([{ "index": 0, "embedding": [v] }])))
+}
+
+fn default_settings(state: &AppState) -> Value {
+    let p = muser_engine::SamplingParams::default();
+    json!({
+        "n_ctx": state.options.n_ctx,
+        "params": {
+            "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
+            "typical_p": p.typical_p, "repeat_penalty": p.repeat_penalty, "repeat_last_n": p.repeat_last_n,
+            "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
+            "n_probs": p.n_probs, "min_keep": p.min_keep,
+        },
+    })
+}
+
+pub async fn props(State(state): State<SharedState>) -> Json<Value> {
+    let piece = |id: Option<u32>| id.map(|t| state.tokenizer.token_text(t).to_string()).unwrap_or_default();
+    Json(json!({
+        "default_generation_settings": default_settings(&state),
+        "total_slots": state.options.n_slots,
+        "model_path": state.model.path.display().to_string(),
+        "model_alias": state.model.id,
+        "chat_template": state.model.chat_template.clone().unwrap_or_default(),
+        "bos_token": piece(state.tokenizer.bos()),
+        "eos_token": piece(state.tokenizer.eos()),
+        "modalities": { "vision": false, "audio": false },
+        "build_info": concat!("muser ", env!("CARGO_PKG_VERSION")),
+    }))
+}
+
+pub async fn slots(State(state): State<SharedState>) -> Json<Value> {
+    let settings = default_settings(&state);
+    let slots: Vec<Value> = state
+        .engine
+        .slots()
+        .iter()
+        .map(|s| {
+            json!({
+                "id": s.id, "n_ctx": state.options.n_ctx, "is_processing": s.busy,
+                "n_past": s.n_past, "params": settings["params"],
+            })
+        })
+        .collect();
+    Json(Value::Array(slots))
+}
+
+pub async fn slot_action(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+    Query(query): Query<SlotQuery>,
+    OptionalJson(req): OptionalJson<SlotActionRequest>,
+) -> ApiResult<Json<Value>> {
+    let id: usize = id
+        .parse()
+        .ok()
+        .filter(|&i: &usize| i < state.options.n_slots)
+        .ok_or_else(|| ApiError::bad_request(format!("slot id must be in 0..{}", state.options.n_slots)))?;
+    if query.action == SlotAction::Erase {
+        let n_erased = state.engine.erase_slot(id).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        return Ok(Json(json!({ "id_slot": id, "n_erased": n_erased })));
+    }
+    let dir = state.options.slot_save_path.as_ref().ok_or_else(|| {
+        ApiError::bad_request("slot save/restore is off: start the server with --slot-save-path DIR")
+    })?;
+    let filename = req.and_then(|r| r.filename).ok_or_else(|| ApiError::bad_request("missing `filename`"))?;
+    if !valid_slot_filename(&filename) {
+        return Err(ApiError::bad_request(
+            "filename must be 1-255 characters of [A-Za-z0-9._-], not `.` or `..`",
+        ));
+    }
+    let path = dir.join(&filename);
+    let start = std::time::Instant::now();
+    let n_tokens = match query.action {
+        SlotAction::Save => state.engine.save_slot(id, &path),
+        _ => state.engine.restore_slot(id, &path),
+    }
+    .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    let key = if query.action == SlotAction::Save { "n_saved" } else { "n_restored" };
+    Ok(Json(json!({ "id_slot": id, "filename": filename, key: n_tokens, "timings": { "ms": ms } })))
+}
+
+pub async fn health() -> Json<Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+pub async fn metrics(State(state): State<SharedState>) -> Response {
+    let stats = state.engine.stats();
+    let gauges = EngineGauges {
+        busy_slots: stats.busy_slots,
+        total_slots: state.options.n_slots,
+        queue_depth: stats.queue_depth,
+    };
+    let mut r = state.metrics.render(&gauges).into_response();
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+    r
+}

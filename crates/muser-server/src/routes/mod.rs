@@ -1,0 +1,222 @@
+//! The router: every route, the auth and logging middleware, and helpers shared by the three
+//! wire families.
+
+pub mod llama;
+pub mod ollama;
+pub mod openai;
+
+use crate::auth;
+use crate::error::{ApiError, ApiResult};
+use crate::gen::{per_second, Finished};
+use crate::reqlog::RequestLog;
+use crate::state::{AppState, SharedState};
+use axum::body::Body;
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::{header, request::Parts, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Every fixed route path (metric labels come from this list; anything else is "other").
+const ROUTES: &[&str] = &[
+    "/v1/chat/completions", "/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
+    "/models", "/completion", "/completions", "/tokenize", "/detokenize", "/apply-template",
+    "/embedding", "/embeddings", "/props", "/slots", "/health", "/v1/health", "/metrics",
+    "/api/generate", "/api/chat", "/api/tags", "/api/show", "/api/version",
+];
+
+fn route_label(path: &str) -> &'static str {
+    match ROUTES.iter().find(|r| **r == path) {
+        Some(r) => r,
+        None if path.starts_with("/slots/") => "/slots/{id}",
+        None => "other",
+    }
+}
+
+/// All routes with auth and per-request logging.
+pub fn router(state: SharedState) -> Router {
+    Router::new()
+        // OpenAI
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/embeddings", post(openai::embeddings))
+        .route("/v1/models", get(openai::models))
+        .route("/models", get(openai::models))
+        // llama.cpp
+        .route("/completion", post(llama::completion))
+        .route("/completions", post(llama::completion))
+        .route("/tokenize", post(llama::tokenize))
+        .route("/detokenize", post(llama::detokenize))
+        .route("/apply-template", post(llama::apply_template))
+        .route("/embedding", post(llama::embedding))
+        .route("/embeddings", post(llama::embedding))
+        .route("/props", get(llama::props))
+        .route("/slots", get(llama::slots))
+        .route("/slots/{id}", post(llama::slot_action))
+        .route("/health", get(llama::health))
+        .route("/v1/health", get(llama::health))
+        .route("/metrics", get(llama::metrics))
+        // Ollama
+        .route("/api/generate", post(ollama::generate))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/show", post(ollama::show))
+        .route("/api/version", get(ollama::version))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .with_state(state)
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::not_found("not_found", format!("no route for {} {}", req.method(), req.uri().path()))
+}
+
+/// Auth (every route but /health when a key is set) and the per-request log record.
+async fn guard(State(state): State<SharedState>, mut req: Request, next: Next) -> Response {
+    let route = route_label(req.uri().path());
+    let log = RequestLog::new(req.method().as_str(), req.uri().path(), route, state.metrics.clone());
+    let open = matches!(req.uri().path(), "/health" | "/v1/health");
+    let response = match &state.options.api_key {
+        Some(key) if !open => {
+            let header = req.headers().get(header::AUTHORIZATION).and_then(|h| h.to_str().ok());
+            match auth::check_bearer(key, header) {
+                Ok(()) => None,
+                Err(e) => Some(e.into_response()),
+            }
+        }
+        _ => None,
+    };
+    let response = match response {
+        Some(r) => r,
+        None => {
+            req.extensions_mut().insert(LogHandle(log.clone()));
+            next.run(req).await
+        }
+    };
+    log.set_status(response.status().as_u16());
+    response
+}
+
+/// The request's log record, handed to handlers by the middleware.
+#[derive(Clone)]
+pub struct LogHandle(pub Arc<RequestLog>);
+
+impl std::ops::Deref for LogHandle {
+    type Target = RequestLog;
+    fn deref(&self) -> &RequestLog {
+        &self.0
+    }
+}
+
+/// Extractor for the log record.
+pub struct Log(pub LogHandle);
+
+impl<S: Send + Sync> FromRequestParts<S> for Log {
+    type Rejection = ApiError;
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        parts
+            .extensions
+            .get::<LogHandle>()
+            .cloned()
+            .map(Log)
+            .ok_or_else(|| ApiError::internal("request log missing"))
+    }
+}
+
+pub fn sse_response(body: Body) -> Response {
+    let mut r = Response::new(body);
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}
+
+pub fn ndjson_response(body: Body) -> Response {
+    let mut r = Response::new(body);
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
+    r
+}
+
+/// A unique id with a prefix (`chatcmpl-…`), from the clock and a counter.
+pub fn next_id(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    format!("{prefix}-{:x}{n:06x}", t & 0xffff_ffff_ffff)
+}
+
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// `id_slot`: -1 or absent means any slot.
+pub fn slot_from(id_slot: Option<i64>, state: &AppState) -> ApiResult<Option<usize>> {
+    match id_slot {
+        None | Some(-1) => Ok(None),
+        Some(s) if s >= 0 && (s as usize) < state.options.n_slots => Ok(Some(s as usize)),
+        Some(s) => Err(ApiError::bad_request(format!(
+            "id_slot must be -1 or in 0..{}, got {s}",
+            state.options.n_slots
+        ))),
+    }
+}
+
+/// llama.cpp's `timings` object.
+pub fn timings(done: &Finished) -> Value {
+    let per_token = |ms: f64, n: u32| if n > 0 { ms / f64::from(n) } else { 0.0 };
+    let n_prompt_eval = done.n_prompt.saturating_sub(done.n_cached);
+    json!({
+        "cache_n": done.n_cached,
+        "prompt_n": n_prompt_eval,
+        "prompt_ms": done.prompt_ms,
+        "prompt_per_token_ms": per_token(done.prompt_ms, n_prompt_eval),
+        "prompt_per_second": per_second(n_prompt_eval, done.prompt_ms),
+        "predicted_n": done.n_gen,
+        "predicted_ms": done.gen_ms,
+        "predicted_per_token_ms": per_token(done.gen_ms, done.n_gen),
+        "predicted_per_second": per_second(done.n_gen, done.gen_ms),
+    })
+}
+
+pub fn base64_encode(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// Marks a response status for handlers that build their own.
+pub fn status_json(status: StatusCode, v: Value) -> Response {
+    (status, axum::Json(v)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn base64() {
+        assert_eq!(super::base64_encode(b""), "");
+        assert_eq!(super::base64_encode(b"f"), "Zg==");
+        assert_eq!(super::base64_encode(b"fo"), "Zm8=");
+        assert_eq!(super::base64_encode(b"foobar"), "Zm9vYmFy");
+    }
+}

@@ -1,0 +1,417 @@
+//! OpenAI-shaped routes: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models.
+
+use super::{next_id, sse_response, unix_now, Log};
+use crate::chat::{self, OutputParser, Piece};
+use crate::error::{ApiError, ApiResult};
+use crate::gen::{self, Finished, SamplingOptions, Step};
+use crate::json::StrictJson;
+use crate::state::{AppState, SharedState};
+use crate::wire::openai::{
+    ChatCompletionRequest, CompletionRequest, EmbeddingRequest, EncodingFormat, ResponseFormat, ToolChoice,
+};
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use muser_engine::{GenerateRequest, TokenLogprobs};
+use serde_json::{json, Value};
+
+fn check_n(n: Option<u32>) -> ApiResult<()> {
+    match n {
+        None | Some(1) => Ok(()),
+        Some(n) => Err(ApiError::bad_request(format!("n must be 1 (one choice per request), got {n}"))),
+    }
+}
+
+fn check_max_tokens(name: &str, v: Option<u32>) -> ApiResult<Option<u32>> {
+    match v {
+        Some(0) => Err(ApiError::bad_request(format!("{name} must be at least 1"))),
+        other => Ok(other),
+    }
+}
+
+fn usage(done: &Finished) -> Value {
+    json!({
+        "prompt_tokens": done.n_prompt,
+        "completion_tokens": done.n_gen,
+        "total_tokens": done.n_prompt + done.n_gen,
+        "prompt_tokens_details": { "cached_tokens": done.n_cached },
+    })
+}
+
+fn piece_text(state: &AppState, id: u32) -> (String, Vec<u8>) {
+    let bytes = state.tokenizer.token_to_piece(id, true).to_vec();
+    (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+}
+
+/// Chat `logprobs.content[i]`.
+fn chat_logprob(state: &AppState, lp: &TokenLogprobs) -> Value {
+    let entry = |id: u32, logprob: f32| {
+        let (token, bytes) = piece_text(state, id);
+        json!({ "token": token, "logprob": logprob, "bytes": bytes })
+    };
+    let mut v = entry(lp.token.id, lp.token.logprob);
+    v["top_logprobs"] = lp.top.iter().map(|t| entry(t.id, t.logprob)).collect();
+    v
+}
+
+pub async fn chat_completions(
+    State(state): State<SharedState>,
+    Log(log): Log,
+    StrictJson(req): StrictJson<ChatCompletionRequest>,
+) -> ApiResult<Response> {
+    state.check_model(req.model.as_deref())?;
+    check_n(req.n)?;
+    let max_tokens = match (
+        check_max_tokens("max_tokens", req.max_tokens)?,
+        check_max_tokens("max_completion_tokens", req.max_completion_tokens)?,
+    ) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad_request("give max_tokens or max_completion_tokens, not both"))
+        }
+        (a, b) => a.or(b),
+    };
+    let n_probs = match (req.logprobs, req.top_logprobs) {
+        (Some(true), top) => top.unwrap_or(0) as usize,
+        (_, Some(_)) => return Err(ApiError::bad_request("top_logprobs needs logprobs: true")),
+        _ => 0,
+    };
+    // json_object is accepted but not enforced (no grammar-constrained sampling yet).
+    let _ = matches!(req.response_format, Some(ResponseFormat::JsonObject));
+    let prompt = render_chat(&state, &req)?;
+    let ids = state.tokenizer.encode(&prompt, true, true);
+    let sampling = req.sampling();
+    let opts = SamplingOptions {
+        temperature: sampling.temperature,
+        top_k: sampling.top_k,
+        top_p: sampling.top_p,
+        min_p: sampling.min_p,
+        repeat_penalty: sampling.repeat_penalty,
+        presence_penalty: sampling.presence_penalty,
+        frequency_penalty: sampling.frequency_penalty,
+        seed: sampling.seed,
+        n_probs: n_probs.max(usize::from(req.logprobs == Some(true))),
+        logit_bias: gen::openai_logit_bias(&state, sampling.logit_bias.as_ref())?,
+        ..Default::default()
+    };
+    let logprobs_on = req.logprobs == Some(true);
+    let greq = GenerateRequest {
+        prompt: ids,
+        params: opts.to_params()?,
+        max_tokens,
+        stop: req.stop.map(|s| s.0).unwrap_or_default(),
+        slot: super::slot_from(req.id_slot, &state)?,
+        cache_prompt: req.cache_prompt.unwrap_or(true),
+        embeddings: false,
+        special: false,
+    };
+    let rx = gen::submit(&state, &log, greq)?;
+    let id = next_id("chatcmpl");
+    let created = unix_now();
+    let model = state.model.id.clone();
+    let is_muse = state.model.is_muse;
+
+    if req.stream {
+        let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
+        let mut parser = OutputParser::new(is_muse);
+        let mut tool_index = 0usize;
+        let st = state.clone();
+        let chunk = move |delta: Value, finish: Option<&str>, logprobs: Option<Value>| {
+            let mut c = json!({
+                "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                "system_fingerprint": "muser",
+                "choices": [{ "index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish }],
+            });
+            if include_usage {
+                c["usage"] = Value::Null;
+            }
+            c
+        };
+        let mut first = true;
+        let body = gen::stream_body(rx, log.0.clone(), move |step| {
+            let mut frames = Vec::new();
+            let mut push = |v: Value| frames.push(format!("data: {v}\n\n"));
+            if first {
+                first = false;
+                push(chunk(json!({ "role": "assistant", "content": "" }), None, None));
+            }
+            let deltas = |pieces: Vec<Piece>, tool_index: &mut usize| -> Vec<Value> {
+                pieces
+                    .into_iter()
+                    .map(|p| match p {
+                        Piece::Content(s) => json!({ "content": s }),
+                        Piece::Reasoning(s) => json!({ "reasoning_content": s }),
+                        Piece::ToolCall { name, arguments } => {
+                            *tool_index += 1;
+                            json!({ "tool_calls": [{
+                                "index": *tool_index - 1, "id": next_id("call"), "type": "function",
+                                "function": { "name": name, "arguments": arguments },
+                            }]})
+                        }
+                    })
+                    .collect()
+            };
+            match step {
+                Ok(Step::Token { text, logprobs, .. }) => {
+                    let lp = logprobs
+                        .filter(|_| logprobs_on)
+                        .map(|lp| json!({ "content": [chat_logprob(&st, &lp)] }));
+                    let ds = deltas(parser.push(&text), &mut tool_index);
+                    if ds.is_empty() && lp.is_some() {
+                        push(chunk(json!({ "content": "" }), None, lp));
+                    } else {
+                        let mut lp = lp;
+                        for d in ds {
+                            push(chunk(d, None, lp.take()));
+                        }
+                    }
+                }
+                Ok(Step::Embedding(_)) => {}
+                Ok(Step::Done(done)) => {
+                    for d in deltas(parser.finish(), &mut tool_index) {
+                        push(chunk(d, None, None));
+                    }
+                    let reason = if tool_index > 0 { "tool_calls" } else { done.openai_reason() };
+                    push(chunk(json!({}), Some(reason), None));
+                    if include_usage {
+                        let mut u = chunk(json!({}), None, None);
+                        u["choices"] = json!([]);
+                        u["usage"] = usage(&done);
+                        push(u);
+                    }
+                    frames.push("data: [DONE]\n\n".to_string());
+                }
+                Err(e) => {
+                    push(e.body());
+                    frames.push("data: [DONE]\n\n".to_string());
+                }
+            }
+            frames
+        });
+        return Ok(sse_response(body));
+    }
+
+    let out = gen::collect(rx, &log).await?;
+    let msg = chat::split_output(is_muse, &out.text);
+    let mut message = json!({ "role": "assistant", "content": msg.content });
+    if !msg.reasoning.is_empty() {
+        message["reasoning_content"] = json!(msg.reasoning);
+    }
+    let finish = if msg.tool_calls.is_empty() {
+        out.done.openai_reason()
+    } else {
+        message["tool_calls"] = msg
+            .tool_calls
+            .iter()
+            .map(|(name, args)| {
+                json!({ "id": next_id("call"), "type": "function",
+                        "function": { "name": name, "arguments": args } })
+            })
+            .collect();
+        "tool_calls"
+    };
+    let logprobs = logprobs_on.then(|| json!({ "content": out.logprobs.iter().map(|lp| chat_logprob(&state, lp)).collect::<Vec<_>>() }));
+    Ok(Json(json!({
+        "id": id, "object": "chat.completion", "created": created, "model": model,
+        "system_fingerprint": "muser",
+        "choices": [{ "index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish }],
+        "usage": usage(&out.done),
+        "timings": super::timings(&out.done),
+    }))
+    .into_response())
+}
+
+/// Renders a chat request's conversation (shared with /apply-template).
+pub fn render_chat(state: &AppState, req: &ChatCompletionRequest) -> ApiResult<String> {
+    let messages = req.messages.iter().map(chat::template_message).collect::<ApiResult<Vec<_>>>()?;
+    let tools = match (&req.tools, &req.tool_choice) {
+        (Some(_), Some(ToolChoice::None)) | (None, _) => None,
+        (Some(tools), _) => Some(chat::tools_value(tools)),
+    };
+    if let (Some(ToolChoice::Named(name)), Some(tools)) = (&req.tool_choice, &req.tools) {
+        if !tools.iter().any(|t| &t.function.name == name) {
+            return Err(ApiError::bad_request(format!("tool_choice names `{name}`, which is not in tools")));
+        }
+    }
+    let mut extra = serde_json::Map::new();
+    if let Some(effort) = &req.reasoning_effort {
+        if !["low", "medium", "high"].contains(&effort.as_str()) {
+            return Err(ApiError::bad_request("reasoning_effort must be low, medium or high"));
+        }
+        extra.insert("reasoning_effort".into(), json!(effort));
+    }
+    chat::render(state, messages, tools, true, extra)
+}
+
+pub async fn completions(
+    State(state): State<SharedState>,
+    Log(log): Log,
+    StrictJson(req): StrictJson<CompletionRequest>,
+) -> ApiResult<Response> {
+    state.check_model(req.model.as_deref())?;
+    check_n(req.n)?;
+    if req.best_of.is_some_and(|b| b != 1) {
+        return Err(ApiError::bad_request("best_of must be 1"));
+    }
+    if req.echo == Some(true) {
+        return Err(ApiError::bad_request("echo is not supported"));
+    }
+    if req.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::bad_request("suffix (fill-in-the-middle) is not supported"));
+    }
+    let max_tokens = check_max_tokens("max_tokens", req.max_tokens)?.or(Some(16));
+    let ids = state.tokenize_prompt(&req.prompt, true, true)?;
+    let sampling = req.sampling();
+    let n_probs = req.logprobs.unwrap_or(0) as usize;
+    let opts = SamplingOptions {
+        temperature: sampling.temperature,
+        top_k: sampling.top_k,
+        top_p: sampling.top_p,
+        min_p: sampling.min_p,
+        repeat_penalty: sampling.repeat_penalty,
+        presence_penalty: sampling.presence_penalty,
+        frequency_penalty: sampling.frequency_penalty,
+        seed: sampling.seed,
+        n_probs,
+        logit_bias: gen::openai_logit_bias(&state, sampling.logit_bias.as_ref())?,
+        ..Default::default()
+    };
+    let greq = GenerateRequest {
+        prompt: ids,
+        params: opts.to_params()?,
+        max_tokens,
+        stop: req.stop.map(|s| s.0).unwrap_or_default(),
+        slot: super::slot_from(req.id_slot, &state)?,
+        cache_prompt: req.cache_prompt.unwrap_or(true),
+        embeddings: false,
+        special: false,
+    };
+    let rx = gen::submit(&state, &log, greq)?;
+    let id = next_id("cmpl");
+    let created = unix_now();
+    let model = state.model.id.clone();
+    let logprobs_on = req.logprobs.is_some();
+    let st = state.clone();
+    let completion_logprobs = move |lps: &[TokenLogprobs]| -> Value {
+        let tokens: Vec<String> = lps.iter().map(|lp| piece_text(&st, lp.token.id).0).collect();
+        json!({
+            "tokens": tokens,
+            "token_logprobs": lps.iter().map(|lp| lp.token.logprob).collect::<Vec<_>>(),
+            "top_logprobs": lps.iter().map(|lp| {
+                lp.top.iter().map(|t| (piece_text(&st, t.id).0, json!(t.logprob))).collect::<serde_json::Map<_, _>>()
+            }).collect::<Vec<_>>(),
+        })
+    };
+    if req.stream {
+        let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
+        let body = gen::stream_body(rx, log.0.clone(), move |step| {
+            let chunk = |text: &str, finish: Option<&str>, lp: Option<Value>| {
+                let mut c = json!({
+                    "id": id, "object": "text_completion", "created": created, "model": model,
+                    "choices": [{ "index": 0, "text": text, "logprobs": lp, "finish_reason": finish }],
+                });
+                if include_usage {
+                    c["usage"] = Value::Null;
+                }
+                format!("data: {c}\n\n")
+            };
+            match step {
+                Ok(Step::Token { text, logprobs, .. }) => {
+                    let lp = logprobs.filter(|_| logprobs_on).map(|lp| completion_logprobs(&[lp]));
+                    vec![chunk(&text, None, lp)]
+                }
+                Ok(Step::Embedding(_)) => Vec::new(),
+                Ok(Step::Done(done)) => {
+                    let mut frames = vec![chunk("", Some(done.openai_reason()), None)];
+                    if include_usage {
+                        let u = json!({
+                            "id": id, "object": "text_completion", "created": created, "model": model,
+                            "choices": [], "usage": usage(&done),
+                        });
+                        frames.push(format!("data: {u}\n\n"));
+                    }
+                    frames.push("data: [DONE]\n\n".to_string());
+                    frames
+                }
+                Err(e) => vec![format!("data: {}\n\ndata: [DONE]\n\n", e.body())],
+            }
+        });
+        return Ok(sse_response(body));
+    }
+    let out = gen::collect(rx, &log).await?;
+    let lp = logprobs_on.then(|| completion_logprobs(&out.logprobs));
+    Ok(Json(json!({
+        "id": id, "object": "text_completion", "created": created, "model": model,
+        "choices": [{ "index": 0, "text": out.text, "logprobs": lp, "finish_reason": out.done.openai_reason() }],
+        "usage": usage(&out.done),
+        "timings": super::timings(&out.done),
+    }))
+    .into_response())
+}
+
+/// Runs one embedding request: last-token pooling over the final hidden state, L2-normalized.
+pub async fn embed(state: &AppState, log: &crate::reqlog::RequestLog, ids: Vec<u32>) -> ApiResult<(Vec<f32>, Finished)> {
+    let greq = GenerateRequest {
+        prompt: ids,
+        params: Default::default(),
+        max_tokens: Some(0),
+        stop: Vec::new(),
+        slot: None,
+        cache_prompt: false,
+        embeddings: true,
+        special: false,
+    };
+    let rx = gen::submit(state, log, greq)?;
+    let out = gen::collect(rx, log).await?;
+    let mut v = out
+        .embedding
+        .ok_or_else(|| ApiError::internal("the engine returned no embedding"))?;
+    gen::l2_normalize(&mut v);
+    Ok((v, out.done))
+}
+
+pub async fn embeddings(
+    State(state): State<SharedState>,
+    Log(log): Log,
+    StrictJson(req): StrictJson<EmbeddingRequest>,
+) -> ApiResult<Response> {
+    state.check_model(req.model.as_deref())?;
+    if let Some(d) = req.dimensions {
+        if d as usize != state.model.n_embd {
+            return Err(ApiError::bad_request(format!(
+                "dimensions must be {} (truncation is not supported)",
+                state.model.n_embd
+            )));
+        }
+    }
+    let ids = state.tokenize_prompt(&req.input, true, true)?;
+    let (v, done) = embed(&state, &log, ids).await?;
+    let embedding = match req.encoding_format.unwrap_or(EncodingFormat::Float) {
+        EncodingFormat::Float => json!(v),
+        EncodingFormat::Base64 => {
+            let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            json!(super::base64_encode(&bytes))
+        }
+    };
+    Ok(Json(json!({
+        "object": "list",
+        "data": [{ "object": "embedding", "index": 0, "embedding": embedding }],
+        "model": state.model.id,
+        "usage": { "prompt_tokens": done.n_prompt, "total_tokens": done.n_prompt },
+    }))
+    .into_response())
+}
+
+pub async fn models(State(state): State<SharedState>) -> Json<Value> {
+    let m = &state.model;
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": m.id, "object": "model", "created": state.started_unix_s, "owned_by": "muser",
+            "meta": {
+                "arch": m.arch, "n_vocab": m.n_vocab, "n_ctx": state.options.n_ctx,
+                "n_ctx_train": m.n_ctx_train, "n_embd": m.n_embd, "n_params": m.n_params,
+                "size": m.size_bytes, "ftype": m.file_type,
+            },
+        }],
+    }))
+}

@@ -1,0 +1,99 @@
+//! What every handler shares: the engine, the tokenizer and template, facts about the model,
+//! the server's configuration and its metrics.
+
+use crate::error::{ApiError, ApiResult};
+use crate::metrics::Metrics;
+use crate::wire::{Prompt, PromptPiece};
+use muser_engine::Engine;
+use muser_text::Tokenizer;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Facts about the served model, read once at start-up.
+#[derive(Debug, Clone)]
+pub struct ModelMeta {
+    /// The id clients name the model by (the file name without `.gguf`).
+    pub id: String,
+    pub path: PathBuf,
+    pub arch: String,
+    pub is_muse: bool,
+    pub n_vocab: usize,
+    pub n_embd: usize,
+    pub n_ctx_train: usize,
+    pub n_params: u64,
+    pub size_bytes: u64,
+    pub file_type: String,
+    pub chat_template: Option<String>,
+}
+
+/// Operator settings that handlers need.
+#[derive(Debug, Clone, Default)]
+pub struct ServerOptions {
+    pub api_key: Option<String>,
+    pub slot_save_path: Option<PathBuf>,
+    pub n_slots: usize,
+    pub n_ctx: usize,
+}
+
+pub struct AppState {
+    pub engine: Engine,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: Option<muser_text::ChatTemplate>,
+    pub model: ModelMeta,
+    pub options: ServerOptions,
+    pub metrics: Arc<Metrics>,
+    /// Unix seconds at start-up (the `created` of /v1/models).
+    pub started_unix_s: u64,
+}
+
+pub type SharedState = Arc<AppState>;
+
+impl AppState {
+    /// Accepts an absent model name or the served model's id (also with an Ollama `:tag`).
+    pub fn check_model(&self, name: Option<&str>) -> ApiResult<()> {
+        match name {
+            None => Ok(()),
+            Some(n) if n.is_empty() || n == self.model.id || n.split(':').next() == Some(&self.model.id) => Ok(()),
+            Some(n) => Err(ApiError::not_found(
+                "model_not_found",
+                format!("model `{n}` is not served here; this server serves `{}`", self.model.id),
+            )),
+        }
+    }
+
+    /// Tokenizes a prompt. Text is tokenized with special-token parsing; the first text piece
+    /// gets the model's BOS when `add_special`. Token ids are checked against the vocabulary.
+    pub fn tokenize_prompt(&self, prompt: &Prompt, add_special: bool, parse_special: bool) -> ApiResult<Vec<u32>> {
+        let mut ids = Vec::new();
+        for (i, piece) in prompt.0.iter().enumerate() {
+            match piece {
+                PromptPiece::Text(text) => {
+                    ids.extend(self.tokenizer.encode(text, add_special && i == 0, parse_special))
+                }
+                PromptPiece::Token(id) => ids.push(self.check_token(*id)?),
+            }
+        }
+        Ok(ids)
+    }
+
+    pub fn check_token(&self, id: u64) -> ApiResult<u32> {
+        let n_vocab = self.tokenizer.n_vocab();
+        u32::try_from(id).ok().filter(|&t| (t as usize) < n_vocab).ok_or_else(|| {
+            ApiError::bad_request(format!("token id {id} is outside the vocabulary (size {n_vocab})"))
+        })
+    }
+
+    /// A prompt must be non-empty and leave room for at least one generated token.
+    pub fn check_prompt_len(&self, n_prompt: usize) -> ApiResult<()> {
+        if n_prompt == 0 {
+            return Err(ApiError::bad_request("the prompt is empty"));
+        }
+        if n_prompt >= self.options.n_ctx {
+            return Err(ApiError::bad_request(format!(
+                "the prompt has {n_prompt} tokens; the context per slot is {} tokens (start the server with a larger -c)",
+                self.options.n_ctx
+            )));
+        }
+        Ok(())
+    }
+}

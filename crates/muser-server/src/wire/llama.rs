@@ -1,0 +1,133 @@
+//! llama.cpp server request types (its field names).
+
+use super::{Prompt, StopList};
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompletionRequest {
+    pub prompt: Prompt,
+    /// -1: until the end of the context.
+    #[serde(default)]
+    pub n_predict: Option<i64>,
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    #[serde(default)]
+    pub top_k: Option<i32>,
+    #[serde(default)]
+    pub top_p: Option<f32>,
+    #[serde(default)]
+    pub min_p: Option<f32>,
+    #[serde(default)]
+    pub typical_p: Option<f32>,
+    #[serde(default)]
+    pub repeat_penalty: Option<f32>,
+    #[serde(default)]
+    pub repeat_last_n: Option<i32>,
+    #[serde(default)]
+    pub presence_penalty: Option<f32>,
+    #[serde(default)]
+    pub frequency_penalty: Option<f32>,
+    #[serde(default)]
+    pub seed: Option<i64>,
+    #[serde(default)]
+    pub stop: Option<StopList>,
+    #[serde(default)]
+    pub stream: bool,
+    #[serde(default)]
+    pub cache_prompt: Option<bool>,
+    #[serde(default)]
+    pub id_slot: Option<i64>,
+    #[serde(default)]
+    pub n_probs: Option<u32>,
+    #[serde(default)]
+    pub return_tokens: bool,
+    #[serde(default)]
+    pub ignore_eos: bool,
+    /// Pairs `[token_id, bias]`; a bias of `false` bans the token.
+    #[serde(default)]
+    pub logit_bias: Option<Vec<(u64, serde_json::Value)>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizeRequest {
+    pub content: Prompt,
+    #[serde(default)]
+    pub add_special: bool,
+    #[serde(default = "yes")]
+    pub parse_special: bool,
+    #[serde(default)]
+    pub with_pieces: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DetokenizeRequest {
+    pub tokens: Vec<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmbeddingRequest {
+    pub content: Prompt,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlotActionRequest {
+    pub filename: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlotQuery {
+    pub action: SlotAction,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SlotAction {
+    Save,
+    Restore,
+    Erase,
+}
+
+/// A slot file name: 1..=255 of `[A-Za-z0-9._-]`, not `.` or `..`, so it can never leave the
+/// slot directory.
+pub fn valid_slot_filename(name: &str) -> bool {
+    (1..=255).contains(&name.len())
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_filenames() {
+        assert!(valid_slot_filename("slot0.bin"));
+        assert!(valid_slot_filename("a-b_c.d"));
+        for bad in [
+            "",
+            ".",
+            "..",
+            "../x",
+            "a/b",
+            "a\\b",
+            "x\0",
+            "é",
+            &"a".repeat(256),
+        ] {
+            assert!(!valid_slot_filename(bad), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! Request types of the three wire families. Every struct denies unknown fields, so a typo is
+//! a 400 naming the field rather than a silently ignored option. Responses are built with
+//! `serde_json::json!` next to the handlers that send them.
+
+pub mod llama;
+pub mod ollama;
+pub mod openai;
+
+use serde::{Deserialize, Deserializer};
+
+/// `stop`: one string or a list of strings.
+#[derive(Debug, Clone, Default)]
+pub struct StopList(pub Vec<String>);
+
+impl<'de> Deserialize<'de> for StopList {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            One(String),
+            Many(Vec<String>),
+        }
+        match Raw::deserialize(d) {
+            Ok(Raw::One(s)) => Ok(StopList(vec![s])),
+            Ok(Raw::Many(v)) => Ok(StopList(v)),
+            Err(_) => Err(serde::de::Error::custom(
+                "expected a string or a list of strings",
+            )),
+        }
+    }
+}
+
+/// A prompt: text, or token ids, or (llama.cpp) a mix of both.
+#[derive(Debug, Clone)]
+pub enum PromptPiece {
+    Text(String),
+    Token(u64),
+}
+
+#[derive(Debug, Clone)]
+pub struct Prompt(pub Vec<PromptPiece>);
+
+impl<'de> Deserialize<'de> for Prompt {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let value = serde_json::Value::deserialize(d)?;
+        let piece = |v: &serde_json::Value| match v {
+            serde_json::Value::String(s) => Ok(PromptPiece::Text(s.clone())),
+            serde_json::Value::Number(n) => n
+                .as_u64()
+                .map(PromptPiece::Token)
+                .ok_or_else(|| D::Error::custom("token ids must be non-negative integers")),
+            _ => Err(D::Error::custom(
+                "a prompt is a string or a list of strings and token ids",
+            )),
+        };
+        match &value {
+            serde_json::Value::Array(items) => {
+                // OpenAI's batch form: a list holding exactly one prompt.
+                if let [inner @ serde_json::Value::Array(_)] = items.as_slice() {
+                    return Prompt::deserialize(inner.clone()).map_err(D::Error::custom);
+                }
+                if items.len() > 1 && items.iter().all(|v| v.is_string()) {
+                    return Err(D::Error::custom("only one prompt per request is supported"));
+                }
+                if items.iter().any(|v| v.is_array()) {
+                    return Err(D::Error::custom("only one prompt per request is supported"));
+                }
+                items
+                    .iter()
+                    .map(piece)
+                    .collect::<Result<_, _>>()
+                    .map(Prompt)
+            }
+            other => Ok(Prompt(vec![piece(other)?])),
+        }
+    }
+}
+
+/// `seed`: -1 (or absent) means "draw one"; otherwise a non-negative integer.
+pub fn seed_from(seed: Option<i64>) -> Result<Option<u64>, String> {
+    match seed {
+        None | Some(-1) => Ok(None),
+        Some(s) if s >= 0 => Ok(Some(s as u64)),
+        Some(s) => Err(format!(
+            "seed must be -1 or a non-negative integer, got {s}"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompt_forms() {
+        let p: Prompt = serde_json::from_str(r#""hi""#).unwrap();
+        assert!(matches!(p.0.as_slice(), [PromptPiece::Text(s)] if s == "hi"));
+        let p: Prompt = serde_json::from_str("[1, 2, \"x\"]").unwrap();
+        assert_eq!(p.0.len(), 3);
+        let p: Prompt = serde_json::from_str("[[5, 6]]").unwrap();
+        assert!(matches!(
+            p.0.as_slice(),
+            [PromptPiece::Token(5), PromptPiece::Token(6)]
+        ));
+        assert!(serde_json::from_str::<Prompt>(r#"["a", "b"]"#).is_err());
+        assert!(serde_json::from_str::<Prompt>("[-1]").is_err());
+        assert!(serde_json::from_str::<Prompt>("{}").is_err());
+    }
+
+    #[test]
+    fn stop_forms() {
+        let s: StopList = serde_json::from_str(r#""\n""#).unwrap();
+        assert_eq!(s.0, vec!["\n"]);
+        let s: StopList = serde_json::from_str(r#"["a","b"]"#).unwrap();
+        assert_eq!(s.0.len(), 2);
+        assert!(serde_json::from_str::<StopList>("3").is_err());
+    }
+}
+
+#[cfg(test)]
+mod strictness {
+    use crate::json::parse;
+    use crate::wire::{llama, ollama, openai};
+    use axum::http::StatusCode;
+
+    fn rejects<T: serde::de::DeserializeOwned>(body: &str, field: &str) {
+        match parse::<T>(body.as_bytes()) {
+            Ok(_) => panic!("accepted {body}"),
+            Err(e) => {
+                assert_eq!(e.status, StatusCode::BAD_REQUEST, "{body}");
+                assert!(
+                    e.message.contains(field),
+                    "`{}` does not name `{field}`",
+                    e.message
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_family_denies_unknown_fields() {
+        let ok = r#"{"messages":[{"role":"user","content":"hi"}],"temperature":0,"seed":3,"stream":true,
+                     "stream_options":{"include_usage":true},"tools":[{"type":"function","function":{"name":"f","parameters":{}}}],
+                     "tool_choice":{"type":"function","function":{"name":"f"}},"response_format":{"type":"json_object"}}"#;
+        let req: openai::ChatCompletionRequest = parse(ok.as_bytes()).unwrap();
+        assert_eq!(req.sampling().seed, Some(3));
+        assert_eq!(req.tool_choice, Some(openai::ToolChoice::Named("f".into())));
+        rejects::<openai::ChatCompletionRequest>(
+            r#"{"messages":[],"tempreature":1}"#,
+            "tempreature",
+        );
+        rejects::<openai::ChatCompletionRequest>(
+            r#"{"messages":[{"role":"user","content":"x","x_extra":1}]}"#,
+            "x_extra",
+        );
+        rejects::<openai::ChatCompletionRequest>(
+            r#"{"messages":[{"role":"robot","content":"x"}]}"#,
+            "robot",
+        );
+        rejects::<openai::ChatCompletionRequest>(
+            r#"{"messages":[],"response_format":{"type":"json_schema"}}"#,
+            "json_schema",
+        );
+        rejects::<openai::ChatCompletionRequest>(
+            r#"{"messages":[],"tool_choice":"sometimes"}"#,
+            "sometimes",
+        );
+        rejects::<openai::CompletionRequest>(r#"{"prompt":"x","top_q":1}"#, "top_q");
+        rejects::<openai::EmbeddingRequest>(r#"{"input":"x","encoding_format":"hex"}"#, "hex");
+        rejects::<llama::CompletionRequest>(r#"{"prompt":"x","mirostat":2}"#, "mirostat");
+        rejects::<llama::DetokenizeRequest>(r#"{"tokens":[1],"special":true}"#, "special");
+        rejects::<ollama::GenerateRequest>(
+            r#"{"model":"m","options":{"temprature":1}}"#,
+            "temprature",
+        );
+        rejects::<ollama::ChatRequest>(
+            r#"{"model":"m","messages":[{"role":"user","content":"x","mood":1}]}"#,
+            "mood",
+        );
+    }
+}

@@ -1,0 +1,329 @@
+//! OpenAI request types: chat completions, completions, embeddings.
+
+use super::{Prompt, StopList};
+use serde::{Deserialize, Deserializer};
+use std::collections::BTreeMap;
+
+/// Sampling fields shared by chat and completions (OpenAI names plus llama.cpp extensions).
+/// `serde(flatten)` cannot be combined with `deny_unknown_fields`, so a macro adds the fields.
+#[derive(Debug, Default, Clone)]
+pub struct Sampling {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i32>,
+    pub min_p: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub seed: Option<i64>,
+    pub logit_bias: Option<BTreeMap<String, f32>>,
+}
+
+macro_rules! with_sampling {
+    ($(#[$m:meta])* pub struct $name:ident { $($body:tt)* }) => {
+        $(#[$m])*
+        pub struct $name {
+            $($body)*
+            #[serde(default)]
+            pub temperature: Option<f32>,
+            #[serde(default)]
+            pub top_p: Option<f32>,
+            #[serde(default)]
+            pub top_k: Option<i32>,
+            #[serde(default)]
+            pub min_p: Option<f32>,
+            #[serde(default)]
+            pub presence_penalty: Option<f32>,
+            #[serde(default)]
+            pub frequency_penalty: Option<f32>,
+            #[serde(default)]
+            pub repeat_penalty: Option<f32>,
+            #[serde(default)]
+            pub seed: Option<i64>,
+            #[serde(default)]
+            pub logit_bias: Option<BTreeMap<String, f32>>,
+        }
+        impl $name {
+            pub fn sampling(&self) -> Sampling {
+                Sampling {
+                    temperature: self.temperature,
+                    top_p: self.top_p,
+                    top_k: self.top_k,
+                    min_p: self.min_p,
+                    presence_penalty: self.presence_penalty,
+                    frequency_penalty: self.frequency_penalty,
+                    repeat_penalty: self.repeat_penalty,
+                    seed: self.seed,
+                    logit_bias: self.logit_bias.clone(),
+                }
+            }
+        }
+    };
+}
+
+with_sampling! {
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatCompletionRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub messages: Vec<ChatMessage>,
+    #[serde(default)]
+    pub stream: bool,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    #[serde(default)]
+    pub max_completion_tokens: Option<u32>,
+    #[serde(default)]
+    pub stop: Option<StopList>,
+    #[serde(default)]
+    pub n: Option<u32>,
+    #[serde(default)]
+    pub logprobs: Option<bool>,
+    #[serde(default)]
+    pub top_logprobs: Option<u32>,
+    #[serde(default)]
+    pub tools: Option<Vec<Tool>>,
+    #[serde(default)]
+    pub tool_choice: Option<ToolChoice>,
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
+    #[serde(default)]
+    pub response_format: Option<ResponseFormat>,
+    #[serde(default)]
+    pub reasoning_effort: Option<String>,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub cache_prompt: Option<bool>,
+    #[serde(default)]
+    pub id_slot: Option<i64>,
+}
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    Developer,
+    User,
+    Assistant,
+    Tool,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::Developer => "developer",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatMessage {
+    pub role: Role,
+    #[serde(default)]
+    pub content: Option<Content>,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    #[serde(default)]
+    pub reasoning_content: Option<String>,
+}
+
+/// Message content: a string, or a list of typed parts.
+#[derive(Debug)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+impl<'de> Deserialize<'de> for Content {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        match serde_json::Value::deserialize(d)? {
+            serde_json::Value::String(s) => Ok(Content::Text(s)),
+            v @ serde_json::Value::Array(_) => serde_json::from_value(v)
+                .map(Content::Parts)
+                .map_err(|e| D::Error::custom(format!("content part: {e}"))),
+            _ => Err(D::Error::custom("content is a string or a list of parts")),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ContentPart {
+    Text { text: String },
+    ImageUrl { image_url: ImageUrl },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageUrl {
+    pub url: String,
+    #[serde(default)]
+    pub detail: Option<String>,
+}
+
+#[derive(Debug, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCall {
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(rename = "type", default)]
+    pub kind: Option<String>,
+    pub function: FunctionCall,
+}
+
+#[derive(Debug, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionCall {
+    pub name: String,
+    pub arguments: String,
+}
+
+#[derive(Debug, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tool {
+    #[serde(rename = "type")]
+    pub kind: ToolKind,
+    pub function: FunctionDef,
+}
+
+#[derive(Debug, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolKind {
+    Function,
+}
+
+#[derive(Debug, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionDef {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
+}
+
+/// `tool_choice`: "none" | "auto" | "required" | {"type":"function","function":{"name":...}}.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolChoice {
+    None,
+    Auto,
+    Required,
+    Named(String),
+}
+
+impl<'de> Deserialize<'de> for ToolChoice {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Named {
+            #[serde(rename = "type")]
+            _kind: ToolKind,
+            function: NamedFn,
+        }
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct NamedFn {
+            name: String,
+        }
+        match serde_json::Value::deserialize(d)? {
+            serde_json::Value::String(s) => match s.as_str() {
+                "none" => Ok(ToolChoice::None),
+                "auto" => Ok(ToolChoice::Auto),
+                "required" => Ok(ToolChoice::Required),
+                other => Err(D::Error::custom(format!(
+                    "unknown tool_choice `{other}`: expected none, auto, required or a named function"
+                ))),
+            },
+            v => serde_json::from_value::<Named>(v)
+                .map(|n| ToolChoice::Named(n.function.name))
+                .map_err(|e| D::Error::custom(format!("tool_choice: {e}"))),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ResponseFormat {
+    Text,
+    JsonObject,
+}
+
+with_sampling! {
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompletionRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub prompt: Prompt,
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    #[serde(default)]
+    pub stop: Option<StopList>,
+    #[serde(default)]
+    pub stream: bool,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub n: Option<u32>,
+    #[serde(default)]
+    pub best_of: Option<u32>,
+    #[serde(default)]
+    pub echo: Option<bool>,
+    #[serde(default)]
+    pub logprobs: Option<u32>,
+    #[serde(default)]
+    pub suffix: Option<String>,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub cache_prompt: Option<bool>,
+    #[serde(default)]
+    pub id_slot: Option<i64>,
+}
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmbeddingRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub input: Prompt,
+    #[serde(default)]
+    pub encoding_format: Option<EncodingFormat>,
+    #[serde(default)]
+    pub dimensions: Option<u32>,
+    #[serde(default)]
+    pub user: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EncodingFormat {
+    Float,
+    Base64,
+}

@@ -7,10 +7,32 @@ use crate::GgmlType;
 /// Dequantizes whole blocks of `ty` from `src` into `dst`. Lengths are checked by the caller.
 pub(crate) fn dequantize_blocks(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
     let (bs, ts) = (ty.block_size(), ty.type_size());
+    let halves = || {
+        src.chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+    };
+    match ty {
+        GgmlType::F32 => {
+            for (y, b) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                *y = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+            return;
+        }
+        GgmlType::F16 => {
+            for (y, h) in dst.iter_mut().zip(halves()) {
+                *y = f16_to_f32(h);
+            }
+            return;
+        }
+        GgmlType::BF16 => {
+            for (y, h) in dst.iter_mut().zip(halves()) {
+                *y = crate::fp::bf16_to_f32(h);
+            }
+            return;
+        }
+        _ => {}
+    }
     let per_block: fn(&[u8], &mut [f32]) = match ty {
-        GgmlType::F32 => f32_block,
-        GgmlType::F16 => |b, y| y[0] = f16_to_f32(u16::from_le_bytes([b[0], b[1]])),
-        GgmlType::BF16 => |b, y| y[0] = crate::fp::bf16_to_f32(u16::from_le_bytes([b[0], b[1]])),
         GgmlType::Q4_0 => q4_0,
         GgmlType::Q4_1 => q4_1,
         GgmlType::Q5_0 => q5_0,
@@ -30,10 +52,6 @@ pub(crate) fn dequantize_blocks(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(ts).zip(dst.chunks_exact_mut(bs)) {
         per_block(b, y);
     }
-}
-
-fn f32_block(b: &[u8], y: &mut [f32]) {
-    y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
 }
 
 fn q4_0(b: &[u8], y: &mut [f32]) {

@@ -119,17 +119,43 @@ unsafe fn mul_sum_i8(x: __m256i, y: __m256i) -> __m256 {
     mul_sum_us8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
 }
 
-/// Weight blocks of 32 signed values against Q8_0: `values(block)` gives the 32 bytes.
+const K_Q4_0: u8 = 0;
+const K_Q5_0: u8 = 1;
+const K_Q8_0: u8 = 2;
+const K_Q4_1: u8 = 3;
+const K_Q5_1: u8 = 4;
+
+/// The 32 quant bytes of a Q4_0/Q5_0/Q8_0 (signed) or Q4_1/Q5_1 (unsigned) block at `x`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn dot_32_q8_0(w: &[u8], a: &[u8], ts: usize, values: impl Fn(*const u8) -> __m256i) -> f32 {
+unsafe fn block_values<const K: u8>(x: *const u8) -> __m256i {
+    match K {
+        K_Q4_0 => _mm256_sub_epi8(bytes_from_nibbles_32(x.add(2)), _mm256_set1_epi8(8)),
+        K_Q5_0 => {
+            let hi =
+                _mm256_andnot_si256(bytes_from_bits_32(x.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
+            _mm256_or_si256(bytes_from_nibbles_32(x.add(6)), hi)
+        }
+        K_Q8_0 => loadu(x.add(2)),
+        K_Q4_1 => bytes_from_nibbles_32(x.add(4)),
+        _ => {
+            let hi = _mm256_and_si256(bytes_from_bits_32(x.add(4)), _mm256_set1_epi8(0x10));
+            _mm256_or_si256(bytes_from_nibbles_32(x.add(8)), hi)
+        }
+    }
+}
+
+/// Weight blocks of 32 signed values (`ts` bytes each) against Q8_0.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dot_32_q8_0<const K: u8>(w: &[u8], a: &[u8], ts: usize) -> f32 {
     let nb = a.len() / 34;
     let (wp, ap) = (w.as_ptr(), a.as_ptr());
     let mut acc = _mm256_setzero_ps();
     for i in 0..nb {
         let (x, y) = (wp.add(i * ts), ap.add(i * 34));
         let d = _mm256_set1_ps(h2f(x) * h2f(y));
-        let q = mul_sum_i8(values(x), loadu(y.add(2)));
+        let q = mul_sum_i8(block_values::<K>(x), loadu(y.add(2)));
         acc = _mm256_fmadd_ps(d, q, acc);
     }
     hsum_float_8(acc)
@@ -137,29 +163,23 @@ unsafe fn dot_32_q8_0(w: &[u8], a: &[u8], ts: usize, values: impl Fn(*const u8) 
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
-    dot_32_q8_0(w, a, 18, |x| unsafe {
-        _mm256_sub_epi8(bytes_from_nibbles_32(x.add(2)), _mm256_set1_epi8(8))
-    })
+    dot_32_q8_0::<K_Q4_0>(w, a, 18)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
-    dot_32_q8_0(w, a, 34, |x| unsafe { loadu(x.add(2)) })
+    dot_32_q8_0::<K_Q8_0>(w, a, 34)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
-    dot_32_q8_0(w, a, 22, |x| unsafe {
-        let qx = bytes_from_nibbles_32(x.add(6));
-        let hi = _mm256_andnot_si256(bytes_from_bits_32(x.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
-        _mm256_or_si256(qx, hi)
-    })
+    dot_32_q8_0::<K_Q5_0>(w, a, 22)
 }
 
 /// Weight blocks of 32 unsigned values with a min against Q8_1.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn dot_32_q8_1(w: &[u8], a: &[u8], ts: usize, values: impl Fn(*const u8) -> __m256i) -> f32 {
+unsafe fn dot_32_q8_1<const K: u8>(w: &[u8], a: &[u8], ts: usize) -> f32 {
     let nb = a.len() / 36;
     let (wp, ap) = (w.as_ptr(), a.as_ptr());
     let mut acc = _mm256_setzero_ps();
@@ -168,7 +188,7 @@ unsafe fn dot_32_q8_1(w: &[u8], a: &[u8], ts: usize, values: impl Fn(*const u8) 
         let (x, y) = (wp.add(i * ts), ap.add(i * 36));
         let d = _mm256_set1_ps(h2f(x) * h2f(y));
         summs = h2f(x.add(2)).mul_add(h2f(y.add(2)), summs);
-        let q = mul_sum_us8(values(x), loadu(y.add(4)));
+        let q = mul_sum_us8(block_values::<K>(x), loadu(y.add(4)));
         acc = _mm256_fmadd_ps(d, q, acc);
     }
     hsum_float_8(acc) + summs
@@ -176,16 +196,12 @@ unsafe fn dot_32_q8_1(w: &[u8], a: &[u8], ts: usize, values: impl Fn(*const u8) 
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
-    dot_32_q8_1(w, a, 20, |x| unsafe { bytes_from_nibbles_32(x.add(4)) })
+    dot_32_q8_1::<K_Q4_1>(w, a, 20)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
-    dot_32_q8_1(w, a, 24, |x| unsafe {
-        let qx = bytes_from_nibbles_32(x.add(8));
-        let hi = _mm256_and_si256(bytes_from_bits_32(x.add(4)), _mm256_set1_epi8(0x10));
-        _mm256_or_si256(qx, hi)
-    })
+    dot_32_q8_1::<K_Q5_1>(w, a, 24)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -532,18 +548,31 @@ unsafe fn dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
     hsum_float_8(acc)
 }
 
-/// ggml's AVX512 float loop (four 16-lane accumulators, 64 values a step) on eight 8-lane
-/// registers: accumulator j lanes 0..7 in `acc[2j]`, lanes 8..15 in `acc[2j+1]`.
+/// Eight f32 lanes from `p` (f32 elements, or f16 when `HALF`), element offset `e`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn dot_floats(n: usize, load: impl Fn(usize, bool) -> (__m256, __m256)) -> (f32, usize) {
+unsafe fn load8<const HALF: bool>(p: *const u8, e: usize) -> __m256 {
+    if HALF {
+        _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * e) as *const __m128i))
+    } else {
+        _mm256_loadu_ps(p.add(4 * e) as *const f32)
+    }
+}
+
+/// ggml's AVX512 float loop (four 16-lane accumulators, 64 values a step) on eight 8-lane
+/// registers: accumulator j lanes 0..7 in `acc[2j]`, lanes 8..15 in `acc[2j+1]`.
+/// Returns the reduced sum and how many values it covered.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dot_floats<const HALF: bool>(w: &[u8], a: &[u8], n: usize) -> (f32, usize) {
     let np = n & !63;
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
     let mut acc = [_mm256_setzero_ps(); 8];
     let mut i = 0;
     while i < np {
         for (r, accr) in acc.iter_mut().enumerate() {
-            let (x, y) = load(i + 8 * r, true);
-            *accr = _mm256_fmadd_ps(x, y, *accr);
+            let e = i + 8 * r;
+            *accr = _mm256_fmadd_ps(load8::<HALF>(wp, e), load8::<HALF>(ap, e), *accr);
         }
         i += 64;
     }
@@ -563,11 +592,9 @@ unsafe fn dot_floats(n: usize, load: impl Fn(usize, bool) -> (__m256, __m256)) -
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_f32(w: &[u8], a: &[u8]) -> f32 {
-    let (wp, ap) = (w.as_ptr() as *const f32, a.as_ptr() as *const f32);
     let n = w.len() / 4;
-    let (mut sum, np) = dot_floats(n, |e, _| unsafe {
-        (_mm256_loadu_ps(wp.add(e)), _mm256_loadu_ps(ap.add(e)))
-    });
+    let (mut sum, np) = dot_floats::<false>(w, a, n);
+    let (wp, ap) = (w.as_ptr() as *const f32, a.as_ptr() as *const f32);
     for e in np..n {
         // GCC vectorizes the products of ggml's leftover loop: no fused multiply-add there
         sum += wp.add(e).read_unaligned() * ap.add(e).read_unaligned();
@@ -577,13 +604,11 @@ unsafe fn dot_f32(w: &[u8], a: &[u8]) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_f16(w: &[u8], a: &[u8]) -> f32 {
-    let (wp, ap) = (w.as_ptr() as *const u16, a.as_ptr() as *const u16);
     let n = w.len() / 2;
-    let cvt = |p: *const u16| unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) };
-    let (sum, np) = dot_floats(n, |e, _| (cvt(wp.add(e)), cvt(ap.add(e))));
+    let (sum, np) = dot_floats::<true>(w, a, n);
     let mut sum = sum as f64;
     for e in np..n {
-        sum += (h2f(wp.add(e) as *const u8) * h2f(ap.add(e) as *const u8)) as f64;
+        sum += (h2f(w.as_ptr().add(2 * e)) * h2f(a.as_ptr().add(2 * e))) as f64;
     }
     sum as f32
 }

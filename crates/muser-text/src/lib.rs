@@ -5,16 +5,23 @@
 //! - [`Tokenizer`]: built from `tokenizer.ggml.*` metadata; BPE with llama.cpp's pre-tokenizers
 //!   (`gpt-2`, `llama-bpe`, `smollm`, `qwen2`, ...) or SentencePiece-style (`llama`).
 //! - [`StreamDecoder`]: token ids to text that never splits a UTF-8 character.
+//! - [`ChatTemplate`]: a GGUF's `tokenizer.chat_template` rendered with minijinja.
+//! - [`muse`]: Muse Glimmer's special tokens, template and output parser.
 
 mod bpe;
 mod error;
 mod meta;
+pub mod muse;
 mod pretok;
 mod spm;
+mod stream;
+mod template;
 mod tokenizer;
 mod unicode;
 mod unicode_tables;
 
 pub use error::{Result, TextError};
 pub use pretok::PreTokenizer;
+pub use stream::{StreamDecoder, Utf8Buffer};
+pub use template::{unix_from_date, ChatRequest, ChatTemplate, CHATML_TEMPLATE};
 pub use tokenizer::{attr, Tokenizer, TokenizerKind};

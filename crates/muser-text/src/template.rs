@@ -601,10 +601,10 @@ mod tests {
     #[test]
     fn numbers_print_like_llama_cpp() {
         assert_eq!(float_to_string(2.0), "2.0");
-        assert_eq!(float_to_string(3.14159265), "3.141593");
+        assert_eq!(float_to_string(1.23456789), "1.234568");
         assert_eq!(float_g6(0.5), "0.5");
         assert_eq!(float_g6(2.0), "2");
-        assert_eq!(float_g6(3.14159265), "3.14159");
+        assert_eq!(float_g6(1.23456789), "1.23457");
         assert_eq!(float_g6(1e20), "1e+20");
         assert_eq!(float_g6(0.0001), "0.0001");
         assert_eq!(float_g6(0.00001), "1e-05");

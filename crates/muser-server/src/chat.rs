@@ -5,8 +5,73 @@
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 use crate::wire::openai::{ChatMessage, Content, ContentPart, Tool};
-use muser_text::muse::{MuseParser, ParseEvent};
 use serde_json::{json, Value};
+
+/// The model's chat template.
+///
+/// Bridge until `muser_text::ChatTemplate` lands: renders the GGUF's Jinja template with
+/// minijinja and the variables llama.cpp passes (messages, tools, add_generation_prompt,
+/// bos_token, eos_token).
+pub struct Template {
+    env: minijinja::Environment<'static>,
+    bos: String,
+    eos: String,
+}
+
+impl Template {
+    pub fn from_gguf(
+        gguf: &muser_gguf::GgufFile,
+        tok: &muser_text::Tokenizer,
+    ) -> Result<Option<Template>, String> {
+        let Some(source) = gguf
+            .get_opt_str("tokenizer.chat_template")
+            .map_err(|e| e.to_string())?
+        else {
+            return Ok(None);
+        };
+        let mut env = minijinja::Environment::new();
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    msg,
+                ))
+            },
+        );
+        env.add_template_owned("chat", source.to_string())
+            .map_err(|e| e.to_string())?;
+        let text = |id: Option<u32>| {
+            id.map(|t| tok.token_text(t).to_string())
+                .unwrap_or_default()
+        };
+        Ok(Some(Template {
+            env,
+            bos: text(tok.bos()),
+            eos: text(tok.eos()),
+        }))
+    }
+
+    fn render(
+        &self,
+        messages: Vec<Value>,
+        tools: Option<Value>,
+        add_generation_prompt: bool,
+        extra: serde_json::Map<String, Value>,
+    ) -> Result<String, String> {
+        let mut ctx = extra;
+        ctx.insert("messages".into(), Value::Array(messages));
+        if let Some(t) = tools {
+            ctx.insert("tools".into(), t);
+        }
+        ctx.insert("add_generation_prompt".into(), json!(add_generation_prompt));
+        ctx.insert("bos_token".into(), json!(self.bos));
+        ctx.insert("eos_token".into(), json!(self.eos));
+        let tmpl = self.env.get_template("chat").map_err(|e| e.to_string())?;
+        tmpl.render(minijinja::Value::from_serialize(&ctx))
+            .map_err(|e| e.to_string())
+    }
+}
 
 /// A message as the chat template sees it.
 pub fn template_message(m: &ChatMessage) -> ApiResult<Value> {
@@ -71,13 +136,11 @@ pub fn render(
     if messages.is_empty() {
         return Err(ApiError::bad_request("messages must not be empty"));
     }
-    let template = state
-        .template
-        .as_ref()
-        .ok_or_else(|| ApiError::bad_request("the served model has no chat template; use /v1/completions"))?;
-    let request = muser_text::ChatRequest { messages, tools, add_generation_prompt, extra };
+    let template = state.template.as_ref().ok_or_else(|| {
+        ApiError::bad_request("the served model has no chat template; use /v1/completions")
+    })?;
     template
-        .render(&request)
+        .render(messages, tools, add_generation_prompt, extra)
         .map_err(|e| ApiError::bad_request(format!("chat template: {e}")))
 }
 
@@ -89,42 +152,25 @@ pub enum Piece {
     ToolCall { name: String, arguments: String },
 }
 
-/// Incremental output splitter: plain text for ordinary models, the Muse parser for Muse.
-pub enum OutputParser {
-    Plain,
-    Muse(Box<MuseParser>),
-}
+/// Incremental output splitter. Until `muser_text::muse::MuseParser` lands, every model's
+/// output is plain content.
+pub struct OutputParser;
 
 impl OutputParser {
-    pub fn new(is_muse: bool) -> Self {
-        if is_muse {
-            OutputParser::Muse(Box::new(MuseParser::new()))
-        } else {
-            OutputParser::Plain
-        }
+    pub fn new(_is_muse: bool) -> Self {
+        OutputParser
     }
 
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
-        match self {
-            OutputParser::Plain if text.is_empty() => Vec::new(),
-            OutputParser::Plain => vec![Piece::Content(text.to_string())],
-            OutputParser::Muse(p) => p.push(text).into_iter().map(piece).collect(),
+        if text.is_empty() {
+            Vec::new()
+        } else {
+            vec![Piece::Content(text.to_string())]
         }
     }
 
     pub fn finish(&mut self) -> Vec<Piece> {
-        match self {
-            OutputParser::Plain => Vec::new(),
-            OutputParser::Muse(p) => p.finish().into_iter().map(piece).collect(),
-        }
-    }
-}
-
-fn piece(e: ParseEvent) -> Piece {
-    match e {
-        ParseEvent::Reasoning(s) => Piece::Reasoning(s),
-        ParseEvent::Content(s) => Piece::Content(s),
-        ParseEvent::ToolCall { name, arguments_json } => Piece::ToolCall { name, arguments: arguments_json },
+        Vec::new()
     }
 }
 

@@ -5,7 +5,9 @@ use crate::error::{ApiError, ApiResult};
 use crate::reqlog::RequestLog;
 use crate::state::AppState;
 use axum::body::Body;
-use muser_engine::{Event, FinishReason, GenerateRequest, SamplingParams, SubmitError, TokenLogprobs};
+use muser_engine::{
+    Event, FinishReason, GenerateRequest, SamplingParams, SubmitError, TokenLogprobs,
+};
 use std::convert::Infallible;
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -33,9 +35,9 @@ impl SamplingOptions {
         let mut p = SamplingParams::default();
         let finite = |name: &str, v: Option<f32>, lo: f32, hi: f32| -> ApiResult<Option<f32>> {
             match v {
-                Some(x) if !x.is_finite() || x < lo || x > hi => Err(ApiError::bad_request(format!(
-                    "{name} must be between {lo} and {hi}, got {x}"
-                ))),
+                Some(x) if !x.is_finite() || x < lo || x > hi => Err(ApiError::bad_request(
+                    format!("{name} must be between {lo} and {hi}, got {x}"),
+                )),
                 other => Ok(other),
             }
         };
@@ -62,13 +64,17 @@ impl SamplingOptions {
         }
         if let Some(k) = self.top_k {
             if k < -1 {
-                return Err(ApiError::bad_request(format!("top_k must be -1 or more, got {k}")));
+                return Err(ApiError::bad_request(format!(
+                    "top_k must be -1 or more, got {k}"
+                )));
             }
             p.top_k = k;
         }
         if let Some(n) = self.repeat_last_n {
             if n < -1 {
-                return Err(ApiError::bad_request(format!("repeat_last_n must be -1 or more, got {n}")));
+                return Err(ApiError::bad_request(format!(
+                    "repeat_last_n must be -1 or more, got {n}"
+                )));
             }
             p.repeat_last_n = n;
         }
@@ -90,14 +96,18 @@ pub fn openai_logit_bias(
     state: &AppState,
     map: Option<&std::collections::BTreeMap<String, f32>>,
 ) -> ApiResult<Vec<(u32, f32)>> {
-    let Some(map) = map else { return Ok(Vec::new()) };
+    let Some(map) = map else {
+        return Ok(Vec::new());
+    };
     map.iter()
         .map(|(k, &v)| {
-            let id: u64 = k
-                .parse()
-                .map_err(|_| ApiError::bad_request(format!("logit_bias key `{k}` is not a token id")))?;
+            let id: u64 = k.parse().map_err(|_| {
+                ApiError::bad_request(format!("logit_bias key `{k}` is not a token id"))
+            })?;
             if !v.is_finite() || !(-100.0..=100.0).contains(&v) {
-                return Err(ApiError::bad_request(format!("logit_bias for {k} must be in [-100, 100]")));
+                return Err(ApiError::bad_request(format!(
+                    "logit_bias for {k} must be in [-100, 100]"
+                )));
             }
             Ok((state.check_token(id)?, v))
         })
@@ -127,7 +137,11 @@ impl Finished {
 
 /// One step of a generation as handlers see it.
 pub enum Step {
-    Token { id: u32, text: String, logprobs: Option<TokenLogprobs> },
+    Token {
+        id: u32,
+        text: String,
+        logprobs: Option<TokenLogprobs>,
+    },
     Embedding(Vec<f32>),
     Done(Finished),
 }
@@ -147,19 +161,33 @@ pub fn submit(
         SubmitError::PromptTooLong { n_prompt, n_ctx } => ApiError::bad_request(format!(
             "the prompt has {n_prompt} tokens; the context per slot is {n_ctx} tokens"
         )),
-        other => {
+        SubmitError::Stopped => {
             let _ = log;
-            ApiError::bad_request(other.to_string())
+            ApiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "engine_unavailable",
+                "the engine has stopped",
+            )
         }
+        other => ApiError::bad_request(other.to_string()),
     })
 }
 
 /// Next step of a generation; records the finished generation in the request log.
-pub async fn next_step(rx: &mut mpsc::UnboundedReceiver<Event>, log: &RequestLog) -> ApiResult<Step> {
+pub async fn next_step(
+    rx: &mut mpsc::UnboundedReceiver<Event>,
+    log: &RequestLog,
+) -> ApiResult<Step> {
     match rx.recv().await {
         Some(Event::Token { id, text, logprobs }) => Ok(Step::Token { id, text, logprobs }),
         Some(Event::Embedding(v)) => Ok(Step::Embedding(v)),
-        Some(Event::Done { reason, n_prompt, n_cached, n_gen, timings }) => {
+        Some(Event::Done {
+            reason,
+            n_prompt,
+            n_cached,
+            n_gen,
+            timings,
+        }) => {
             let done = Finished {
                 reason,
                 n_prompt: n_prompt as u32,
@@ -168,11 +196,20 @@ pub async fn next_step(rx: &mut mpsc::UnboundedReceiver<Event>, log: &RequestLog
                 prompt_ms: timings.prompt_ms,
                 gen_ms: timings.gen_ms,
             };
-            log.add_generation(u64::from(done.n_prompt), u64::from(done.n_gen), done.prompt_ms, done.gen_ms);
+            log.add_generation(
+                u64::from(done.n_prompt),
+                u64::from(done.n_gen),
+                done.prompt_ms,
+                done.gen_ms,
+            );
             Ok(Step::Done(done))
         }
-        Some(Event::Error(message)) => Err(ApiError::internal(format!("generation failed: {message}"))),
-        None => Err(ApiError::internal("the engine stopped before finishing the request")),
+        Some(Event::Error(message)) => {
+            Err(ApiError::internal(format!("generation failed: {message}")))
+        }
+        None => Err(ApiError::internal(
+            "the engine stopped before finishing the request",
+        )),
     }
 }
 
@@ -185,17 +222,33 @@ pub struct Output {
     pub done: Finished,
 }
 
-pub async fn collect(mut rx: mpsc::UnboundedReceiver<Event>, log: &RequestLog) -> ApiResult<Output> {
-    let (mut text, mut tokens, mut logprobs, mut embedding) = (String::new(), Vec::new(), Vec::new(), None);
+pub async fn collect(
+    mut rx: mpsc::UnboundedReceiver<Event>,
+    log: &RequestLog,
+) -> ApiResult<Output> {
+    let (mut text, mut tokens, mut logprobs, mut embedding) =
+        (String::new(), Vec::new(), Vec::new(), None);
     loop {
         match next_step(&mut rx, log).await? {
-            Step::Token { id, text: piece, logprobs: lp } => {
+            Step::Token {
+                id,
+                text: piece,
+                logprobs: lp,
+            } => {
                 text.push_str(&piece);
                 tokens.push(id);
                 logprobs.extend(lp);
             }
             Step::Embedding(v) => embedding = Some(v),
-            Step::Done(done) => return Ok(Output { text, tokens, logprobs, embedding, done }),
+            Step::Done(done) => {
+                return Ok(Output {
+                    text,
+                    tokens,
+                    logprobs,
+                    embedding,
+                    done,
+                })
+            }
         }
     }
 }
@@ -203,7 +256,11 @@ pub async fn collect(mut rx: mpsc::UnboundedReceiver<Event>, log: &RequestLog) -
 /// Frames of a streamed response. The formatter turns each step (or an error) into zero or
 /// more frames; the stream ends after `Done` or an error. A client that goes away closes the
 /// channel: the task ends and drops the engine receiver, which cancels the generation.
-pub fn stream_body<F>(mut rx: mpsc::UnboundedReceiver<Event>, log: Arc<RequestLog>, mut format: F) -> Body
+pub fn stream_body<F>(
+    mut rx: mpsc::UnboundedReceiver<Event>,
+    log: Arc<RequestLog>,
+    mut format: F,
+) -> Body
 where
     F: FnMut(Result<Step, ApiError>) -> Vec<String> + Send + 'static,
 {
@@ -226,13 +283,19 @@ where
         }
     });
     Body::from_stream(futures::stream::unfold(out, |mut out| async move {
-        out.recv().await.map(|frame| (Ok::<_, Infallible>(frame), out))
+        out.recv()
+            .await
+            .map(|frame| (Ok::<_, Infallible>(frame), out))
     }))
 }
 
 /// L2-normalizes a vector in place (an all-zero vector stays zero).
 pub fn l2_normalize(v: &mut [f32]) {
-    let norm = v.iter().map(|x| f64::from(*x) * f64::from(*x)).sum::<f64>().sqrt();
+    let norm = v
+        .iter()
+        .map(|x| f64::from(*x) * f64::from(*x))
+        .sum::<f64>()
+        .sqrt();
     if norm > 0.0 {
         for x in v {
             *x = (f64::from(*x) / norm) as f32;

@@ -37,9 +37,14 @@
 //!   `keep_alive` ignored), `GET /api/tags`, `POST /api/show`, `GET /api/version`.
 
 pub mod auth;
+pub mod chat;
 pub mod error;
+pub mod gen;
 pub mod json;
 pub mod metrics;
 pub mod reqlog;
+pub mod routes;
+pub mod server;
+pub mod state;
 pub mod store;
 pub mod wire;

@@ -4,7 +4,7 @@ use crate::metrics::Metrics;
 use crate::state::{AppState, ModelMeta, ServerOptions, SharedState};
 use muser_engine::{Engine, EngineConfig};
 use muser_model::{LoadOptions, Model};
-use muser_text::{ChatTemplate, Tokenizer};
+use muser_text::Tokenizer;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -45,8 +45,13 @@ pub enum StartError {
     #[error("starting the engine: {0}")]
     Engine(String),
     #[error("--slot-save-path {path}: {source}")]
-    SlotDir { path: PathBuf, source: std::io::Error },
-    #[error("-c/--ctx-size {n_ctx} must be between 16 and the model's training context {n_ctx_train}")]
+    SlotDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "-c/--ctx-size {n_ctx} must be between 16 and the model's training context {n_ctx_train}"
+    )]
     Context { n_ctx: usize, n_ctx_train: usize },
     #[error("--slots must be between 1 and 256, got {0}")]
     Slots(usize),
@@ -57,20 +62,36 @@ pub fn load(cfg: &ServeConfig) -> Result<SharedState, StartError> {
     if !(1..=256).contains(&cfg.n_slots) {
         return Err(StartError::Slots(cfg.n_slots));
     }
-    let model_err = |e: &dyn std::fmt::Display| StartError::Model { path: cfg.model_path.clone(), message: e.to_string() };
-    let model = Model::load(&cfg.model_path, &LoadOptions { threads: cfg.threads, ..Default::default() })
-        .map_err(|e| model_err(&e))?;
+    let model_err = |e: &dyn std::fmt::Display| StartError::Model {
+        path: cfg.model_path.clone(),
+        message: e.to_string(),
+    };
+    let model = Model::load(
+        &cfg.model_path,
+        &LoadOptions {
+            threads: cfg.threads,
+        },
+    )
+    .map_err(|e| model_err(&e))?;
     let model = Arc::new(model);
     let gguf = model.gguf();
-    let tokenizer = Arc::new(Tokenizer::from_gguf(gguf).map_err(|e| StartError::Tokenizer(e.to_string()))?);
-    let template = ChatTemplate::from_gguf(gguf, &tokenizer).map_err(|e| StartError::Tokenizer(e.to_string()))?;
+    let tokenizer =
+        Arc::new(Tokenizer::from_gguf(gguf).map_err(|e| StartError::Tokenizer(e.to_string()))?);
+    let template =
+        crate::chat::Template::from_gguf(gguf, &tokenizer).map_err(StartError::Tokenizer)?;
     let info = model.info();
     let n_ctx_train = info.n_ctx_train as usize;
     if cfg.n_ctx < 16 || (n_ctx_train > 0 && cfg.n_ctx > n_ctx_train) {
-        return Err(StartError::Context { n_ctx: cfg.n_ctx, n_ctx_train });
+        return Err(StartError::Context {
+            n_ctx: cfg.n_ctx,
+            n_ctx_train,
+        });
     }
     if let Some(dir) = &cfg.slot_save_path {
-        std::fs::create_dir_all(dir).map_err(|source| StartError::SlotDir { path: dir.clone(), source })?;
+        std::fs::create_dir_all(dir).map_err(|source| StartError::SlotDir {
+            path: dir.clone(),
+            source,
+        })?;
     }
     let meta = model_meta(&cfg.model_path, &model, tokenizer.n_vocab());
     let engine_cfg = EngineConfig {
@@ -79,7 +100,8 @@ pub fn load(cfg: &ServeConfig) -> Result<SharedState, StartError> {
         queue_max: cfg.queue_max,
         ..Default::default()
     };
-    let engine = Engine::start(model, tokenizer.clone(), engine_cfg).map_err(|e| StartError::Engine(e.to_string()))?;
+    let engine = Engine::start(model, tokenizer.clone(), engine_cfg)
+        .map_err(|e| StartError::Engine(e.to_string()))?;
     Ok(Arc::new(AppState {
         engine,
         tokenizer,
@@ -99,12 +121,14 @@ pub fn load(cfg: &ServeConfig) -> Result<SharedState, StartError> {
 fn model_meta(path: &Path, model: &Model, n_vocab: usize) -> ModelMeta {
     let gguf = model.gguf();
     let info = model.info();
-    let arch = gguf.get_str("general.architecture").unwrap_or("unknown").to_string();
+    let arch = gguf
+        .get_str("general.architecture")
+        .unwrap_or("unknown")
+        .to_string();
     let file_type = gguf
-        .get_opt_u32("general.file_type")
-        .ok()
-        .flatten()
-        .map_or_else(|| "unknown".to_string(), file_type_name);
+        .get("general.file_type")
+        .and_then(|v| v.as_u64_lossless())
+        .map_or_else(|| "unknown".to_string(), |t| file_type_name(t as u32));
     let id = path
         .file_name()
         .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_string())
@@ -112,7 +136,7 @@ fn model_meta(path: &Path, model: &Model, n_vocab: usize) -> ModelMeta {
     ModelMeta {
         id,
         path: path.to_path_buf(),
-        is_muse: arch.starts_with("muse"),
+        is_muse: info.arch == muser_model::Arch::MuseGlimmer,
         arch,
         n_vocab,
         n_embd: info.n_embd as usize,
@@ -120,16 +144,33 @@ fn model_meta(path: &Path, model: &Model, n_vocab: usize) -> ModelMeta {
         n_params: gguf.tensors().iter().map(|t| t.n_elements()).sum(),
         size_bytes: std::fs::metadata(path).map_or(0, |m| m.len()),
         file_type,
-        chat_template: gguf.get_str("tokenizer.chat_template").ok().map(str::to_string),
+        chat_template: gguf
+            .get_str("tokenizer.chat_template")
+            .ok()
+            .map(str::to_string),
     }
 }
 
 /// llama.cpp's `general.file_type` names for the common types.
 fn file_type_name(ft: u32) -> String {
     match ft {
-        0 => "F32", 1 => "F16", 2 => "Q4_0", 3 => "Q4_1", 7 => "Q8_0", 8 => "Q5_0", 9 => "Q5_1",
-        10 => "Q2_K", 11 => "Q3_K_S", 12 => "Q3_K_M", 13 => "Q3_K_L", 14 => "Q4_K_S", 15 => "Q4_K_M",
-        16 => "Q5_K_S", 17 => "Q5_K_M", 18 => "Q6_K", 32 => "BF16",
+        0 => "F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        7 => "Q8_0",
+        8 => "Q5_0",
+        9 => "Q5_1",
+        10 => "Q2_K",
+        11 => "Q3_K_S",
+        12 => "Q3_K_M",
+        13 => "Q3_K_L",
+        14 => "Q4_K_S",
+        15 => "Q4_K_M",
+        16 => "Q5_K_S",
+        17 => "Q5_K_M",
+        18 => "Q6_K",
+        32 => "BF16",
         other => return format!("type {other}"),
     }
     .to_string()
@@ -142,7 +183,10 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = crate::routes::router(state);
-    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(shutdown)
-        .await
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
 }

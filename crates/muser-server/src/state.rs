@@ -38,7 +38,7 @@ pub struct ServerOptions {
 pub struct AppState {
     pub engine: Engine,
     pub tokenizer: Arc<Tokenizer>,
-    pub template: Option<muser_text::ChatTemplate>,
+    pub template: Option<crate::chat::Template>,
     pub model: ModelMeta,
     pub options: ServerOptions,
     pub metrics: Arc<Metrics>,
@@ -53,23 +53,39 @@ impl AppState {
     pub fn check_model(&self, name: Option<&str>) -> ApiResult<()> {
         match name {
             None => Ok(()),
-            Some(n) if n.is_empty() || n == self.model.id || n.split(':').next() == Some(&self.model.id) => Ok(()),
+            Some(n)
+                if n.is_empty()
+                    || n == self.model.id
+                    || n.split(':').next() == Some(&self.model.id) =>
+            {
+                Ok(())
+            }
             Some(n) => Err(ApiError::not_found(
                 "model_not_found",
-                format!("model `{n}` is not served here; this server serves `{}`", self.model.id),
+                format!(
+                    "model `{n}` is not served here; this server serves `{}`",
+                    self.model.id
+                ),
             )),
         }
     }
 
     /// Tokenizes a prompt. Text is tokenized with special-token parsing; the first text piece
     /// gets the model's BOS when `add_special`. Token ids are checked against the vocabulary.
-    pub fn tokenize_prompt(&self, prompt: &Prompt, add_special: bool, parse_special: bool) -> ApiResult<Vec<u32>> {
+    pub fn tokenize_prompt(
+        &self,
+        prompt: &Prompt,
+        add_special: bool,
+        parse_special: bool,
+    ) -> ApiResult<Vec<u32>> {
         let mut ids = Vec::new();
         for (i, piece) in prompt.0.iter().enumerate() {
             match piece {
-                PromptPiece::Text(text) => {
-                    ids.extend(self.tokenizer.encode(text, add_special && i == 0, parse_special))
-                }
+                PromptPiece::Text(text) => ids.extend(self.tokenizer.encode(
+                    text,
+                    add_special && i == 0,
+                    parse_special,
+                )),
                 PromptPiece::Token(id) => ids.push(self.check_token(*id)?),
             }
         }
@@ -78,9 +94,14 @@ impl AppState {
 
     pub fn check_token(&self, id: u64) -> ApiResult<u32> {
         let n_vocab = self.tokenizer.n_vocab();
-        u32::try_from(id).ok().filter(|&t| (t as usize) < n_vocab).ok_or_else(|| {
-            ApiError::bad_request(format!("token id {id} is outside the vocabulary (size {n_vocab})"))
-        })
+        u32::try_from(id)
+            .ok()
+            .filter(|&t| (t as usize) < n_vocab)
+            .ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "token id {id} is outside the vocabulary (size {n_vocab})"
+                ))
+            })
     }
 
     /// A prompt must be non-empty and leave room for at least one generated token.

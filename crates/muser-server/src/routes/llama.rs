@@ -8,8 +8,8 @@ use crate::json::{OptionalJson, StrictJson};
 use crate::metrics::EngineGauges;
 use crate::state::{AppState, SharedState};
 use crate::wire::llama::{
-    valid_slot_filename, CompletionRequest, DetokenizeRequest, EmbeddingRequest, SlotAction, SlotActionRequest,
-    SlotQuery, TokenizeRequest,
+    valid_slot_filename, CompletionRequest, DetokenizeRequest, EmbeddingRequest, SlotAction,
+    SlotActionRequest, SlotQuery, TokenizeRequest,
 };
 use crate::wire::openai::ChatCompletionRequest;
 use axum::extract::{Path, Query, State};
@@ -52,17 +52,29 @@ pub async fn completion(
     let max_tokens = match req.n_predict {
         None | Some(-1) => None,
         Some(n) if n >= 0 => Some(u32::try_from(n).unwrap_or(u32::MAX)),
-        Some(n) => return Err(ApiError::bad_request(format!("n_predict must be -1 or more, got {n}"))),
+        Some(n) => {
+            return Err(ApiError::bad_request(format!(
+                "n_predict must be -1 or more, got {n}"
+            )))
+        }
     };
     let mut logit_bias = Vec::new();
     for (id, bias) in req.logit_bias.iter().flatten() {
         let id = state.check_token(*id)?;
         let b = match bias {
             Value::Bool(false) => f32::NEG_INFINITY,
-            Value::Number(n) => n.as_f64().filter(|x| x.is_finite()).map(|x| x as f32).ok_or_else(|| {
-                ApiError::bad_request("logit_bias values must be finite numbers or false")
-            })?,
-            _ => return Err(ApiError::bad_request("logit_bias values must be finite numbers or false")),
+            Value::Number(n) => n
+                .as_f64()
+                .filter(|x| x.is_finite())
+                .map(|x| x as f32)
+                .ok_or_else(|| {
+                    ApiError::bad_request("logit_bias values must be finite numbers or false")
+                })?,
+            _ => {
+                return Err(ApiError::bad_request(
+                    "logit_bias values must be finite numbers or false",
+                ))
+            }
         };
         logit_bias.push((id, b));
     }
@@ -136,7 +148,10 @@ pub async fn completion(
     Ok(Json(v).into_response())
 }
 
-pub async fn tokenize(State(state): State<SharedState>, StrictJson(req): StrictJson<TokenizeRequest>) -> ApiResult<Json<Value>> {
+pub async fn tokenize(
+    State(state): State<SharedState>,
+    StrictJson(req): StrictJson<TokenizeRequest>,
+) -> ApiResult<Json<Value>> {
     let ids = state.tokenize_prompt(&req.content, req.add_special, req.parse_special)?;
     if !req.with_pieces {
         return Ok(Json(json!({ "tokens": ids })));
@@ -159,15 +174,23 @@ pub async fn detokenize(
     State(state): State<SharedState>,
     StrictJson(req): StrictJson<DetokenizeRequest>,
 ) -> ApiResult<Json<Value>> {
-    let ids = req.tokens.iter().map(|&t| state.check_token(t)).collect::<ApiResult<Vec<_>>>()?;
-    Ok(Json(json!({ "content": state.tokenizer.decode(&ids, true) })))
+    let ids = req
+        .tokens
+        .iter()
+        .map(|&t| state.check_token(t))
+        .collect::<ApiResult<Vec<_>>>()?;
+    Ok(Json(
+        json!({ "content": state.tokenizer.decode(&ids, true) }),
+    ))
 }
 
 pub async fn apply_template(
     State(state): State<SharedState>,
     StrictJson(req): StrictJson<ChatCompletionRequest>,
 ) -> ApiResult<Json<Value>> {
-    Ok(Json(json!({ "prompt": super::openai::render_chat(&state, &req)? })))
+    Ok(Json(
+        json!({ "prompt": super::openai::render_chat(&state, &req)? }),
+    ))
 }
 
 pub async fn embedding(
@@ -194,7 +217,10 @@ fn default_settings(state: &AppState) -> Value {
 }
 
 pub async fn props(State(state): State<SharedState>) -> Json<Value> {
-    let piece = |id: Option<u32>| id.map(|t| state.tokenizer.token_text(t).to_string()).unwrap_or_default();
+    let piece = |id: Option<u32>| {
+        id.map(|t| state.tokenizer.token_text(t).to_string())
+            .unwrap_or_default()
+    };
     Json(json!({
         "default_generation_settings": default_settings(&state),
         "total_slots": state.options.n_slots,
@@ -217,7 +243,7 @@ pub async fn slots(State(state): State<SharedState>) -> Json<Value> {
         .map(|s| {
             json!({
                 "id": s.id, "n_ctx": state.options.n_ctx, "is_processing": s.busy,
-                "n_past": s.n_past, "params": settings["params"],
+                "n_cached": s.n_cached, "n_prompt": s.n_prompt, "n_decoded": s.n_gen, "params": settings["params"],
             })
         })
         .collect();
@@ -234,30 +260,35 @@ pub async fn slot_action(
         .parse()
         .ok()
         .filter(|&i: &usize| i < state.options.n_slots)
-        .ok_or_else(|| ApiError::bad_request(format!("slot id must be in 0..{}", state.options.n_slots)))?;
+        .ok_or_else(|| {
+            ApiError::bad_request(format!("slot id must be in 0..{}", state.options.n_slots))
+        })?;
     if query.action == SlotAction::Erase {
-        let n_erased = state.engine.erase_slot(id).map_err(|e| ApiError::bad_request(e.to_string()))?;
-        return Ok(Json(json!({ "id_slot": id, "n_erased": n_erased })));
+        let st = state.clone();
+        tokio::task::spawn_blocking(move || st.engine.erase_slot(id))
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?
+            .map_err(|e| {
+                ApiError::new(axum::http::StatusCode::CONFLICT, "conflict", e.to_string())
+            })?;
+        return Ok(Json(json!({ "id_slot": id, "erased": true })));
     }
-    let dir = state.options.slot_save_path.as_ref().ok_or_else(|| {
-        ApiError::bad_request("slot save/restore is off: start the server with --slot-save-path DIR")
-    })?;
-    let filename = req.and_then(|r| r.filename).ok_or_else(|| ApiError::bad_request("missing `filename`"))?;
-    if !valid_slot_filename(&filename) {
+    if state.options.slot_save_path.is_none() {
         return Err(ApiError::bad_request(
-            "filename must be 1-255 characters of [A-Za-z0-9._-], not `.` or `..`",
+            "slot save/restore is off: start the server with --slot-save-path DIR",
         ));
     }
-    let path = dir.join(&filename);
-    let start = std::time::Instant::now();
-    let n_tokens = match query.action {
-        SlotAction::Save => state.engine.save_slot(id, &path),
-        _ => state.engine.restore_slot(id, &path),
+    let filename = req
+        .and_then(|r| r.filename)
+        .ok_or_else(|| ApiError::bad_request("missing `filename`"))?;
+    if !valid_slot_filename(&filename) {
+        return Err(ApiError::bad_request(
+            "slot filename must be 1-255 characters of [A-Za-z0-9._-], not `.` or `..`",
+        ));
     }
-    .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let ms = start.elapsed().as_secs_f64() * 1e3;
-    let key = if query.action == SlotAction::Save { "n_saved" } else { "n_restored" };
-    Ok(Json(json!({ "id_slot": id, "filename": filename, key: n_tokens, "timings": { "ms": ms } })))
+    Err(ApiError::not_implemented(
+        "slot save/restore is not available yet: the engine has no slot file format",
+    ))
 }
 
 pub async fn health() -> Json<Value> {
@@ -272,7 +303,9 @@ pub async fn metrics(State(state): State<SharedState>) -> Response {
         queue_depth: stats.queue_depth,
     };
     let mut r = state.metrics.render(&gauges).into_response();
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
     r
 }

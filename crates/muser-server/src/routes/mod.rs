@@ -23,10 +23,29 @@ use std::sync::Arc;
 
 /// Every fixed route path (metric labels come from this list; anything else is "other").
 const ROUTES: &[&str] = &[
-    "/v1/chat/completions", "/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
-    "/models", "/completion", "/completions", "/tokenize", "/detokenize", "/apply-template",
-    "/embedding", "/embeddings", "/props", "/slots", "/health", "/v1/health", "/metrics",
-    "/api/generate", "/api/chat", "/api/tags", "/api/show", "/api/version",
+    "/v1/chat/completions",
+    "/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/models",
+    "/models",
+    "/completion",
+    "/completions",
+    "/tokenize",
+    "/detokenize",
+    "/apply-template",
+    "/embedding",
+    "/embeddings",
+    "/props",
+    "/slots",
+    "/health",
+    "/v1/health",
+    "/metrics",
+    "/api/generate",
+    "/api/chat",
+    "/api/tags",
+    "/api/show",
+    "/api/version",
 ];
 
 fn route_label(path: &str) -> &'static str {
@@ -73,17 +92,28 @@ pub fn router(state: SharedState) -> Router {
 }
 
 async fn not_found(req: Request) -> ApiError {
-    ApiError::not_found("not_found", format!("no route for {} {}", req.method(), req.uri().path()))
+    ApiError::not_found(
+        "not_found",
+        format!("no route for {} {}", req.method(), req.uri().path()),
+    )
 }
 
 /// Auth (every route but /health when a key is set) and the per-request log record.
 async fn guard(State(state): State<SharedState>, mut req: Request, next: Next) -> Response {
     let route = route_label(req.uri().path());
-    let log = RequestLog::new(req.method().as_str(), req.uri().path(), route, state.metrics.clone());
+    let log = RequestLog::new(
+        req.method().as_str(),
+        req.uri().path(),
+        route,
+        state.metrics.clone(),
+    );
     let open = matches!(req.uri().path(), "/health" | "/v1/health");
     let response = match &state.options.api_key {
         Some(key) if !open => {
-            let header = req.headers().get(header::AUTHORIZATION).and_then(|h| h.to_str().ok());
+            let header = req
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|h| h.to_str().ok());
             match auth::check_bearer(key, header) {
                 Ok(()) => None,
                 Err(e) => Some(e.into_response()),
@@ -131,15 +161,20 @@ impl<S: Send + Sync> FromRequestParts<S> for Log {
 pub fn sse_response(body: Body) -> Response {
     let mut r = Response::new(body);
     let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     r
 }
 
 pub fn ndjson_response(body: Body) -> Response {
     let mut r = Response::new(body);
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
     r
 }
 
@@ -192,7 +227,11 @@ pub fn base64_encode(bytes: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for chunk in bytes.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         for i in 0..4 {
             if i <= chunk.len() {

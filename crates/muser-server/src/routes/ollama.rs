@@ -20,7 +20,12 @@ fn created_at() -> String {
     let secs = super::unix_now();
     let (days, rem) = (secs / 86_400, secs % 86_400);
     let (y, m, d) = civil_from_days(days as i64);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
 }
 
 /// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
@@ -37,11 +42,17 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 }
 
 fn sampling(options: Option<&Options>) -> ApiResult<(SamplingOptions, Option<u32>, Vec<String>)> {
-    let Some(o) = options else { return Ok((SamplingOptions::default(), None, Vec::new())) };
+    let Some(o) = options else {
+        return Ok((SamplingOptions::default(), None, Vec::new()));
+    };
     let max_tokens = match o.num_predict {
         None | Some(-1) | Some(-2) => None,
         Some(n) if n >= 0 => Some(u32::try_from(n).unwrap_or(u32::MAX)),
-        Some(n) => return Err(ApiError::bad_request(format!("num_predict must be -1 or more, got {n}"))),
+        Some(n) => {
+            return Err(ApiError::bad_request(format!(
+                "num_predict must be -1 or more, got {n}"
+            )))
+        }
     };
     let opts = SamplingOptions {
         temperature: o.temperature,
@@ -56,14 +67,26 @@ fn sampling(options: Option<&Options>) -> ApiResult<(SamplingOptions, Option<u32
         seed: o.seed,
         ..Default::default()
     };
-    Ok((opts, max_tokens, o.stop.clone().map(|s| s.0).unwrap_or_default()))
+    Ok((
+        opts,
+        max_tokens,
+        o.stop.clone().map(|s| s.0).unwrap_or_default(),
+    ))
 }
 
-fn check_common(state: &AppState, format: Option<&Value>, options: Option<&Options>) -> ApiResult<()> {
+fn check_common(
+    state: &AppState,
+    format: Option<&Value>,
+    options: Option<&Options>,
+) -> ApiResult<()> {
     match format {
         None | Some(Value::Null) | Some(Value::Object(_)) => {}
         Some(Value::String(s)) if s == "json" || s.is_empty() => {}
-        Some(other) => return Err(ApiError::bad_request(format!("format must be \"json\" or a JSON schema, got {other}"))),
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "format must be \"json\" or a JSON schema, got {other}"
+            )))
+        }
     }
     if let Some(n) = options.and_then(|o| o.num_ctx) {
         if n as usize > state.options.n_ctx {
@@ -99,20 +122,29 @@ pub async fn generate(
     let start = Instant::now();
     state.check_model(Some(&req.model))?;
     if req.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::bad_request("suffix (fill-in-the-middle) is not supported"));
+        return Err(ApiError::bad_request(
+            "suffix (fill-in-the-middle) is not supported",
+        ));
     }
     if req.template.as_ref().is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::bad_request("template is not supported: the model's own chat template is used"));
+        return Err(ApiError::bad_request(
+            "template is not supported: the model's own chat template is used",
+        ));
     }
     if req.images.as_ref().is_some_and(|i| !i.is_empty()) {
-        return Err(ApiError::bad_request("images need a vision encoder; the served model has none"));
+        return Err(ApiError::bad_request(
+            "images need a vision encoder; the served model has none",
+        ));
     }
     check_common(&state, req.format.as_ref(), req.options.as_ref())?;
     let model = state.model.id.clone();
     if req.prompt.is_empty() && req.context.is_none() {
         // Ollama answers an empty prompt by loading the model; it is always loaded here.
-        return Ok(Json(json!({ "model": model, "created_at": created_at(), "response": "",
-                               "done": true, "done_reason": "load" })).into_response());
+        return Ok(Json(
+            json!({ "model": model, "created_at": created_at(), "response": "",
+                               "done": true, "done_reason": "load" }),
+        )
+        .into_response());
     }
     let text = if req.raw == Some(true) {
         req.prompt.clone()
@@ -146,7 +178,10 @@ pub async fn generate(
         let body = gen::stream_body(rx, log.0.clone(), move |step| match step {
             Ok(Step::Token { id, text, .. }) => {
                 context.push(id);
-                vec![format!("{}\n", json!({ "model": model, "created_at": created_at(), "response": text, "done": false }))]
+                vec![format!(
+                    "{}\n",
+                    json!({ "model": model, "created_at": created_at(), "response": text, "done": false })
+                )]
             }
             Ok(Step::Embedding(_)) => Vec::new(),
             Ok(Step::Done(done)) => {
@@ -180,7 +215,9 @@ pub async fn chat(
     let mut messages = Vec::new();
     for m in &req.messages {
         if m.images.as_ref().is_some_and(|i| !i.is_empty()) {
-            return Err(ApiError::bad_request("images need a vision encoder; the served model has none"));
+            return Err(ApiError::bad_request(
+                "images need a vision encoder; the served model has none",
+            ));
         }
         let mut msg = json!({ "role": m.role.as_str(), "content": m.content });
         if let Some(t) = &m.thinking {
@@ -194,7 +231,11 @@ pub async fn chat(
         }
         messages.push(msg);
     }
-    let tools = req.tools.as_ref().filter(|t| !t.is_empty()).map(|t| json!(t));
+    let tools = req
+        .tools
+        .as_ref()
+        .filter(|t| !t.is_empty())
+        .map(|t| json!(t));
     let text = chat::render(&state, messages, tools, true, Default::default())?;
     let ids = state.tokenizer.encode(&text, true, true);
     let (opts, max_tokens, stop) = sampling(req.options.as_ref())?;
@@ -218,7 +259,10 @@ pub async fn chat(
         let mut parser = OutputParser::new(state.model.is_muse);
         let body = gen::stream_body(rx, log.0.clone(), move |step| {
             let line = |message: Value| {
-                format!("{}\n", json!({ "model": model, "created_at": created_at(), "message": message, "done": false }))
+                format!(
+                    "{}\n",
+                    json!({ "model": model, "created_at": created_at(), "message": message, "done": false })
+                )
             };
             let render = |pieces: Vec<Piece>| -> Vec<String> {
                 pieces
@@ -255,7 +299,11 @@ pub async fn chat(
         message["thinking"] = json!(msg.reasoning);
     }
     if !msg.tool_calls.is_empty() {
-        message["tool_calls"] = msg.tool_calls.iter().map(|(n, a)| tool_call(n, a)).collect();
+        message["tool_calls"] = msg
+            .tool_calls
+            .iter()
+            .map(|(n, a)| tool_call(n, a))
+            .collect();
     }
     let mut v = json!({ "model": model, "created_at": created_at(), "message": message });
     final_counts(&mut v, &out.done, start.elapsed().as_nanos());
@@ -279,7 +327,10 @@ pub async fn tags(State(state): State<SharedState>) -> Json<Value> {
     }]}))
 }
 
-pub async fn show(State(state): State<SharedState>, StrictJson(req): StrictJson<ShowRequest>) -> ApiResult<Json<Value>> {
+pub async fn show(
+    State(state): State<SharedState>,
+    StrictJson(req): StrictJson<ShowRequest>,
+) -> ApiResult<Json<Value>> {
     let name = req.model.as_deref().or(req.name.as_deref());
     if name.is_none() {
         return Err(ApiError::bad_request("missing `model`"));

@@ -7,7 +7,8 @@ use crate::gen::{self, Finished, SamplingOptions, Step};
 use crate::json::StrictJson;
 use crate::state::{AppState, SharedState};
 use crate::wire::openai::{
-    ChatCompletionRequest, CompletionRequest, EmbeddingRequest, EncodingFormat, ResponseFormat, ToolChoice,
+    ChatCompletionRequest, CompletionRequest, EmbeddingRequest, EncodingFormat, ResponseFormat,
+    ToolChoice,
 };
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -18,7 +19,9 @@ use serde_json::{json, Value};
 fn check_n(n: Option<u32>) -> ApiResult<()> {
     match n {
         None | Some(1) => Ok(()),
-        Some(n) => Err(ApiError::bad_request(format!("n must be 1 (one choice per request), got {n}"))),
+        Some(n) => Err(ApiError::bad_request(format!(
+            "n must be 1 (one choice per request), got {n}"
+        ))),
     }
 }
 
@@ -66,7 +69,9 @@ pub async fn chat_completions(
         check_max_tokens("max_completion_tokens", req.max_completion_tokens)?,
     ) {
         (Some(_), Some(_)) => {
-            return Err(ApiError::bad_request("give max_tokens or max_completion_tokens, not both"))
+            return Err(ApiError::bad_request(
+                "give max_tokens or max_completion_tokens, not both",
+            ))
         }
         (a, b) => a.or(b),
     };
@@ -132,7 +137,11 @@ pub async fn chat_completions(
             let mut push = |v: Value| frames.push(format!("data: {v}\n\n"));
             if first {
                 first = false;
-                push(chunk(json!({ "role": "assistant", "content": "" }), None, None));
+                push(chunk(
+                    json!({ "role": "assistant", "content": "" }),
+                    None,
+                    None,
+                ));
             }
             let deltas = |pieces: Vec<Piece>, tool_index: &mut usize| -> Vec<Value> {
                 pieces
@@ -170,7 +179,11 @@ pub async fn chat_completions(
                     for d in deltas(parser.finish(), &mut tool_index) {
                         push(chunk(d, None, None));
                     }
-                    let reason = if tool_index > 0 { "tool_calls" } else { done.openai_reason() };
+                    let reason = if tool_index > 0 {
+                        "tool_calls"
+                    } else {
+                        done.openai_reason()
+                    };
                     push(chunk(json!({}), Some(reason), None));
                     if include_usage {
                         let mut u = chunk(json!({}), None, None);
@@ -222,20 +235,28 @@ pub async fn chat_completions(
 
 /// Renders a chat request's conversation (shared with /apply-template).
 pub fn render_chat(state: &AppState, req: &ChatCompletionRequest) -> ApiResult<String> {
-    let messages = req.messages.iter().map(chat::template_message).collect::<ApiResult<Vec<_>>>()?;
+    let messages = req
+        .messages
+        .iter()
+        .map(chat::template_message)
+        .collect::<ApiResult<Vec<_>>>()?;
     let tools = match (&req.tools, &req.tool_choice) {
         (Some(_), Some(ToolChoice::None)) | (None, _) => None,
         (Some(tools), _) => Some(chat::tools_value(tools)),
     };
     if let (Some(ToolChoice::Named(name)), Some(tools)) = (&req.tool_choice, &req.tools) {
         if !tools.iter().any(|t| &t.function.name == name) {
-            return Err(ApiError::bad_request(format!("tool_choice names `{name}`, which is not in tools")));
+            return Err(ApiError::bad_request(format!(
+                "tool_choice names `{name}`, which is not in tools"
+            )));
         }
     }
     let mut extra = serde_json::Map::new();
     if let Some(effort) = &req.reasoning_effort {
         if !["low", "medium", "high"].contains(&effort.as_str()) {
-            return Err(ApiError::bad_request("reasoning_effort must be low, medium or high"));
+            return Err(ApiError::bad_request(
+                "reasoning_effort must be low, medium or high",
+            ));
         }
         extra.insert("reasoning_effort".into(), json!(effort));
     }
@@ -256,7 +277,9 @@ pub async fn completions(
         return Err(ApiError::bad_request("echo is not supported"));
     }
     if req.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::bad_request("suffix (fill-in-the-middle) is not supported"));
+        return Err(ApiError::bad_request(
+            "suffix (fill-in-the-middle) is not supported",
+        ));
     }
     let max_tokens = check_max_tokens("max_tokens", req.max_tokens)?.or(Some(16));
     let ids = state.tokenize_prompt(&req.prompt, true, true)?;
@@ -292,7 +315,10 @@ pub async fn completions(
     let logprobs_on = req.logprobs.is_some();
     let st = state.clone();
     let completion_logprobs = move |lps: &[TokenLogprobs]| -> Value {
-        let tokens: Vec<String> = lps.iter().map(|lp| piece_text(&st, lp.token.id).0).collect();
+        let tokens: Vec<String> = lps
+            .iter()
+            .map(|lp| piece_text(&st, lp.token.id).0)
+            .collect();
         json!({
             "tokens": tokens,
             "token_logprobs": lps.iter().map(|lp| lp.token.logprob).collect::<Vec<_>>(),
@@ -316,7 +342,9 @@ pub async fn completions(
             };
             match step {
                 Ok(Step::Token { text, logprobs, .. }) => {
-                    let lp = logprobs.filter(|_| logprobs_on).map(|lp| completion_logprobs(&[lp]));
+                    let lp = logprobs
+                        .filter(|_| logprobs_on)
+                        .map(|lp| completion_logprobs(&[lp]));
                     vec![chunk(&text, None, lp)]
                 }
                 Ok(Step::Embedding(_)) => Vec::new(),
@@ -349,7 +377,11 @@ pub async fn completions(
 }
 
 /// Runs one embedding request: last-token pooling over the final hidden state, L2-normalized.
-pub async fn embed(state: &AppState, log: &crate::reqlog::RequestLog, ids: Vec<u32>) -> ApiResult<(Vec<f32>, Finished)> {
+pub async fn embed(
+    state: &AppState,
+    log: &crate::reqlog::RequestLog,
+    ids: Vec<u32>,
+) -> ApiResult<(Vec<f32>, Finished)> {
     let greq = GenerateRequest {
         prompt: ids,
         params: Default::default(),

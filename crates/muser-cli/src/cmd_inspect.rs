@@ -1,8 +1,19 @@
-//! `muser inspect` (owned by the crate that implements it; see ARCHITECTURE.md).
+//! `muser inspect FILE.gguf`: architecture, geometry, tokenizer, tensor table and totals.
+//! The report is built by `muser_gguf::report`; this only prints it.
+
+use std::path::PathBuf;
+
+use muser_gguf::report::Report;
+use muser_gguf::GgufFile;
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// The GGUF file.
+    file: PathBuf,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`muser inspect` is not built yet")
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let file = GgufFile::open(&args.file)?;
+    print!("{}", Report::new(&file));
+    Ok(())
 }

@@ -1,8 +1,71 @@
-//! `muser synth` (owned by the crate that implements it; see ARCHITECTURE.md).
+//! `muser synth`: write a synthetic Muse Glimmer GGUF (random weights, real geometry).
+//! The work is in `muser_model::synth`; this parses arguments and draws the progress bar.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use muser_gguf::report::thousands;
+use muser_gguf::GgufFile;
+use muser_model::synth::presets::{preset, PRESET_NAMES};
+use muser_model::synth::{Plan, Vocab, WeightType};
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Geometry: muse-glimmer-30b, bench-310m, tiny or tiny-array.
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(PRESET_NAMES))]
+    preset: String,
+    /// Tensor types: f32, f16, q8_0, q4_0, q4_k, q6_k, nvfp4, or q4_k_m (llama-quantize's mix).
+    #[arg(long = "type", default_value = "q4_k",
+          value_parser = clap::builder::PossibleValuesParser::new(WeightType::NAMES))]
+    ty: String,
+    /// Output file.
+    #[arg(short = 'o', long)]
+    output: PathBuf,
+    /// Seed of the random weights (same seed, same bytes).
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Copy the tokenizer of this GGUF, add the Muse special tokens and chat template.
+    /// Without it the file has no tokenizer (enough for llama-bench, not for text).
+    #[arg(long, value_name = "DONOR.gguf")]
+    vocab_from: Option<PathBuf>,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`muser synth` is not built yet")
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let preset = preset(&args.preset)?;
+    let weight_type = WeightType::from_name(&args.ty)?;
+    let vocab = match &args.vocab_from {
+        Some(path) => {
+            let donor = GgufFile::open(path)?;
+            let vocab = Vocab::from_donor(
+                &donor,
+                muser_model::synth::muse_vocab::SPECIAL_TOKENS,
+                muser_model::synth::muse_vocab::CHAT_TEMPLATE,
+            )
+            .with_context(|| format!("vocabulary from {}", path.display()))?;
+            Some(vocab)
+        }
+        None => None,
+    };
+    let plan = Plan::new(preset, weight_type, args.seed, vocab);
+    eprintln!(
+        "{} ({}): {} parameters, {} bytes of tensors -> {}",
+        plan.preset.name,
+        weight_type.name(),
+        thousands(plan.n_params()),
+        thousands(plan.n_bytes()),
+        args.output.display()
+    );
+    let bar = ProgressBar::new(plan.n_bytes()).with_style(
+        ProgressStyle::with_template(
+            "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}",
+        )?,
+    );
+    plan.write_file(&args.output, &mut |p| {
+        bar.set_position(p.bytes_done);
+        bar.set_message(p.tensor.to_string());
+    })?;
+    bar.finish_and_clear();
+    eprintln!("wrote {}", args.output.display());
+    Ok(())
 }

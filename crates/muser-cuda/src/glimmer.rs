@@ -182,8 +182,8 @@ impl CudaGlimmer {
         if info.head_dim != HEAD_DIM || info.n_rot != HEAD_DIM {
             return Err(CudaError::Unsupported(format!("head_dim {} (kernels need 128)", info.head_dim)));
         }
-        if info.n_embd % 256 != 0 || info.n_ff % 256 != 0 {
-            return Err(CudaError::Unsupported("n_embd and n_ff must be multiples of 256".into()));
+        if info.n_embd % 256 != 0 || info.n_ff % 256 != 0 || info.n_embd > 16384 {
+            return Err(CudaError::Unsupported("n_embd and n_ff must be multiples of 256, n_embd at most 16384".into()));
         }
         for t in g.tensors() {
             if t.name.ends_with(".bias") {
@@ -301,7 +301,7 @@ impl CudaGlimmer {
         self.gpu.launch(
             "norm_fused",
             (rows as u32, 1, 1),
-            1024,
+            (self.info.n_embd / 16).next_multiple_of(32) as u32,
             &[
                 Arg::P(x),
                 Arg::P(y),
@@ -401,6 +401,8 @@ impl CudaGlimmer {
                     Arg::P(s.part.ptr()),
                     Arg::I(nq as i32),
                     Arg::I(ATTN_SPLITS as i32),
+                    Arg::P(s.pos.ptr()),
+                    Arg::I(self.window(il)),
                     Arg::P(s.y_qkvg.at(4 * (qw + 2 * nkv * HEAD_DIM))),
                     Arg::L(ld as i64),
                     Arg::P(s.hf.ptr()),
@@ -414,8 +416,8 @@ impl CudaGlimmer {
             l.gate_up.gemv(g, 1, qa, s.hf.ptr(), s.y_gu.ptr())?;
             g.launch(
                 "swiglu",
-                ((i.n_ff / 16).div_ceil(256) as u32, 1, 1),
-                256,
+                ((i.n_ff / 16).div_ceil(64) as u32, 1, 1),
+                64,
                 &[
                     Arg::P(s.y_gu.ptr()),
                     Arg::L(i.n_ff as i64),

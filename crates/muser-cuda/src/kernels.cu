@@ -243,6 +243,18 @@ __device__ __forceinline__ void q4k_step(uint4 hd, uint4 qv, long s, int j, Act 
     }
 }
 
+// Weight bytes are read once: keep them out of L1 so the activations stay there.
+__device__ __forceinline__ uint4 ld_stream(const void* p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
+}
+
+// Each group of 8 lanes works on one super-block at a time; a lane keeps Q4K_UNROLL super-blocks
+// of loads in flight before using them.
+#define Q4K_UNROLL 4
 template <int B>
 __device__ void gemv_q4k(const u8* __restrict__ W, long rows, long cols, Act x, float* __restrict__ y, long ldy) {
     const int lane = threadIdx.x & 31;
@@ -254,19 +266,23 @@ __device__ void gemv_q4k(const u8* __restrict__ W, long rows, long cols, Act x, 
     float acc[B];
 #pragma unroll
     for (int b = 0; b < B; b++) acc[b] = 0.f;
-    long s = lane >> 3;
-    for (; s + 4 < nsb; s += 8) {
-        const uint4 h0 = __ldg((const uint4*)(wr + s * 144));
-        const uint4 q0 = __ldg((const uint4*)(wr + s * 144 + 16 + 16 * j));
-        const uint4 h1 = __ldg((const uint4*)(wr + (s + 4) * 144));
-        const uint4 q1 = __ldg((const uint4*)(wr + (s + 4) * 144 + 16 + 16 * j));
-        q4k_step<B>(h0, q0, s, j, x, acc);
-        q4k_step<B>(h1, q1, s + 4, j, x, acc);
-    }
-    if (s < nsb) {
-        const uint4 h0 = __ldg((const uint4*)(wr + s * 144));
-        const uint4 q0 = __ldg((const uint4*)(wr + s * 144 + 16 + 16 * j));
-        q4k_step<B>(h0, q0, s, j, x, acc);
+    for (long s0 = lane >> 3; s0 < nsb; s0 += 4 * Q4K_UNROLL) {
+        uint4 h[Q4K_UNROLL], q[Q4K_UNROLL];
+#pragma unroll
+        for (int u = 0; u < Q4K_UNROLL; u++) {
+            const long s = s0 + 4 * u;
+            h[u] = make_uint4(0, 0, 0, 0);
+            q[u] = h[u];
+            if (s < nsb) {
+                h[u] = ld_stream(wr + s * 144);
+                q[u] = ld_stream(wr + s * 144 + 16 + 16 * j);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < Q4K_UNROLL; u++) {
+            const long s = s0 + 4 * u;
+            if (s < nsb) q4k_step<B>(h[u], q[u], s, j, x, acc);
+        }
     }
 #pragma unroll
     for (int b = 0; b < B; b++) {
@@ -500,41 +516,73 @@ extern "C" __global__ void quantize_act(const float* x, long n, long total_group
 }
 
 // ---------------------------------------------------------------------------------------------
-// Norms. One block per row.
+// Norms. One block per row, one thread per 16 values (blockDim.x >= n / 16, a multiple of 32).
 //   if y:  x += RMSNorm(y, eps_post) * w_post          (post-norm and residual)
 //   out = RMSNorm(x, eps) * w  (w may be null)  -> f32 out_f, bf16 out_b, quantized (q, qd, qs)
-// Each output pointer may be null.
+// Each output pointer may be null; out_f may alias x.
+__device__ __forceinline__ void load16(const float* p, float* v) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float4 t = *(const float4*)(p + 4 * k);
+        v[4 * k] = t.x; v[4 * k + 1] = t.y; v[4 * k + 2] = t.z; v[4 * k + 3] = t.w;
+    }
+}
+__device__ __forceinline__ void store16(float* p, const float* v) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) *(float4*)(p + 4 * k) = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+}
+
 extern "C" __global__ void norm_fused(float* x, const float* y, const float* w_post, float eps_post, const float* w,
                                       float eps, long n, float* out_f, bf16* out_b, i8* q, float* qd, float* qs) {
     __shared__ float sh[33];
     const long r = blockIdx.x;
-    float* xr = x + r * n;
+    const long g = threadIdx.x;
+    const bool act = g < n / 16;
+    float* xr = x + r * n + 16 * g;
+    float v[16];
     if (y) {
-        const float* yr = y + r * n;
+        float yv[16];
         float ss = 0.f;
-        for (long i = threadIdx.x; i < n; i += blockDim.x) ss += yr[i] * yr[i];
+        if (act) {
+            load16(y + r * n + 16 * g, yv);
+#pragma unroll
+            for (int t = 0; t < 16; t++) ss += yv[t] * yv[t];
+        }
         ss = block_sum(ss, sh);
         const float sy = 1.0f / sqrtf(ss / (float)n + eps_post);
-        for (long i = threadIdx.x; i < n; i += blockDim.x) xr[i] += yr[i] * sy * w_post[i];
+        if (act) {
+            float wp[16];
+            load16(xr, v);
+            load16(w_post + 16 * g, wp);
+#pragma unroll
+            for (int t = 0; t < 16; t++) v[t] += yv[t] * sy * wp[t];
+            store16(xr, v);
+        }
+    } else if (act) {
+        load16(xr, v);
     }
     float ss = 0.f;
-    for (long i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-    ss = block_sum(ss, sh);
-    const float sx = 1.0f / sqrtf(ss / (float)n + eps);
-    for (long g = threadIdx.x; g < n / 16; g += blockDim.x) {
-        float v[16];
+    if (act) {
 #pragma unroll
-        for (int t = 0; t < 16; t++) v[t] = xr[16 * g + t] * sx * (w ? w[16 * g + t] : 1.f);
-        if (out_f) {
-#pragma unroll
-            for (int t = 0; t < 16; t++) out_f[r * n + 16 * g + t] = v[t];
-        }
-        if (out_b) {
-#pragma unroll
-            for (int t = 0; t < 16; t++) out_b[r * n + 16 * g + t] = __float2bfloat16(v[t]);
-        }
-        if (q) quant16(v, q + r * n + 16 * g, qd + r * (n / 16) + g, qs + r * (n / 16) + g);
+        for (int t = 0; t < 16; t++) ss += v[t] * v[t];
     }
+    ss = block_sum(ss, sh);
+    if (!act) return;
+    const float sx = 1.0f / sqrtf(ss / (float)n + eps);
+    float wv[16];
+    if (w) load16(w + 16 * g, wv);
+#pragma unroll
+    for (int t = 0; t < 16; t++) v[t] = v[t] * sx * (w ? wv[t] : 1.f);
+    if (out_f) store16(out_f + r * n + 16 * g, v);
+    if (out_b) {
+        __align__(16) bf16 b[16];
+#pragma unroll
+        for (int t = 0; t < 16; t++) b[t] = __float2bfloat16(v[t]);
+        uint4* dst = (uint4*)(out_b + r * n + 16 * g);
+        dst[0] = ((uint4*)b)[0];
+        dst[1] = ((uint4*)b)[1];
+    }
+    if (q) quant16(v, q + r * n + 16 * g, qd + r * (n / 16) + g, qs + r * (n / 16) + g);
 }
 
 // Per-head RMSNorm of q and k, NORM RoPE (adjacent pairs) when `rope`, K/V into the cache.
@@ -594,7 +642,9 @@ extern "C" __global__ void attn_decode(const float* q_f, const __half* kc, const
     const int p = pos[b];
     const int lo = window > 0 ? max(0, p - window + 1) : 0;
     const int nk = p - lo + 1;
-    const int chunk = (nk + S - 1) / S;
+    const int used = min(S, (nk + 63) / 64);  // splits of at least 64 keys
+    if (sp >= used) return;
+    const int chunk = (nk + used - 1) / used;
     const int k0 = lo + sp * chunk, k1 = min(p + 1, k0 + chunk);
     const int g = h / (nq / nkv);
     const float4 q4 = *(const float4*)(q_f + ((long)b * nq + h) * 128 + 4 * lane);
@@ -642,10 +692,13 @@ extern "C" __global__ void attn_decode(const float* q_f, const __half* kc, const
 
 // Merge the splits, apply the sigmoid gate, write f32 (out_f [B][nq*128]) and/or quantized.
 // grid (nq, B), block 128. gate rows [B][ldg].
-extern "C" __global__ void attn_combine_gate(const float* part, int nq, int S, const float* gate, long ldg,
-                                             float* out_f, i8* q, float* qd, float* qs) {
+extern "C" __global__ void attn_combine_gate(const float* part, int nq, int S, const int* pos, int window,
+                                             const float* gate, long ldg, float* out_f, i8* q, float* qd, float* qs) {
     const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
     const float* pp = part + ((long)b * nq + h) * S * 130;
+    const int p = pos[b];
+    const int nk = p - (window > 0 ? max(0, p - window + 1) : 0) + 1;
+    S = min(S, (nk + 63) / 64);  // the splits attn_decode used
     float M = -INFINITY;
     for (int s = 0; s < S; s++) M = fmaxf(M, pp[s * 130 + 128]);
     float L = 0.f, A = 0.f;
@@ -743,18 +796,12 @@ extern "C" __global__ void swiglu(const float* gu, long F, long T, float* out_f,
     const long ng = F / 16;
     if (i >= T * ng) return;
     const long t = i / ng, g = i % ng;
-    const float* gr = gu + t * 2 * F + 16 * g;
-    const float* ur = gr + F;
-    float v[16];
+    float v[16], u[16];
+    load16(gu + t * 2 * F + 16 * g, v);
+    load16(gu + t * 2 * F + F + 16 * g, u);
 #pragma unroll
-    for (int k = 0; k < 16; k++) {
-        const float z = gr[k];
-        v[k] = z / (1.f + __expf(-z)) * ur[k];
-    }
-    if (out_f) {
-#pragma unroll
-        for (int k = 0; k < 16; k++) out_f[t * F + 16 * g + k] = v[k];
-    }
+    for (int k = 0; k < 16; k++) v[k] = v[k] / (1.f + __expf(-v[k])) * u[k];
+    if (out_f) store16(out_f + t * F + 16 * g, v);
     if (out_b) {
 #pragma unroll
         for (int k = 0; k < 16; k++) out_b[t * F + 16 * g + k] = __float2bfloat16(v[k]);

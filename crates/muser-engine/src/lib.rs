@@ -1,10 +1,19 @@
 //! muser-engine: generation on top of a loaded model. The sampling chain (llama.cpp's order),
-//! stop strings, and the slot scheduler with continuous batching. It knows no model internals:
-//! it talks to `muser-model` through `Model::forward` over a `Batch` and a shared `KvCache`.
+//! stop strings, and the slot scheduler with continuous batching and chunked prefill. It knows
+//! no model internals: it talks to `muser-model` through `Model::forward` over a `Batch` and
+//! one shared `KvCache` pool (one sequence per slot).
 
+mod detok;
+mod engine;
 mod rng;
 pub mod sampling;
+mod scheduler;
 pub mod stop;
 
+pub use engine::{
+    Engine, EngineConfig, EngineError, EngineStats, Event, FinishReason, GenerateRequest, SlotInfo,
+    SlotKv, SubmitError, Timings,
+};
+pub use muser_model::KvType;
 pub use sampling::{Sampled, Sampler, SamplingError, SamplingParams, TokenLogprobs, TokenProb};
 pub use stop::StopMatcher;

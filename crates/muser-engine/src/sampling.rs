@@ -546,6 +546,14 @@ impl Sampler {
         self.penalties.accept(id);
     }
 
+    /// Records the prompt; only its last `repeat_last_n` tokens can matter.
+    pub fn accept_prompt(&mut self, prompt: &[u32]) {
+        let from = prompt.len().saturating_sub(self.penalties.window);
+        for &id in &prompt[from..] {
+            self.penalties.accept(id);
+        }
+    }
+
     /// Samples the next token from one logits row. Does not `accept` it.
     pub fn sample(&mut self, logits: &[f32]) -> Sampled {
         let p = &self.params;

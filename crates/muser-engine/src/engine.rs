@@ -1,0 +1,431 @@
+//! The engine handle: requests in, event streams out, one scheduler thread behind it.
+//!
+//! [`Engine::start`] spawns the scheduler (see `scheduler.rs`), which owns the KV pool and
+//! runs every forward pass. [`Engine::submit`] queues a request (bounded) and returns the
+//! receiving end of its event stream; dropping that receiver cancels the request and frees
+//! its slot at the next step.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use muser_model::{KvCache, KvType, Model, ModelError};
+use muser_text::Tokenizer;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+use crate::sampling::{SamplingParams, TokenLogprobs};
+use crate::scheduler::Scheduler;
+
+/// Sizes of the engine, fixed at start.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Concurrent generations (KV sequences).
+    pub n_slots: usize,
+    /// Context positions per slot.
+    pub n_ctx: usize,
+    /// Requests waiting for a slot before `submit` answers `QueueFull`.
+    pub queue_max: usize,
+    pub kv_type: KvType,
+    /// Most tokens one forward pass carries: the decode tokens of all busy slots plus a chunk
+    /// of one pending prompt.
+    pub prefill_chunk: usize,
+    /// A request still queued after this long fails; one still generating finishes with
+    /// `FinishReason::Length`. `None`: no limit.
+    pub request_timeout: Option<Duration>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            n_slots: 4,
+            n_ctx: 4096,
+            queue_max: 64,
+            kv_type: KvType::F16,
+            prefill_chunk: 512,
+            request_timeout: Some(Duration::from_secs(600)),
+        }
+    }
+}
+
+/// One generation (or embedding) request.
+#[derive(Clone, Debug)]
+pub struct GenerateRequest {
+    /// Prompt token ids (already templated and tokenized).
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    /// `None`: until end of generation or the slot's context is full.
+    pub max_tokens: Option<u32>,
+    /// Generation ends before any of these strings; they are not emitted.
+    pub stop: Vec<String>,
+    /// Run on this slot (waits for it); `None` picks the idle slot sharing the longest prompt
+    /// prefix, else the least recently used one.
+    pub slot: Option<usize>,
+    /// Reuse the slot's cached K/V for the common prompt prefix.
+    pub cache_prompt: bool,
+    /// Return the L2-normalized final hidden state of the last prompt token instead of
+    /// generating.
+    pub embeddings: bool,
+    /// Render control tokens (e.g. `<|im_end|>`) in the text.
+    pub special: bool,
+}
+
+impl Default for GenerateRequest {
+    fn default() -> Self {
+        GenerateRequest {
+            prompt: Vec::new(),
+            params: SamplingParams::default(),
+            max_tokens: None,
+            stop: Vec::new(),
+            slot: None,
+            cache_prompt: true,
+            embeddings: false,
+            special: false,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop string matched.
+    Stop,
+    /// `max_tokens`, the slot's context or the request timeout was reached.
+    Length,
+    /// The model produced an end-of-generation token.
+    Eog,
+    /// The engine shut down.
+    Cancelled,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Timings {
+    /// From taking a slot to the first sampled token (prompt processing).
+    pub prompt_ms: f64,
+    /// From the first sampled token to the last.
+    pub gen_ms: f64,
+}
+
+/// What a request's stream carries, in order: `Token`s (or one `Embedding`), then `Done`; or
+/// an `Error` as the last event.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// A sampled token and the text it completes. `text` may be empty (an incomplete UTF-8
+    /// character, or text held back because it may start a stop string) and may carry text
+    /// held back by earlier tokens.
+    Token {
+        id: u32,
+        text: String,
+        logprobs: Option<TokenLogprobs>,
+    },
+    Embedding(Vec<f32>),
+    Done {
+        reason: FinishReason,
+        /// Prompt tokens, of which `n_cached` came from the slot's cache.
+        n_prompt: usize,
+        n_cached: usize,
+        /// Generated tokens, the end-of-generation token included.
+        n_gen: usize,
+        timings: Timings,
+    },
+    Error(String),
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum SubmitError {
+    #[error("the request queue is full; retry in {retry_after_s} s")]
+    QueueFull { retry_after_s: u64 },
+    #[error("the prompt has {n_prompt} tokens but a slot holds {n_ctx}")]
+    PromptTooLong { n_prompt: usize, n_ctx: usize },
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("token {id} is outside the vocabulary of {n_vocab}")]
+    BadToken { id: u32, n_vocab: usize },
+    #[error("there is no slot {slot} (the engine has {n_slots})")]
+    NoSuchSlot { slot: usize, n_slots: usize },
+    #[error(transparent)]
+    InvalidParams(#[from] crate::sampling::SamplingError),
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("bad engine configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("cannot start the engine thread: {0}")]
+    Spawn(#[from] std::io::Error),
+    #[error("there is no slot {slot} (the engine has {n_slots})")]
+    NoSuchSlot { slot: usize, n_slots: usize },
+    #[error("slot {0} is busy")]
+    SlotBusy(usize),
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+/// Counters for `/metrics`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EngineStats {
+    pub n_slots: usize,
+    pub busy_slots: usize,
+    pub queue_depth: usize,
+    pub requests_total: u64,
+    pub prompt_tokens_total: u64,
+    /// Prompt tokens served from slot caches instead of being processed.
+    pub cached_tokens_total: u64,
+    pub gen_tokens_total: u64,
+    pub prompt_seconds_total: f64,
+    pub gen_seconds_total: f64,
+    /// Forward passes run.
+    pub forward_total: u64,
+    /// Tokens whose K/V the slots hold now.
+    pub kv_tokens: usize,
+}
+
+/// One slot as `/slots` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotInfo {
+    pub id: usize,
+    pub busy: bool,
+    pub n_ctx: usize,
+    /// Tokens whose K/V the slot holds.
+    pub n_cached: usize,
+    /// Prompt length and tokens generated so far of the running request.
+    pub n_prompt: usize,
+    pub n_gen: usize,
+}
+
+/// A slot's cache, lent to a closure on the engine thread ([`Engine::with_slot`]).
+pub struct SlotKv<'a> {
+    pub model: &'a Model,
+    pub kv: &'a mut KvCache,
+    /// The slot's KV sequence id.
+    pub seq: u32,
+    /// The tokens whose K/V the sequence holds, position order. A closure that changes the
+    /// cache must keep this in step.
+    pub tokens: &'a mut Vec<u32>,
+}
+
+pub(crate) type SlotJob = Box<dyn FnOnce(SlotKv<'_>) + Send>;
+
+/// A queued request.
+pub(crate) struct Job {
+    pub req: GenerateRequest,
+    pub tx: UnboundedSender<Event>,
+    pub enqueued: Instant,
+}
+
+/// What the handle and the scheduler share.
+pub(crate) struct Shared {
+    pub state: Mutex<SharedState>,
+    pub wake: Condvar,
+}
+
+#[derive(Default)]
+pub(crate) struct SharedState {
+    pub queue: VecDeque<Job>,
+    pub slot_jobs: Vec<(usize, SlotJob)>,
+    pub stats: EngineStats,
+    pub slots: Vec<SlotInfo>,
+    /// Mean wall time of a finished request, for `retry_after_s`.
+    pub mean_request_s: f64,
+    pub shutdown: bool,
+    pub stopped: bool,
+}
+
+impl Shared {
+    pub fn lock(&self) -> MutexGuard<'_, SharedState> {
+        // a panicking scheduler marks `stopped`; the data stays usable
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The running engine. Dropping it stops the scheduler (running requests end `Cancelled`).
+pub struct Engine {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    cfg: EngineConfig,
+    n_vocab: usize,
+}
+
+impl Engine {
+    pub fn start(
+        model: Arc<Model>,
+        tokenizer: Arc<Tokenizer>,
+        cfg: EngineConfig,
+    ) -> Result<Engine, EngineError> {
+        Engine::spawn(model, Some(tokenizer), cfg)
+    }
+
+    /// An engine for a model without a tokenizer (synthetic models): token events carry ids
+    /// and empty text, and no token ends generation by itself.
+    pub fn start_without_tokenizer(
+        model: Arc<Model>,
+        cfg: EngineConfig,
+    ) -> Result<Engine, EngineError> {
+        Engine::spawn(model, None, cfg)
+    }
+
+    fn spawn(
+        model: Arc<Model>,
+        tokenizer: Option<Arc<Tokenizer>>,
+        cfg: EngineConfig,
+    ) -> Result<Engine, EngineError> {
+        if cfg.n_slots == 0 || cfg.n_ctx < 2 || cfg.prefill_chunk == 0 {
+            return Err(EngineError::Config(
+                "n_slots and prefill_chunk must be positive and n_ctx at least 2".into(),
+            ));
+        }
+        let n_ubatch = cfg.prefill_chunk.max(cfg.n_slots);
+        let kv = model.new_kv_ubatch(cfg.n_ctx, cfg.n_slots, cfg.kv_type, n_ubatch as u32)?;
+        let n_vocab = model.info().n_vocab;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(SharedState::default()),
+            wake: Condvar::new(),
+        });
+        let thread_shared = shared.clone();
+        let thread_cfg = cfg.clone();
+        let thread = std::thread::Builder::new()
+            .name("muser-engine".into())
+            .spawn(move || {
+                let tok = tokenizer.as_deref();
+                let run = std::panic::AssertUnwindSafe(|| {
+                    Scheduler::new(model, tok, kv, thread_cfg, thread_shared.clone()).run()
+                });
+                let failed = std::panic::catch_unwind(run).is_err();
+                let mut st = thread_shared.lock();
+                st.stopped = true;
+                let msg = if failed {
+                    "the engine thread failed"
+                } else {
+                    "the engine has stopped"
+                };
+                for job in st.queue.drain(..) {
+                    let _ = job.tx.send(Event::Error(msg.to_string()));
+                }
+            })?;
+        Ok(Engine {
+            shared,
+            thread: Some(thread),
+            cfg,
+            n_vocab,
+        })
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// Queues a request; its events arrive on the returned receiver.
+    pub fn submit(&self, req: GenerateRequest) -> Result<UnboundedReceiver<Event>, SubmitError> {
+        self.check(&req)?;
+        let mut st = self.shared.lock();
+        if st.stopped || st.shutdown {
+            return Err(SubmitError::Stopped);
+        }
+        if st.queue.len() >= self.cfg.queue_max {
+            let waves = (st.queue.len() / self.cfg.n_slots + 1) as f64;
+            let retry_after_s = (st.mean_request_s * waves).ceil().clamp(1.0, 60.0) as u64;
+            return Err(SubmitError::QueueFull { retry_after_s });
+        }
+        let (tx, rx) = unbounded_channel();
+        st.queue.push_back(Job {
+            req,
+            tx,
+            enqueued: Instant::now(),
+        });
+        st.stats.queue_depth = st.queue.len();
+        drop(st);
+        self.shared.wake.notify_all();
+        Ok(rx)
+    }
+
+    fn check(&self, req: &GenerateRequest) -> Result<(), SubmitError> {
+        let n_prompt = req.prompt.len();
+        if n_prompt == 0 {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        if n_prompt >= self.cfg.n_ctx {
+            return Err(SubmitError::PromptTooLong {
+                n_prompt,
+                n_ctx: self.cfg.n_ctx,
+            });
+        }
+        if let Some(&id) = req.prompt.iter().find(|&&t| t as usize >= self.n_vocab) {
+            return Err(SubmitError::BadToken {
+                id,
+                n_vocab: self.n_vocab,
+            });
+        }
+        if let Some(slot) = req.slot.filter(|&s| s >= self.cfg.n_slots) {
+            return Err(SubmitError::NoSuchSlot {
+                slot,
+                n_slots: self.cfg.n_slots,
+            });
+        }
+        req.params.validate()?;
+        Ok(())
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.shared.lock().stats.clone()
+    }
+
+    pub fn slots(&self) -> Vec<SlotInfo> {
+        self.shared.lock().slots.clone()
+    }
+
+    /// Runs `f` on the engine thread with an idle slot's cache (for saving, restoring or
+    /// moving K/V), between two forward passes. Fails if the slot is busy.
+    pub fn with_slot<R, F>(&self, slot: usize, f: F) -> Result<R, EngineError>
+    where
+        R: Send + 'static,
+        F: FnOnce(SlotKv<'_>) -> R + Send + 'static,
+    {
+        if slot >= self.cfg.n_slots {
+            return Err(EngineError::NoSuchSlot {
+                slot,
+                n_slots: self.cfg.n_slots,
+            });
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let job: SlotJob = Box::new(move |kv: SlotKv<'_>| {
+            let _ = tx.send(f(kv));
+        });
+        {
+            let mut st = self.shared.lock();
+            if st.stopped || st.shutdown {
+                return Err(EngineError::Stopped);
+            }
+            st.slot_jobs.push((slot, job));
+        }
+        self.shared.wake.notify_all();
+        // the scheduler drops the job unrun when the slot is busy
+        rx.recv().map_err(|_| {
+            if self.shared.lock().stopped {
+                EngineError::Stopped
+            } else {
+                EngineError::SlotBusy(slot)
+            }
+        })
+    }
+
+    /// Forgets a slot's cached prompt.
+    pub fn erase_slot(&self, slot: usize) -> Result<(), EngineError> {
+        self.with_slot(slot, |s| {
+            s.kv.clear(s.seq);
+            s.tokens.clear();
+        })
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shared.lock().shutdown = true;
+        self.shared.wake.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,561 @@
+//! The engine thread: slots, admission, and one forward pass per step.
+//!
+//! Every step gathers the pending decode token of each generating slot plus a chunk of one
+//! prompt still being processed (the oldest), up to `prefill_chunk` tokens, into a single
+//! `Batch`; runs it; then samples for the rows that asked for logits. A slot keeps the tokens
+//! whose K/V it holds after its request ends, so a later prompt sharing a prefix only
+//! processes the rest.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use muser_model::{Batch, KvCache, Model, ModelError, Output};
+use muser_text::Tokenizer;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::detok::Detok;
+use crate::engine::{
+    EngineConfig, EngineStats, Event, FinishReason, GenerateRequest, Job, Shared, SharedState,
+    SlotInfo, SlotKv, Timings,
+};
+use crate::sampling::Sampler;
+use crate::stop::StopMatcher;
+
+/// Longest wait between two looks at the queue while idle (queued requests can time out).
+const IDLE_POLL: Duration = Duration::from_millis(250);
+
+pub(crate) struct Scheduler<'t> {
+    model: Arc<Model>,
+    tok: Option<&'t Tokenizer>,
+    kv: KvCache,
+    cfg: EngineConfig,
+    shared: Arc<Shared>,
+    slots: Vec<Slot<'t>>,
+    stats: EngineStats,
+    /// Admissions so far; orders prefills and slot reuse.
+    tick: u64,
+}
+
+struct Slot<'t> {
+    /// Tokens whose K/V sequence `id` holds, position order.
+    tokens: Vec<u32>,
+    last_used: u64,
+    task: Option<Task<'t>>,
+}
+
+enum Phase {
+    /// Processing the prompt; `tokens.len()` of it are in the cache.
+    Prefill,
+    /// This sampled token goes into the cache next.
+    Decode(u32),
+}
+
+struct Task<'t> {
+    req: GenerateRequest,
+    tx: UnboundedSender<Event>,
+    sampler: Sampler,
+    stop: StopMatcher,
+    detok: Detok<'t>,
+    phase: Phase,
+    n_cached: usize,
+    n_gen: usize,
+    admitted_tick: u64,
+    enqueued: Instant,
+    started: Instant,
+    first_token: Option<Instant>,
+    deadline: Option<Instant>,
+}
+
+/// Which slot a batch row belongs to and whether it samples.
+#[derive(Clone, Copy)]
+struct Row {
+    slot: usize,
+    /// The last prompt token or a decode token: its output is sampled (or pooled).
+    samples: bool,
+}
+
+impl<'t> Scheduler<'t> {
+    pub fn new(
+        model: Arc<Model>,
+        tok: Option<&'t Tokenizer>,
+        kv: KvCache,
+        cfg: EngineConfig,
+        shared: Arc<Shared>,
+    ) -> Self {
+        let slots = (0..cfg.n_slots)
+            .map(|_| Slot {
+                tokens: Vec::new(),
+                last_used: 0,
+                task: None,
+            })
+            .collect();
+        let stats = EngineStats {
+            n_slots: cfg.n_slots,
+            ..Default::default()
+        };
+        Scheduler {
+            model,
+            tok,
+            kv,
+            cfg,
+            shared,
+            slots,
+            stats,
+            tick: 0,
+        }
+    }
+
+    pub fn run(&mut self) {
+        while self.take_work() {
+            self.step();
+        }
+        for s in 0..self.slots.len() {
+            self.finish(s, FinishReason::Cancelled);
+        }
+        self.publish();
+    }
+
+    // ---- admission -------------------------------------------------------------------------
+
+    /// Runs slot jobs, drops dead queue entries and admits requests to idle slots; blocks while
+    /// there is nothing to run. False once the engine shuts down.
+    fn take_work(&mut self) -> bool {
+        let shared = self.shared.clone();
+        let mut st = shared.lock();
+        loop {
+            if st.shutdown {
+                return false;
+            }
+            let jobs = std::mem::take(&mut st.slot_jobs);
+            if !jobs.is_empty() {
+                drop(st);
+                for (slot, job) in jobs {
+                    self.run_slot_job(slot, job);
+                }
+                self.publish();
+                st = shared.lock();
+                continue;
+            }
+            self.expire_queued(&mut st);
+            self.admit(&mut st);
+            self.publish_into(&mut st);
+            if self.slots.iter().any(|s| s.task.is_some()) {
+                return true;
+            }
+            st = shared
+                .wake
+                .wait_timeout(st, IDLE_POLL)
+                .map_or_else(|e| e.into_inner().0, |(g, _)| g);
+        }
+    }
+
+    fn run_slot_job(&mut self, slot: usize, job: crate::engine::SlotJob) {
+        // a busy slot drops the job, which the caller sees as `SlotBusy`
+        let Some(s) = self.slots.get_mut(slot) else {
+            return;
+        };
+        if s.task.is_some() {
+            return;
+        }
+        job(SlotKv {
+            model: &self.model,
+            kv: &mut self.kv,
+            seq: slot as u32,
+            tokens: &mut s.tokens,
+        });
+    }
+
+    fn expire_queued(&mut self, st: &mut SharedState) {
+        let timeout = self.cfg.request_timeout;
+        let now = Instant::now();
+        st.queue.retain(|job| {
+            if job.tx.is_closed() {
+                return false;
+            }
+            match timeout {
+                Some(t) if now.duration_since(job.enqueued) >= t => {
+                    let _ = job.tx.send(Event::Error(format!(
+                        "timed out after {} s waiting for a free slot",
+                        t.as_secs_f64()
+                    )));
+                    false
+                }
+                _ => true,
+            }
+        });
+    }
+
+    fn admit(&mut self, st: &mut SharedState) {
+        let mut i = 0;
+        while i < st.queue.len() {
+            match self.pick_slot(&st.queue[i].req) {
+                Some(slot) => {
+                    if let Some(job) = st.queue.remove(i) {
+                        self.start(slot, job);
+                    }
+                }
+                None => i += 1,
+            }
+            if self.slots.iter().all(|s| s.task.is_some()) {
+                break;
+            }
+        }
+    }
+
+    /// The requested slot if idle; else the idle slot sharing the longest prefix with the
+    /// prompt, then the least recently used.
+    fn pick_slot(&self, req: &GenerateRequest) -> Option<usize> {
+        if let Some(s) = req.slot {
+            return self.slots.get(s).filter(|s| s.task.is_none()).map(|_| s);
+        }
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.task.is_none())
+            .max_by_key(|(_, s)| {
+                let shared = if req.cache_prompt {
+                    common_prefix(&s.tokens, &req.prompt)
+                } else {
+                    0
+                };
+                (shared, std::cmp::Reverse(s.last_used))
+            })
+            .map(|(i, _)| i)
+    }
+
+    fn start(&mut self, slot: usize, job: Job) {
+        let Job { req, tx, enqueued } = job;
+        let mut sampler = match Sampler::new(&req.params, self.cfg.n_ctx) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = tx.send(Event::Error(e.to_string()));
+                return;
+            }
+        };
+        sampler.accept_prompt(&req.prompt);
+        let keep = self.reusable_prefix(slot, &req);
+        let seq = slot as u32;
+        if keep == 0 {
+            self.kv.clear(seq);
+        } else {
+            self.kv.truncate(seq, keep as u32);
+        }
+        self.tick += 1;
+        let s = &mut self.slots[slot];
+        s.tokens.truncate(keep);
+        s.last_used = self.tick;
+        let now = Instant::now();
+        s.task = Some(Task {
+            stop: StopMatcher::new(&req.stop),
+            detok: Detok::new(self.tok, req.special),
+            deadline: self.cfg.request_timeout.map(|t| enqueued + t),
+            req,
+            tx,
+            sampler,
+            phase: Phase::Prefill,
+            n_cached: keep,
+            n_gen: 0,
+            admitted_tick: self.tick,
+            enqueued,
+            started: now,
+            first_token: None,
+        });
+        self.stats.requests_total += 1;
+    }
+
+    /// How many leading prompt tokens the slot's cache can serve. At least one prompt token is
+    /// always processed (its logits start the generation). For sliding-window models a cache
+    /// cut back below its end is used only if the window before the cut is still stored.
+    fn reusable_prefix(&self, slot: usize, req: &GenerateRequest) -> usize {
+        if !req.cache_prompt {
+            return 0;
+        }
+        let cached = &self.slots[slot].tokens;
+        let keep = common_prefix(cached, &req.prompt).min(req.prompt.len() - 1);
+        if keep == 0 || keep == cached.len() {
+            return keep;
+        }
+        let layout = self.kv.layout();
+        if layout.n_swa == 0 || !layout.is_swa.iter().any(|&s| s) {
+            return keep;
+        }
+        // The next token (position `keep`) attends to positions `keep - n_swa + 1 ..`; export
+        // fails when one of them has left the sliding-window ring.
+        let from = (keep as u32).saturating_sub(layout.n_swa);
+        if self.kv.export(slot as u32, from..keep as u32).is_ok() {
+            keep
+        } else {
+            0
+        }
+    }
+
+    // ---- one step --------------------------------------------------------------------------
+
+    fn step(&mut self) {
+        self.reap();
+        let (batch, rows) = self.gather();
+        if batch.is_empty() {
+            return;
+        }
+        // a panic in the model fails this batch's requests, not the engine
+        let run = std::panic::AssertUnwindSafe(|| self.model.forward(&mut self.kv, &batch));
+        let result = std::panic::catch_unwind(run)
+            .unwrap_or_else(|_| Err(ModelError::BadBatch("the forward pass panicked".into())));
+        self.stats.forward_total += 1;
+        match result {
+            Ok(out) => self.apply(&batch, &rows, &out),
+            Err(e) => {
+                let mut failed: Vec<usize> = rows.iter().map(|r| r.slot).collect();
+                failed.dedup();
+                for s in failed {
+                    self.fail(s, &format!("forward pass failed: {e}"));
+                }
+            }
+        }
+        self.publish();
+    }
+
+    /// Ends requests whose receiver is gone or whose time is up.
+    fn reap(&mut self) {
+        let now = Instant::now();
+        for s in 0..self.slots.len() {
+            let Some(t) = &self.slots[s].task else {
+                continue;
+            };
+            if t.tx.is_closed() {
+                self.finish(s, FinishReason::Cancelled);
+            } else if t.deadline.is_some_and(|d| now >= d) {
+                self.finish(s, FinishReason::Length);
+            }
+        }
+    }
+
+    /// The decode token of every generating slot, then a chunk of the oldest prefill.
+    fn gather(&self) -> (Batch, Vec<Row>) {
+        let mut batch = Batch::default();
+        let mut rows = Vec::new();
+        for (i, s) in self.slots.iter().enumerate() {
+            if let Some(Task {
+                phase: Phase::Decode(id),
+                ..
+            }) = &s.task
+            {
+                batch.push(*id, s.tokens.len() as u32, i as u32, true);
+                rows.push(Row {
+                    slot: i,
+                    samples: true,
+                });
+            }
+        }
+        let budget = self.cfg.prefill_chunk.saturating_sub(batch.len());
+        let prefill = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| match &s.task {
+                Some(
+                    t @ Task {
+                        phase: Phase::Prefill,
+                        ..
+                    },
+                ) => Some((t.admitted_tick, i)),
+                _ => None,
+            })
+            .min();
+        if let (Some((_, i)), true) = (prefill, budget > 0) {
+            let s = &self.slots[i];
+            let Some(t) = &s.task else {
+                return (batch, rows);
+            };
+            let done = s.tokens.len();
+            let end = t.req.prompt.len().min(done + budget);
+            for (k, &id) in t.req.prompt[done..end].iter().enumerate() {
+                let last = done + k + 1 == t.req.prompt.len();
+                batch.push(id, (done + k) as u32, i as u32, last);
+                rows.push(Row {
+                    slot: i,
+                    samples: last,
+                });
+                batch.embeddings |= last && t.req.embeddings;
+            }
+            // the CPU backend cannot run a pass without outputs; one spare row is cheap
+            if let (false, Some(l)) = (batch.logits.contains(&true), batch.logits.last_mut()) {
+                *l = true;
+            }
+        }
+        (batch, rows)
+    }
+
+    /// Records what went into the cache and handles every output row.
+    fn apply(&mut self, batch: &Batch, rows: &[Row], out: &Output) {
+        for (b, row) in rows.iter().enumerate() {
+            self.slots[row.slot].tokens.push(batch.tokens[b]);
+        }
+        let n_vocab = self.model.info().n_vocab;
+        let n_embd = self.model.info().n_embd;
+        for (r, &b) in out.rows.iter().enumerate() {
+            let row = rows[b];
+            if !row.samples {
+                continue;
+            }
+            let Some(task) = &self.slots[row.slot].task else {
+                continue;
+            };
+            if task.req.embeddings {
+                let e = out.embeddings.get(r * n_embd..(r + 1) * n_embd);
+                self.embed(row.slot, e.unwrap_or_default());
+            } else if task.req.max_tokens == Some(0) {
+                self.finish(row.slot, FinishReason::Length);
+            } else {
+                self.sample(row.slot, out.row(r, n_vocab));
+            }
+        }
+    }
+
+    fn embed(&mut self, slot: usize, hidden: &[f32]) {
+        let norm = hidden.iter().map(|x| x * x).sum::<f32>().sqrt();
+        let scale = if norm > 0.0 { 1.0 / norm } else { 0.0 };
+        let v = hidden.iter().map(|x| x * scale).collect();
+        if let Some(t) = &self.slots[slot].task {
+            let _ = t.tx.send(Event::Embedding(v));
+        }
+        self.finish(slot, FinishReason::Stop);
+    }
+
+    /// Samples the next token, streams it, and decides whether the request goes on.
+    fn sample(&mut self, slot: usize, logits: &[f32]) {
+        let n_ctx = self.cfg.n_ctx;
+        let tok = self.tok;
+        let s = &mut self.slots[slot];
+        let Some(t) = &mut s.task else {
+            return;
+        };
+        let sampled = t.sampler.sample(logits);
+        let id = sampled.id;
+        t.sampler.accept(id);
+        t.n_gen += 1;
+        t.first_token.get_or_insert_with(Instant::now);
+
+        let eog = tok.is_some_and(|tk| tk.is_eog(id));
+        let full =
+            t.req.max_tokens.is_some_and(|m| t.n_gen >= m as usize) || s.tokens.len() >= n_ctx;
+        let (text, stopped) = t.text_for(id, eog || full);
+        let sent = t.tx.send(Event::Token {
+            id,
+            text,
+            logprobs: sampled.logprobs,
+        });
+        self.stats.gen_tokens_total += 1;
+        let reason = if sent.is_err() {
+            Some(FinishReason::Cancelled)
+        } else if stopped {
+            Some(FinishReason::Stop)
+        } else if eog {
+            Some(FinishReason::Eog)
+        } else if full {
+            Some(FinishReason::Length)
+        } else {
+            None
+        };
+        match reason {
+            Some(r) => self.finish(slot, r),
+            None => t.phase = Phase::Decode(id),
+        }
+    }
+
+    /// Sends `Done` (if anyone listens) and frees the slot; the cache stays for reuse.
+    fn finish(&mut self, slot: usize, reason: FinishReason) {
+        let Some(t) = self.slots[slot].task.take() else {
+            return;
+        };
+        let now = Instant::now();
+        let first = t.first_token.unwrap_or(now);
+        let timings = Timings {
+            prompt_ms: ms(first - t.started),
+            gen_ms: ms(now - first),
+        };
+        let n_prompt = t.req.prompt.len();
+        let _ = t.tx.send(Event::Done {
+            reason,
+            n_prompt,
+            n_cached: t.n_cached,
+            n_gen: t.n_gen,
+            timings,
+        });
+        let st = &mut self.stats;
+        st.prompt_tokens_total += (n_prompt - t.n_cached) as u64;
+        st.cached_tokens_total += t.n_cached as u64;
+        st.prompt_seconds_total += timings.prompt_ms / 1e3;
+        st.gen_seconds_total += timings.gen_ms / 1e3;
+        let took = (now - t.enqueued).as_secs_f64();
+        let mut sh = self.shared.lock();
+        sh.mean_request_s = if sh.mean_request_s == 0.0 {
+            took
+        } else {
+            0.8 * sh.mean_request_s + 0.2 * took
+        };
+    }
+
+    /// Ends a request with an error and drops the slot's cache, whose state is unknown.
+    fn fail(&mut self, slot: usize, msg: &str) {
+        if let Some(t) = self.slots[slot].task.take() {
+            let _ = t.tx.send(Event::Error(msg.to_string()));
+        }
+        self.kv.clear(slot as u32);
+        self.slots[slot].tokens.clear();
+    }
+
+    // ---- reporting -------------------------------------------------------------------------
+
+    pub fn publish(&mut self) {
+        let shared = self.shared.clone();
+        let mut st = shared.lock();
+        self.publish_into(&mut st);
+    }
+
+    fn publish_into(&mut self, st: &mut SharedState) {
+        self.stats.busy_slots = self.slots.iter().filter(|s| s.task.is_some()).count();
+        self.stats.queue_depth = st.queue.len();
+        self.stats.kv_tokens = self.slots.iter().map(|s| s.tokens.len()).sum();
+        st.stats = self.stats.clone();
+        st.slots = self
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(id, s)| SlotInfo {
+                id,
+                busy: s.task.is_some(),
+                n_ctx: self.cfg.n_ctx,
+                n_cached: s.tokens.len(),
+                n_prompt: s.task.as_ref().map_or(0, |t| t.req.prompt.len()),
+                n_gen: s.task.as_ref().map_or(0, |t| t.n_gen),
+            })
+            .collect();
+    }
+}
+
+impl Task<'_> {
+    /// The text to send with token `id`: its characters, minus anything that may begin a stop
+    /// string; everything held back when this is the last token. True when a stop string
+    /// matched.
+    fn text_for(&mut self, id: u32, last: bool) -> (String, bool) {
+        let mut piece = self.detok.push(id);
+        if last {
+            piece.push_str(&self.detok.finish());
+        }
+        let released = self.stop.push(&piece);
+        let mut text = released.text;
+        if last && !released.stopped {
+            text.push_str(&self.stop.finish());
+        }
+        (text, released.stopped)
+    }
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}

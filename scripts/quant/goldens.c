@@ -6,6 +6,8 @@
 //   rand_<t>.bin / rand_<t>.f32     random block bytes and their to_float
 //   act_<t>.bin                     the CPU backend's from_float (activation quantizer)
 //   dot_<t>.f32                     the CPU backend's vec_dot, rows of DOT_N (FLOAT_N for floats)
+//   mm_<t>.f32                      ggml_mul_mat of MM_ROWS weight rows by MM_TOKENS tokens
+//                                   (FLOAT_N values each), which runs llamafile's tinyBLAS
 // Usage: goldens OUT_DIR
 #include <stdint.h>
 #include <stdio.h>
@@ -49,6 +51,8 @@ static vec_dot_fn quant_dot(enum ggml_type t) {
 #define DOT_N 2048
 #define FLOAT_N 1000
 #define N_RAND_BLOCKS 96
+#define MM_ROWS 8
+#define MM_TOKENS 3
 
 static uint64_t rng_state = 0x243F6A8885A308D3ull;
 static uint64_t next_u64(void) {
@@ -176,6 +180,25 @@ int main(int argc, char ** argv) {
         }
         snprintf(name, sizeof name, "dot_%s.f32", tr->type_name);
         write_file(name, dots, rows * sizeof(float));
+    }
+
+    // prompt-processing matmuls (MM_ROWS weight rows x MM_TOKENS tokens): the CPU backend sends
+    // these through llamafile's tinyBLAS instead of vec_dot
+    const enum ggml_type gemm_types[] = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16 };
+    for (size_t t = 0; t < sizeof gemm_types / sizeof gemm_types[0]; t++) {
+        struct ggml_init_params ip = { 16 * 1024 * 1024, NULL, false };
+        struct ggml_context * ctx = ggml_init(ip);
+        struct ggml_tensor * w = ggml_new_tensor_2d(ctx, gemm_types[t], FLOAT_N, MM_ROWS);
+        struct ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, FLOAT_N, MM_TOKENS);
+        ggml_quantize_chunk(gemm_types[t], input, w->data, 0, MM_ROWS, FLOAT_N, NULL);
+        memcpy(x->data, act_input, sizeof(float) * FLOAT_N * MM_TOKENS);
+        struct ggml_tensor * y = ggml_mul_mat(ctx, w, x);
+        struct ggml_cgraph * gf = ggml_new_graph(ctx);
+        ggml_build_forward_expand(gf, y);
+        ggml_graph_compute_with_ctx(ctx, gf, 1);
+        snprintf(name, sizeof name, "mm_%s.f32", ggml_type_name(gemm_types[t]));
+        write_file(name, y->data, sizeof(float) * MM_ROWS * MM_TOKENS);
+        ggml_free(ctx);
     }
 
     // activation quantizers of the CPU backend, one row of N_VALUES

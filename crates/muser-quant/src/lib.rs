@@ -278,6 +278,27 @@ pub fn vec_dot_isa(isa: Isa, ty: GgmlType, n: usize, w: &[u8], a: &[u8]) -> f32 
     scalar::vec_dot(ty, n, w, a)
 }
 
+/// Whether ggml's CPU backend computes a matmul of `n_rows` weight rows of type `ty` against
+/// `n_tokens` activation rows with llamafile's tinyBLAS (prompt processing) instead of
+/// `vec_dot`, on x86 with AVX512: two or more tokens, a multiple of 4 weight rows, and a type
+/// tinyBLAS handles. Then [`vec_dot_gemm`] gives its numbers; otherwise [`vec_dot`] does.
+pub fn uses_gemm_path(ty: GgmlType, n_rows: usize, n_tokens: usize) -> bool {
+    use GgmlType::*;
+    n_tokens >= 2 && n_rows % 4 == 0 && matches!(ty, F32 | F16 | BF16 | Q8_0 | Q4_0 | Q5_0)
+}
+
+/// `w · a` as llama.cpp's prompt-processing matmul computes it (see [`uses_gemm_path`] and
+/// [`scalar::vec_dot_gemm`]); SIMD where available.
+///
+/// # Panics
+/// As [`vec_dot`].
+pub fn vec_dot_gemm(ty: GgmlType, n: usize, w: &[u8], a: &[u8]) -> f32 {
+    match ty {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => scalar::vec_dot_gemm(ty, n, w, a),
+        _ => vec_dot(ty, n, w, a),
+    }
+}
+
 /// Dots one activation row `a` (of `vec_dot_type(ty)`, `n` values) against `out.len()`
 /// consecutive weight rows of `n` values stored back to back in `w`; `out[r] = w_r · a`.
 ///

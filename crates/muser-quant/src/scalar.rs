@@ -348,3 +348,58 @@ fn dot_bf16(w: &[u8], a: &[u8]) -> f32 {
     }
     sum as f32
 }
+
+/// `w · a` in the arithmetic of llama.cpp's prompt-processing matmul (llamafile's tinyBLAS),
+/// which ggml's CPU backend uses instead of `vec_dot` when [`crate::uses_gemm_path`] holds.
+/// F32, F16: one 16-lane accumulator fed 16 values a step (the tail zero-padded), reduced by
+/// `_mm512_reduce_add_ps`. BF16: one `vdpbf16ps` accumulator fed 32 values a step. The Q8_0,
+/// Q4_0 and Q5_0 tiles do the same arithmetic as `vec_dot`; every other type is `vec_dot`.
+///
+/// # Panics
+/// As [`vec_dot`].
+pub fn vec_dot_gemm(ty: GgmlType, n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (w, a) = check_dot(ty, n, w, a);
+    match ty {
+        GgmlType::F32 => gemm_floats(w, a, 4, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        GgmlType::F16 => gemm_floats(w, a, 2, |b| f16_to_f32(u16::from_le_bytes([b[0], b[1]]))),
+        GgmlType::BF16 => gemm_bf16(w, a),
+        _ => vec_dot(ty, n, w, a),
+    }
+}
+
+fn gemm_floats(w: &[u8], a: &[u8], width: usize, load: impl Fn(&[u8]) -> f32) -> f32 {
+    let n = w.len() / width;
+    let mut acc = [0.0f32; 16];
+    for l in (0..n).step_by(16) {
+        for (lane, s) in acc.iter_mut().enumerate() {
+            let e = l + lane;
+            let (x, y) = if e < n {
+                (load(&w[e * width..]), load(&a[e * width..]))
+            } else {
+                (0.0, 0.0)
+            };
+            *s = x.mul_add(y, *s);
+        }
+    }
+    reduce16(&acc)
+}
+
+fn gemm_bf16(w: &[u8], a: &[u8]) -> f32 {
+    let n = w.len() / 2;
+    let load = |b: &[u8], e: usize| {
+        if e < n {
+            bf16_to_f32(u16::from_le_bytes([b[2 * e], b[2 * e + 1]]))
+        } else {
+            0.0
+        }
+    };
+    let mut acc = [0.0f32; 16];
+    for l in (0..n).step_by(32) {
+        for (lane, s) in acc.iter_mut().enumerate() {
+            let e = l + 2 * lane;
+            *s += load(w, e + 1) * load(a, e + 1);
+            *s += load(w, e) * load(a, e);
+        }
+    }
+    reduce16(&acc)
+}

@@ -171,3 +171,39 @@ fn dot_products_match_ggml_cpu_bits() {
         }
     }
 }
+
+#[test]
+fn prompt_matmul_order_matches_ggml_mul_mat() {
+    const ROWS: usize = 8;
+    const TOKENS: usize = 3;
+    let input = floats("input.f32");
+    let act_input = floats("act_input.f32");
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+        assert!(muser_quant::uses_gemm_path(ty, ROWS, TOKENS));
+        let mut differs_from_vec_dot = 0;
+        let want = floats(&format!("mm_{}.f32", ty.name()));
+        let vt = vec_dot_type(ty);
+        let (wb, ab) = (FLOAT_N * ty.type_size(), FLOAT_N * vt.type_size());
+        let mut w = vec![0u8; wb * ROWS];
+        quantize_row(ty, &input[..FLOAT_N * ROWS], &mut w).unwrap();
+        for t in 0..TOKENS {
+            let mut a = vec![0u8; ab];
+            quantize_activations(vt, &act_input[t * FLOAT_N..(t + 1) * FLOAT_N], &mut a).unwrap();
+            for r in 0..ROWS {
+                let got = muser_quant::vec_dot_gemm(ty, FLOAT_N, &w[r * wb..(r + 1) * wb], &a);
+                let g = want[t * ROWS + r];
+                assert!(
+                    same_bits(got, g),
+                    "{ty} token {t} row {r}: {got} where ggml_mul_mat gives {g}"
+                );
+                let vd = vec_dot(ty, FLOAT_N, &w[r * wb..(r + 1) * wb], &a);
+                differs_from_vec_dot += usize::from(!same_bits(vd, g));
+            }
+        }
+        // the two orders round differently often enough that the goldens tell them apart
+        assert!(
+            differs_from_vec_dot > 0,
+            "{ty}: vec_dot equals the matmul everywhere"
+        );
+    }
+}

@@ -95,15 +95,13 @@ impl Ledger {
         Ok(())
     }
 
-    /// `Ok` when `generation` is the stream's current admitted generation (a pack the store
-    /// may serve).
-    pub fn check_current(&self, stream: &Digest32, generation: u64) -> Result<()> {
+    /// `Ok` when `generation` was admitted for the stream at some point (it is at most the
+    /// high-water mark). A crash after the ledger recorded a newer generation but before
+    /// that pack was renamed into place leaves the previous pack current, so a store serves
+    /// any admitted generation; it checks separately that it is the one it indexed.
+    pub fn check_admitted(&self, stream: &Digest32, generation: u64) -> Result<()> {
         match self.high_water(stream) {
-            Some(hw) if generation == hw => Ok(()),
-            Some(hw) if generation < hw => Err(KvpackError::Replayed {
-                generation,
-                high_water: hw,
-            }),
+            Some(hw) if generation <= hw => Ok(()),
             _ => Err(KvpackError::NotAdmitted { generation }),
         }
     }

@@ -193,15 +193,7 @@ impl PackStore {
                 "file name does not match the manifest".into(),
             ));
         }
-        if self
-            .ledger
-            .high_water(&m.stream)
-            .is_none_or(|hw| m.generation > hw)
-        {
-            return Err(KvpackError::NotAdmitted {
-                generation: m.generation,
-            });
-        }
+        self.ledger.check_admitted(&m.stream, m.generation)?;
         let bytes = f.metadata().map_err(io_ctx("stat pack"))?.len();
         Ok((m, bytes))
     }
@@ -351,8 +343,8 @@ impl PackStore {
         })
     }
 
-    /// Restores the pack named `cut`, checking it completely (identity, seal, segments) and
-    /// that it is its stream's current generation.
+    /// Restores the pack named `cut`, checking it completely (identity, seal, segments),
+    /// that it is the generation the store published and that the ledger admitted it.
     pub fn restore(
         &mut self,
         cut: &BlockId,
@@ -360,6 +352,7 @@ impl PackStore {
         control: &RestoreControl,
     ) -> Result<Restored> {
         let entry = self.index.get(cut).ok_or(KvpackError::NotFound)?;
+        let indexed = entry.generation;
         let path = self.dir("packs").join(&entry.file);
         let f = std::fs::File::open(&path).map_err(io_ctx(format!("open {}", path.display())))?;
         let expect = Expect {
@@ -367,8 +360,18 @@ impl PackStore {
             cut: Some(*cut),
         };
         let r = restore(&f, &self.keys, &expect, &self.cfg.limits, control)?;
-        self.ledger
-            .check_current(&r.manifest.stream, r.manifest.generation)?;
+        let generation = r.manifest.generation;
+        // The file must still be the generation published (not an older one copied over it).
+        if generation < indexed {
+            return Err(KvpackError::Replayed {
+                generation,
+                high_water: indexed,
+            });
+        }
+        if generation > indexed {
+            return Err(KvpackError::NotAdmitted { generation });
+        }
+        self.ledger.check_admitted(&r.manifest.stream, generation)?;
         self.tick += 1;
         let tick = self.tick;
         if let Some(e) = self.index.get_mut(cut) {

@@ -293,10 +293,22 @@ pub fn uses_gemm_path(ty: GgmlType, n_rows: usize, n_tokens: usize) -> bool {
 /// # Panics
 /// As [`vec_dot`].
 pub fn vec_dot_gemm(ty: GgmlType, n: usize, w: &[u8], a: &[u8]) -> f32 {
-    match ty {
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => scalar::vec_dot_gemm(ty, n, w, a),
-        _ => vec_dot(ty, n, w, a),
+    vec_dot_gemm_isa(detected_isa(), ty, n, w, a)
+}
+
+/// [`vec_dot_gemm`] with an explicit kernel family (for tests and benchmarks).
+pub fn vec_dot_gemm_isa(isa: Isa, ty: GgmlType, n: usize, w: &[u8], a: &[u8]) -> f32 {
+    if !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+        return vec_dot_isa(isa, ty, n, w, a);
     }
+    #[cfg(target_arch = "x86_64")]
+    if isa.min(detected_isa()) != Isa::Scalar {
+        let (w, a) = check_dot(ty, n, w, a);
+        if let Some(s) = x86::vec_dot_gemm(ty, w, a) {
+            return s;
+        }
+    }
+    scalar::vec_dot_gemm(ty, n, w, a)
 }
 
 /// Dots one activation row `a` (of `vec_dot_type(ty)`, `n` values) against `out.len()`

@@ -44,6 +44,7 @@ pub(crate) fn vec_dot(_isa: Isa, ty: GgmlType, w: &[u8], a: &[u8]) -> Option<f32
             GgmlType::Q3_K => dot_q3_k(w, a),
             GgmlType::F32 => dot_f32(w, a),
             GgmlType::F16 => dot_f16(w, a),
+            GgmlType::BF16 => dot_bf16(w, a),
             _ => return None,
         })
     }
@@ -582,12 +583,130 @@ unsafe fn dot_floats<const HALF: bool>(w: &[u8], a: &[u8], n: usize) -> (f32, us
         acc[2 + h] = _mm256_add_ps(acc[2 + h], acc[6 + h]);
         acc[h] = _mm256_add_ps(acc[h], acc[2 + h]);
     }
-    // _mm512_reduce_add_ps: t = hi8 + lo8, then 4+4, then (t0+t2) + (t1+t3)
-    let t3 = _mm256_add_ps(acc[1], acc[0]);
+    (reduce16(acc[0], acc[1]), np)
+}
+
+/// GCC's `_mm512_reduce_add_ps` of the 16 lanes `lo` (0..7) and `hi` (8..15):
+/// t = hi + lo, then 4 + 4, then (t0+t2) + (t1+t3).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn reduce16(lo: __m256, hi: __m256) -> f32 {
+    let t3 = _mm256_add_ps(hi, lo);
     let t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
     let t8 = _mm_add_ps(t6, _mm_movehl_ps(t6, t6));
-    let s = _mm_add_ss(t8, _mm_movehdup_ps(t8));
-    (_mm_cvtss_f32(s), np)
+    _mm_cvtss_f32(_mm_add_ss(t8, _mm_movehdup_ps(t8)))
+}
+
+/// `vdpbf16ps` on eight lanes (16 bf16 values of `w` and `a` at `p`, `q`): each lane adds the
+/// odd product, then the even one (both exact in f32).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dpbf16(acc: __m256, p: *const u8, q: *const u8) -> __m256 {
+    let (x, y) = (loadu(p), loadu(q));
+    let hi = _mm256_set1_epi32(0xFFFF0000u32 as i32);
+    let odd = _mm256_mul_ps(
+        _mm256_castsi256_ps(_mm256_and_si256(x, hi)),
+        _mm256_castsi256_ps(_mm256_and_si256(y, hi)),
+    );
+    let even = _mm256_mul_ps(
+        _mm256_castsi256_ps(_mm256_slli_epi32(x, 16)),
+        _mm256_castsi256_ps(_mm256_slli_epi32(y, 16)),
+    );
+    _mm256_add_ps(_mm256_add_ps(acc, odd), even)
+}
+
+/// ggml's AVX512-BF16 loop: two 16-lane `vdpbf16ps` accumulators over 64 values a step, each
+/// reduced on its own into an f64 sum, then the rest in f64.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_bf16(w: &[u8], a: &[u8]) -> f32 {
+    let n = w.len() / 2;
+    let np = n / 64 * 64;
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let mut c = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i < np {
+        for (r, cr) in c.iter_mut().enumerate() {
+            *cr = dpbf16(*cr, wp.add(2 * (i + 16 * r)), ap.add(2 * (i + 16 * r)));
+        }
+        i += 64;
+    }
+    let mut sum = reduce16(c[0], c[1]) as f64;
+    sum += reduce16(c[2], c[3]) as f64;
+    for e in np..n {
+        let x = crate::fp::bf16_to_f32(u16::from_le_bytes([w[2 * e], w[2 * e + 1]]));
+        let y = crate::fp::bf16_to_f32(u16::from_le_bytes([a[2 * e], a[2 * e + 1]]));
+        sum += (x * y) as f64;
+    }
+    sum as f32
+}
+
+/// llama.cpp's prompt-matmul order (`scalar::vec_dot_gemm`) for F32, F16 and BF16.
+pub(crate) fn vec_dot_gemm(ty: GgmlType, w: &[u8], a: &[u8]) -> Option<f32> {
+    // SAFETY: the caller checked AVX2/FMA/F16C and the row lengths.
+    unsafe {
+        Some(match ty {
+            GgmlType::F32 => gemm_floats::<false>(w, a, w.len() / 4),
+            GgmlType::F16 => gemm_floats::<true>(w, a, w.len() / 2),
+            GgmlType::BF16 => gemm_bf16(w, a),
+            _ => return None,
+        })
+    }
+}
+
+/// One 16-lane accumulator, 16 values a step, the tail zero-padded.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gemm_floats<const HALF: bool>(w: &[u8], a: &[u8], n: usize) -> f32 {
+    let width = if HALF { 2 } else { 4 };
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let n16 = n / 16 * 16;
+    let mut l = 0;
+    while l < n16 {
+        lo = _mm256_fmadd_ps(load8::<HALF>(wp, l), load8::<HALF>(ap, l), lo);
+        hi = _mm256_fmadd_ps(load8::<HALF>(wp, l + 8), load8::<HALF>(ap, l + 8), hi);
+        l += 16;
+    }
+    if n16 < n {
+        let (mut tw, mut ta) = ([0u8; 64], [0u8; 64]);
+        let rest = (n - n16) * width;
+        tw[..rest].copy_from_slice(&w[n16 * width..]);
+        ta[..rest].copy_from_slice(&a[n16 * width..]);
+        lo = _mm256_fmadd_ps(
+            load8::<HALF>(tw.as_ptr(), 0),
+            load8::<HALF>(ta.as_ptr(), 0),
+            lo,
+        );
+        hi = _mm256_fmadd_ps(
+            load8::<HALF>(tw.as_ptr(), 8),
+            load8::<HALF>(ta.as_ptr(), 8),
+            hi,
+        );
+    }
+    reduce16(lo, hi)
+}
+
+/// One 16-lane `vdpbf16ps` accumulator, 32 values a step, the tail zero-padded.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gemm_bf16(w: &[u8], a: &[u8]) -> f32 {
+    let n = w.len() / 2;
+    let n32 = n / 32 * 32;
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut l = 0;
+    while l < n32 {
+        lo = dpbf16(lo, wp.add(2 * l), ap.add(2 * l));
+        hi = dpbf16(hi, wp.add(2 * l + 32), ap.add(2 * l + 32));
+        l += 32;
+    }
+    if n32 < n {
+        let (mut tw, mut ta) = ([0u8; 64], [0u8; 64]);
+        let rest = (n - n32) * 2;
+        tw[..rest].copy_from_slice(&w[2 * n32..]);
+        ta[..rest].copy_from_slice(&a[2 * n32..]);
+        lo = dpbf16(lo, tw.as_ptr(), ta.as_ptr());
+        hi = dpbf16(hi, tw.as_ptr().add(32), ta.as_ptr().add(32));
+    }
+    reduce16(lo, hi)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

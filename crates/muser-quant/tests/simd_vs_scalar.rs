@@ -2,8 +2,8 @@
 //! emulate ggml's lane order), and the dots agree with a plain f64 dot of the dequantized rows.
 
 use muser_quant::{
-    dequantize_row, detected_isa, quantize_activations, quantize_row, scalar, vec_dot_isa,
-    vec_dot_type, GgmlType, Isa,
+    dequantize_row, detected_isa, quantize_activations, quantize_row, scalar, vec_dot_gemm_isa,
+    vec_dot_isa, vec_dot_type, GgmlType, Isa,
 };
 
 struct Rng(u64);
@@ -75,7 +75,7 @@ fn simd_equals_scalar_bit_for_bit() {
     }
     let mut rng = Rng(0x9E3779B97F4A7C15);
     for ty in DOT_TYPES {
-        for &n in &[256usize, 512, 1536, 4352] {
+        for &n in &[256usize, 512, 1000, 1536, 4352] {
             if n % ty.block_size() != 0 {
                 continue;
             }
@@ -86,12 +86,19 @@ fn simd_equals_scalar_bit_for_bit() {
                 let mut a = vec![0u8; n / at.block_size() * at.type_size()];
                 quantize_activations(at, &x, &mut a).unwrap();
                 let s = scalar::vec_dot(ty, n, &w, &a);
+                let g = scalar::vec_dot_gemm(ty, n, &w, &a);
                 for isa in [Isa::Avx2, Isa::Avx512] {
                     let v = vec_dot_isa(isa, ty, n, &w, &a);
                     assert_eq!(
                         s.to_bits(),
                         v.to_bits(),
                         "{ty} n={n} {isa:?}: scalar {s} simd {v}"
+                    );
+                    let v = vec_dot_gemm_isa(isa, ty, n, &w, &a);
+                    assert_eq!(
+                        g.to_bits(),
+                        v.to_bits(),
+                        "gemm order {ty} n={n} {isa:?}: scalar {g} simd {v}"
                     );
                 }
             }

@@ -129,6 +129,11 @@ impl ChatTemplate {
     }
 
     /// Renders the conversation to the prompt text llama-server would produce.
+    ///
+    /// As in llama-server (`prefill_assistant`, on by default), a conversation that ends with
+    /// an assistant message without tool calls is continued rather than closed: the earlier
+    /// messages are rendered, then the assistant header and that message's text, so generation
+    /// picks up where it stops.
     pub fn render(&self, req: &ChatRequest) -> Result<String> {
         let typed_content = self.source.contains("type");
         let messages: Vec<Value> = req
@@ -136,6 +141,56 @@ impl ChatTemplate {
             .iter()
             .map(|m| normalize_message(m, typed_content))
             .collect();
+        let last = messages.last().filter(|m| {
+            m.get("role").and_then(Value::as_str) == Some("assistant")
+                && m.get("tool_calls").is_none()
+        });
+        let Some(last) = last.cloned() else {
+            return self.render_messages(req, messages, req.add_generation_prompt);
+        };
+        let earlier = messages[..messages.len() - 1].to_vec();
+        let base = self.render_messages(req, earlier.clone(), false)?;
+        let text = |k: &str| {
+            last.get(k)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
+        let content = match last.get("content") {
+            Some(Value::Array(parts)) => concat_text_parts(parts),
+            _ => text("content"),
+        };
+        let reasoning = text("reasoning_content");
+        let continue_content = !content.is_empty() || reasoning.is_empty();
+        let tail = if self.is_muse() {
+            let mut t = format!("<|start|>assistant to=self<|message|>{reasoning}");
+            if continue_content {
+                t.push_str("<|eom|><|start|>assistant to=user<|message|>");
+                t.push_str(&content);
+            }
+            t
+        } else {
+            let with_prompt = self.render_messages(req, earlier, true)?;
+            let common = base
+                .bytes()
+                .zip(with_prompt.bytes())
+                .take_while(|(a, b)| a == b)
+                .count();
+            let mut t = with_prompt.get(common..).unwrap_or("").to_string();
+            if continue_content {
+                t.push_str(&content);
+            }
+            t
+        };
+        Ok(base + &tail)
+    }
+
+    fn render_messages(
+        &self,
+        req: &ChatRequest,
+        messages: Vec<Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let mut ctx = Map::new();
         ctx.insert("messages".into(), Value::Array(messages));
         ctx.insert("bos_token".into(), Value::String(self.bos_token.clone()));
@@ -147,7 +202,7 @@ impl ChatTemplate {
         for (k, v) in &req.extra {
             ctx.insert(k.clone(), v.clone());
         }
-        if req.add_generation_prompt {
+        if add_generation_prompt {
             ctx.insert("add_generation_prompt".into(), Value::Bool(true));
         }
         if let Some(Value::String(effort)) = req.extra.get("reasoning_effort") {

@@ -64,27 +64,27 @@ fn weights_digest_covers_names_shapes_types_and_data() {
         h.add_tensor("b", &[8], 0, &[2; 32]);
         h.finish()
     };
-    let variants: Vec<Box<dyn Fn(&mut WeightsHasher)>> = vec![
-        Box::new(|h| {
+    let variants: Vec<fn(&mut WeightsHasher)> = vec![
+        |h| {
             h.add_tensor("a", &[4, 2], 1, &[1; 16]);
             h.add_tensor("c", &[8], 0, &[2; 32]);
-        }),
-        Box::new(|h| {
+        },
+        |h| {
             h.add_tensor("a", &[2, 4], 1, &[1; 16]);
             h.add_tensor("b", &[8], 0, &[2; 32]);
-        }),
-        Box::new(|h| {
+        },
+        |h| {
             h.add_tensor("a", &[4, 2], 2, &[1; 16]);
             h.add_tensor("b", &[8], 0, &[2; 32]);
-        }),
-        Box::new(|h| {
+        },
+        |h| {
             h.add_tensor("a", &[4, 2], 1, &[1; 16]);
             h.add_tensor("b", &[8], 0, &[3; 32]);
-        }),
-        Box::new(|h| {
+        },
+        |h| {
             h.add_tensor("b", &[8], 0, &[2; 32]);
             h.add_tensor("a", &[4, 2], 1, &[1; 16]);
-        }),
+        },
     ];
     for (i, v) in variants.iter().enumerate() {
         let mut h = WeightsHasher::new();

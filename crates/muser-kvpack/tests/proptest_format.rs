@@ -100,14 +100,10 @@ proptest! {
     #[test]
     fn any_byte_change_is_rejected(c in case(), at in any::<prop::sample::Index>(), x in 1u8..=255) {
         let keys = keys();
-        let (id, st, mut bytes) = build(&keys, &c, 0);
+        let (id, _, mut bytes) = build(&keys, &c, 0);
         let i = at.index(bytes.len());
         bytes[i] ^= x;
-        match rs(&bytes, &keys, &id) {
-            Ok(r) => prop_assert_eq!(r.state, st),
-            Err(_) => {}
-        }
-        // In practice every byte is covered: assert it is rejected.
+        // "Rejected or identical": every byte is covered by a digest, so always rejected.
         prop_assert!(rs(&bytes, &keys, &id).is_err(), "byte {} accepted", i);
     }
 

@@ -227,9 +227,12 @@ template <int B>
 __device__ __forceinline__ void q4k_step(uint4 hd, uint4 qv, long s, int j, Act x, float* acc) {
     const int c = j >> 1, h = j & 1;
     const float d = h2f(hd.x & 0xffff), dmin = h2f(hd.x >> 16);
-    int sc1, m1, sc2, m2;
-    scale_min_k4v(2 * c, hd, &sc1, &m1);
-    scale_min_k4v(2 * c + 1, hd, &sc2, &m2);
+    // Scales and mins of sub-blocks 2c and 2c+1 as byte pairs (get_scale_min_k4 on 16-bit words).
+    const int sh = 16 * (c & 1);
+    const u32 Y = hd.y >> sh, Z = hd.z >> sh, Wd = hd.w >> sh;
+    const u32 aux0 = c < 2 ? (Y & 0x3f3fu) : ((Wd & 0x0f0fu) | ((Y & 0xc0c0u) >> 2));
+    const u32 aux1 = c < 2 ? (Z & 0x3f3fu) : (((Wd >> 4) & 0x0f0fu) | ((Z & 0xc0c0u) >> 2));
+    const int sc1 = aux0 & 0xff, sc2 = (aux0 >> 8) & 0xff, m1 = aux1 & 0xff, m2 = (aux1 >> 8) & 0xff;
     const uint4 lo = and4(qv, 0x0F0F0F0Fu), hi = and4(shr4(qv, 4), 0x0F0F0F0Fu);
     const long ga = s * 16 + 4 * c + h, gb = ga + 2;
 #pragma unroll
@@ -257,20 +260,26 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
 #define Q4K_UNROLL 4
 template <int B>
 __device__ void gemv_q4k(const u8* __restrict__ W, long rows, long cols, Act x, float* __restrict__ y, long ldy) {
-    const int lane = threadIdx.x & 31;
-    const long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= rows) return;
+    // A row is shared by wpr warps of the block (split over its super-blocks), so long rows and
+    // small matrices still fill the machine; wpr = 4 when a row has >= 48 super-blocks, else 2.
+    __shared__ float red[4][B];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const long nsb = cols >> 8;
-    const u8* wr = W + row * nsb * 144;
+    const int wpr = nsb >= 48 ? 4 : 2;
+    const long row = (long)blockIdx.x * (4 / wpr) + warp / wpr;
+    const int part = warp % wpr;
+    const bool valid = row < rows;
+    const u8* wr = W + (valid ? row : 0) * nsb * 144;
     const int j = lane & 7;
+    const int step = 4 * wpr;
     float acc[B];
 #pragma unroll
     for (int b = 0; b < B; b++) acc[b] = 0.f;
-    for (long s0 = lane >> 3; s0 < nsb; s0 += 4 * Q4K_UNROLL) {
+    for (long s0 = part * 4 + (lane >> 3); valid && s0 < nsb; s0 += step * Q4K_UNROLL) {
         uint4 h[Q4K_UNROLL], q[Q4K_UNROLL];
 #pragma unroll
         for (int u = 0; u < Q4K_UNROLL; u++) {
-            const long s = s0 + 4 * u;
+            const long s = s0 + step * u;
             h[u] = make_uint4(0, 0, 0, 0);
             q[u] = h[u];
             if (s < nsb) {
@@ -280,14 +289,20 @@ __device__ void gemv_q4k(const u8* __restrict__ W, long rows, long cols, Act x, 
         }
 #pragma unroll
         for (int u = 0; u < Q4K_UNROLL; u++) {
-            const long s = s0 + 4 * u;
+            const long s = s0 + step * u;
             if (s < nsb) q4k_step<B>(h[u], q[u], s, j, x, acc);
         }
     }
 #pragma unroll
     for (int b = 0; b < B; b++) {
         const float v = warp_sum(acc[b]);
-        if (lane == 0) y[b * ldy + row] = v;
+        if (lane == 0) red[warp][b] = v;
+    }
+    __syncthreads();
+    if (valid && part == 0 && lane < B) {
+        float v = 0.f;
+        for (int k = 0; k < wpr; k++) v += red[warp + k][lane];
+        y[lane * ldy + row] = v;
     }
 }
 

@@ -161,6 +161,8 @@ fn cmd_check(json_out: Option<PathBuf>) -> Result<bool, CudaError> {
         // 6656 columns: 26 Q4_K super-blocks, an odd tail for the unrolled loops.
         ok &= check_type(&gpu, ty, 300, 6656, &mut rng, &mut results)?;
     }
+    // 19968 columns (muse-glimmer's ffn_down): Q4_K rows split over four warps.
+    ok &= check_type(&gpu, WType::Q4K, 301, 19968, &mut rng, &mut results)?;
     if let Some(p) = json_out {
         let doc = json!({"kind": "cuda-kernel-checks", "device": gpu.info().name, "all_pass": ok, "results": results});
         std::fs::write(p, serde_json::to_string_pretty(&doc).unwrap_or_default())?;

@@ -289,8 +289,10 @@ fn check_tiling(
             }
             *c = s.positions.end;
         }
-        let want = s.positions.len() as u64 * rb * 2 * count as u64;
-        if s.len != want {
+        let want = (s.positions.len() as u64)
+            .checked_mul(rb)
+            .and_then(|b| b.checked_mul(2 * count as u64));
+        if want != Some(s.len) {
             return bad("segment length disagrees with its geometry");
         }
     }

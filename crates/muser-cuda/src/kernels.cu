@@ -212,40 +212,6 @@ __device__ __forceinline__ int byte_of(uint4 v, int k) {
     return (int)((w >> (8 * (k & 3))) & 0xffu);
 }
 
-// get_scale_min_k4 on the scale bytes held in a Q4_K block header (bytes 4..15 of hd).
-__device__ __forceinline__ void scale_min_k4v(int j, uint4 hd, int* sc, int* m) {
-    if (j < 4) {
-        *sc = byte_of(hd, 4 + j) & 63;
-        *m = byte_of(hd, 8 + j) & 63;
-    } else {
-        *sc = (byte_of(hd, 8 + j) & 15) | ((byte_of(hd, j) >> 6) << 4);
-        *m = (byte_of(hd, 8 + j) >> 4) | ((byte_of(hd, 4 + j) >> 6) << 4);
-    }
-}
-
-template <int B>
-__device__ __forceinline__ void q4k_step(uint4 hd, uint4 qv, long s, int j, Act x, float* acc) {
-    const int c = j >> 1, h = j & 1;
-    const float d = h2f(hd.x & 0xffff), dmin = h2f(hd.x >> 16);
-    // Scales and mins of sub-blocks 2c and 2c+1 as byte pairs (get_scale_min_k4 on 16-bit words).
-    const int sh = 16 * (c & 1);
-    const u32 Y = hd.y >> sh, Z = hd.z >> sh, Wd = hd.w >> sh;
-    const u32 aux0 = c < 2 ? (Y & 0x3f3fu) : ((Wd & 0x0f0fu) | ((Y & 0xc0c0u) >> 2));
-    const u32 aux1 = c < 2 ? (Z & 0x3f3fu) : (((Wd >> 4) & 0x0f0fu) | ((Z & 0xc0c0u) >> 2));
-    const int sc1 = aux0 & 0xff, sc2 = (aux0 >> 8) & 0xff, m1 = aux1 & 0xff, m2 = (aux1 >> 8) & 0xff;
-    const uint4 lo = and4(qv, 0x0F0F0F0Fu), hi = and4(shr4(qv, 4), 0x0F0F0F0Fu);
-    const long ga = s * 16 + 4 * c + h, gb = ga + 2;
-#pragma unroll
-    for (int b = 0; b < B; b++) {
-        const long go = b * (x.n / 16);
-        const int4 xa = *(const int4*)(x.q + b * x.n + ga * 16);
-        const int4 xb = *(const int4*)(x.q + b * x.n + gb * 16);
-        const int sa = dot16(lo, xa, 0), sb = dot16(hi, xb, 0);
-        acc[b] += d * ((float)sc1 * x.d[go + ga] * (float)sa + (float)sc2 * x.d[go + gb] * (float)sb) -
-                  dmin * ((float)m1 * x.s[go + ga] + (float)m2 * x.s[go + gb]);
-    }
-}
-
 // Weight bytes are read once: keep them out of L1 so the activations stay there.
 __device__ __forceinline__ uint4 ld_stream(const void* p) {
     uint4 r;
@@ -255,43 +221,73 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
     return r;
 }
 
-// Each group of 8 lanes works on one super-block at a time; a lane keeps Q4K_UNROLL super-blocks
-// of loads in flight before using them.
+// Q4_K GEMV. A group of 8 lanes works on one super-block (lane j: 16 bytes of quants, chunk
+// c = j/2, half h = j%2); a row is shared by WPR warps of the 4-warp block; each lane keeps
+// Q4K_UNROLL super-blocks of loads in flight. Strides are compile-time constants so the loads
+// use immediate offsets from a few running pointers.
 #define Q4K_UNROLL 4
-template <int B>
+template <int B, int WPR>
 __device__ void gemv_q4k(const u8* __restrict__ W, long rows, long cols, Act x, float* __restrict__ y, long ldy) {
-    // A row is shared by wpr warps of the block (split over its super-blocks), so long rows and
-    // small matrices still fill the machine; wpr = 4 when a row has >= 48 super-blocks, else 2.
+    constexpr int STEP = 4 * WPR;
+    constexpr int U = Q4K_UNROLL;
     __shared__ float red[4][B];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const long nsb = cols >> 8;
-    const int wpr = nsb >= 48 ? 4 : 2;
-    const long row = (long)blockIdx.x * (4 / wpr) + warp / wpr;
-    const int part = warp % wpr;
+    const int nsb = (int)(cols >> 8);
+    const long row = (long)blockIdx.x * (4 / WPR) + warp / WPR;
     const bool valid = row < rows;
-    const u8* wr = W + (valid ? row : 0) * nsb * 144;
-    const int j = lane & 7;
-    const int step = 4 * wpr;
+    const int j = lane & 7, c = j >> 1, h = j & 1;
+    const int s_first = (warp % WPR) * 4 + (lane >> 3);
+    const u8* wh = W + ((valid ? row : 0) * nsb + s_first) * 144;
+    const u8* wq = wh + 16 + 16 * j;
+    const int ga0 = s_first * 16 + 4 * c + h;
+    const i8* xq = x.q + ga0 * 16;
+    const float* xd = x.d + ga0;
+    const float* xs = x.s + ga0;
+    const long xn = x.n, gn = x.n / 16;
+    const int sh = 16 * (c & 1);
+    const bool clo = c < 2;
     float acc[B];
 #pragma unroll
     for (int b = 0; b < B; b++) acc[b] = 0.f;
-    for (long s0 = part * 4 + (lane >> 3); valid && s0 < nsb; s0 += step * Q4K_UNROLL) {
-        uint4 h[Q4K_UNROLL], q[Q4K_UNROLL];
+    for (int s0 = s_first; valid && s0 < nsb; s0 += STEP * U) {
+        uint4 hv[U], qv[U];
 #pragma unroll
-        for (int u = 0; u < Q4K_UNROLL; u++) {
-            const long s = s0 + step * u;
-            h[u] = make_uint4(0, 0, 0, 0);
-            q[u] = h[u];
-            if (s < nsb) {
-                h[u] = ld_stream(wr + s * 144);
-                q[u] = ld_stream(wr + s * 144 + 16 + 16 * j);
+        for (int u = 0; u < U; u++) {
+            hv[u] = make_uint4(0, 0, 0, 0);
+            qv[u] = hv[u];
+            if (s0 + STEP * u < nsb) {
+                hv[u] = ld_stream(wh + STEP * u * 144);
+                qv[u] = ld_stream(wq + STEP * u * 144);
             }
         }
 #pragma unroll
-        for (int u = 0; u < Q4K_UNROLL; u++) {
-            const long s = s0 + step * u;
-            if (s < nsb) q4k_step<B>(h[u], q[u], s, j, x, acc);
+        for (int u = 0; u < U; u++) {
+            if (s0 + STEP * u < nsb) {
+                const uint4 hd = hv[u];
+                const float d = h2f(hd.x & 0xffff), dmin = h2f(hd.x >> 16);
+                // Scales and mins of sub-blocks 2c and 2c+1 as byte pairs (get_scale_min_k4).
+                const u32 Y = hd.y >> sh, Z = hd.z >> sh, Wd = hd.w >> sh;
+                const u32 aux0 = clo ? (Y & 0x3f3fu) : ((Wd & 0x0f0fu) | ((Y & 0xc0c0u) >> 2));
+                const u32 aux1 = clo ? (Z & 0x3f3fu) : (((Wd >> 4) & 0x0f0fu) | ((Z & 0xc0c0u) >> 2));
+                const int sc1 = aux0 & 0xff, sc2 = (aux0 >> 8) & 0xff;
+                const float m1 = (float)(aux1 & 0xff), m2 = (float)((aux1 >> 8) & 0xff);
+                const uint4 lo = and4(qv[u], 0x0F0F0F0Fu), hi = and4(shr4(qv[u], 4), 0x0F0F0F0Fu);
+#pragma unroll
+                for (int b = 0; b < B; b++) {
+                    const i8* xp = xq + b * xn + STEP * u * 256;
+                    const int4 xa = *(const int4*)xp;
+                    const int4 xb = *(const int4*)(xp + 32);
+                    const long go = b * gn + STEP * u * 16;
+                    const int sa = dot16(lo, xa, 0) * sc1, sb = dot16(hi, xb, 0) * sc2;
+                    acc[b] += d * (xd[go] * (float)sa + xd[go + 2] * (float)sb) - dmin * (m1 * xs[go] + m2 * xs[go + 2]);
+                }
+            }
         }
+        wh += STEP * U * 144;
+        wq += STEP * U * 144;
+        xq += STEP * U * 256;
+        xd += STEP * U * 16;
+        xs += STEP * U * 16;
     }
 #pragma unroll
     for (int b = 0; b < B; b++) {
@@ -299,9 +295,10 @@ __device__ void gemv_q4k(const u8* __restrict__ W, long rows, long cols, Act x, 
         if (lane == 0) red[warp][b] = v;
     }
     __syncthreads();
-    if (valid && part == 0 && lane < B) {
+    if (valid && warp % WPR == 0 && lane < B) {
         float v = 0.f;
-        for (int k = 0; k < wpr; k++) v += red[warp + k][lane];
+#pragma unroll
+        for (int k = 0; k < WPR; k++) v += red[warp + k][lane];
         y[lane * ldy + row] = v;
     }
 }
@@ -481,7 +478,10 @@ __device__ void gemv_float(int ty, const u8* __restrict__ W, long rows, long col
     extern "C" __global__ void gemv_q4k_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,    \
                                              const float* xd, const float* xs, const float* xf, float* y, long ldy) {   \
         Act x = {xq, xd, xs, cols};                                                                           \
-        gemv_q4k<B>(W, rows, cols, x, y, ldy);                                                                     \
+        if ((cols >> 8) >= 48)                                                                                \
+            gemv_q4k<B, 4>(W, rows, cols, x, y, ldy);                                                         \
+        else                                                                                                  \
+            gemv_q4k<B, 2>(W, rows, cols, x, y, ldy);                                                         \
     }                                                                                                         \
     extern "C" __global__ void gemv_q6k_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,    \
                                              const float* xd, const float* xs, const float* xf, float* y, long ldy) {   \

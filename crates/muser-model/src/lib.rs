@@ -17,6 +17,7 @@ mod error;
 mod info;
 pub mod kv;
 pub mod models;
+pub mod synth;
 
 pub use backend::{AttnInput, Backend, RopeMode, Weight};
 pub use cpu::CpuBackend;

@@ -69,6 +69,7 @@ fn fixture() -> &'static Fixture {
                 layers_per_segment: 2,
                 tokens_per_segment: BLOCK_TOKENS,
             },
+            threads: 1,
         };
         let pack = PackPlan::new(&state, &keys, &spec).unwrap().to_bytes();
         Fixture { keys, id, state, pack }

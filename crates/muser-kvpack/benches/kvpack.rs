@@ -4,7 +4,7 @@
 //!
 //!     cargo bench -p muser-kvpack --bench kvpack [-- --quick] [-- --receipt PATH]
 //!
-//! `--quick` runs 2k and 8k only. The disk path goes through `PackStore` (write, fsync,
+//! `--quick` runs 2k and 8k only. Each figure is the best of 3 runs (the machine is shared). The disk path goes through `PackStore` (write, fsync,
 //! rename, directory fsync; restore reads through the page cache, which the publication
 //! has just warmed: the restore figure is verification + copy, not device reads).
 
@@ -105,10 +105,19 @@ fn state(layout: &KvLayoutAbi, n: u32) -> KvState {
     }
 }
 
-fn secs<T>(f: impl FnOnce() -> T) -> (T, f64) {
-    let t = Instant::now();
-    let r = f();
-    (r, t.elapsed().as_secs_f64())
+/// Runs `f` `REPS` times (rep index given) and returns the last result and the best time:
+/// the machine is shared, so the minimum is the figure least disturbed by other work.
+const REPS: u64 = 3;
+fn best<T>(mut f: impl FnMut(u64) -> T) -> (T, f64) {
+    let mut best = f64::INFINITY;
+    let mut out = None;
+    for rep in 0..REPS {
+        let t = Instant::now();
+        let r = f(rep);
+        best = best.min(t.elapsed().as_secs_f64());
+        out = Some(r);
+    }
+    (out.expect("REPS > 0"), best)
 }
 
 fn main() {
@@ -157,15 +166,16 @@ fn main() {
                 stream: None,
                 base_tokens: 0,
                 plan: SegmentPlan::default(),
+                threads: default_threads(),
             };
-            let (bytes, t_pack) = secs(|| PackPlan::new(&st, &keys, &spec).unwrap().to_bytes());
+            let (bytes, t_pack) = best(|_| PackPlan::new(&st, &keys, &spec).unwrap().to_bytes());
             let (_, t_verify) =
-                secs(|| verify_pack(&bytes[..], &keys, &ReadLimits::default()).unwrap());
+                best(|_| verify_pack(&bytes[..], &keys, &ReadLimits::default()).unwrap());
             let expect = Expect {
                 identity: &id,
                 cut: None,
             };
-            let (r, t_restore) = secs(|| {
+            let (r, t_restore) = best(|_| {
                 restore(
                     &bytes[..],
                     &keys,
@@ -184,9 +194,19 @@ fn main() {
                 Keys::derive(&[0x42; 32]),
             )
             .unwrap();
-            let plan = PackPlan::new(&st, &keys, &spec).unwrap();
-            let (hit, t_publish) = secs(|| store.publish(&plan).unwrap());
-            let (r, t_disk_restore) = secs(|| {
+            // Each repetition publishes the next generation, replacing the previous file.
+            let plans: Vec<PackPlan> = (0..REPS)
+                .map(|rep| {
+                    let s = PackSpec {
+                        generation: rep + 1,
+                        ..spec
+                    };
+                    PackPlan::new(&st, &keys, &s).unwrap()
+                })
+                .collect();
+            let (hit, t_publish) = best(|rep| store.publish(&plans[rep as usize]).unwrap());
+            drop(plans);
+            let (r, t_disk_restore) = best(|_| {
                 store
                     .restore(&hit.cut, &id, &RestoreControl::default())
                     .unwrap()
@@ -251,7 +271,10 @@ fn main() {
         "command": format!("cargo bench -p muser-kvpack --bench kvpack --{}", if quick { " --quick" } else { "" }),
         "commit": commit,
         "machine": { "cpu": cpu, "threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) },
-        "notes": "single thread; disk = PackStore publish (write+fsync+rename+dir fsync) and restore through a warm page cache",
+        "hash_threads": default_threads(),
+        "reps": REPS,
+        "load_average_at_end": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
+        "notes": "best of reps; GB/s are pack-file bytes per second; disk = PackStore publish (write+fsync+rename+dir fsync) and restore through a warm page cache",
         "rows": rows,
     });
     std::fs::write(

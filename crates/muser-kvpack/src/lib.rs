@@ -19,6 +19,7 @@ pub mod identity;
 pub mod keys;
 pub mod ledger;
 pub mod pack;
+mod par;
 pub mod prefix;
 pub mod radix;
 pub mod restore;
@@ -36,6 +37,7 @@ pub use pack::{
     merkle_root, open_pack, Manifest, PackKind, PackPlan, PackSource, PackSpec, ReadLimits,
     SegmentDesc, SegmentPlan,
 };
+pub use par::default_threads;
 pub use prefix::{BlockId, PrefixChain, PrefixHasher, BLOCK_TOKENS};
 pub use radix::{BlockRows, ResidentBlock, ResidentCache, ResidentHit};
 pub use restore::{apply_delta, restore, verify_pack, Expect, RestoreControl, Restored};

@@ -546,6 +546,8 @@ pub struct PackSpec<'a> {
     /// 0 for a full pack; otherwise a block boundary the receiver already holds.
     pub base_tokens: u32,
     pub plan: SegmentPlan,
+    /// Threads hashing segments ([`crate::default_threads`]).
+    pub threads: usize,
 }
 
 /// The segment geometry a writer uses: groups of consecutive same-kind layers, ranges split
@@ -631,9 +633,9 @@ impl<'s> PackPlan<'s> {
             }
         };
         let positions = from..end;
-        let segments: Vec<SegmentDesc> = plan_segments(&state.layout, &positions, &spec.plan)
-            .into_iter()
-            .map(|(lf, lc, r)| {
+        let planned = plan_segments(&state.layout, &positions, &spec.plan);
+        let segments: Vec<SegmentDesc> =
+            crate::par::par_map(planned, spec.threads, |_, (lf, lc, r)| {
                 let mut h = Sha256::new();
                 let mut len = 0u64;
                 for l in lf..lf + lc {
@@ -649,8 +651,7 @@ impl<'s> PackPlan<'s> {
                     len,
                     sha256: h.finalize().into(),
                 }
-            })
-            .collect();
+            });
         let digests: Vec<Digest32> = segments.iter().map(|s| s.sha256).collect();
         let manifest = Manifest {
             identity: spec.identity.clone(),
@@ -767,6 +768,7 @@ mod tests {
                 layers_per_segment: 1,
                 tokens_per_segment: 256,
             },
+            threads: 2,
         };
         let bytes = PackPlan::new(&st, &keys, &spec).unwrap().to_bytes();
         (keys, bytes, id)

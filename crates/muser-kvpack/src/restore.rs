@@ -5,6 +5,7 @@ use crate::error::{KvpackError, Result};
 use crate::identity::KvIdentity;
 use crate::keys::Keys;
 use crate::pack::{open_pack, Manifest, OpenedPack, PackKind, PackSource, ReadLimits, SegmentDesc};
+use crate::par::{default_threads, par_map};
 use crate::prefix::BlockId;
 use crate::state::KvState;
 use sha2::{Digest, Sha256};
@@ -20,6 +21,8 @@ pub struct RestoreControl<'a> {
     pub deadline: Option<Instant>,
     /// Set to abort; checked between segment parts.
     pub cancel: Option<&'a AtomicBool>,
+    /// Threads verifying segments (segments are independent).
+    pub threads: usize,
 }
 
 impl Default for RestoreControl<'_> {
@@ -28,6 +31,7 @@ impl Default for RestoreControl<'_> {
             max_bytes: 64 << 30,
             deadline: None,
             cancel: None,
+            threads: default_threads(),
         }
     }
 }
@@ -59,57 +63,131 @@ pub struct Restored {
     pub state: KvState,
 }
 
-/// Reads every segment part (each layer's K then V rows), checks it against its digest, and
-/// hands it to `place`. Control is checked between parts.
-fn read_segments<S: PackSource + ?Sized>(
+/// Destination of one segment: per layer of its group, the K and V rows it fills.
+type Parts<'a> = Vec<(&'a mut [u8], &'a mut [u8])>;
+
+/// Splits the staging state into the disjoint slices each segment fills. Relies on the
+/// tiling checked at open: per layer, segments come in position order and cover it exactly.
+fn split_staging<'a>(staging: &'a mut KvState, segments: &[SegmentDesc]) -> Vec<Parts<'a>> {
+    let rb = staging.layout.row_bytes();
+    let mut rest: Vec<(&'a mut [u8], &'a mut [u8])> = staging
+        .layers
+        .iter_mut()
+        .map(|l| (&mut l.k[..], &mut l.v[..]))
+        .collect();
+    segments
+        .iter()
+        .map(|s| {
+            (s.layer_first..s.layer_first + s.layer_count)
+                .map(|l| {
+                    let n = s.positions.len() * rb;
+                    let (k, v) = std::mem::take(&mut rest[l as usize]);
+                    let (k0, k1) = k.split_at_mut(n);
+                    let (v0, v1) = v.split_at_mut(n);
+                    rest[l as usize] = (k1, v1);
+                    (k0, v0)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Reads segment `index` at `offset` part by part (each layer's K, then V rows), into
+/// `parts` when given (else a scratch buffer), and checks its digest. Control is checked
+/// before every part.
+fn check_segment<S: PackSource + ?Sized>(
     src: &S,
-    pack: &OpenedPack,
+    index: usize,
+    s: &SegmentDesc,
+    offset: u64,
+    rb: usize,
+    parts: Option<Parts>,
     control: &RestoreControl,
-    mut place: impl FnMut(&SegmentDesc, usize, bool, &[u8]),
 ) -> Result<()> {
-    let rb = pack.manifest.identity.layout.row_bytes() as u64;
-    let mut offset = pack.header.segments_offset();
-    let mut scratch = Vec::new();
-    for (index, s) in pack.manifest.segments.iter().enumerate() {
-        let part = s.positions.len() as u64 * rb;
-        // Bounded: a part is at most a segment, and segments are bounded by the limits.
-        scratch.resize(part as usize, 0);
-        let mut h = Sha256::new();
-        for l in s.layer_first as usize..(s.layer_first + s.layer_count) as usize {
-            for is_v in [false, true] {
-                control.check()?;
-                src.read_at(offset, &mut scratch)?;
-                offset += part;
-                h.update(&scratch);
-                place(s, l, is_v, &scratch);
+    let part = s.positions.len() * rb;
+    let mut h = Sha256::new();
+    let mut at = offset;
+    let mut read = |buf: &mut [u8]| -> Result<()> {
+        control.check()?;
+        src.read_at(at, buf)?;
+        at += part as u64;
+        h.update(&*buf);
+        Ok(())
+    };
+    match parts {
+        Some(parts) => {
+            for (k, v) in parts {
+                read(k)?;
+                read(v)?;
             }
         }
-        let d: [u8; 32] = h.finalize().into();
-        if d != s.sha256 {
-            return Err(KvpackError::SegmentDigest {
-                index: index as u32,
-            });
+        None => {
+            // Bounded: a part is at most a segment, and segments are bounded by the limits.
+            let mut scratch = vec![0u8; part];
+            for _ in 0..2 * s.layer_count {
+                read(&mut scratch)?;
+            }
         }
+    }
+    let d: [u8; 32] = h.finalize().into();
+    if d != s.sha256 {
+        return Err(KvpackError::SegmentDigest {
+            index: index as u32,
+        });
     }
     Ok(())
 }
 
+/// Checks every segment, in parallel, filling `staging` when given. Workers stop at the
+/// first failure; the failure of the lowest segment index is reported.
+fn read_segments<S: PackSource + Sync + ?Sized>(
+    src: &S,
+    pack: &OpenedPack,
+    control: &RestoreControl,
+    staging: Option<&mut KvState>,
+) -> Result<()> {
+    let segs = &pack.manifest.segments;
+    let rb = pack.manifest.identity.layout.row_bytes();
+    let mut offsets = Vec::with_capacity(segs.len());
+    let mut at = pack.header.segments_offset();
+    for s in segs {
+        offsets.push(at);
+        at += s.len;
+    }
+    let parts: Vec<Option<Parts>> = match staging {
+        Some(st) => split_staging(st, segs).into_iter().map(Some).collect(),
+        None => (0..segs.len()).map(|_| None).collect(),
+    };
+    let failed = AtomicBool::new(false);
+    let results = par_map(parts, control.threads, |i, p| {
+        if failed.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let r = check_segment(src, i, &segs[i], offsets[i], rb, p, control);
+        if r.is_err() {
+            failed.store(true, Ordering::Relaxed);
+        }
+        r
+    });
+    results.into_iter().collect()
+}
+
 /// Verifies a whole pack (header, manifest, seal, Merkle root, every segment) without
 /// checking it against an identity. Returns the manifest.
-pub fn verify_pack<S: PackSource + ?Sized>(
+pub fn verify_pack<S: PackSource + Sync + ?Sized>(
     src: &S,
     keys: &Keys,
     limits: &ReadLimits,
 ) -> Result<Manifest> {
     let pack = open_pack(src, keys, limits)?;
-    read_segments(src, &pack, &RestoreControl::default(), |_, _, _, _| {})?;
+    read_segments(src, &pack, &RestoreControl::default(), None)?;
     Ok(pack.manifest)
 }
 
 /// Restores a pack: verifies structure, seal, identity (field by field), prefix, budget,
 /// then reads and checks every segment into a staging state. A delta pack gives the state
 /// of its own positions; [`KvState::append`] puts it on top of the base.
-pub fn restore<S: PackSource + ?Sized>(
+pub fn restore<S: PackSource + Sync + ?Sized>(
     src: &S,
     keys: &Keys,
     expect: &Expect,
@@ -131,16 +209,7 @@ pub fn restore<S: PackSource + ?Sized>(
         });
     }
     let mut staging = KvState::zeroed(m.identity.layout.clone(), m.positions());
-    let rb = staging.layout.row_bytes();
-    let ranges: Vec<_> = (0..staging.layers.len())
-        .map(|l| staging.layer_range(l))
-        .collect();
-    read_segments(src, &pack, control, |s, l, is_v, bytes| {
-        let at = (s.positions.start - ranges[l].start) as usize * rb;
-        let layer = &mut staging.layers[l];
-        let dst = if is_v { &mut layer.v } else { &mut layer.k };
-        dst[at..at + bytes.len()].copy_from_slice(bytes);
-    })?;
+    read_segments(src, &pack, control, Some(&mut staging))?;
     Ok(Restored {
         manifest: pack.manifest,
         state: staging,

@@ -64,6 +64,7 @@ fn crash_child() {
             stream: None,
             base_tokens: 0,
             plan: SegmentPlan::default(),
+            threads: 2,
         };
         let hit = store
             .publish(&PackPlan::new(&st, &keys, &spec).unwrap())

@@ -20,6 +20,7 @@ fn pack(
         stream: None,
         base_tokens: base,
         plan: small_plan(),
+        threads: 2,
     };
     PackPlan::new(st, keys, &spec).unwrap().to_bytes()
 }

@@ -103,6 +103,7 @@ fn every_identity_field_change_is_rejected_by_name() {
         stream: None,
         base_tokens: 0,
         plan: small_plan(),
+        threads: 2,
     };
     let b = PackPlan::new(&st, &keys, &spec).unwrap().to_bytes();
     assert!(matches!(
@@ -336,7 +337,7 @@ fn prefix_budget_cancel_and_deadline() {
 /// A source that sets the cancel flag after some reads: the restore stops between segments.
 struct CancelAfter<'a> {
     bytes: &'a [u8],
-    reads: std::cell::Cell<u32>,
+    reads: std::sync::atomic::AtomicU32,
     after: u32,
     flag: &'a AtomicBool,
 }
@@ -346,8 +347,11 @@ impl PackSource for CancelAfter<'_> {
         Ok(self.bytes.len() as u64)
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.reads.set(self.reads.get() + 1);
-        if self.reads.get() > self.after {
+        let n = self
+            .reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        if n > self.after {
             self.flag.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         self.bytes.read_at(offset, buf)
@@ -367,11 +371,14 @@ fn cancel_mid_restore_stops_between_segments() {
     };
     let c = RestoreControl {
         cancel: Some(&flag),
+        threads: 2,
         ..RestoreControl::default()
     };
     let e = restore(&src, &keys, &expect(&id), &ReadLimits::default(), &c).unwrap_err();
     assert!(matches!(e, KvpackError::Cancelled));
-    assert!(src.reads.get() < 10, "stopped early");
+    // Header, manifest, seal, then parts; each of the 2 workers stops at its next part.
+    let reads = src.reads.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(reads <= 6 + 1 + 2, "stopped early ({reads} reads)");
 }
 
 #[test]
@@ -388,6 +395,7 @@ fn pack_plan_rejects_bad_inputs() {
         stream: None,
         base_tokens,
         plan: small_plan(),
+        threads: 2,
     };
     assert!(
         PackPlan::new(&st, &keys, &spec(0, 0)).is_err(),

@@ -63,6 +63,7 @@ fn build(keys: &Keys, c: &Case, base: u32) -> (KvIdentity, KvState, Vec<u8>) {
         stream: None,
         base_tokens: base,
         plan: c.plan,
+        threads: 2,
     };
     let bytes = PackPlan::new(&st, keys, &spec).unwrap().to_bytes();
     (id, st, bytes)

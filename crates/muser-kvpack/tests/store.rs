@@ -29,6 +29,7 @@ impl Fixture {
             stream: None,
             base_tokens: 0,
             plan: small_plan(),
+            threads: 2,
         };
         PackPlan::new(&st, &self.keys, &spec).unwrap().to_bytes()
     }
@@ -43,6 +44,7 @@ impl Fixture {
             stream: None,
             base_tokens: 0,
             plan: small_plan(),
+            threads: 2,
         };
         store.publish(&PackPlan::new(&st, &self.keys, &spec).unwrap())
     }

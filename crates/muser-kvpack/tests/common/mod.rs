@@ -124,6 +124,7 @@ pub fn full_pack(
         stream: None,
         base_tokens: 0,
         plan: small_plan(),
+        threads: 2,
     };
     let bytes = PackPlan::new(&st, keys, &spec).unwrap().to_bytes();
     (bytes, id, st, toks)

@@ -303,105 +303,6 @@ __device__ void gemv_q4k(const u8* __restrict__ W, long rows, long cols, Act x, 
     }
 }
 
-// Pipelined Q4_K GEMV for rows of at least 13 super-blocks. A persistent grid: block k takes
-// rows k, k + gridDim.x, ...; its 4 warps split each row into items of 4 super-blocks (warp w
-// takes items w, w+4, ...). Each lane copies its 32 bytes of an item (block header and its 16
-// quant bytes) to shared memory with cp.async, Q4K_PIPE items ahead, so loads stay in flight
-// while earlier items are computed; a lane only reads back what it copied itself.
-#define Q4K_PIPE 6
-__device__ __forceinline__ void cp_async16(void* smem, const void* g) {
-    const u32 sa = (u32)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(g));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-template <int B>
-__device__ void gemv_q4k_pipe(const u8* __restrict__ W, long rows, long cols, Act x, float* __restrict__ y,
-                              long ldy) {
-    __shared__ __align__(16) uint4 st[4][Q4K_PIPE][32][2];
-    __shared__ float red[2][4][B];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int j = lane & 7, grp = lane >> 3, c = j >> 1, h = j & 1;
-    const int nsb = (int)(cols >> 8);
-    const int ipr = (nsb + 3) / 4;
-    const int sh = 16 * (c & 1);
-    const bool clo = c < 2;
-    const long xn = x.n, gn = x.n / 16;
-    long irow = blockIdx.x;
-    int iitem = warp, islot = 0;
-    auto issue = [&]() {
-        if (irow < rows) {
-            const int s = iitem * 4 + grp;
-            if (s < nsb) {
-                const u8* blk = W + (irow * nsb + s) * 144;
-                cp_async16(&st[warp][islot][lane][0], blk);
-                cp_async16(&st[warp][islot][lane][1], blk + 16 + 16 * j);
-            }
-            iitem += 4;
-            if (iitem >= ipr) {
-                iitem = warp;
-                irow += gridDim.x;
-            }
-        }
-        cp_async_commit();
-        islot = islot + 1 == Q4K_PIPE ? 0 : islot + 1;
-    };
-#pragma unroll
-    for (int k = 0; k < Q4K_PIPE - 1; k++) issue();
-    long crow = blockIdx.x;
-    int citem = warp, cslot = 0, rr = 0;
-    float acc[B];
-#pragma unroll
-    for (int b = 0; b < B; b++) acc[b] = 0.f;
-    while (crow < rows) {
-        issue();
-        cp_async_wait<Q4K_PIPE - 1>();
-        const int s = citem * 4 + grp;
-        if (s < nsb) {
-            const uint4 hd = st[warp][cslot][lane][0];
-            const uint4 qv = st[warp][cslot][lane][1];
-            const float d = h2f(hd.x & 0xffff), dmin = h2f(hd.x >> 16);
-            const u32 Y = hd.y >> sh, Z = hd.z >> sh, Wd = hd.w >> sh;
-            const u32 aux0 = clo ? (Y & 0x3f3fu) : ((Wd & 0x0f0fu) | ((Y & 0xc0c0u) >> 2));
-            const u32 aux1 = clo ? (Z & 0x3f3fu) : (((Wd >> 4) & 0x0f0fu) | ((Z & 0xc0c0u) >> 2));
-            const int sc1 = aux0 & 0xff, sc2 = (aux0 >> 8) & 0xff;
-            const float m1 = (float)(aux1 & 0xff), m2 = (float)((aux1 >> 8) & 0xff);
-            const uint4 lo = and4(qv, 0x0F0F0F0Fu), hi = and4(shr4(qv, 4), 0x0F0F0F0Fu);
-            const int ga = s * 16 + 4 * c + h;
-#pragma unroll
-            for (int b = 0; b < B; b++) {
-                const i8* xp = x.q + b * xn + ga * 16;
-                const int4 xa = *(const int4*)xp;
-                const int4 xb = *(const int4*)(xp + 32);
-                const long go = b * gn + ga;
-                const int sa = dot16(lo, xa, 0) * sc1, sb = dot16(hi, xb, 0) * sc2;
-                acc[b] += d * (x.d[go] * (float)sa + x.d[go + 2] * (float)sb) -
-                          dmin * (m1 * x.s[go] + m2 * x.s[go + 2]);
-            }
-        }
-        cslot = cslot + 1 == Q4K_PIPE ? 0 : cslot + 1;
-        citem += 4;
-        if (citem >= ipr) {
-#pragma unroll
-            for (int b = 0; b < B; b++) {
-                const float v = warp_sum(acc[b]);
-                if (lane == 0) red[rr][warp][b] = v;
-                acc[b] = 0.f;
-            }
-            __syncthreads();
-            if (warp == 0 && lane < B) y[lane * ldy + crow] = red[rr][0][lane] + red[rr][1][lane] + red[rr][2][lane] + red[rr][3][lane];
-            rr ^= 1;
-            citem = warp;
-            crow += gridDim.x;
-        }
-    }
-    cp_async_wait<0>();
-}
-
 template <int B>
 __device__ __forceinline__ void q6k_step(const u8* blk, long s, int j, Act x, float* acc) {
     const int n = j >> 2, a = (j >> 1) & 1, bb = j & 1;
@@ -577,9 +478,7 @@ __device__ void gemv_float(int ty, const u8* __restrict__ W, long rows, long col
     extern "C" __global__ void gemv_q4k_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,    \
                                              const float* xd, const float* xs, const float* xf, float* y, long ldy) {   \
         Act x = {xq, xd, xs, cols};                                                                           \
-        if ((cols >> 8) >= 13)                                                                                \
-            gemv_q4k_pipe<B>(W, rows, cols, x, y, ldy);                                                       \
-        else if ((cols >> 8) >= 48)                                                                           \
+        if ((cols >> 8) >= 48)                                                                                \
             gemv_q4k<B, 4>(W, rows, cols, x, y, ldy);                                                         \
         else                                                                                                  \
             gemv_q4k<B, 2>(W, rows, cols, x, y, ldy);                                                         \
@@ -655,27 +554,29 @@ extern "C" __global__ void norm_fused(float* x, const float* y, const float* w_p
     const long g = threadIdx.x;
     const bool act = g < n / 16;
     float* xr = x + r * n + 16 * g;
-    float v[16];
+    // Every input is loaded up front, so the two reductions are the only waits.
+    float v[16], yv[16], wp[16], wv[16];
+    if (act) {
+        load16(xr, v);
+        if (y) {
+            load16(y + r * n + 16 * g, yv);
+            load16(w_post + 16 * g, wp);
+        }
+        if (w) load16(w + 16 * g, wv);
+    }
     if (y) {
-        float yv[16];
         float ss = 0.f;
         if (act) {
-            load16(y + r * n + 16 * g, yv);
 #pragma unroll
             for (int t = 0; t < 16; t++) ss += yv[t] * yv[t];
         }
         ss = block_sum(ss, sh);
         const float sy = 1.0f / sqrtf(ss / (float)n + eps_post);
         if (act) {
-            float wp[16];
-            load16(xr, v);
-            load16(w_post + 16 * g, wp);
 #pragma unroll
             for (int t = 0; t < 16; t++) v[t] += yv[t] * sy * wp[t];
             store16(xr, v);
         }
-    } else if (act) {
-        load16(xr, v);
     }
     float ss = 0.f;
     if (act) {
@@ -685,8 +586,6 @@ extern "C" __global__ void norm_fused(float* x, const float* y, const float* w_p
     ss = block_sum(ss, sh);
     if (!act) return;
     const float sx = 1.0f / sqrtf(ss / (float)n + eps);
-    float wv[16];
-    if (w) load16(w + 16 * g, wv);
 #pragma unroll
     for (int t = 0; t < 16; t++) v[t] = v[t] * sx * (w ? wv[t] : 1.f);
     if (out_f) store16(out_f + r * n + 16 * g, v);

@@ -323,15 +323,6 @@ impl Gpu {
         self.stream.synchronize().map_err(drv_err)
     }
 
-    /// Blocks of `block` threads of kernel `name` that fit on one multiprocessor at once.
-    pub fn occupancy(&self, name: &str, block: u32) -> Result<u32> {
-        let f = self
-            .funcs
-            .get(name)
-            .ok_or_else(|| CudaError::Unsupported(format!("no kernel named {name}")))?;
-        f.occupancy_max_active_blocks_per_multiprocessor(block, 0, None).map_err(drv_err)
-    }
-
     /// Launches kernel `name` with a 1-D block.
     pub fn launch(&self, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> Result<()> {
         let f = self

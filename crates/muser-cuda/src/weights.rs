@@ -219,16 +219,13 @@ impl DevWeight {
             return Err(CudaError::Shape(format!("GEMV batch {batch} (1..={MAX_GEMV_BATCH})")));
         }
         let name = format!("gemv_{}_b{batch}", self.ty.kernel());
-        let grid = match self.ty {
-            // Pipelined kernel: a persistent grid of as many blocks as fit at once.
-            WType::Q4K if self.cols / 256 >= 13 => {
-                let resident = gpu.occupancy(&name, 128)? as usize * gpu.info().sm_count.max(1) as usize;
-                self.rows.min(resident.max(1))
-            }
-            // Otherwise rows per 4-warp block: Q4_K splits a row over 2 warps, the rest use one.
-            WType::Q4K => self.rows.div_ceil(2),
-            _ => self.rows.div_ceil(4),
-        } as u32;
+        // Rows per 4-warp block (kernels.cu: Q4_K splits a row over 2 or 4 warps).
+        let rows_per_block = match self.ty {
+            WType::Q4K if self.cols / 256 >= 48 => 1,
+            WType::Q4K => 2,
+            _ => 4,
+        };
+        let grid = self.rows.div_ceil(rows_per_block) as u32;
         gpu.launch(
             &name,
             (grid, 1, 1),

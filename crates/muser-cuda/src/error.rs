@@ -7,7 +7,9 @@ pub enum CudaError {
     #[error("this build has no CUDA support: rebuild with `--features cuda`")]
     NotBuilt,
     /// A CUDA shared library could not be loaded.
-    #[error("CUDA library {lib} not found ({hint}); install it or add its folder to LD_LIBRARY_PATH")]
+    #[error(
+        "CUDA library {lib} not found ({hint}); install it or add its folder to LD_LIBRARY_PATH"
+    )]
     LibraryMissing {
         /// Library that is missing.
         lib: &'static str,

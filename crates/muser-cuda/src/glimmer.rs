@@ -36,11 +36,17 @@ impl Linear {
         let mut groups: Vec<(WType, Vec<&[u8]>, usize)> = Vec::new();
         let mut rows = 0;
         for n in names {
-            let t = g.tensor(n).ok_or_else(|| CudaError::Model(format!("tensor {n} is missing")))?;
-            let ty = WType::from_ggml(t.ty.id())
-                .ok_or_else(|| CudaError::Unsupported(format!("tensor {n} has type {}", t.ty.name())))?;
+            let t = g
+                .tensor(n)
+                .ok_or_else(|| CudaError::Model(format!("tensor {n} is missing")))?;
+            let ty = WType::from_ggml(t.ty.id()).ok_or_else(|| {
+                CudaError::Unsupported(format!("tensor {n} has type {}", t.ty.name()))
+            })?;
             if t.dims.first().copied() != Some(cols as u64) || t.dims.len() != 2 {
-                return Err(CudaError::Model(format!("tensor {n} has dims {:?}, expected [{cols}, _]", t.dims)));
+                return Err(CudaError::Model(format!(
+                    "tensor {n} has dims {:?}, expected [{cols}, _]",
+                    t.dims
+                )));
             }
             let r = t.dims[1] as usize;
             let data = g.tensor_data(t);
@@ -78,7 +84,15 @@ impl Linear {
     fn gemm(&self, gpu: &Gpu, n: usize, x: u64, y: u64, wbuf: u64) -> Result<()> {
         for (w, off) in &self.segs {
             w.dequant_bf16(gpu, wbuf)?;
-            gpu.gemm_bf16(y + 4 * *off as u64, self.rows, x, wbuf, n, w.rows, self.cols)?;
+            gpu.gemm_bf16(
+                y + 4 * *off as u64,
+                self.rows,
+                x,
+                wbuf,
+                n,
+                w.rows,
+                self.cols,
+            )?;
         }
         Ok(())
     }
@@ -138,7 +152,10 @@ pub struct GpuOptions {
 
 impl Default for GpuOptions {
     fn default() -> Self {
-        GpuOptions { n_ctx: 4096, max_chunk: 512 }
+        GpuOptions {
+            n_ctx: 4096,
+            max_chunk: 512,
+        }
     }
 }
 
@@ -157,9 +174,13 @@ pub struct CudaGlimmer {
 }
 
 fn norm_vec(gpu: &Gpu, g: &GgufFile, name: &str, n: usize) -> Result<DevBuf> {
-    let t = g.tensor(name).ok_or_else(|| CudaError::Model(format!("tensor {name} is missing")))?;
+    let t = g
+        .tensor(name)
+        .ok_or_else(|| CudaError::Model(format!("tensor {name} is missing")))?;
     if t.n_elements() != n as u64 || t.ty.id() != 0 {
-        return Err(CudaError::Model(format!("tensor {name}: want {n} f32 values")));
+        return Err(CudaError::Model(format!(
+            "tensor {name}: want {n} f32 values"
+        )));
     }
     let buf = gpu.alloc(4 * n)?;
     gpu.upload(&buf, 0, g.tensor_data(t))?;
@@ -175,15 +196,24 @@ fn f32_scalar(g: &GgufFile, name: &str) -> Option<f32> {
 impl CudaGlimmer {
     /// Uploads a muse-glimmer GGUF to the GPU and allocates its KV cache and scratch.
     pub fn load(gpu: Gpu, g: &GgufFile, opts: GpuOptions) -> Result<CudaGlimmer> {
-        let info = ModelInfo::from_gguf(g, g.file_len()).map_err(|e| CudaError::Model(e.to_string()))?;
+        let info =
+            ModelInfo::from_gguf(g, g.file_len()).map_err(|e| CudaError::Model(e.to_string()))?;
         if info.arch != Arch::MuseGlimmer {
-            return Err(CudaError::Unsupported(format!("architecture {} (CUDA runs muse-glimmer)", info.arch.name())));
+            return Err(CudaError::Unsupported(format!(
+                "architecture {} (CUDA runs muse-glimmer)",
+                info.arch.name()
+            )));
         }
         if info.head_dim != HEAD_DIM || info.n_rot != HEAD_DIM {
-            return Err(CudaError::Unsupported(format!("head_dim {} (kernels need 128)", info.head_dim)));
+            return Err(CudaError::Unsupported(format!(
+                "head_dim {} (kernels need 128)",
+                info.head_dim
+            )));
         }
         if info.n_embd % 256 != 0 || info.n_ff % 256 != 0 || info.n_embd > 16384 {
-            return Err(CudaError::Unsupported("n_embd and n_ff must be multiples of 256, n_embd at most 16384".into()));
+            return Err(CudaError::Unsupported(
+                "n_embd and n_ff must be multiples of 256, n_embd at most 16384".into(),
+            ));
         }
         for t in g.tensors() {
             if t.name.ends_with(".bias") {
@@ -194,9 +224,12 @@ impl CudaGlimmer {
         let qw = nq * HEAD_DIM;
         let kvw = nkv * HEAD_DIM;
         let tok_embd = {
-            let t = g.tensor("token_embd.weight").ok_or_else(|| CudaError::Model("token_embd.weight is missing".into()))?;
-            let ty = WType::from_ggml(t.ty.id())
-                .ok_or_else(|| CudaError::Unsupported(format!("token_embd type {}", t.ty.name())))?;
+            let t = g
+                .tensor("token_embd.weight")
+                .ok_or_else(|| CudaError::Model("token_embd.weight is missing".into()))?;
+            let ty = WType::from_ggml(t.ty.id()).ok_or_else(|| {
+                CudaError::Unsupported(format!("token_embd type {}", t.ty.name()))
+            })?;
             DevWeight::upload(&gpu, ty, e, &[g.tensor_data(t)])?
         };
         let output_norm = norm_vec(&gpu, g, "output_norm.weight", e)?;
@@ -211,7 +244,12 @@ impl CudaGlimmer {
                 attn_norm: norm_vec(&gpu, g, &n("attn_norm"), e)?,
                 q_norm: norm_vec(&gpu, g, &n("attn_q_norm"), HEAD_DIM)?,
                 k_norm: norm_vec(&gpu, g, &n("attn_k_norm"), HEAD_DIM)?,
-                qkvg: Linear::load(&gpu, g, &[n("attn_q"), n("attn_k"), n("attn_v"), n("attn_gate")], e)?,
+                qkvg: Linear::load(
+                    &gpu,
+                    g,
+                    &[n("attn_q"), n("attn_k"), n("attn_v"), n("attn_gate")],
+                    e,
+                )?,
                 wo: Linear::load(&gpu, g, &[n("attn_output")], qw)?,
                 post_attn_norm: norm_vec(&gpu, g, &n("post_attention_norm"), e)?,
                 ffn_norm: norm_vec(&gpu, g, &n("ffn_norm"), e)?,
@@ -226,10 +264,26 @@ impl CudaGlimmer {
             + output.device_bytes()
             + layers
                 .iter()
-                .map(|l| l.qkvg.device_bytes() + l.wo.device_bytes() + l.gate_up.device_bytes() + l.down.device_bytes())
+                .map(|l| {
+                    l.qkvg.device_bytes()
+                        + l.wo.device_bytes()
+                        + l.gate_up.device_bytes()
+                        + l.down.device_bytes()
+                })
                 .sum::<usize>();
         let s = Self::scratch(&gpu, &info, &opts)?;
-        Ok(CudaGlimmer { gpu, info, opts, tok_embd, output_norm, output, logit_scale, layers, s, weight_bytes })
+        Ok(CudaGlimmer {
+            gpu,
+            info,
+            opts,
+            tok_embd,
+            output_norm,
+            output,
+            logit_scale,
+            layers,
+            s,
+            weight_bytes,
+        })
     }
 
     fn scratch(gpu: &Gpu, i: &ModelInfo, o: &GpuOptions) -> Result<Scratch> {
@@ -238,7 +292,10 @@ impl CudaGlimmer {
         let qw = i.n_head * HEAD_DIM;
         let rows_qkvg = 2 * qw + 2 * i.n_head_kv * HEAD_DIM;
         let widest = e.max(f).max(qw);
-        let max_w = [rows_qkvg * e, e * qw, 2 * f * e, e * f].into_iter().max().unwrap_or(0);
+        let max_w = [rows_qkvg * e, e * qw, 2 * f * e, e * f]
+            .into_iter()
+            .max()
+            .unwrap_or(0);
         Ok(Scratch {
             x: gpu.alloc(4 * t * e)?,
             hf: gpu.alloc(4 * t * widest)?,
@@ -280,7 +337,11 @@ impl CudaGlimmer {
     }
 
     fn qact(&self) -> QAct {
-        QAct { q: self.s.q8.ptr(), d: self.s.q8d.ptr(), s: self.s.q8s.ptr() }
+        QAct {
+            q: self.s.q8.ptr(),
+            d: self.s.q8d.ptr(),
+            s: self.s.q8s.ptr(),
+        }
     }
 
     /// `norm_fused` (see kernels.cu): optional post-norm + residual into x, then the norm of x.
@@ -324,7 +385,15 @@ impl CudaGlimmer {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn qk_norm_rope(&self, l: &Layer, il: usize, t: usize, ld: usize, q_f: u64, q_h: u64) -> Result<()> {
+    fn qk_norm_rope(
+        &self,
+        l: &Layer,
+        il: usize,
+        t: usize,
+        ld: usize,
+        q_f: u64,
+        q_h: u64,
+    ) -> Result<()> {
         let i = &self.info;
         self.gpu.launch(
             "qk_norm_rope_store",
@@ -371,7 +440,15 @@ impl CudaGlimmer {
         self.tok_embd.get_rows(g, s.tokens.ptr(), 1, s.x.ptr())?;
         // Embedding RMSNorm (no weight), in place.
         self.norm(1, s.x.ptr(), None, 0, s.x.ptr(), 0, false)?;
-        self.norm(1, s.x.ptr(), None, self.layers[0].attn_norm.ptr(), s.hf.ptr(), 0, true)?;
+        self.norm(
+            1,
+            s.x.ptr(),
+            None,
+            self.layers[0].attn_norm.ptr(),
+            s.hf.ptr(),
+            0,
+            true,
+        )?;
         for (il, l) in self.layers.iter().enumerate() {
             l.qkvg.gemv(g, 1, self.qact(), s.hf.ptr(), s.y_qkvg.ptr())?;
             self.qk_norm_rope(l, il, 1, ld, s.q_f.ptr(), 0)?;
@@ -412,7 +489,15 @@ impl CudaGlimmer {
                 ],
             )?;
             l.wo.gemv(g, 1, qa, s.hf.ptr(), s.y_o.ptr())?;
-            self.norm(1, s.x.ptr(), Some((s.y_o.ptr(), l.post_attn_norm.ptr(), 1e-8)), l.ffn_norm.ptr(), s.hf.ptr(), 0, true)?;
+            self.norm(
+                1,
+                s.x.ptr(),
+                Some((s.y_o.ptr(), l.post_attn_norm.ptr(), 1e-8)),
+                l.ffn_norm.ptr(),
+                s.hf.ptr(),
+                0,
+                true,
+            )?;
             l.gate_up.gemv(g, 1, qa, s.hf.ptr(), s.y_gu.ptr())?;
             g.launch(
                 "swiglu",
@@ -430,10 +515,22 @@ impl CudaGlimmer {
                 ],
             )?;
             l.down.gemv(g, 1, qa, s.hf.ptr(), s.y_d.ptr())?;
-            let next = self.layers.get(il + 1).map_or(self.output_norm.ptr(), |n| n.attn_norm.ptr());
-            self.norm(1, s.x.ptr(), Some((s.y_d.ptr(), l.post_ffw_norm.ptr(), 1e-8)), next, s.hf.ptr(), 0, true)?;
+            let next = self
+                .layers
+                .get(il + 1)
+                .map_or(self.output_norm.ptr(), |n| n.attn_norm.ptr());
+            self.norm(
+                1,
+                s.x.ptr(),
+                Some((s.y_d.ptr(), l.post_ffw_norm.ptr(), 1e-8)),
+                next,
+                s.hf.ptr(),
+                0,
+                true,
+            )?;
         }
-        self.output.gemv(g, 1, self.qact(), s.hf.ptr(), s.logits.ptr())?;
+        self.output
+            .gemv(g, 1, self.qact(), s.hf.ptr(), s.logits.ptr())?;
         self.finish_logits(advance)
     }
 
@@ -497,7 +594,13 @@ impl CudaGlimmer {
 
     /// Greedy generation of `n` tokens after `token` at `pos` by replaying `graph`; returns the
     /// generated tokens. The KV cache must hold positions before `pos`.
-    pub fn generate(&self, graph: &DecodeGraph, token: u32, pos: usize, n: usize) -> Result<Vec<u32>> {
+    pub fn generate(
+        &self,
+        graph: &DecodeGraph,
+        token: u32,
+        pos: usize,
+        n: usize,
+    ) -> Result<Vec<u32>> {
         self.check_pos(pos, n)?;
         self.gpu.upload(&self.s.tokens, 0, &[token as i32])?;
         self.gpu.upload(&self.s.pos, 0, &[pos as i32])?;
@@ -505,7 +608,8 @@ impl CudaGlimmer {
             graph.graph.launch().map_err(crate::runtime::drv_err)?;
         }
         let mut hist = vec![0i32; n];
-        self.gpu.download(self.s.history.at(4 * (pos + 1)), &mut hist)?;
+        self.gpu
+            .download(self.s.history.at(4 * (pos + 1)), &mut hist)?;
         Ok(hist.into_iter().map(|t| t as u32).collect())
     }
 
@@ -531,7 +635,10 @@ impl CudaGlimmer {
         let s = &self.s;
         let t = tokens.len();
         if t == 0 || t > self.opts.max_chunk {
-            return Err(CudaError::Shape(format!("chunk of {t} tokens (max {})", self.opts.max_chunk)));
+            return Err(CudaError::Shape(format!(
+                "chunk of {t} tokens (max {})",
+                self.opts.max_chunk
+            )));
         }
         self.check_pos(p0, t)?;
         let (e, nq, nkv) = (i.n_embd, i.n_head, i.n_head_kv);
@@ -544,12 +651,25 @@ impl CudaGlimmer {
         g.upload(&s.pos, 0, &poss)?;
         self.tok_embd.get_rows(g, s.tokens.ptr(), t, s.x.ptr())?;
         self.norm(t, s.x.ptr(), None, 0, s.x.ptr(), 0, false)?;
-        self.norm(t, s.x.ptr(), None, self.layers[0].attn_norm.ptr(), 0, s.hb.ptr(), false)?;
+        self.norm(
+            t,
+            s.x.ptr(),
+            None,
+            self.layers[0].attn_norm.ptr(),
+            0,
+            s.hb.ptr(),
+            false,
+        )?;
         for (il, l) in self.layers.iter().enumerate() {
-            l.qkvg.gemm(g, t, s.hb.ptr(), s.y_qkvg.ptr(), s.wbuf.ptr())?;
+            l.qkvg
+                .gemm(g, t, s.hb.ptr(), s.y_qkvg.ptr(), s.wbuf.ptr())?;
             self.qk_norm_rope(l, il, t, ld, 0, s.q_h.ptr())?;
             let w = self.window(il);
-            let k_lo = if w > 0 { (p0 + 1).saturating_sub(w as usize) } else { 0 };
+            let k_lo = if w > 0 {
+                (p0 + 1).saturating_sub(w as usize)
+            } else {
+                0
+            };
             let nk = p0 + t - k_lo;
             let rows = group * t;
             // scores[g][r][j] = q_h[g][r] · k[k_lo + j]   (r = head-in-group * t + token)
@@ -615,8 +735,17 @@ impl CudaGlimmer {
                 ],
             )?;
             l.wo.gemm(g, t, s.hb.ptr(), s.y_o.ptr(), s.wbuf.ptr())?;
-            self.norm(t, s.x.ptr(), Some((s.y_o.ptr(), l.post_attn_norm.ptr(), 1e-8)), l.ffn_norm.ptr(), 0, s.hb.ptr(), false)?;
-            l.gate_up.gemm(g, t, s.hb.ptr(), s.y_gu.ptr(), s.wbuf.ptr())?;
+            self.norm(
+                t,
+                s.x.ptr(),
+                Some((s.y_o.ptr(), l.post_attn_norm.ptr(), 1e-8)),
+                l.ffn_norm.ptr(),
+                0,
+                s.hb.ptr(),
+                false,
+            )?;
+            l.gate_up
+                .gemm(g, t, s.hb.ptr(), s.y_gu.ptr(), s.wbuf.ptr())?;
             g.launch(
                 "swiglu",
                 ((t * i.n_ff / 16).div_ceil(256) as u32, 1, 1),
@@ -634,13 +763,26 @@ impl CudaGlimmer {
             )?;
             l.down.gemm(g, t, s.hb.ptr(), s.y_d.ptr(), s.wbuf.ptr())?;
             let last = il + 1 == self.layers.len();
-            let next = if last { self.output_norm.ptr() } else { self.layers[il + 1].attn_norm.ptr() };
-            self.norm(t, s.x.ptr(), Some((s.y_d.ptr(), l.post_ffw_norm.ptr(), 1e-8)), next, 0, if last { 0 } else { s.hb.ptr() }, false)?;
+            let next = if last {
+                self.output_norm.ptr()
+            } else {
+                self.layers[il + 1].attn_norm.ptr()
+            };
+            self.norm(
+                t,
+                s.x.ptr(),
+                Some((s.y_d.ptr(), l.post_ffw_norm.ptr(), 1e-8)),
+                next,
+                0,
+                if last { 0 } else { s.hb.ptr() },
+                false,
+            )?;
         }
         // Logits for the last token only.
         let xl = s.x.at(4 * (t - 1) * e);
         self.norm(1, xl, None, self.output_norm.ptr(), s.hf.ptr(), 0, true)?;
-        self.output.gemv(g, 1, self.qact(), s.hf.ptr(), s.logits.ptr())?;
+        self.output
+            .gemv(g, 1, self.qact(), s.hf.ptr(), s.logits.ptr())?;
         // The next token's position, for a decode graph that follows.
         self.finish_logits(false)
     }

@@ -13,10 +13,11 @@
 //! - [`glimmer::CudaGlimmer`]: the muse-glimmer forward pass (decode as one CUDA graph,
 //!   chunked prefill through cuBLAS), with its F16 KV cache.
 //!
-//! Without the feature only [`CudaError`] and [`probe`] exist, and `probe` says how to get the
-//! backend.
+//! Without the feature only [`CudaError`], [`layout`] (weight layouts and kernel names, tested
+//! everywhere) and [`probe`] exist, and `probe` says how to get the backend.
 
 mod error;
+pub mod layout;
 pub use error::CudaError;
 
 #[cfg(feature = "cuda")]
@@ -68,7 +69,9 @@ mod tests {
             Err(e) => assert!(
                 matches!(
                     e,
-                    CudaError::LibraryMissing { .. } | CudaError::NoDevice(_) | CudaError::HeadersMissing(_)
+                    CudaError::LibraryMissing { .. }
+                        | CudaError::NoDevice(_)
+                        | CudaError::HeadersMissing(_)
                 ),
                 "unexpected error {e}"
             ),

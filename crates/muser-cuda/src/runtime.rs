@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
 use cudarc::driver::{
-    result as drv, sys as drv_sys, CudaContext, CudaFunction, CudaGraph, CudaModule, CudaStream, DriverError,
-    LaunchConfig, PushKernelArg,
+    result as drv, sys as drv_sys, CudaContext, CudaFunction, CudaGraph, CudaModule, CudaStream,
+    DriverError, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
@@ -47,13 +47,22 @@ pub fn check_libraries() -> Result<()> {
     // SAFETY: these only try to open the shared libraries.
     unsafe {
         if !drv_sys::is_culib_present() {
-            return Err(CudaError::LibraryMissing { lib: "libcuda.so", hint: "the NVIDIA driver" });
+            return Err(CudaError::LibraryMissing {
+                lib: "libcuda.so",
+                hint: "the NVIDIA driver",
+            });
         }
         if !cudarc::nvrtc::sys::is_culib_present() {
-            return Err(CudaError::LibraryMissing { lib: "libnvrtc.so", hint: "the CUDA toolkit (NVRTC)" });
+            return Err(CudaError::LibraryMissing {
+                lib: "libnvrtc.so",
+                hint: "the CUDA toolkit (NVRTC)",
+            });
         }
         if !blas_sys::is_culib_present() {
-            return Err(CudaError::LibraryMissing { lib: "libcublas.so", hint: "the CUDA toolkit (cuBLAS)" });
+            return Err(CudaError::LibraryMissing {
+                lib: "libcublas.so",
+                hint: "the CUDA toolkit (cuBLAS)",
+            });
         }
     }
     Ok(())
@@ -83,7 +92,12 @@ fn cache_dir() -> Option<PathBuf> {
     if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
         return Some(PathBuf::from(d).join("muser").join("kernels"));
     }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("muser").join("kernels"))
+    std::env::var_os("HOME").map(|h| {
+        PathBuf::from(h)
+            .join(".cache")
+            .join("muser")
+            .join("kernels")
+    })
 }
 
 fn fnv1a(parts: &[&[u8]]) -> u64 {
@@ -104,14 +118,21 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
 pub fn compile_kernels(arch: &str) -> Result<String> {
     // SAFETY: probing the library only.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(CudaError::LibraryMissing { lib: "libnvrtc.so", hint: "the CUDA toolkit (NVRTC)" });
+        return Err(CudaError::LibraryMissing {
+            lib: "libnvrtc.so",
+            hint: "the CUDA toolkit (NVRTC)",
+        });
     }
     let include = cuda_include_dir()?;
     let (mut major, mut minor) = (0i32, 0i32);
     // SAFETY: writes two ints.
     unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
     let version = (major, minor);
-    let key = fnv1a(&[KERNELS_CU.as_bytes(), arch.as_bytes(), format!("{version:?}").as_bytes()]);
+    let key = fnv1a(&[
+        KERNELS_CU.as_bytes(),
+        arch.as_bytes(),
+        format!("{version:?}").as_bytes(),
+    ]);
     let cached = cache_dir().map(|d| d.join(format!("muser-{key:016x}.ptx")));
     if let Some(path) = &cached {
         if let Ok(ptx) = std::fs::read_to_string(path) {
@@ -120,7 +141,11 @@ pub fn compile_kernels(arch: &str) -> Result<String> {
     }
     let opts = CompileOptions {
         include_paths: vec![include.display().to_string()],
-        options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into(), "-lineinfo".into()],
+        options: vec![
+            format!("--gpu-architecture={arch}"),
+            "--std=c++17".into(),
+            "-lineinfo".into(),
+        ],
         fmad: Some(true),
         ..Default::default()
     };
@@ -131,7 +156,9 @@ pub fn compile_kernels(arch: &str) -> Result<String> {
         other => CudaError::Compile(format!("{other:?}")),
     })?;
     let bytes = ptx.as_bytes().unwrap_or_default();
-    let text = String::from_utf8_lossy(bytes).trim_end_matches('\0').to_string();
+    let text = String::from_utf8_lossy(bytes)
+        .trim_end_matches('\0')
+        .to_string();
     if let Some(path) = cached {
         write_cache(&path, &text);
     }
@@ -149,23 +176,7 @@ fn write_cache(path: &Path, text: &str) {
     }
 }
 
-const GEMV_TYPES: [&str; 7] = ["q4k", "q6k", "q80", "nvfp4", "f16", "bf16", "f32"];
-const OTHER_KERNELS: [&str; 11] = [
-    "dequant_bf16",
-    "get_rows",
-    "quantize_act",
-    "norm_fused",
-    "qk_norm_rope_store",
-    "attn_decode",
-    "attn_combine_gate",
-    "softmax_mask",
-    "gate_heads_bf16",
-    "swiglu",
-    "logits_argmax",
-];
-
-/// Largest batch the decode GEMV kernels are instantiated for.
-pub const MAX_GEMV_BATCH: usize = 8;
+pub use crate::layout::MAX_GEMV_BATCH;
 
 /// One kernel argument.
 #[derive(Clone, Copy, Debug)]
@@ -198,7 +209,11 @@ impl DevBuf {
     }
     /// Address `off` bytes in (checked against the size).
     pub fn at(&self, off: usize) -> u64 {
-        assert!(off <= self.bytes, "offset {off} past a {} byte buffer", self.bytes);
+        assert!(
+            off <= self.bytes,
+            "offset {off} past a {} byte buffer",
+            self.bytes
+        );
         self.ptr + off as u64
     }
 }
@@ -226,12 +241,15 @@ impl Gpu {
     /// Opens device `ordinal`, compiles (or loads cached) kernels, creates a cuBLAS handle.
     pub fn new(ordinal: usize) -> Result<Gpu> {
         check_libraries()?;
-        let count = CudaContext::device_count().map_err(|e| CudaError::NoDevice(format!("{e:?}")))?;
+        let count =
+            CudaContext::device_count().map_err(|e| CudaError::NoDevice(format!("{e:?}")))?;
         if count <= 0 {
             return Err(CudaError::NoDevice("the driver reports 0 devices".into()));
         }
         if ordinal >= count as usize {
-            return Err(CudaError::NoDevice(format!("device {ordinal} asked for, {count} present")));
+            return Err(CudaError::NoDevice(format!(
+                "device {ordinal} asked for, {count} present"
+            )));
         }
         let ctx = CudaContext::new(ordinal).map_err(|e| CudaError::NoDevice(format!("{e:?}")))?;
         // One stream and raw pointers: the library's per-buffer events would only get in the way
@@ -257,19 +275,21 @@ impl Gpu {
         let ptx = compile_kernels(&arch)?;
         let module = ctx.load_module(Ptx::from_src(ptx)).map_err(drv_err)?;
         let mut funcs = HashMap::new();
-        let mut names: Vec<String> = OTHER_KERNELS.iter().map(|s| s.to_string()).collect();
-        for t in GEMV_TYPES {
-            for b in 1..=MAX_GEMV_BATCH {
-                names.push(format!("gemv_{t}_b{b}"));
-            }
-        }
+        let names = crate::layout::kernel_names();
         for n in names {
             let f = module.load_function(&n).map_err(drv_err)?;
             funcs.insert(n, f);
         }
         let stream = ctx.new_stream().map_err(drv_err)?;
         let blas = CudaBlas::new(stream.clone()).map_err(blas_err)?;
-        Ok(Gpu { ctx, stream, _module: module, funcs, blas, info })
+        Ok(Gpu {
+            ctx,
+            stream,
+            _module: module,
+            funcs,
+            blas,
+            info,
+        })
     }
 
     /// What the device is.
@@ -282,9 +302,16 @@ impl Gpu {
         self.ctx.bind_to_thread().map_err(drv_err)?;
         // SAFETY: plain device allocation.
         let ptr = unsafe { drv::malloc_sync(bytes.max(256)) }.map_err(|e| {
-            CudaError::Driver(format!("allocating {:.1} MiB: {e:?}", bytes as f64 / 1048576.0))
+            CudaError::Driver(format!(
+                "allocating {:.1} MiB: {e:?}",
+                bytes as f64 / 1048576.0
+            ))
         })?;
-        Ok(DevBuf { ptr, bytes, ctx: self.ctx.clone() })
+        Ok(DevBuf {
+            ptr,
+            bytes,
+            ctx: self.ctx.clone(),
+        })
     }
 
     /// Allocates and zero-fills.
@@ -304,10 +331,14 @@ impl Gpu {
     pub fn upload<T: Copy>(&self, dst: &DevBuf, off: usize, src: &[T]) -> Result<()> {
         let n = std::mem::size_of_val(src);
         if off + n > dst.bytes {
-            return Err(CudaError::Shape(format!("upload of {n} bytes at {off} into {} bytes", dst.bytes)));
+            return Err(CudaError::Shape(format!(
+                "upload of {n} bytes at {off} into {} bytes",
+                dst.bytes
+            )));
         }
         // SAFETY: range checked above; we synchronize before `src` can go away.
-        unsafe { drv::memcpy_htod_async(dst.ptr + off as u64, src, self.stream.cu_stream()) }.map_err(drv_err)?;
+        unsafe { drv::memcpy_htod_async(dst.ptr + off as u64, src, self.stream.cu_stream()) }
+            .map_err(drv_err)?;
         self.sync()
     }
 
@@ -324,7 +355,13 @@ impl Gpu {
     }
 
     /// Launches kernel `name` with a 1-D block.
-    pub fn launch(&self, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> Result<()> {
+    pub fn launch(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &[Arg],
+    ) -> Result<()> {
         let f = self
             .funcs
             .get(name)
@@ -338,14 +375,28 @@ impl Gpu {
                 Arg::F(v) => b.arg(v),
             };
         }
-        let cfg = LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: grid,
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: argument lists match the kernel signatures in kernels.cu (kept side by side).
         unsafe { b.launch(cfg) }.map_err(|e| CudaError::Driver(format!("launch {name}: {e:?}")))?;
         Ok(())
     }
 
     /// Row-major `y[n][m] (f32) = x[n][k] (bf16) · w[m][k]^T (bf16)`, with `ldy` floats per y row.
-    pub fn gemm_bf16(&self, y: u64, ldy: usize, x: u64, w: u64, n: usize, m: usize, k: usize) -> Result<()> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_bf16(
+        &self,
+        y: u64,
+        ldy: usize,
+        x: u64,
+        w: u64,
+        n: usize,
+        m: usize,
+        k: usize,
+    ) -> Result<()> {
         let (alpha, beta) = (1.0f32, 0.0f32);
         // SAFETY: shapes come from the weights and scratch buffers sized for them.
         unsafe {
@@ -447,6 +498,8 @@ impl Gpu {
 
     /// A timing event pair helper: records an event on the stream.
     pub fn event(&self) -> Result<cudarc::driver::CudaEvent> {
-        self.stream.record_event(Some(drv_sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(drv_err)
+        self.stream
+            .record_event(Some(drv_sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(drv_err)
     }
 }

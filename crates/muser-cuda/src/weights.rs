@@ -1,103 +1,11 @@
-//! Weights on the device, kept in their quantized form. Q4_K and the float types are uploaded
-//! byte for byte; Q6_K blocks are padded to 224 bytes and Q8_0 / NVFP4 are split into a quant
-//! array and a scale array, so every kernel load is 16-byte aligned.
+//! Weights on the device, kept in their quantized form (layouts in [`crate::layout`]).
 
+use crate::layout::repack;
+pub use crate::layout::WType;
 use crate::runtime::{Arg, DevBuf, Gpu, MAX_GEMV_BATCH};
 use crate::CudaError;
 
 type Result<T> = std::result::Result<T, CudaError>;
-
-/// Weight types the kernels read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum WType {
-    /// f32.
-    F32,
-    /// IEEE half.
-    F16,
-    /// bfloat16.
-    BF16,
-    /// 32 int8 values and one f16 scale.
-    Q8_0,
-    /// 256-value super-blocks, 4-bit with 6-bit scales and mins.
-    Q4K,
-    /// 256-value super-blocks, 6-bit with int8 scales.
-    Q6K,
-    /// 64-value blocks of E2M1 with four UE4M3 scales.
-    NvFp4,
-}
-
-impl WType {
-    /// From a ggml type id.
-    pub fn from_ggml(id: u32) -> Option<WType> {
-        Some(match id {
-            0 => WType::F32,
-            1 => WType::F16,
-            8 => WType::Q8_0,
-            12 => WType::Q4K,
-            14 => WType::Q6K,
-            30 => WType::BF16,
-            40 => WType::NvFp4,
-            _ => return None,
-        })
-    }
-
-    /// The ggml type id.
-    pub fn ggml_id(self) -> u32 {
-        match self {
-            WType::F32 => 0,
-            WType::F16 => 1,
-            WType::Q8_0 => 8,
-            WType::Q4K => 12,
-            WType::Q6K => 14,
-            WType::BF16 => 30,
-            WType::NvFp4 => 40,
-        }
-    }
-
-    /// (values per block, bytes per block) in the ggml file format.
-    pub fn block(self) -> (usize, usize) {
-        match self {
-            WType::F32 => (1, 4),
-            WType::F16 | WType::BF16 => (1, 2),
-            WType::Q8_0 => (32, 34),
-            WType::Q4K => (256, 144),
-            WType::Q6K => (256, 210),
-            WType::NvFp4 => (64, 36),
-        }
-    }
-
-    /// Bytes of one row of `cols` values in the file format.
-    pub fn row_bytes(self, cols: usize) -> usize {
-        let (n, b) = self.block();
-        cols / n * b
-    }
-
-    fn kernel(self) -> &'static str {
-        match self {
-            WType::F32 => "f32",
-            WType::F16 => "f16",
-            WType::BF16 => "bf16",
-            WType::Q8_0 => "q80",
-            WType::Q4K => "q4k",
-            WType::Q6K => "q6k",
-            WType::NvFp4 => "nvfp4",
-        }
-    }
-
-    /// Whether the GEMV reads int8-quantized activations (else f32 activations).
-    pub fn int_activations(self) -> bool {
-        !matches!(self, WType::F32 | WType::F16 | WType::BF16)
-    }
-
-    /// Column count the kernels need to be a multiple of.
-    pub fn col_multiple(self) -> usize {
-        match self {
-            WType::Q4K | WType::Q6K => 256,
-            WType::NvFp4 => 64,
-            _ => 32,
-        }
-    }
-}
 
 /// A weight matrix `[rows][cols]` on the device.
 pub struct DevWeight {
@@ -136,67 +44,38 @@ impl DevWeight {
         let mut rows = 0usize;
         for p in pieces {
             if p.len() % rb != 0 {
-                return Err(CudaError::Shape(format!("{} bytes is not a whole number of {rb}-byte rows", p.len())));
+                return Err(CudaError::Shape(format!(
+                    "{} bytes is not a whole number of {rb}-byte rows",
+                    p.len()
+                )));
             }
             rows += p.len() / rb;
         }
-        match ty {
-            WType::F32 | WType::F16 | WType::BF16 | WType::Q4K => {
-                let buf = gpu.alloc(rows * rb)?;
-                let mut off = 0;
-                for p in pieces {
-                    gpu.upload(&buf, off, p)?;
-                    off += p.len();
-                }
-                Ok(DevWeight { ty, rows, cols, buf, aux_off: 0 })
-            }
-            WType::Q6K => {
-                let nb = rows * cols / 256;
-                let mut host = vec![0u8; nb * 224];
-                let mut k = 0;
-                for p in pieces {
-                    for blk in p.chunks_exact(210) {
-                        host[k * 224..k * 224 + 210].copy_from_slice(blk);
-                        k += 1;
-                    }
-                }
-                let buf = gpu.alloc(host.len())?;
-                gpu.upload(&buf, 0, &host)?;
-                Ok(DevWeight { ty, rows, cols, buf, aux_off: 0 })
-            }
-            WType::Q8_0 => {
-                let nb = rows * cols / 32;
-                let mut host = vec![0u8; nb * 34];
-                let (qs, ds) = host.split_at_mut(nb * 32);
-                let mut k = 0;
-                for p in pieces {
-                    for blk in p.chunks_exact(34) {
-                        ds[2 * k..2 * k + 2].copy_from_slice(&blk[..2]);
-                        qs[32 * k..32 * k + 32].copy_from_slice(&blk[2..]);
-                        k += 1;
-                    }
-                }
-                let buf = gpu.alloc(host.len())?;
-                gpu.upload(&buf, 0, &host)?;
-                Ok(DevWeight { ty, rows, cols, buf, aux_off: nb * 32 })
-            }
-            WType::NvFp4 => {
-                let nb = rows * cols / 64;
-                let mut host = vec![0u8; nb * 36];
-                let (qs, ds) = host.split_at_mut(nb * 32);
-                let mut k = 0;
-                for p in pieces {
-                    for blk in p.chunks_exact(36) {
-                        ds[4 * k..4 * k + 4].copy_from_slice(&blk[..4]);
-                        qs[32 * k..32 * k + 32].copy_from_slice(&blk[4..]);
-                        k += 1;
-                    }
-                }
-                let buf = gpu.alloc(host.len())?;
-                gpu.upload(&buf, 0, &host)?;
-                Ok(DevWeight { ty, rows, cols, buf, aux_off: nb * 32 })
-            }
+        if let Some((host, aux_off)) = repack(ty, rows, cols, pieces) {
+            let buf = gpu.alloc(host.len())?;
+            gpu.upload(&buf, 0, &host)?;
+            return Ok(DevWeight {
+                ty,
+                rows,
+                cols,
+                buf,
+                aux_off,
+            });
         }
+        // Layout unchanged: upload the pieces in place, no host copy.
+        let buf = gpu.alloc(rows * rb)?;
+        let mut off = 0;
+        for p in pieces {
+            gpu.upload(&buf, off, p)?;
+            off += p.len();
+        }
+        Ok(DevWeight {
+            ty,
+            rows,
+            cols,
+            buf,
+            aux_off: 0,
+        })
     }
 
     /// Bytes on the device.
@@ -214,9 +93,19 @@ impl DevWeight {
 
     /// `y[b][row] = W[row] · x[b]` for `batch` rows of activations; `y` rows are `ldy` floats.
     /// Integer types read `qa`, float types read `xf` (`[B][cols]` f32).
-    pub fn gemv(&self, gpu: &Gpu, batch: usize, qa: QAct, xf: u64, y: u64, ldy: usize) -> Result<()> {
+    pub fn gemv(
+        &self,
+        gpu: &Gpu,
+        batch: usize,
+        qa: QAct,
+        xf: u64,
+        y: u64,
+        ldy: usize,
+    ) -> Result<()> {
         if batch == 0 || batch > MAX_GEMV_BATCH {
-            return Err(CudaError::Shape(format!("GEMV batch {batch} (1..={MAX_GEMV_BATCH})")));
+            return Err(CudaError::Shape(format!(
+                "GEMV batch {batch} (1..={MAX_GEMV_BATCH})"
+            )));
         }
         let name = format!("gemv_{}_b{batch}", self.ty.kernel());
         // Rows per 4-warp block (kernels.cu: Q4_K splits a row over 2 or 4 warps).
@@ -289,6 +178,13 @@ pub fn quantize_act(gpu: &Gpu, x: u64, n: usize, batch: usize, qa: QAct) -> Resu
         "quantize_act",
         (groups.div_ceil(256) as u32, 1, 1),
         256,
-        &[Arg::P(x), Arg::L(n as i64), Arg::L(groups as i64), Arg::P(qa.q), Arg::P(qa.d), Arg::P(qa.s)],
+        &[
+            Arg::P(x),
+            Arg::L(n as i64),
+            Arg::L(groups as i64),
+            Arg::P(qa.q),
+            Arg::P(qa.d),
+            Arg::P(qa.s),
+        ],
     )
 }

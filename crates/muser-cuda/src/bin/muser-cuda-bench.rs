@@ -62,7 +62,14 @@ fn bf16_to_f32(b: u16) -> f32 {
 }
 
 /// One weight type: random matrix quantized by the CPU quantizer, checked through every GPU path.
-fn check_type(gpu: &Gpu, ty: WType, rows: usize, cols: usize, rng: &mut Rng, out: &mut Vec<Value>) -> Result<bool, CudaError> {
+fn check_type(
+    gpu: &Gpu,
+    ty: WType,
+    rows: usize,
+    cols: usize,
+    rng: &mut Rng,
+    out: &mut Vec<Value>,
+) -> Result<bool, CudaError> {
     let gt = ggml(ty);
     let rb = ty.row_bytes(cols);
     let mut wq = vec![0u8; rows * rb];
@@ -76,8 +83,12 @@ fn check_type(gpu: &Gpu, ty: WType, rows: usize, cols: usize, rng: &mut Rng, out
         }
         muser_quant::quantize_row(gt, &src, &mut wq[r * rb..(r + 1) * rb])
             .map_err(|e| CudaError::Model(format!("quantize {ty:?}: {e}")))?;
-        muser_quant::dequantize_row(gt, &wq[r * rb..(r + 1) * rb], &mut wf[r * cols..(r + 1) * cols])
-            .map_err(|e| CudaError::Model(format!("dequantize {ty:?}: {e}")))?;
+        muser_quant::dequantize_row(
+            gt,
+            &wq[r * rb..(r + 1) * rb],
+            &mut wf[r * cols..(r + 1) * cols],
+        )
+        .map_err(|e| CudaError::Model(format!("dequantize {ty:?}: {e}")))?;
     }
     let w = DevWeight::upload(gpu, ty, cols, &[&wq])?;
     let bmax = 8;
@@ -92,7 +103,11 @@ fn check_type(gpu: &Gpu, ty: WType, rows: usize, cols: usize, rng: &mut Rng, out
     let q = gpu.alloc(x.len())?;
     let qd = gpu.alloc(4 * x.len() / 16)?;
     let qs = gpu.alloc(4 * x.len() / 16)?;
-    let qa = QAct { q: q.ptr(), d: qd.ptr(), s: qs.ptr() };
+    let qa = QAct {
+        q: q.ptr(),
+        d: qd.ptr(),
+        s: qs.ptr(),
+    };
     quantize_act(gpu, xd.ptr(), cols, bmax, qa)?;
     let y = gpu.alloc(4 * bmax * rows)?;
     let mut ok = true;
@@ -101,11 +116,18 @@ fn check_type(gpu: &Gpu, ty: WType, rows: usize, cols: usize, rng: &mut Rng, out
         w.gemv(gpu, batch, qa, xd.ptr(), y.ptr(), rows)?;
         let mut got = vec![0f32; batch * rows];
         gpu.download(y.ptr(), &mut got)?;
-        let reference: Vec<f64> = (0..batch).flat_map(|b| (0..rows).map(move |r| (b, r))).map(|(b, r)| want(b, r)).collect();
+        let reference: Vec<f64> = (0..batch)
+            .flat_map(|b| (0..rows).map(move |r| (b, r)))
+            .map(|(b, r)| want(b, r))
+            .collect();
         let err = rel_err(&got, &reference);
         let pass = err < 1e-2;
         ok &= pass;
-        println!("check gemv   {:<6} B={batch} {rows}x{cols}  rel err {err:.2e}  {}", format!("{ty:?}"), if pass { "ok" } else { "FAIL" });
+        println!(
+            "check gemv   {:<6} B={batch} {rows}x{cols}  rel err {err:.2e}  {}",
+            format!("{ty:?}"),
+            if pass { "ok" } else { "FAIL" }
+        );
         out.push(json!({"check": "gemv", "type": format!("{ty:?}"), "batch": batch, "rows": rows, "cols": cols, "rel_err": err, "pass": pass}));
     }
     // bf16 dequantization (prefill operand) against the CPU dequantization.
@@ -118,21 +140,39 @@ fn check_type(gpu: &Gpu, ty: WType, rows: usize, cols: usize, rng: &mut Rng, out
     let err = rel_err(&got, &reference);
     let pass = err < 1e-2;
     ok &= pass;
-    println!("check dequant {:<6} -> bf16          rel err {err:.2e}  {}", format!("{ty:?}"), if pass { "ok" } else { "FAIL" });
-    out.push(json!({"check": "dequant_bf16", "type": format!("{ty:?}"), "rel_err": err, "pass": pass}));
+    println!(
+        "check dequant {:<6} -> bf16          rel err {err:.2e}  {}",
+        format!("{ty:?}"),
+        if pass { "ok" } else { "FAIL" }
+    );
+    out.push(
+        json!({"check": "dequant_bf16", "type": format!("{ty:?}"), "rel_err": err, "pass": pass}),
+    );
     // cuBLAS bf16 GEMM: y[n][rows] = x[n][cols] · Wᵀ, n = 8 (x rounded to bf16 on the host).
-    let xb: Vec<u16> = x.iter().map(|v| half::bf16::from_f32(*v).to_bits()).collect();
+    let xb: Vec<u16> = x
+        .iter()
+        .map(|v| half::bf16::from_f32(*v).to_bits())
+        .collect();
     let xbd = gpu.alloc(2 * xb.len())?;
     gpu.upload(&xbd, 0, &xb)?;
     gpu.gemm_bf16(y.ptr(), rows, xbd.ptr(), wb.ptr(), bmax, rows, cols)?;
     let mut got = vec![0f32; bmax * rows];
     gpu.download(y.ptr(), &mut got)?;
-    let reference: Vec<f64> = (0..bmax).flat_map(|b| (0..rows).map(move |r| (b, r))).map(|(b, r)| want(b, r)).collect();
+    let reference: Vec<f64> = (0..bmax)
+        .flat_map(|b| (0..rows).map(move |r| (b, r)))
+        .map(|(b, r)| want(b, r))
+        .collect();
     let err = rel_err(&got, &reference);
     let pass = err < 1e-2;
     ok &= pass;
-    println!("check gemm   {:<6} n=8 (bf16 cuBLAS) rel err {err:.2e}  {}", format!("{ty:?}"), if pass { "ok" } else { "FAIL" });
-    out.push(json!({"check": "gemm_bf16", "type": format!("{ty:?}"), "rel_err": err, "pass": pass}));
+    println!(
+        "check gemm   {:<6} n=8 (bf16 cuBLAS) rel err {err:.2e}  {}",
+        format!("{ty:?}"),
+        if pass { "ok" } else { "FAIL" }
+    );
+    out.push(
+        json!({"check": "gemm_bf16", "type": format!("{ty:?}"), "rel_err": err, "pass": pass}),
+    );
     // Embedding rows.
     let ids: Vec<i32> = vec![0, (rows - 1) as i32, (rows / 2) as i32];
     let idd = gpu.alloc(4 * ids.len())?;
@@ -141,12 +181,22 @@ fn check_type(gpu: &Gpu, ty: WType, rows: usize, cols: usize, rng: &mut Rng, out
     w.get_rows(gpu, idd.ptr(), ids.len(), xr.ptr())?;
     let mut got = vec![0f32; ids.len() * cols];
     gpu.download(xr.ptr(), &mut got)?;
-    let reference: Vec<f64> =
-        ids.iter().flat_map(|&r| wf[r as usize * cols..(r as usize + 1) * cols].iter().map(|&v| v as f64)).collect();
+    let reference: Vec<f64> = ids
+        .iter()
+        .flat_map(|&r| {
+            wf[r as usize * cols..(r as usize + 1) * cols]
+                .iter()
+                .map(|&v| v as f64)
+        })
+        .collect();
     let err = rel_err(&got, &reference);
     let pass = err < 1e-6;
     ok &= pass;
-    println!("check rows   {:<6}                   rel err {err:.2e}  {}", format!("{ty:?}"), if pass { "ok" } else { "FAIL" });
+    println!(
+        "check rows   {:<6}                   rel err {err:.2e}  {}",
+        format!("{ty:?}"),
+        if pass { "ok" } else { "FAIL" }
+    );
     out.push(json!({"check": "get_rows", "type": format!("{ty:?}"), "rel_err": err, "pass": pass}));
     Ok(ok)
 }
@@ -157,7 +207,13 @@ fn cmd_check(json_out: Option<PathBuf>) -> Result<bool, CudaError> {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut results = Vec::new();
     let mut ok = true;
-    for ty in [WType::Q4K, WType::Q6K, WType::Q8_0, WType::NvFp4, WType::F16] {
+    for ty in [
+        WType::Q4K,
+        WType::Q6K,
+        WType::Q8_0,
+        WType::NvFp4,
+        WType::F16,
+    ] {
         // 6656 columns: 26 Q4_K super-blocks, an odd tail for the unrolled loops.
         ok &= check_type(&gpu, ty, 300, 6656, &mut rng, &mut results)?;
     }
@@ -193,8 +249,12 @@ fn cpu_logits(path: &std::path::Path, prompt: &[u32]) -> Result<Vec<f32>, CudaEr
     use muser_model::{Batch, KvType, LoadOptions, Model};
     let err = |e: muser_model::ModelError| CudaError::Model(format!("CPU reference: {e}"));
     let model = Model::load(path, &LoadOptions::default()).map_err(err)?;
-    let mut kv = model.new_kv(prompt.len().next_power_of_two().max(256), 1, KvType::F16).map_err(err)?;
-    let out = model.forward(&mut kv, &Batch::single(0, prompt, 0, true)).map_err(err)?;
+    let mut kv = model
+        .new_kv(prompt.len().next_power_of_two().max(256), 1, KvType::F16)
+        .map_err(err)?;
+    let out = model
+        .forward(&mut kv, &Batch::single(0, prompt, 0, true))
+        .map_err(err)?;
     Ok(out.row(0, model.info().n_vocab).to_vec())
 }
 
@@ -213,7 +273,14 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
     let g = GgufFile::open(&a.path).map_err(|e| CudaError::Model(e.to_string()))?;
     let gpu = Gpu::new(0)?;
     let dev = gpu.info().name.clone();
-    let mut m = CudaGlimmer::load(gpu, &g, GpuOptions { n_ctx: a.n_ctx, max_chunk: a.chunk })?;
+    let mut m = CudaGlimmer::load(
+        gpu,
+        &g,
+        GpuOptions {
+            n_ctx: a.n_ctx,
+            max_chunk: a.chunk,
+        },
+    )?;
     m.sync()?;
     let load_s = t0.elapsed().as_secs_f64();
     let info = m.info().clone();
@@ -227,7 +294,8 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
     );
     let mut rng = Rng(42);
     let vocab = info.n_vocab as u64;
-    let mut tokens = |n: usize| -> Vec<u32> { (0..n).map(|_| (rng.next() % vocab) as u32).collect() };
+    let mut tokens =
+        |n: usize| -> Vec<u32> { (0..n).map(|_| (rng.next() % vocab) as u32).collect() };
 
     // Consistency: the prefill path (bf16 GEMMs, cuBLAS attention) against token-by-token
     // decode (int8 GEMVs, flash-decoding) on the same 48 tokens.
@@ -277,7 +345,11 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
     let tg_s = median(tg_times);
     let tg_tps = a.tg as f64 / tg_s;
     let bw = wbytes as f64 * tg_tps / 1e12;
-    println!("tg{}: {tg_tps:.1} tok/s ({:.3} ms/token, weights at {bw:.2} TB/s)", a.tg, 1e3 * tg_s / a.tg as f64);
+    println!(
+        "tg{}: {tg_tps:.1} tok/s ({:.3} ms/token, weights at {bw:.2} TB/s)",
+        a.tg,
+        1e3 * tg_s / a.tg as f64
+    );
     // Graph replay must agree with the step-by-step path.
     let (_, step0) = m.decode(prompt[0], 0)?;
     let replay = m.generate(&graph, prompt[0], 0, 1)?;
@@ -326,8 +398,14 @@ fn usage() -> ! {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let flag = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
-    let num = |name: &str, d: usize| flag(name).map_or(d, |v| v.parse().unwrap_or_else(|_| usage()));
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let num =
+        |name: &str, d: usize| flag(name).map_or(d, |v| v.parse().unwrap_or_else(|_| usage()));
     let json_out = flag("--json").map(PathBuf::from);
     let r = match args.first().map(String::as_str) {
         Some("check") => cmd_check(json_out),

@@ -1,0 +1,251 @@
+//! Device layouts of weights and the kernel names, shared with the GPU code but free of CUDA,
+//! so they are tested on machines without a GPU.
+//!
+//! Q4_K and the float types keep the file's bytes (Q4_K blocks are 144 bytes, 16-byte aligned);
+//! Q6_K blocks are padded from 210 to 224 bytes; Q8_0 and NVFP4 are split into a quant array
+//! followed by a scale array. Every kernel load is then 16-byte aligned.
+
+/// Weight types the kernels read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WType {
+    /// f32.
+    F32,
+    /// IEEE half.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// 32 int8 values and one f16 scale.
+    Q8_0,
+    /// 256-value super-blocks, 4-bit with 6-bit scales and mins.
+    Q4K,
+    /// 256-value super-blocks, 6-bit with int8 scales.
+    Q6K,
+    /// 64-value blocks of E2M1 with four UE4M3 scales.
+    NvFp4,
+}
+
+impl WType {
+    /// From a ggml type id.
+    pub fn from_ggml(id: u32) -> Option<WType> {
+        Some(match id {
+            0 => WType::F32,
+            1 => WType::F16,
+            8 => WType::Q8_0,
+            12 => WType::Q4K,
+            14 => WType::Q6K,
+            30 => WType::BF16,
+            40 => WType::NvFp4,
+            _ => return None,
+        })
+    }
+
+    /// The ggml type id.
+    pub fn ggml_id(self) -> u32 {
+        match self {
+            WType::F32 => 0,
+            WType::F16 => 1,
+            WType::Q8_0 => 8,
+            WType::Q4K => 12,
+            WType::Q6K => 14,
+            WType::BF16 => 30,
+            WType::NvFp4 => 40,
+        }
+    }
+
+    /// (values per block, bytes per block) in the ggml file format.
+    pub fn block(self) -> (usize, usize) {
+        match self {
+            WType::F32 => (1, 4),
+            WType::F16 | WType::BF16 => (1, 2),
+            WType::Q8_0 => (32, 34),
+            WType::Q4K => (256, 144),
+            WType::Q6K => (256, 210),
+            WType::NvFp4 => (64, 36),
+        }
+    }
+
+    /// Bytes of one row of `cols` values in the file format.
+    pub fn row_bytes(self, cols: usize) -> usize {
+        let (n, b) = self.block();
+        cols / n * b
+    }
+
+    /// Name of its GEMV kernels in kernels.cu (`gemv_<name>_b<batch>`).
+    pub fn kernel(self) -> &'static str {
+        match self {
+            WType::F32 => "f32",
+            WType::F16 => "f16",
+            WType::BF16 => "bf16",
+            WType::Q8_0 => "q80",
+            WType::Q4K => "q4k",
+            WType::Q6K => "q6k",
+            WType::NvFp4 => "nvfp4",
+        }
+    }
+
+    /// Whether the GEMV reads int8-quantized activations (else f32 activations).
+    pub fn int_activations(self) -> bool {
+        !matches!(self, WType::F32 | WType::F16 | WType::BF16)
+    }
+
+    /// Column count the kernels need to be a multiple of.
+    pub fn col_multiple(self) -> usize {
+        match self {
+            WType::Q4K | WType::Q6K => 256,
+            WType::NvFp4 => 64,
+            _ => 32,
+        }
+    }
+}
+
+/// The repacked device bytes of a matrix given as pieces of ggml rows, and the offset of its
+/// scale array (0 when none); `None` when the type keeps the file layout.
+pub fn repack(ty: WType, rows: usize, cols: usize, pieces: &[&[u8]]) -> Option<(Vec<u8>, usize)> {
+    let blocks = pieces.iter().flat_map(|p| p.chunks_exact(ty.block().1));
+    match ty {
+        WType::F32 | WType::F16 | WType::BF16 | WType::Q4K => None,
+        WType::Q6K => {
+            let mut host = vec![0u8; rows * cols / 256 * 224];
+            for (dst, blk) in host.chunks_exact_mut(224).zip(blocks) {
+                dst[..210].copy_from_slice(blk);
+            }
+            Some((host, 0))
+        }
+        WType::Q8_0 | WType::NvFp4 => {
+            // Q8_0: f16 scale then 32 quants; NVFP4: 4 scale bytes then 32 packed bytes.
+            let (nvals, nscale) = if ty == WType::Q8_0 { (32, 2) } else { (64, 4) };
+            let nb = rows * cols / nvals;
+            let mut host = vec![0u8; nb * (32 + nscale)];
+            let (qs, ds) = host.split_at_mut(nb * 32);
+            for ((q, d), blk) in qs
+                .chunks_exact_mut(32)
+                .zip(ds.chunks_exact_mut(nscale))
+                .zip(blocks)
+            {
+                d.copy_from_slice(&blk[..nscale]);
+                q.copy_from_slice(&blk[nscale..]);
+            }
+            Some((host, nb * 32))
+        }
+    }
+}
+
+/// Largest batch the decode GEMV kernels are instantiated for.
+pub const MAX_GEMV_BATCH: usize = 8;
+
+/// Kernels other than the GEMVs.
+pub const OTHER_KERNELS: [&str; 11] = [
+    "dequant_bf16",
+    "get_rows",
+    "quantize_act",
+    "norm_fused",
+    "qk_norm_rope_store",
+    "attn_decode",
+    "attn_combine_gate",
+    "softmax_mask",
+    "gate_heads_bf16",
+    "swiglu",
+    "logits_argmax",
+];
+
+/// Every kernel the backend loads from kernels.cu.
+pub fn kernel_names() -> Vec<String> {
+    let mut names: Vec<String> = OTHER_KERNELS.iter().map(|s| s.to_string()).collect();
+    for t in [
+        WType::Q4K,
+        WType::Q6K,
+        WType::Q8_0,
+        WType::NvFp4,
+        WType::F16,
+        WType::BF16,
+        WType::F32,
+    ] {
+        for b in 1..=MAX_GEMV_BATCH {
+            names.push(format!("gemv_{}_b{b}", t.kernel()));
+        }
+    }
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use muser_gguf::GgmlType;
+
+    const ALL: [WType; 7] = [
+        WType::F32,
+        WType::F16,
+        WType::BF16,
+        WType::Q8_0,
+        WType::Q4K,
+        WType::Q6K,
+        WType::NvFp4,
+    ];
+
+    #[test]
+    fn block_table_matches_ggml() {
+        for ty in ALL {
+            let g = GgmlType::from_id(ty.ggml_id()).expect("ggml id");
+            assert_eq!(WType::from_ggml(g.id()), Some(ty));
+            assert_eq!(ty.block(), (g.block_size(), g.type_size()), "{ty:?}");
+        }
+        assert_eq!(WType::from_ggml(2), None, "Q4_0 has no CUDA kernels");
+    }
+
+    #[test]
+    fn q8_0_splits_quants_and_scales_across_pieces() {
+        // Two pieces of one row each, 2 blocks per row: block k has scale [k, 0x80|k], quants k.
+        let blk = |k: u8| -> Vec<u8> { [vec![k, 0x80 | k], vec![k; 32]].concat() };
+        let p0 = [blk(0), blk(1)].concat();
+        let p1 = [blk(2), blk(3)].concat();
+        let (host, aux) = repack(WType::Q8_0, 2, 64, &[&p0, &p1]).expect("repacked");
+        assert_eq!(aux, 4 * 32);
+        for k in 0..4u8 {
+            assert!(host[32 * k as usize..32 * (k as usize + 1)]
+                .iter()
+                .all(|&b| b == k));
+            assert_eq!(
+                &host[aux + 2 * k as usize..aux + 2 * k as usize + 2],
+                &[k, 0x80 | k]
+            );
+        }
+    }
+
+    #[test]
+    fn nvfp4_and_q6k_layouts() {
+        let blk: Vec<u8> = (0..36).collect();
+        let (host, aux) = repack(WType::NvFp4, 1, 64, &[&blk]).expect("repacked");
+        assert_eq!((host.len(), aux), (36, 32));
+        assert_eq!(&host[..32], &blk[4..]);
+        assert_eq!(&host[32..], &blk[..4]);
+        let q6: Vec<u8> = (0..420).map(|i| (i % 251) as u8).collect();
+        let (host, aux) = repack(WType::Q6K, 1, 512, &[&q6]).expect("repacked");
+        assert_eq!((host.len(), aux), (448, 0));
+        assert_eq!(&host[..210], &q6[..210]);
+        assert!(host[210..224].iter().all(|&b| b == 0));
+        assert_eq!(&host[224..434], &q6[210..]);
+        assert!(repack(WType::Q4K, 1, 256, &[&[0u8; 144]]).is_none());
+    }
+
+    /// Every kernel the runtime loads is defined in kernels.cu (an extern "C" function or a
+    /// GEMV_ENTRIES instance), so a renamed kernel fails here rather than on the GPU.
+    #[test]
+    fn kernel_names_exist_in_the_source() {
+        let src = include_str!("kernels.cu");
+        for name in kernel_names() {
+            let plain = format!("void {name}(");
+            let gemv = name
+                .strip_prefix("gemv_")
+                .and_then(|r| r.rsplit_once("_b"))
+                .map(|(t, b)| {
+                    src.contains(&format!("void gemv_{t}_b##B("))
+                        && src.contains(&format!("GEMV_ENTRIES({b})"))
+                })
+                .unwrap_or(false);
+            assert!(
+                src.contains(&plain) || gemv,
+                "kernel {name} not found in kernels.cu"
+            );
+        }
+    }
+}

@@ -12,14 +12,7 @@ for lib in libggml-base.so libggml-cpu.so; do
 done
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-# ggml's x86 dot kernels, with the comparator's CPU flags (ANCHORS.md) minus -mavxvnni: GCC
-# encodes 256-bit vpdpbusd as AVX-VNNI (VEX) when allowed, which AVX512-VNNI-only hosts lack.
-# The integer results are the same either way.
-flags=(-DGGML_AVX -DGGML_AVX2 -DGGML_AVX512 -DGGML_AVX512_BF16 -DGGML_AVX512_VNNI -DGGML_BMI2
-       -DGGML_F16C -DGGML_FMA -DGGML_SSE42 -D_GNU_SOURCE -O3 -std=gnu11 -msse4.2 -mf16c -mfma -mbmi2
-       -mavx -mavx2 -mavx512f -mavx512cd -mavx512vl -mavx512dq -mavx512bw -mavx512vnni -mavx512bf16)
-cc "${flags[@]}" -I"$src/ggml/src" -I"$src/ggml/src/ggml-cpu" -I"$src/ggml/include" \
-    -c "$src/ggml/src/ggml-cpu/arch/x86/quants.c" -o "$work/x86_quants.o"
+. "$root/scripts/quant/ggml-x86.sh"
 cc -O2 -std=c11 -o "$work/goldens" "$root/scripts/quant/goldens.c" "$work/x86_quants.o" \
     -I"$src/ggml/include" -L"$bin" -lggml-base -lggml-cpu -lm -Wl,-rpath,"$bin"
 mkdir -p "$out"

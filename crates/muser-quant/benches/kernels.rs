@@ -2,6 +2,8 @@
 //!
 //! `cargo bench -p muser-quant --bench kernels` prints criterion's report, then a table, and
 //! writes the receipt `docs/receipts/quant-kernels.json` (command, commit, machine, numbers).
+//! `scripts/quant-bench.sh` runs it beside ggml's own kernels and adds their times and the
+//! ratio. Rates are from the fastest criterion sample (the machine is shared).
 //! The weight matrix (64 rows × 4096 values) stays in L2, so these are compute rates of the
 //! kernels, the ceiling for prefill; decode is bound by memory bandwidth instead.
 
@@ -9,6 +11,7 @@ use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{Criterion, Throughput};
 use muser_quant::{
     dequantize_row, detected_isa, quantize_activations, quantize_row, vec_dot_isa, vec_dot_type,
@@ -73,8 +76,47 @@ fn weights(ty: GgmlType) -> Vec<u8> {
     w
 }
 
+/// CPU time of the calling thread: on a shared machine, time spent descheduled does not count
+/// (wall time there measures the neighbours). `scripts/quant/bench_ggml.c` uses the same clock.
+struct ThreadCpuTime;
+
+fn thread_cpu_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+impl Measurement for ThreadCpuTime {
+    type Intermediate = u64;
+    type Value = u64;
+    fn start(&self) -> u64 {
+        thread_cpu_ns()
+    }
+    fn end(&self, start: u64) -> u64 {
+        thread_cpu_ns() - start
+    }
+    fn add(&self, a: &u64, b: &u64) -> u64 {
+        a + b
+    }
+    fn zero(&self) -> u64 {
+        0
+    }
+    fn to_f64(&self, v: &u64) -> f64 {
+        *v as f64
+    }
+    fn formatter(&self) -> &dyn ValueFormatter {
+        static WALL: WallTime = WallTime;
+        WALL.formatter()
+    }
+}
+
 fn main() {
     let mut c = Criterion::default()
+        .with_measurement(ThreadCpuTime)
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_millis(800))
         .sample_size(20)
@@ -114,17 +156,24 @@ fn main() {
     }
 }
 
-/// Criterion's mean time (ns) for one benchmark, from its `estimates.json`.
-fn mean_ns(criterion_dir: &Path, group: &str, id: &str) -> Option<f64> {
-    let text = std::fs::read_to_string(
-        criterion_dir
-            .join(group)
-            .join(id)
-            .join("new/estimates.json"),
-    )
-    .ok()?;
+/// The fastest criterion sample for one benchmark, in ns per iteration (from `sample.json`;
+/// the minimum is robust on a busy machine, where the mean is not).
+fn best_ns(criterion_dir: &Path, group: &str, id: &str) -> Option<f64> {
+    let text =
+        std::fs::read_to_string(criterion_dir.join(group).join(id).join("new/sample.json")).ok()?;
     let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-    v["mean"]["point_estimate"].as_f64()
+    let (iters, times) = (v["iters"].as_array()?, v["times"].as_array()?);
+    iters
+        .iter()
+        .zip(times)
+        .filter_map(|(i, t)| Some(t.as_f64()? / i.as_f64()?))
+        .reduce(f64::min)
+}
+
+/// ggml's kernel timings from `scripts/quant-bench.sh` (type name -> ns per pass), if given.
+fn ggml_timings() -> Option<serde_json::Value> {
+    let path = std::env::var("MUSER_GGML_KERNELS").ok()?;
+    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
 }
 
 fn write_receipt(simd: Isa) -> Result<(), String> {
@@ -133,34 +182,39 @@ fn write_receipt(simd: Isa) -> Result<(), String> {
         .map(PathBuf::from)
         .unwrap_or_else(|_| root.join("target"));
     let crit = target.join("criterion");
-    let elems = (N * ROWS) as f64;
+    let ggml = ggml_timings();
+    let gval = |ns: f64| (N * ROWS) as f64 / ns;
     let mut rows = Vec::new();
-    println!(
-        "\n| type | dot scalar (Gval/s) | dot SIMD (Gval/s) | SIMD/scalar | dequant (Gval/s) |"
-    );
-    println!("|---|---:|---:|---:|---:|");
+    println!("\n| type | dot scalar | dot SIMD | ggml | SIMD/scalar | ggml time / muser time | dequant |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     for ty in TYPES {
         let g = format!("dot_{}", ty.name());
-        let (Some(s), Some(v)) = (mean_ns(&crit, &g, "scalar"), mean_ns(&crit, &g, "simd")) else {
+        let (Some(s), Some(v)) = (best_ns(&crit, &g, "scalar"), best_ns(&crit, &g, "simd")) else {
             continue;
         };
-        let d = mean_ns(&crit, &format!("dequant_{}", ty.name()), "scalar").unwrap_or(f64::NAN);
+        let d = best_ns(&crit, &format!("dequant_{}", ty.name()), "scalar").unwrap_or(f64::NAN);
+        let gg = ggml
+            .as_ref()
+            .and_then(|j| j[ty.name()].as_f64())
+            .unwrap_or(f64::NAN);
         println!(
-            "| {} | {:.2} | {:.2} | {:.1}x | {:.2} |",
+            "| {} | {:.2} | {:.2} | {:.2} | {:.1}x | {:.2} | {:.2} |",
             ty.name(),
-            elems / s,
-            elems / v,
+            gval(s),
+            gval(v),
+            gval(gg),
             s / v,
-            elems / d
+            gg / v,
+            gval(d)
         );
         rows.push(serde_json::json!({
-            "type": ty.name(), "dot_scalar_ns": s, "dot_simd_ns": v, "dequant_ns": d,
-            "dot_scalar_gvals": elems / s, "dot_simd_gvals": elems / v, "simd_over_scalar": s / v,
-            "dequant_gvals": elems / d,
+            "type": ty.name(), "dot_scalar_ns": s, "dot_simd_ns": v, "dot_ggml_ns": gg, "dequant_ns": d,
+            "dot_scalar_gvals": gval(s), "dot_simd_gvals": gval(v), "dot_ggml_gvals": gval(gg),
+            "simd_over_scalar": s / v, "ggml_time_over_muser_time": gg / v, "dequant_gvals": gval(d),
         }));
     }
     if rows.is_empty() {
-        return Err("no criterion estimates found (run without a filter)".into());
+        return Err("no criterion samples found (run without a filter)".into());
     }
     let commit = std::process::Command::new("git")
         .args(["rev-parse", "--short", "HEAD"])
@@ -173,17 +227,24 @@ fn write_receipt(simd: Isa) -> Result<(), String> {
             .find(|l| l.starts_with("model name"))
             .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
     });
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|l| l.trim().to_string());
     let receipt = serde_json::json!({
-        "command": "cargo bench -p muser-quant --bench kernels",
+        "command": if ggml.is_some() { "scripts/quant-bench.sh" } else { "cargo bench -p muser-quant --bench kernels" },
         "commit": commit,
         "machine": cpu,
+        "loadavg_at_end": load,
         "simd": format!("{simd:?}"),
-        "values_per_iteration": N * ROWS,
+        "unit": "ns per pass: one activation row of row_values against rows weight rows (fastest sample); gvals = 1e9 values/s",
         "row_values": N,
         "rows": ROWS,
         "results": rows,
     });
-    let dir = root.join("docs/receipts");
+    // MUSER_RECEIPT_DIR: where to write when the bench binary runs away from its checkout
+    let dir = std::env::var("MUSER_RECEIPT_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root.join("docs/receipts"));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let text = serde_json::to_string_pretty(&receipt).map_err(|e| e.to_string())?;
     std::fs::write(dir.join("quant-kernels.json"), text + "\n").map_err(|e| e.to_string())

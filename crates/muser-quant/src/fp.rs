@@ -52,7 +52,7 @@ pub fn e8m0_half(e: u8) -> f32 {
 
 /// UE4M3 scale divided by two (`ggml_ue4m3_to_fp32`); 0 and 0x7F (NaN) decode to 0.
 #[inline]
-pub fn ue4m3_half(x: u8) -> f32 {
+pub const fn ue4m3_half(x: u8) -> f32 {
     if x == 0 || x == 0x7F {
         return 0.0;
     }
@@ -94,7 +94,7 @@ pub fn f32_to_ue4m3(x: f32) -> u8 {
     ((exp << 3) | man) as u8
 }
 
-fn pow2(e: i32) -> f32 {
+const fn pow2(e: i32) -> f32 {
     f32::from_bits(((e + 127) as u32) << 23)
 }
 

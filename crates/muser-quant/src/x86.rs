@@ -50,11 +50,17 @@ pub(crate) fn vec_dot(_isa: Isa, ty: GgmlType, w: &[u8], a: &[u8]) -> Option<f32
     }
 }
 
+/// The f16 at `p` as f32, moved in from a general register (`vmovd` writes the whole vector
+/// register; LLVM's preferred `vpinsrw` into a live register created a false dependency on the
+/// accumulator that serialized whole kernels).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn h2f(p: *const u8) -> f32 {
-    let bits = (p as *const u16).read_unaligned();
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    let bits = (p as *const u16).read_unaligned() as i32;
+    let v: __m128i;
+    // SAFETY: vmovd only reads the general register and writes the whole xmm register.
+    std::arch::asm!("vmovd {v}, {b:e}", v = lateout(xmm_reg) v, b = in(reg) bits, options(pure, nomem, nostack));
+    _mm_cvtss_f32(_mm_cvtph_ps(v))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -211,6 +217,17 @@ unsafe fn fp4_table() -> __m128i {
     _mm_loadu_si128(crate::fp::KVALUES_FP4.as_ptr() as *const __m128i)
 }
 
+/// `ue4m3_half` of every byte (ggml's CPU build looks it up in `ggml_table_f32_ue4m3` too).
+static UE4M3_HALF: [f32; 256] = {
+    let mut t = [0.0f32; 256];
+    let mut x = 0;
+    while x < 256 {
+        t[x] = crate::fp::ue4m3_half(x as u8);
+        x += 1;
+    }
+    t
+};
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_nvfp4(w: &[u8], a: &[u8]) -> f32 {
     let nb = w.len() / 36;
@@ -228,8 +245,8 @@ unsafe fn dot_nvfp4(w: &[u8], a: &[u8]) -> f32 {
             let q4 = _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi));
             let p = mul_sum_i8(q4, loadu(y.add(2)));
             let dy = h2f(y);
-            let s0 = crate::fp::ue4m3_half(*x.add(2 * half)) * dy;
-            let s1 = crate::fp::ue4m3_half(*x.add(2 * half + 1)) * dy;
+            let s0 = UE4M3_HALF[*x.add(2 * half) as usize] * dy;
+            let s1 = UE4M3_HALF[*x.add(2 * half + 1) as usize] * dy;
             let scales = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
             acc = _mm256_fmadd_ps(scales, p, acc);
         }
@@ -417,6 +434,21 @@ unsafe fn shuffle_q3k(i: usize) -> __m256i {
     _mm256_set_m128i(_mm_set1_epi16(phi), _mm_set1_epi16(plo))
 }
 
+/// Byte shuffles picking scale 2i eight times, then scale 2i+1 eight times (`get_scale_shuffle`).
+static SCALE_PAIRS: [[u8; 16]; 8] = {
+    let mut t = [[0u8; 16]; 8];
+    let mut i = 0;
+    while i < 8 {
+        let mut b = 0;
+        while b < 16 {
+            t[i][b] = (2 * i + b / 8) as u8;
+            b += 1;
+        }
+        i += 1;
+    }
+    t
+};
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
     let nb = w.len() / 210;
@@ -452,9 +484,8 @@ unsafe fn dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
             for (c, qc) in q.iter().enumerate() {
                 let p16 = _mm256_maddubs_epi16(*qc, loadu(q8.add(32 * c)));
                 // scales 8j+2c (bytes 0..15) and 8j+2c+1 (bytes 16..31)
-                let s0 = *x.add(192 + 8 * j + 2 * c) as i8 as i16;
-                let s1 = *x.add(192 + 8 * j + 2 * c + 1) as i8 as i16;
-                let sc = _mm256_set_m128i(_mm_set1_epi16(s1), _mm_set1_epi16(s0));
+                let pick = _mm_loadu_si128(SCALE_PAIRS[4 * j + c].as_ptr() as *const __m128i);
+                let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(sc, p16));
             }
             q8 = q8.add(128);
@@ -507,6 +538,23 @@ unsafe fn dot_q2_k(w: &[u8], a: &[u8]) -> f32 {
     hsum_float_8(acc)
 }
 
+/// The 16 Q3_K scales minus 32, as bytes (ggml's `aux` shuffle).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q3_k_scales128(p: *const u8) -> __m128i {
+    const KMASK1: u32 = 0x03030303;
+    const KMASK2: u32 = 0x0f0f0f0f;
+    let aux = |i: usize| unsafe { (p.add(4 * i) as *const u32).read_unaligned() };
+    let (a0, a1, a2) = (aux(0), aux(1), aux(2));
+    let s = _mm_set_epi32(
+        (((a1 >> 4) & KMASK2) | (((a2 >> 6) & KMASK1) << 4)) as i32,
+        (((a0 >> 4) & KMASK2) | (((a2 >> 4) & KMASK1) << 4)) as i32,
+        ((a1 & KMASK2) | (((a2 >> 2) & KMASK1) << 4)) as i32,
+        ((a0 & KMASK2) | ((a2 & KMASK1) << 4)) as i32,
+    );
+    _mm_sub_epi8(s, _mm_set1_epi8(32))
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
     let nb = w.len() / 110;
@@ -516,8 +564,7 @@ unsafe fn dot_q3_k(w: &[u8], a: &[u8]) -> f32 {
         let x = w.as_ptr().add(110 * i);
         let (yd, mut q8, _) = q8k(a.as_ptr().add(292 * i));
         let d = yd * h2f(x.add(108));
-        let s = crate::dequant::q3_k_scales(&w[110 * i + 96..110 * i + 108]);
-        let all = _mm256_cvtepi8_epi16(_mm_loadu_si128(s.as_ptr() as *const __m128i));
+        let all = _mm256_cvtepi8_epi16(q3_k_scales128(x.add(96)));
         let (l, h) = (
             _mm256_extracti128_si256(all, 0),
             _mm256_extracti128_si256(all, 1),

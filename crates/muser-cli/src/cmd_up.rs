@@ -1,8 +1,146 @@
-//! `muser up` (owned by the crate that implements it; see ARCHITECTURE.md).
+//! `muser up`: serve the OpenAI-, llama.cpp- and Ollama-compatible HTTP APIs. Without
+//! `--model` it fetches the default model (SHA-256 pinned) into the model store first.
+//! Progress goes to stderr; stdout gets exactly one line, once the server is listening.
+
+use anyhow::Context;
+use muser_server::auth::check_bind;
+use muser_server::server::{self, ServeConfig};
+use muser_server::store;
+use std::io::{IsTerminal, Write};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// GGUF model to serve (default: SmolLM2-135M-Instruct Q4_1, fetched into the model store).
+    #[arg(short, long)]
+    model: Option<PathBuf>,
+    /// Address to listen on. A non-loopback address needs --api-key (or --force-insecure).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: IpAddr,
+    #[arg(long, default_value_t = 4949)]
+    port: u16,
+    /// Concurrent generations (each has its own KV cache of --ctx-size tokens).
+    #[arg(long, default_value_t = 4)]
+    slots: usize,
+    /// Context per slot, in tokens.
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+    ctx_size: usize,
+    /// Require `Authorization: Bearer KEY` on every route but /health.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Directory for /slots/{id}?action=save|restore files.
+    #[arg(long)]
+    slot_save_path: Option<PathBuf>,
+    /// Allow a non-loopback bind without an API key.
+    #[arg(long)]
+    force_insecure: bool,
+    /// Compute threads (default: all cores).
+    #[arg(short, long)]
+    threads: Option<usize>,
+    /// Requests allowed to wait for a slot before the server answers 429.
+    #[arg(long, default_value_t = 64)]
+    queue: usize,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`muser up` is not built yet")
+pub fn run(args: Args) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    check_bind(args.host, args.api_key.as_deref(), args.force_insecure)?;
+    let model_path = match args.model {
+        Some(path) => path,
+        None => {
+            let dir = store::default_store_dir()?;
+            store::ensure(&store::DEFAULT_MODEL, &dir)?
+        }
+    };
+    let mut cfg = ServeConfig::new(&model_path);
+    cfg.n_slots = args.slots;
+    cfg.n_ctx = args.ctx_size;
+    cfg.queue_max = args.queue;
+    cfg.api_key = args.api_key;
+    cfg.slot_save_path = args.slot_save_path;
+    if let Some(t) = args.threads {
+        cfg.threads = t.max(1);
+    }
+    let state = with_spinner(&format!("loading {}", model_path.display()), || {
+        server::load(&cfg)
+    })?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let addr = SocketAddr::new(args.host, args.port);
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        let local = listener.local_addr()?;
+        let host = match local.ip() {
+            IpAddr::V6(ip) => format!("[{ip}]"),
+            IpAddr::V4(ip) => ip.to_string(),
+        };
+        println!(
+            "muser ready: http://{host}:{} (model {}, {} slots x {} tokens)",
+            local.port(),
+            state.model.id,
+            cfg.n_slots,
+            cfg.n_ctx
+        );
+        std::io::stdout().flush()?;
+        server::serve(state, listener, shutdown_signal()).await?;
+        anyhow::Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+    }
+    eprintln!("muser: shutting down");
+}
+
+/// Runs `f` while a spinner turns on stderr (a single line when stderr is not a terminal).
+fn with_spinner<T>(what: &str, f: impl FnOnce() -> T) -> T {
+    let start = std::time::Instant::now();
+    if !std::io::stderr().is_terminal() {
+        eprintln!("muser: {what}");
+        let out = f();
+        eprintln!("muser: done in {:.1} s", start.elapsed().as_secs_f64());
+        return out;
+    }
+    let done = Arc::new(AtomicBool::new(false));
+    let spinner = {
+        let (done, what) = (done.clone(), what.to_string());
+        std::thread::spawn(move || {
+            let frames = ['|', '/', '-', '\\'];
+            let mut i = 0;
+            while !done.load(Ordering::Relaxed) {
+                eprint!(
+                    "\r{} {what} ({:.1} s)",
+                    frames[i % 4],
+                    start.elapsed().as_secs_f64()
+                );
+                i += 1;
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        })
+    };
+    let out = f();
+    done.store(true, Ordering::Relaxed);
+    let _ = spinner.join();
+    eprintln!("\r  {what}: done in {:.1} s", start.elapsed().as_secs_f64());
+    out
 }

@@ -58,6 +58,21 @@ fn keyed_state() -> SharedState {
         .clone()
 }
 
+/// One slot of its own, for save/restore (no other test moves its cache).
+fn slot_state() -> SharedState {
+    static STATE: OnceLock<SharedState> = OnceLock::new();
+    STATE
+        .get_or_init(|| {
+            let mut cfg = ServeConfig::new(model_path());
+            cfg.n_slots = 1;
+            cfg.n_ctx = 128;
+            cfg.threads = 2;
+            cfg.slot_save_path = Some(std::env::temp_dir().join("muser-server-test-slots"));
+            load(&cfg).expect("load SmolLM2")
+        })
+        .clone()
+}
+
 fn app() -> Router {
     router(open_state())
 }
@@ -427,4 +442,64 @@ async fn ollama_and_openai_listing_routes() {
     )
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn slot_save_erase_restore_roundtrip() {
+    let app = || router(slot_state());
+    let body = json!({ "prompt": "The history of the printing press", "n_predict": 4, "temperature": 0, "id_slot": 0 });
+    let (status, first) = send_json(app(), post_json("/completion", &body)).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    let (status, v) = send_json(
+        app(),
+        post_json(
+            "/slots/0?action=save",
+            &json!({ "filename": "roundtrip.slot" }),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let n_saved = v["n_saved"].as_u64().unwrap();
+    assert!(n_saved > 4, "{v}");
+    let (status, v) = send_json(app(), post_json("/slots/0?action=erase", &json!({}))).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (status, v) = send_json(
+        app(),
+        post_json(
+            "/slots/0?action=restore",
+            &json!({ "filename": "roundtrip.slot" }),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["n_restored"].as_u64(), Some(n_saved));
+    // The restored cache serves the prompt prefix and gives the same greedy continuation.
+    let (_, again) = send_json(app(), post_json("/completion", &body)).await;
+    assert_eq!(again["content"], first["content"]);
+    assert!(again["tokens_cached"].as_u64().unwrap() > 0, "{again}");
+    // A corrupted file is refused before the cache is touched.
+    let dir = std::env::temp_dir().join("muser-server-test-slots");
+    let mut bytes = std::fs::read(dir.join("roundtrip.slot")).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 1;
+    std::fs::write(dir.join("corrupt.slot"), bytes).unwrap();
+    let (status, v) = send_json(
+        app(),
+        post_json(
+            "/slots/0?action=restore",
+            &json!({ "filename": "corrupt.slot" }),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert!(error_message(&v).contains("checksum"), "{v}");
+    let (status, _) = send_json(
+        app(),
+        post_json(
+            "/slots/0?action=restore",
+            &json!({ "filename": "absent.slot" }),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
 }

@@ -286,9 +286,30 @@ pub async fn slot_action(
             "slot filename must be 1-255 characters of [A-Za-z0-9._-], not `.` or `..`",
         ));
     }
-    Err(ApiError::not_implemented(
-        "slot save/restore is not available yet: the engine has no slot file format",
-    ))
+    let path = state
+        .options
+        .slot_save_path
+        .as_ref()
+        .map(|d| d.join(&filename))
+        .unwrap_or_default();
+    let action = query.action;
+    let st = state.clone();
+    let start = std::time::Instant::now();
+    let n = tokio::task::spawn_blocking(move || match action {
+        SlotAction::Save => crate::slotfile::save(&st.engine, id, &path),
+        _ => crate::slotfile::restore(&st.engine, id, &path),
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))??;
+    let key = if action == SlotAction::Save {
+        "n_saved"
+    } else {
+        "n_restored"
+    };
+    Ok(Json(json!({
+        "id_slot": id, "filename": filename, key: n,
+        "timings": { "ms": start.elapsed().as_secs_f64() * 1e3 },
+    })))
 }
 
 pub async fn health() -> Json<Value> {

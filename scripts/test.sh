@@ -5,3 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export MUSER_MODELS="$(scripts/fetch-models.sh)"
 cargo test --workspace --release --locked
+scripts/test-clients.sh

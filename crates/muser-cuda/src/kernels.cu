@@ -24,6 +24,20 @@ typedef __nv_bfloat16 bf16;
 #define INFINITY __int_as_float(0x7f800000)
 #endif
 
+// Programmatic dependent launch (sm_90+): a kernel lets the next one start early
+// (launch_dependents) and waits for the previous one before touching its results (wait).
+// Both are no-ops when the launch did not ask for it.
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
@@ -160,6 +174,8 @@ __device__ void dq16(int ty, const u8* W, const u8* S, long cols, long row, long
 
 // Whole matrix to bf16 [rows][cols] (prefill GEMM operand). One thread per 16 values.
 extern "C" __global__ void dequant_bf16(int ty, const u8* W, const u8* S, long rows, long cols, bf16* out) {
+    pdl_trigger();
+    pdl_wait();
     const long ng = cols / 16;
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * ng) return;
@@ -176,6 +192,8 @@ extern "C" __global__ void dequant_bf16(int ty, const u8* W, const u8* S, long r
 
 // Embedding rows for T tokens into x f32 [T][cols]. grid (ceil(cols/16/128), T).
 extern "C" __global__ void get_rows(int ty, const u8* W, const u8* S, long cols, const int* tokens, float* x) {
+    pdl_trigger();
+    pdl_wait();
     const long g = (long)blockIdx.x * blockDim.x + threadIdx.x;
     const int t = blockIdx.y;
     if (g >= cols / 16) return;
@@ -260,6 +278,8 @@ __device__ void gemv_q4k(const u8* __restrict__ W, long rows, long cols, Act x, 
                 qv[u] = ld_stream(wq + STEP * u * 144);
             }
         }
+        // Weights do not depend on the previous kernel: wait for it only after the first loads.
+        if (s0 == s_first) pdl_wait();
 #pragma unroll
         for (int u = 0; u < U; u++) {
             if (s0 + STEP * u < nsb) {
@@ -478,6 +498,7 @@ __device__ void gemv_float(int ty, const u8* __restrict__ W, long rows, long col
     extern "C" __global__ void gemv_q4k_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,    \
                                              const float* xd, const float* xs, const float* xf, float* y, long ldy) {   \
         Act x = {xq, xd, xs, cols};                                                                           \
+        pdl_trigger();                                                                                        \
         if ((cols >> 8) >= 48)                                                                                \
             gemv_q4k<B, 4>(W, rows, cols, x, y, ldy);                                                         \
         else                                                                                                  \
@@ -486,29 +507,29 @@ __device__ void gemv_float(int ty, const u8* __restrict__ W, long rows, long col
     extern "C" __global__ void gemv_q6k_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,    \
                                              const float* xd, const float* xs, const float* xf, float* y, long ldy) {   \
         Act x = {xq, xd, xs, cols};                                                                           \
-        gemv_q6k<B>(W, rows, cols, x, y, ldy);                                                                     \
+        pdl_trigger(); pdl_wait(); gemv_q6k<B>(W, rows, cols, x, y, ldy);                                                                     \
     }                                                                                                         \
     extern "C" __global__ void gemv_q80_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,    \
                                              const float* xd, const float* xs, const float* xf, float* y, long ldy) {   \
         Act x = {xq, xd, xs, cols};                                                                           \
-        gemv_q80<B>(W, S, rows, cols, x, y, ldy);                                                                  \
+        pdl_trigger(); pdl_wait(); gemv_q80<B>(W, S, rows, cols, x, y, ldy);                                                                  \
     }                                                                                                         \
     extern "C" __global__ void gemv_nvfp4_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,  \
                                                const float* xd, const float* xs, const float* xf, float* y, long ldy) { \
         Act x = {xq, xd, xs, cols};                                                                           \
-        gemv_nvfp4<B>(W, S, rows, cols, x, y, ldy);                                                                \
+        pdl_trigger(); pdl_wait(); gemv_nvfp4<B>(W, S, rows, cols, x, y, ldy);                                                                \
     }                                                                                                         \
     extern "C" __global__ void gemv_f16_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,    \
                                              const float* xd, const float* xs, const float* xf, float* y, long ldy) {   \
-        gemv_float<B>(1, W, rows, cols, xf, y, ldy);                                                               \
+        pdl_trigger(); pdl_wait(); gemv_float<B>(1, W, rows, cols, xf, y, ldy);                                                               \
     }                                                                                                         \
     extern "C" __global__ void gemv_bf16_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,   \
                                               const float* xd, const float* xs, const float* xf, float* y, long ldy) {  \
-        gemv_float<B>(30, W, rows, cols, xf, y, ldy);                                                              \
+        pdl_trigger(); pdl_wait(); gemv_float<B>(30, W, rows, cols, xf, y, ldy);                                                              \
     }                                                                                                         \
     extern "C" __global__ void gemv_f32_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,    \
                                              const float* xd, const float* xs, const float* xf, float* y, long ldy) {   \
-        gemv_float<B>(0, W, rows, cols, xf, y, ldy);                                                               \
+        pdl_trigger(); pdl_wait(); gemv_float<B>(0, W, rows, cols, xf, y, ldy);                                                               \
     }
 
 GEMV_ENTRIES(1)
@@ -522,6 +543,8 @@ GEMV_ENTRIES(8)
 
 // Quantize f32 activations [B][n] (n a multiple of 16) for the integer GEMV paths.
 extern "C" __global__ void quantize_act(const float* x, long n, long total_groups, i8* q, float* qd, float* qs) {
+    pdl_trigger();
+    pdl_wait();
     const long g = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= total_groups) return;
     float v[16];
@@ -549,6 +572,8 @@ __device__ __forceinline__ void store16(float* p, const float* v) {
 
 extern "C" __global__ void norm_fused(float* x, const float* y, const float* w_post, float eps_post, const float* w,
                                       float eps, long n, float* out_f, bf16* out_b, i8* q, float* qd, float* qs) {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float sh[33];
     const long r = blockIdx.x;
     const long g = threadIdx.x;
@@ -607,6 +632,8 @@ extern "C" __global__ void qk_norm_rope_store(const float* qkv, long ld, int nq,
                                               const float* kn_w, float eps, const int* pos, int rope,
                                               float theta_scale, float* q_f, __half* q_h, int T, __half* kc,
                                               __half* vc) {
+    pdl_trigger();
+    pdl_wait();
     const int t = blockIdx.x, head = blockIdx.y, lane = threadIdx.x;
     const int p = pos[t];
     const float4 v4 = *(const float4*)(qkv + (long)t * ld + (long)head * 128 + 4 * lane);
@@ -652,6 +679,8 @@ extern "C" __global__ void qk_norm_rope_store(const float* qkv, long ld, int nq,
 // grid (nq, B, S), block 128. part [B][nq][S][130]: acc[128], max, sum.
 extern "C" __global__ void attn_decode(const float* q_f, const __half* kc, const __half* vc, const int* pos, int nq,
                                        int nkv, int window, float scale, float* part, int S) {
+    pdl_trigger();
+    pdl_wait();
     const int h = blockIdx.x, b = blockIdx.y, sp = blockIdx.z;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int p = pos[b];
@@ -709,6 +738,8 @@ extern "C" __global__ void attn_decode(const float* q_f, const __half* kc, const
 // grid (nq, B), block 128. gate rows [B][ldg].
 extern "C" __global__ void attn_combine_gate(const float* part, int nq, int S, const int* pos, int window,
                                              const float* gate, long ldg, float* out_f, i8* q, float* qd, float* qs) {
+    pdl_trigger();
+    pdl_wait();
     const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
     const float* pp = part + ((long)b * nq + h) * S * 130;
     const int p = pos[b];
@@ -753,6 +784,8 @@ extern "C" __global__ void attn_combine_gate(const float* part, int nq, int S, c
 // P = softmax(scale * S + mask) as f16. grid = rows, block 256.
 extern "C" __global__ void softmax_mask(const float* Sc, __half* P, int n, int nk, int p0, int k_lo, int window,
                                        float scale) {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float sh[33];
     const long r = blockIdx.x;
     const int t = (int)(r % n);
@@ -794,6 +827,8 @@ extern "C" __global__ void softmax_mask(const float* Sc, __half* P, int n, int n
 
 // a[t][h*128+d] = O[h][t][d] * sigmoid(gate[t][h*128+d]) as bf16. One thread per element.
 extern "C" __global__ void gate_heads_bf16(const float* O, const float* gate, long ldg, int n, int nq, bf16* out) {
+    pdl_trigger();
+    pdl_wait();
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     const long total = (long)n * nq * 128;
     if (i >= total) return;
@@ -807,6 +842,8 @@ extern "C" __global__ void gate_heads_bf16(const float* O, const float* gate, lo
 // SwiGLU over rows [T][2F] (gate | up): a = silu(gate) * up -> f32, bf16 and/or quantized [T][F].
 extern "C" __global__ void swiglu(const float* gu, long F, long T, float* out_f, bf16* out_b, i8* q, float* qd,
                                   float* qs) {
+    pdl_trigger();
+    pdl_wait();
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     const long ng = F / 16;
     if (i >= T * ng) return;
@@ -829,6 +866,8 @@ extern "C" __global__ void swiglu(const float* gu, long F, long T, float* out_f,
 // when advance != 0 (decode loops replayed from a CUDA graph). grid B, block 1024.
 extern "C" __global__ void logits_argmax(float* logits, long V, float scale, float cap, int* tokens, int* pos,
                                          int* history, int hist_len, int advance) {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float sv[32];
     __shared__ int si[32];
     const int b = blockIdx.x;

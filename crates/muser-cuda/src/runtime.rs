@@ -9,7 +9,7 @@ use std::sync::Arc;
 use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
 use cudarc::driver::{
     result as drv, sys as drv_sys, CudaContext, CudaFunction, CudaGraph, CudaModule, CudaStream,
-    DriverError, LaunchConfig, PushKernelArg,
+    DriverError,
 };
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
@@ -235,6 +235,7 @@ pub struct Gpu {
     funcs: HashMap<String, CudaFunction>,
     blas: CudaBlas,
     info: DeviceInfo,
+    pdl: bool,
 }
 
 impl Gpu {
@@ -282,6 +283,7 @@ impl Gpu {
         }
         let stream = ctx.new_stream().map_err(drv_err)?;
         let blas = CudaBlas::new(stream.clone()).map_err(blas_err)?;
+        let pdl = cc.0 >= 9 && std::env::var("MUSER_CUDA_PDL").map_or(true, |v| v != "0");
         Ok(Gpu {
             ctx,
             stream,
@@ -289,6 +291,7 @@ impl Gpu {
             funcs,
             blas,
             info,
+            pdl,
         })
     }
 
@@ -354,35 +357,48 @@ impl Gpu {
         self.stream.synchronize().map_err(drv_err)
     }
 
-    /// Launches kernel `name` with a 1-D block.
-    pub fn launch(
-        &self,
-        name: &str,
-        grid: (u32, u32, u32),
-        block: u32,
-        args: &[Arg],
-    ) -> Result<()> {
+    /// Launches kernel `name` with a 1-D block. On sm_90+ every launch allows programmatic
+    /// dependent launch (each kernel waits for its predecessor with `griddepcontrol.wait` before
+    /// touching its results; the GEMVs start streaming weights before that); `MUSER_CUDA_PDL=0`
+    /// turns it off.
+    pub fn launch(&self, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> Result<()> {
         let f = self
             .funcs
             .get(name)
             .ok_or_else(|| CudaError::Unsupported(format!("no kernel named {name}")))?;
-        let mut b = self.stream.launch_builder(f);
-        for a in args {
-            match a {
-                Arg::P(v) => b.arg(v),
-                Arg::I(v) => b.arg(v),
-                Arg::L(v) => b.arg(v),
-                Arg::F(v) => b.arg(v),
-            };
-        }
-        let cfg = LaunchConfig {
-            grid_dim: grid,
-            block_dim: (block, 1, 1),
-            shared_mem_bytes: 0,
+        // One 8-byte slot per argument; 4-byte arguments sit in the low half (little-endian).
+        let mut slots: Vec<u64> = args
+            .iter()
+            .map(|a| match *a {
+                Arg::P(v) => v,
+                Arg::I(v) => v as u32 as u64,
+                Arg::L(v) => v as u64,
+                Arg::F(v) => v.to_bits() as u64,
+            })
+            .collect();
+        let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
+        // SAFETY: a zeroed attribute is a valid "ignore" value; we set the fields we use.
+        let mut attr: drv_sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = drv_sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let cfg = drv_sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: u32::from(self.pdl),
         };
-        // SAFETY: argument lists match the kernel signatures in kernels.cu (kept side by side).
-        unsafe { b.launch(cfg) }.map_err(|e| CudaError::Driver(format!("launch {name}: {e:?}")))?;
-        Ok(())
+        self.ctx.bind_to_thread().map_err(drv_err)?;
+        // SAFETY: argument lists match the kernel signatures in kernels.cu (kept side by side);
+        // `slots` outlives the call, which copies the parameters.
+        unsafe { drv_sys::cuLaunchKernelEx(&cfg, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
+            .map_err(|e| CudaError::Driver(format!("launch {name}: {e:?}")))
     }
 
     /// Row-major `y[n][m] (f32) = x[n][k] (bf16) · w[m][k]^T (bf16)`, with `ldy` floats per y row.

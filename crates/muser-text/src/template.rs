@@ -29,6 +29,47 @@ pub struct ChatRequest {
     pub now_unix_s: Option<i64>,
 }
 
+impl ChatRequest {
+    /// Reads a conversation file: either a bare messages array or
+    /// `{"messages": [...], "tools": [...]?, "add_generation_prompt": bool? (default true),
+    /// "reasoning_effort": str?, "chat_template_kwargs": {...}?}`.
+    pub fn from_json_str(text: &str) -> Result<ChatRequest> {
+        let bad = |m: &str| TextError::Template(format!("conversation: {m}"));
+        let v: Value = serde_json::from_str(text).map_err(|e| bad(&e.to_string()))?;
+        let mut req = ChatRequest {
+            add_generation_prompt: true,
+            ..Default::default()
+        };
+        let obj = match v {
+            Value::Array(messages) => {
+                req.messages = messages;
+                return Ok(req);
+            }
+            Value::Object(o) => o,
+            _ => return Err(bad("expected a messages array or an object")),
+        };
+        for (k, v) in obj {
+            match (k.as_str(), v) {
+                ("messages", Value::Array(m)) => req.messages = m,
+                ("tools", t @ Value::Array(_)) => req.tools = Some(t),
+                ("add_generation_prompt", Value::Bool(b)) => req.add_generation_prompt = b,
+                ("reasoning_effort", Value::String(e)) => {
+                    if e != "none" {
+                        req.extra
+                            .insert("reasoning_effort".into(), Value::String(e));
+                    }
+                }
+                ("chat_template_kwargs", Value::Object(kw)) => req.extra.extend(kw),
+                (k, _) => return Err(bad(&format!("unknown or mistyped field `{k}`"))),
+            }
+        }
+        if req.messages.is_empty() {
+            return Err(bad("`messages` is required"));
+        }
+        Ok(req)
+    }
+}
+
 /// A compiled chat template with the BOS/EOS texts it is rendered with.
 pub struct ChatTemplate {
     env: Environment<'static>,

@@ -361,7 +361,13 @@ impl Gpu {
     /// dependent launch (each kernel waits for its predecessor with `griddepcontrol.wait` before
     /// touching its results; the GEMVs start streaming weights before that); `MUSER_CUDA_PDL=0`
     /// turns it off.
-    pub fn launch(&self, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> Result<()> {
+    pub fn launch(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &[Arg],
+    ) -> Result<()> {
         let f = self
             .funcs
             .get(name)
@@ -376,10 +382,14 @@ impl Gpu {
                 Arg::F(v) => v.to_bits() as u64,
             })
             .collect();
-        let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
+        let mut params: Vec<*mut c_void> = slots
+            .iter_mut()
+            .map(|s| s as *mut u64 as *mut c_void)
+            .collect();
         // SAFETY: a zeroed attribute is a valid "ignore" value; we set the fields we use.
         let mut attr: drv_sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = drv_sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.id =
+            drv_sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
         attr.value.programmaticStreamSerializationAllowed = 1;
         let cfg = drv_sys::CUlaunchConfig {
             gridDimX: grid.0,
@@ -396,9 +406,16 @@ impl Gpu {
         self.ctx.bind_to_thread().map_err(drv_err)?;
         // SAFETY: argument lists match the kernel signatures in kernels.cu (kept side by side);
         // `slots` outlives the call, which copies the parameters.
-        unsafe { drv_sys::cuLaunchKernelEx(&cfg, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }
-            .result()
-            .map_err(|e| CudaError::Driver(format!("launch {name}: {e:?}")))
+        unsafe {
+            drv_sys::cuLaunchKernelEx(
+                &cfg,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(|e| CudaError::Driver(format!("launch {name}: {e:?}")))
     }
 
     /// Row-major `y[n][m] (f32) = x[n][k] (bf16) · w[m][k]^T (bf16)`, with `ldy` floats per y row.

@@ -109,6 +109,20 @@ impl PrefixChain {
         &self.blocks
     }
 
+    /// Tokens of the longest block prefix shared with `held` (the block ids a receiver
+    /// reports), capped below `end` so that a delta up to `end` has something to carry: the
+    /// `base_tokens` of a delta pack for that receiver, or 0 when a full pack is needed.
+    pub fn delta_base(&self, held: &[BlockId], end: u32) -> u32 {
+        let shared = self
+            .blocks
+            .iter()
+            .zip(held)
+            .take_while(|(a, b)| a == b)
+            .count() as u32;
+        let below_end = end.saturating_sub(1) / BLOCK_TOKENS;
+        shared.min(below_end) * BLOCK_TOKENS
+    }
+
     /// Id of the prefix of length `len` (1..=n_tokens), or `None` when out of range.
     pub fn cut_id(&self, len: u32) -> Option<BlockId> {
         if len == 0 || len > self.n_tokens() {

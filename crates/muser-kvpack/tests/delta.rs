@@ -130,3 +130,30 @@ fn delta_on_the_wrong_base_is_rejected() {
     ));
     assert!(apply_delta(&base, chain.cut_id(512).unwrap(), &d).is_ok());
 }
+
+#[test]
+fn delta_base_is_the_shared_block_prefix_below_the_end() {
+    let keys = keys();
+    let id = identity(swa_layout());
+    let hasher = PrefixHasher::new(&keys, &id.digest(&keys));
+    let sender = tokens(1100, 4);
+    let chain = hasher.chain(&sender);
+    // The receiver holds the first 600 tokens of the same conversation: 2 shared blocks.
+    let held = hasher.chain(&sender[..600]);
+    assert_eq!(chain.delta_base(held.block_ids(), 1100), 512);
+    // Diverging inside block 1: only block 0 is shared.
+    let mut other = sender[..600].to_vec();
+    other[300] ^= 1;
+    assert_eq!(
+        chain.delta_base(hasher.chain(&other).block_ids(), 1100),
+        256
+    );
+    // Holding everything up to the end still leaves the last block to send.
+    assert_eq!(chain.delta_base(chain.block_ids(), 1024), 768);
+    // Nothing shared: a full pack.
+    assert_eq!(
+        chain.delta_base(hasher.chain(&tokens(600, 5)).block_ids(), 1100),
+        0
+    );
+    assert_eq!(chain.delta_base(&[], 1100), 0);
+}

@@ -371,11 +371,8 @@ mod chat {
                         let mut err = std::io::stderr().lock();
                         if !self.in_reasoning {
                             self.in_reasoning = true;
-                            write!(
-                                err,
-                                "{}[reasoning]\n",
-                                if self.dim { "\x1b[2m" } else { "" }
-                            )?;
+                            let dim = if self.dim { "\x1b[2m" } else { "" };
+                            writeln!(err, "{dim}[reasoning]")?;
                         }
                         err.write_all(r.as_bytes())?;
                         err.flush()?;

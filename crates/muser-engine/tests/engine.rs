@@ -393,3 +393,26 @@ fn seeded_sampling_repeats_and_logprobs_are_reported() {
         assert!(lp.token.logprob <= 0.0);
     }
 }
+
+#[test]
+fn a_request_past_its_timeout_finishes_with_length() {
+    let (model, tok) = loaded();
+    let cfg = EngineConfig {
+        n_slots: 1,
+        n_ctx: 160,
+        request_timeout: Some(Duration::from_millis(300)),
+        ..Default::default()
+    };
+    let e = Engine::start(model, tok, cfg).unwrap();
+    let mut r = greedy(prompt("Count from one to one hundred."), 0);
+    r.max_tokens = None; // only the context (about 130 tokens) or the clock stops it
+    let t0 = Instant::now();
+    let o = collect(e.submit(r).unwrap());
+    assert_eq!(o.reason, Some(FinishReason::Length));
+    assert!(
+        o.n_gen < 100,
+        "ran to {} tokens in {:?}",
+        o.n_gen,
+        t0.elapsed()
+    );
+}

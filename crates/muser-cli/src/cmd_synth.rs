@@ -9,6 +9,7 @@ use muser_gguf::report::thousands;
 use muser_gguf::GgufFile;
 use muser_model::synth::presets::{preset, PRESET_NAMES};
 use muser_model::synth::{Plan, Vocab, WeightType};
+use muser_text::muse;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -37,11 +38,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let vocab = match &args.vocab_from {
         Some(path) => {
             let donor = GgufFile::open(path)?;
-            let vocab = Vocab::from_donor(
-                &donor,
-                muser_model::synth::muse_vocab::SPECIAL_TOKENS,
-                muser_model::synth::muse_vocab::CHAT_TEMPLATE,
-            )
+            // Muse's own tokens, and `<|endoftext|>` (an end-of-generation token by its text).
+            let mut specials = muse::SPECIAL_TOKENS.to_vec();
+            specials.push("<|endoftext|>");
+            let vocab = Vocab::from_donor(&donor, &specials, muse::CHAT_TEMPLATE)
             .with_context(|| format!("vocabulary from {}", path.display()))?;
             Some(vocab)
         }

@@ -25,7 +25,6 @@
 //! same standard deviation, as llama.cpp's `synth_muse.py` does.
 
 pub mod presets;
-pub mod muse_vocab;
 mod weights;
 
 use std::fs::File;

@@ -26,17 +26,27 @@ pub(crate) fn detect() -> Isa {
 
 /// The SIMD dot for `ty` (rows already checked and cut to length), or `None` when only the
 /// scalar kernel exists. `isa` is at least `Avx2` and present on this CPU.
-pub(crate) fn vec_dot(_isa: Isa, ty: GgmlType, w: &[u8], a: &[u8]) -> Option<f32> {
-    // SAFETY: the caller checked that this CPU has AVX2, FMA and F16C, and the row lengths.
+pub(crate) fn vec_dot(isa: Isa, ty: GgmlType, w: &[u8], a: &[u8]) -> Option<f32> {
+    macro_rules! bytes {
+        ($f:ident) => {
+            if isa == Isa::Avx512 {
+                vnni::$f(w, a)
+            } else {
+                avx2::$f(w, a)
+            }
+        };
+    }
+    // SAFETY: the caller checked that this CPU has AVX2, FMA and F16C (and AVX512-VNNI/VL for
+    // `Isa::Avx512`), and the row lengths.
     unsafe {
         Some(match ty {
-            GgmlType::Q4_0 => dot_q4_0(w, a),
-            GgmlType::Q5_0 => dot_q5_0(w, a),
-            GgmlType::Q8_0 => dot_q8_0(w, a),
-            GgmlType::Q4_1 => dot_q4_1(w, a),
-            GgmlType::Q5_1 => dot_q5_1(w, a),
-            GgmlType::NVFP4 => dot_nvfp4(w, a),
-            GgmlType::MXFP4 => dot_mxfp4(w, a),
+            GgmlType::Q4_0 => bytes!(dot_q4_0),
+            GgmlType::Q5_0 => bytes!(dot_q5_0),
+            GgmlType::Q8_0 => bytes!(dot_q8_0),
+            GgmlType::Q4_1 => bytes!(dot_q4_1),
+            GgmlType::Q5_1 => bytes!(dot_q5_1),
+            GgmlType::NVFP4 => bytes!(dot_nvfp4),
+            GgmlType::MXFP4 => bytes!(dot_mxfp4),
             GgmlType::Q4_K => dot_q4_k(w, a),
             GgmlType::Q5_K => dot_q5_k(w, a),
             GgmlType::Q6_K => dot_q6_k(w, a),
@@ -111,21 +121,6 @@ unsafe fn srl16(x: __m256i, count: i32) -> __m256i {
     _mm256_srl_epi16(x, _mm_cvtsi32_si128(count))
 }
 
-/// Unsigned × signed bytes, summed in fours into eight i32 lanes, as f32.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn mul_sum_us8(ax: __m256i, sy: __m256i) -> __m256 {
-    let dot = _mm256_maddubs_epi16(ax, sy);
-    _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), dot))
-}
-
-/// Signed × signed bytes, summed in fours into eight i32 lanes, as f32.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn mul_sum_i8(x: __m256i, y: __m256i) -> __m256 {
-    mul_sum_us8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
-}
-
 const K_Q4_0: u8 = 0;
 const K_Q5_0: u8 = 1;
 const K_Q8_0: u8 = 2;
@@ -152,65 +147,6 @@ unsafe fn block_values<const K: u8>(x: *const u8) -> __m256i {
     }
 }
 
-/// Weight blocks of 32 signed values (`ts` bytes each) against Q8_0.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn dot_32_q8_0<const K: u8>(w: &[u8], a: &[u8], ts: usize) -> f32 {
-    let nb = a.len() / 34;
-    let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    let mut acc = _mm256_setzero_ps();
-    for i in 0..nb {
-        let (x, y) = (wp.add(i * ts), ap.add(i * 34));
-        let d = _mm256_set1_ps(h2f(x) * h2f(y));
-        let q = mul_sum_i8(block_values::<K>(x), loadu(y.add(2)));
-        acc = _mm256_fmadd_ps(d, q, acc);
-    }
-    hsum_float_8(acc)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
-    dot_32_q8_0::<K_Q4_0>(w, a, 18)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
-    dot_32_q8_0::<K_Q8_0>(w, a, 34)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
-    dot_32_q8_0::<K_Q5_0>(w, a, 22)
-}
-
-/// Weight blocks of 32 unsigned values with a min against Q8_1.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn dot_32_q8_1<const K: u8>(w: &[u8], a: &[u8], ts: usize) -> f32 {
-    let nb = a.len() / 36;
-    let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    let mut acc = _mm256_setzero_ps();
-    let mut summs = 0.0f32;
-    for i in 0..nb {
-        let (x, y) = (wp.add(i * ts), ap.add(i * 36));
-        let d = _mm256_set1_ps(h2f(x) * h2f(y));
-        summs = h2f(x.add(2)).mul_add(h2f(y.add(2)), summs);
-        let q = mul_sum_us8(block_values::<K>(x), loadu(y.add(4)));
-        acc = _mm256_fmadd_ps(d, q, acc);
-    }
-    hsum_float_8(acc) + summs
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
-    dot_32_q8_1::<K_Q4_1>(w, a, 20)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
-    dot_32_q8_1::<K_Q5_1>(w, a, 24)
-}
-
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn fp4_table() -> __m128i {
@@ -228,62 +164,173 @@ static UE4M3_HALF: [f32; 256] = {
     t
 };
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_nvfp4(w: &[u8], a: &[u8]) -> f32 {
-    let nb = w.len() / 36;
-    let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    let table = fp4_table();
-    let m4 = _mm_set1_epi8(0xF);
-    let mut acc = _mm256_setzero_ps();
-    for i in 0..nb {
-        let x = wp.add(36 * i);
-        for half in 0..2 {
-            let y = ap.add(68 * i + 34 * half);
-            let bits = _mm_loadu_si128(x.add(4 + 16 * half) as *const __m128i);
-            let lo = _mm_shuffle_epi8(table, _mm_and_si128(bits, m4));
-            let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bits, 4), m4));
-            let q4 = _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi));
-            let p = mul_sum_i8(q4, loadu(y.add(2)));
-            let dy = h2f(y);
-            let s0 = UE4M3_HALF[*x.add(2 * half) as usize] * dy;
-            let s1 = UE4M3_HALF[*x.add(2 * half + 1) as usize] * dy;
-            let scales = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
-            acc = _mm256_fmadd_ps(scales, p, acc);
+/// The kernels whose integer core is "u8 × i8, summed in fours": stamped out once for AVX2
+/// (`vpmaddubsw` + `vpmaddwd`) and once for AVX512-VNNI (`vpdpbusd` on 256-bit registers, as
+/// ggml's AVX512-VNNI build does). Both give the same lanes, so the same bits.
+macro_rules! byte_dot_kernels {
+    ($module:ident, $features:literal, $mul_sum_us8:item) => {
+        mod $module {
+            use super::*;
+
+            /// Unsigned × signed bytes, summed in fours into eight i32 lanes, as f32.
+            #[target_feature(enable = $features)]
+            #[inline]
+            $mul_sum_us8
+
+            /// Signed × signed bytes, summed in fours into eight i32 lanes, as f32.
+            #[target_feature(enable = $features)]
+            #[inline]
+            unsafe fn mul_sum_i8(x: __m256i, y: __m256i) -> __m256 {
+                mul_sum_us8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
+            }
+
+        /// Weight blocks of 32 signed values (`ts` bytes each) against Q8_0.
+        #[target_feature(enable = $features)]
+        #[inline]
+        unsafe fn dot_32_q8_0<const K: u8>(w: &[u8], a: &[u8], ts: usize) -> f32 {
+            let nb = a.len() / 34;
+            let (wp, ap) = (w.as_ptr(), a.as_ptr());
+            let mut acc = _mm256_setzero_ps();
+            for i in 0..nb {
+                let (x, y) = (wp.add(i * ts), ap.add(i * 34));
+                let d = _mm256_set1_ps(h2f(x) * h2f(y));
+                let q = mul_sum_i8(block_values::<K>(x), loadu(y.add(2)));
+                acc = _mm256_fmadd_ps(d, q, acc);
+            }
+            hsum_float_8(acc)
         }
-    }
-    hsum_float_8(acc)
+
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn dot_q4_0(w: &[u8], a: &[u8]) -> f32 {
+            dot_32_q8_0::<K_Q4_0>(w, a, 18)
+        }
+
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn dot_q8_0(w: &[u8], a: &[u8]) -> f32 {
+            dot_32_q8_0::<K_Q8_0>(w, a, 34)
+        }
+
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn dot_q5_0(w: &[u8], a: &[u8]) -> f32 {
+            dot_32_q8_0::<K_Q5_0>(w, a, 22)
+        }
+
+        /// Weight blocks of 32 unsigned values with a min against Q8_1.
+        #[target_feature(enable = $features)]
+        #[inline]
+        unsafe fn dot_32_q8_1<const K: u8>(w: &[u8], a: &[u8], ts: usize) -> f32 {
+            let nb = a.len() / 36;
+            let (wp, ap) = (w.as_ptr(), a.as_ptr());
+            let mut acc = _mm256_setzero_ps();
+            let mut summs = 0.0f32;
+            for i in 0..nb {
+                let (x, y) = (wp.add(i * ts), ap.add(i * 36));
+                let d = _mm256_set1_ps(h2f(x) * h2f(y));
+                summs = h2f(x.add(2)).mul_add(h2f(y.add(2)), summs);
+                let q = mul_sum_us8(block_values::<K>(x), loadu(y.add(4)));
+                acc = _mm256_fmadd_ps(d, q, acc);
+            }
+            hsum_float_8(acc) + summs
+        }
+
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn dot_q4_1(w: &[u8], a: &[u8]) -> f32 {
+            dot_32_q8_1::<K_Q4_1>(w, a, 20)
+        }
+
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn dot_q5_1(w: &[u8], a: &[u8]) -> f32 {
+            dot_32_q8_1::<K_Q5_1>(w, a, 24)
+        }
+
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn dot_nvfp4(w: &[u8], a: &[u8]) -> f32 {
+            let nb = w.len() / 36;
+            let (wp, ap) = (w.as_ptr(), a.as_ptr());
+            let table = fp4_table();
+            let m4 = _mm_set1_epi8(0xF);
+            let mut acc = _mm256_setzero_ps();
+            for i in 0..nb {
+                let x = wp.add(36 * i);
+                for half in 0..2 {
+                    let y = ap.add(68 * i + 34 * half);
+                    let bits = _mm_loadu_si128(x.add(4 + 16 * half) as *const __m128i);
+                    let lo = _mm_shuffle_epi8(table, _mm_and_si128(bits, m4));
+                    let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bits, 4), m4));
+                    let q4 = _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi));
+                    let p = mul_sum_i8(q4, loadu(y.add(2)));
+                    let dy = h2f(y);
+                    let s0 = UE4M3_HALF[*x.add(2 * half) as usize] * dy;
+                    let s1 = UE4M3_HALF[*x.add(2 * half + 1) as usize] * dy;
+                    let scales = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
+                    acc = _mm256_fmadd_ps(scales, p, acc);
+                }
+            }
+            hsum_float_8(acc)
+        }
+
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn dot_mxfp4(w: &[u8], a: &[u8]) -> f32 {
+            let nb = w.len() / 17;
+            let (wp, ap) = (w.as_ptr(), a.as_ptr());
+            let table = fp4_table();
+            let m4 = _mm_set1_epi8(0xF);
+            let mut acc = [_mm256_setzero_ps(); 2];
+            let pairs = nb / 2 * 2;
+            for i in 0..pairs {
+                let (x, y) = (wp.add(17 * i), ap.add(34 * i));
+                let bits = _mm_loadu_si128(x.add(1) as *const __m128i);
+                let q4 = _mm256_set_m128i(
+                    _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bits, 4), m4)),
+                    _mm_shuffle_epi8(table, _mm_and_si128(bits, m4)),
+                );
+                let p = mul_sum_i8(q4, loadu(y.add(2)));
+                let d = _mm256_set1_ps(h2f(y) * crate::fp::e8m0_half(*x));
+                acc[i % 2] = _mm256_fmadd_ps(d, p, acc[i % 2]);
+            }
+            let mut sumf = hsum_float_8(_mm256_add_ps(acc[0], acc[1]));
+            if pairs < nb {
+                let tail = crate::scalar::vec_dot(GgmlType::MXFP4, 32, &w[17 * pairs..], &a[34 * pairs..]);
+                // one block: the scalar kernel returns exactly d·Σ; ggml fuses it into the sum
+                let (x, y) = (&w[17 * pairs..], &a[34 * pairs..]);
+                let d = crate::fp::read_f16(y, 0) * crate::fp::e8m0_half(x[0]);
+                let s = if d != 0.0 { tail / d } else { 0.0 };
+                sumf = d.mul_add(s, sumf);
+            }
+            sumf
+        }
+
+        }
+    };
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_mxfp4(w: &[u8], a: &[u8]) -> f32 {
-    let nb = w.len() / 17;
-    let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    let table = fp4_table();
-    let m4 = _mm_set1_epi8(0xF);
-    let mut acc = [_mm256_setzero_ps(); 2];
-    let pairs = nb / 2 * 2;
-    for i in 0..pairs {
-        let (x, y) = (wp.add(17 * i), ap.add(34 * i));
-        let bits = _mm_loadu_si128(x.add(1) as *const __m128i);
-        let q4 = _mm256_set_m128i(
-            _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bits, 4), m4)),
-            _mm_shuffle_epi8(table, _mm_and_si128(bits, m4)),
+byte_dot_kernels!(
+    avx2,
+    "avx2,fma,f16c",
+    unsafe fn mul_sum_us8(ax: __m256i, sy: __m256i) -> __m256 {
+        let dot = _mm256_maddubs_epi16(ax, sy);
+        _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), dot))
+    }
+);
+
+byte_dot_kernels!(
+    vnni,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    unsafe fn mul_sum_us8(ax: __m256i, sy: __m256i) -> __m256 {
+        // `vpdpbusd` through asm: the intrinsic needs Rust 1.89 (MSRV is 1.85). `{evex}` pins the
+        // AVX512-VNNI encoding: the VEX one (AVX-VNNI) is what kills ggml's build on hosts
+        // without AVX-VNNI.
+        let mut acc = _mm256_setzero_si256();
+        std::arch::asm!(
+            "{{evex}} vpdpbusd {acc}, {a}, {b}",
+            acc = inout(ymm_reg) acc,
+            a = in(ymm_reg) ax,
+            b = in(ymm_reg) sy,
+            options(pure, nomem, nostack)
         );
-        let p = mul_sum_i8(q4, loadu(y.add(2)));
-        let d = _mm256_set1_ps(h2f(y) * crate::fp::e8m0_half(*x));
-        acc[i % 2] = _mm256_fmadd_ps(d, p, acc[i % 2]);
+        _mm256_cvtepi32_ps(acc)
     }
-    let mut sumf = hsum_float_8(_mm256_add_ps(acc[0], acc[1]));
-    if pairs < nb {
-        let tail = crate::scalar::vec_dot(GgmlType::MXFP4, 32, &w[17 * pairs..], &a[34 * pairs..]);
-        // one block: the scalar kernel returns exactly d·Σ; ggml fuses it into the sum
-        let (x, y) = (&w[17 * pairs..], &a[34 * pairs..]);
-        let d = crate::fp::read_f16(y, 0) * crate::fp::e8m0_half(x[0]);
-        let s = if d != 0.0 { tail / d } else { 0.0 };
-        sumf = d.mul_add(s, sumf);
-    }
-    sumf
-}
+);
 
 /// Q4_K / Q5_K scales: 8 six-bit scales then 8 six-bit mins, as ggml's `utmp` shuffle.
 #[inline]

@@ -17,6 +17,42 @@ pub fn f32_to_f16(x: f32) -> u16 {
     f16::from_f32(x).to_bits()
 }
 
+/// Exact IEEE half → f32 by bit manipulation (usable in constants).
+pub const fn f16_bits_to_f32(h: u16) -> f32 {
+    let sign = ((h as u32) & 0x8000) << 16;
+    let exp = ((h >> 10) & 31) as u32;
+    let man = (h & 0x3FF) as u32;
+    let bits = if exp == 31 {
+        sign | 0x7F80_0000 | (man << 13)
+    } else if exp != 0 {
+        sign | ((exp + 112) << 23) | (man << 13)
+    } else if man == 0 {
+        sign
+    } else {
+        // subnormal half: normalize the mantissa
+        let mut e = 113u32;
+        let mut m = man;
+        while m & 0x400 == 0 {
+            m <<= 1;
+            e -= 1;
+        }
+        sign | (e << 23) | ((m & 0x3FF) << 13)
+    };
+    f32::from_bits(bits)
+}
+
+/// Every half's f32 value (256 KiB), as ggml's CPU build keeps in `ggml_table_f32_f16`: one
+/// load per scale in the dot kernels.
+pub static F16_TABLE: [f32; 65536] = {
+    let mut t = [0.0f32; 65536];
+    let mut i = 0;
+    while i < 65536 {
+        t[i] = f16_bits_to_f32(i as u16);
+        i += 1;
+    }
+    t
+};
+
 #[inline]
 pub fn bf16_to_f32(bits: u16) -> f32 {
     f32::from_bits((bits as u32) << 16)
@@ -123,6 +159,17 @@ mod tests {
         assert_eq!(f32_to_ue4m3(1e9), 0x7E);
         assert_eq!(f32_to_ue4m3(-1.0), 0);
         assert_eq!(ue4m3_half(0x7F), 0.0);
+    }
+
+    #[test]
+    fn f16_table_is_exact() {
+        for h in 0..=u16::MAX {
+            let (a, b) = (F16_TABLE[h as usize], f16_to_f32(h));
+            assert!(
+                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                "{h:#x}: {a} vs {b}"
+            );
+        }
     }
 
     #[test]

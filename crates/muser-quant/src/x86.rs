@@ -60,17 +60,12 @@ pub(crate) fn vec_dot(isa: Isa, ty: GgmlType, w: &[u8], a: &[u8]) -> Option<f32>
     }
 }
 
-/// The f16 at `p` as f32, moved in from a general register (`vmovd` writes the whole vector
-/// register; LLVM's preferred `vpinsrw` into a live register created a false dependency on the
-/// accumulator that serialized whole kernels).
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
+/// The f16 at `p` as f32, from a table like ggml's: one load, and no vector insert (LLVM's
+/// `vpinsrw` into a live register made the conversion depend on the accumulator, which
+/// serialized whole kernels).
+#[inline(always)]
 unsafe fn h2f(p: *const u8) -> f32 {
-    let bits = (p as *const u16).read_unaligned() as i32;
-    let v: __m128i;
-    // SAFETY: vmovd only reads the general register and writes the whole xmm register.
-    std::arch::asm!("vmovd {v}, {b:e}", v = lateout(xmm_reg) v, b = in(reg) bits, options(pure, nomem, nostack));
-    _mm_cvtss_f32(_mm_cvtph_ps(v))
+    *crate::fp::F16_TABLE.get_unchecked((p as *const u16).read_unaligned() as usize)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -77,7 +77,7 @@ pub fn write_f16(b: &mut [u8], at: usize, x: f32) {
 
 /// E8M0 scale divided by two (`ggml_e8m0_to_fp32_half`): 2^(e-128).
 #[inline]
-pub fn e8m0_half(e: u8) -> f32 {
+pub const fn e8m0_half(e: u8) -> f32 {
     let bits = if e < 2 {
         0x0020_0000u32 << e
     } else {

@@ -123,10 +123,14 @@ fn dot_mxfp4(w: &[u8], a: &[u8]) -> f32 {
     for ib in pairs..nb {
         let (x, y) = (&w[17 * ib..17 * ib + 17], &a[34 * ib..34 * ib + 34]);
         let d = read_f16(y, 0) * e8m0_half(x[0]);
-        let s: i32 = fp4_lanes(&x[1..], &y[2..]).iter().sum();
-        sumf = d.mul_add(s as f32, sumf);
+        sumf = d.mul_add(fp4_block_sum(&x[1..], &y[2..]) as f32, sumf);
     }
     sumf
+}
+
+/// Σ kvalue·a over one 32-value FP4 block (`qs` 16 bytes, `a` 32 Q8 bytes).
+pub(crate) fn fp4_block_sum(qs: &[u8], a: &[u8]) -> i32 {
+    fp4_lanes(qs, a).iter().sum()
 }
 
 fn dot_nvfp4(w: &[u8], a: &[u8]) -> f32 {

@@ -148,6 +148,17 @@ unsafe fn fp4_table() -> __m128i {
     _mm_loadu_si128(crate::fp::KVALUES_FP4.as_ptr() as *const __m128i)
 }
 
+/// `e8m0_half` of every byte (`ggml_table_f32_e8m0_half`).
+static E8M0_HALF: [f32; 256] = {
+    let mut t = [0.0f32; 256];
+    let mut e = 0;
+    while e < 256 {
+        t[e] = crate::fp::e8m0_half(e as u8);
+        e += 1;
+    }
+    t
+};
+
 /// `ue4m3_half` of every byte (ggml's CPU build looks it up in `ggml_table_f32_ue4m3` too).
 static UE4M3_HALF: [f32; 256] = {
     let mut t = [0.0f32; 256];
@@ -270,27 +281,31 @@ macro_rules! byte_dot_kernels {
             let (wp, ap) = (w.as_ptr(), a.as_ptr());
             let table = fp4_table();
             let m4 = _mm_set1_epi8(0xF);
-            let mut acc = [_mm256_setzero_ps(); 2];
-            let pairs = nb / 2 * 2;
-            for i in 0..pairs {
+            let block = |i: usize| unsafe {
                 let (x, y) = (wp.add(17 * i), ap.add(34 * i));
                 let bits = _mm_loadu_si128(x.add(1) as *const __m128i);
                 let q4 = _mm256_set_m128i(
                     _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bits, 4), m4)),
                     _mm_shuffle_epi8(table, _mm_and_si128(bits, m4)),
                 );
-                let p = mul_sum_i8(q4, loadu(y.add(2)));
-                let d = _mm256_set1_ps(h2f(y) * crate::fp::e8m0_half(*x));
-                acc[i % 2] = _mm256_fmadd_ps(d, p, acc[i % 2]);
+                (_mm256_set1_ps(h2f(y) * E8M0_HALF[*x as usize]), mul_sum_i8(q4, loadu(y.add(2))))
+            };
+            // ggml: blocks alternate between two accumulators, summed before the reduction
+            let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let mut i = 0;
+            while i + 1 < nb {
+                let (d0, p0) = block(i);
+                let (d1, p1) = block(i + 1);
+                acc0 = _mm256_fmadd_ps(d0, p0, acc0);
+                acc1 = _mm256_fmadd_ps(d1, p1, acc1);
+                i += 2;
             }
-            let mut sumf = hsum_float_8(_mm256_add_ps(acc[0], acc[1]));
-            if pairs < nb {
-                let tail = crate::scalar::vec_dot(GgmlType::MXFP4, 32, &w[17 * pairs..], &a[34 * pairs..]);
-                // one block: the scalar kernel returns exactly d·Σ; ggml fuses it into the sum
-                let (x, y) = (&w[17 * pairs..], &a[34 * pairs..]);
-                let d = crate::fp::read_f16(y, 0) * crate::fp::e8m0_half(x[0]);
-                let s = if d != 0.0 { tail / d } else { 0.0 };
-                sumf = d.mul_add(s, sumf);
+            let mut sumf = hsum_float_8(_mm256_add_ps(acc0, acc1));
+            if i < nb {
+                // the odd last block in ggml's scalar tail: sumf += d·Σ, fused
+                let (x, y) = (&w[17 * i..17 * i + 17], &a[34 * i..34 * i + 34]);
+                let d = h2f(y.as_ptr()) * E8M0_HALF[x[0] as usize];
+                sumf = d.mul_add(crate::scalar::fp4_block_sum(&x[1..], &y[2..]) as f32, sumf);
             }
             sumf
         }

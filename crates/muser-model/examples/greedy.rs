@@ -1,5 +1,5 @@
 //! Greedy decoding from token ids, for quick checks against the comparator's golden program:
-//! `cargo run --release -p muser-model --example greedy -- MODEL 1,2,3 [N] [THREADS]`.
+//! `cargo run --release -p muser-model --example greedy -- MODEL 1,2,3 [N] [THREADS] [CHUNK]`.
 
 use muser_model::{Batch, KvType, LoadOptions, Model};
 use std::time::Instant;
@@ -15,13 +15,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect::<Result<_, _>>()?;
     let n: usize = args.get(3).map_or(Ok(16), |s| s.parse())?;
     let threads: usize = args.get(4).map_or(Ok(2), |s| s.parse())?;
+    let chunk: usize = args.get(5).map_or(Ok(0), |s| s.parse())?;
     let model = Model::load(args[1].as_ref(), &LoadOptions { threads })?;
     let n_vocab = model.info().n_vocab;
     let mut kv = model.new_kv(1024, 1, KvType::F16)?;
     let t0 = Instant::now();
-    let mut logits = model
-        .forward(&mut kv, &Batch::single(0, &prompt, 0, true))?
-        .logits;
+    let chunk = if chunk == 0 { prompt.len() } else { chunk };
+    let mut logits = Vec::new();
+    for (i, c) in prompt.chunks(chunk).enumerate() {
+        logits = model
+            .forward(&mut kv, &Batch::single(0, c, (i * chunk) as u32, true))?
+            .logits;
+    }
     let t_prefill = t0.elapsed();
     let mut ids = Vec::new();
     let t1 = Instant::now();
@@ -35,7 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     |b, (i, &x)| if x > b.1 { (i, x) } else { b },
                 );
         ids.push(id);
-        eprintln!("step {s}: {id} {top:.6}");
+        eprintln!("step {s}: {id} {top:.9}");
         if s + 1 < n {
             let pos = (prompt.len() + s) as u32;
             logits = model

@@ -149,3 +149,224 @@ pub fn dot(w: &Unpacked, act: &[u8]) -> f32 {
     acc
 }
 }
+
+/// Q8_K activation rows repacked for the VNNI kernel: tokens in bands of 16; per band and
+/// block, 64 groups of 4 codes laid out `[group][token][4]` (one 64-byte vector per group),
+/// the 16 scales and, per 16-code sub-block, the 16 tokens' sums as i32.
+pub struct Packed {
+    n_blocks: usize,
+    pub n_bands: usize,
+    q: Vec<u8>,
+    d: Vec<f32>,
+    bsum: Vec<i32>,
+}
+
+const BAND: usize = 16;
+
+impl Packed {
+    /// Repack `n_rows` Q8_K rows of `n_blocks` blocks each.
+    pub fn new(acts: &[u8], n_rows: usize, n_blocks: usize) -> Packed {
+        let n_bands = n_rows.div_ceil(BAND);
+        let mut p = Packed {
+            n_blocks,
+            n_bands,
+            q: vec![0; n_bands * n_blocks * 256 * BAND],
+            d: vec![0.0; n_bands * n_blocks * BAND],
+            bsum: vec![0; n_bands * n_blocks * 16 * BAND],
+        };
+        for t in 0..n_rows {
+            let (band, lane) = (t / BAND, t % BAND);
+            for b in 0..n_blocks {
+                let a = &acts[(t * n_blocks + b) * Q8K_BYTES..][..Q8K_BYTES];
+                let bb = band * n_blocks + b;
+                p.d[bb * BAND + lane] = f32::from_le_bytes([a[0], a[1], a[2], a[3]]);
+                let q = &mut p.q[bb * 256 * BAND..(bb + 1) * 256 * BAND];
+                for g in 0..64 {
+                    q[(g * BAND + lane) * 4..(g * BAND + lane) * 4 + 4]
+                        .copy_from_slice(&a[4 + 4 * g..8 + 4 * g]);
+                }
+                for j in 0..16 {
+                    p.bsum[(bb * 16 + j) * BAND + lane] =
+                        i16::from_le_bytes([a[260 + 2 * j], a[261 + 2 * j]]) as i32;
+                }
+            }
+        }
+        p
+    }
+}
+
+/// Whether the VNNI kernel runs on this CPU.
+pub fn has_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// One unpacked weight row against every token band; `out[t]` for token `t < out.len()`.
+/// Same integer sums and float roundings as [`dot`].
+pub fn dot_packed(w: &Unpacked, p: &Packed, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if has_vnni() {
+            // SAFETY: the required features were detected.
+            unsafe { vnni::dot_packed(w, p, out) };
+            return;
+        }
+    }
+    // Portable fallback: rebuild each token's Q8_K row view and use the scalar kernel.
+    let mut row = vec![0u8; p.n_blocks * Q8K_BYTES];
+    for (t, o) in out.iter_mut().enumerate() {
+        let (band, lane) = (t / BAND, t % BAND);
+        for b in 0..p.n_blocks {
+            let bb = band * p.n_blocks + b;
+            let r = &mut row[b * Q8K_BYTES..(b + 1) * Q8K_BYTES];
+            r[0..4].copy_from_slice(&p.d[bb * BAND + lane].to_le_bytes());
+            for g in 0..64 {
+                let at = (bb * 256 * BAND) + (g * BAND + lane) * 4;
+                r[4 + 4 * g..8 + 4 * g].copy_from_slice(&p.q[at..at + 4]);
+            }
+            for j in 0..16 {
+                r[260 + 2 * j..262 + 2 * j]
+                    .copy_from_slice(&(p.bsum[(bb * 16 + j) * BAND + lane] as i16).to_le_bytes());
+            }
+        }
+        *o = dot(w, &row);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use super::{Packed, Unpacked, BAND};
+    use muser_gguf::GgmlType;
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn dot_packed(w: &Unpacked, p: &Packed, out: &mut [f32]) {
+        let nb = p.n_blocks;
+        let q6 = w.ty == GgmlType::Q6_K;
+        for band in 0..p.n_bands {
+            let mut acc = _mm512_setzero_ps();
+            for b in 0..nb {
+                let bb = band * nb + b;
+                let aq = p.q.as_ptr().add(bb * 256 * BAND);
+                let bs = p.bsum.as_ptr().add(bb * 16 * BAND);
+                let codes = w.q.as_ptr().add(b * 256);
+                let sm = &w.sm[b];
+                let (d, dmin) = w.d[b];
+                let mut s1 = _mm512_setzero_si512();
+                let res = if q6 {
+                    for s in 0..16 {
+                        let mut sum = _mm512_setzero_si512();
+                        for g in 4 * s..4 * s + 4 {
+                            let w4 = (codes.add(4 * g) as *const i32).read_unaligned();
+                            let a = _mm512_loadu_si512(aq.add(g * 64) as *const _);
+                            sum = _mm512_dpbusd_epi32(sum, _mm512_set1_epi32(w4), a);
+                        }
+                        let bsum = _mm512_loadu_si512(bs.add(s * BAND) as *const _);
+                        sum =
+                            _mm512_sub_epi32(sum, _mm512_mullo_epi32(bsum, _mm512_set1_epi32(32)));
+                        s1 =
+                            _mm512_add_epi32(s1, _mm512_mullo_epi32(sum, _mm512_set1_epi32(sm[s])));
+                    }
+                    _mm512_mul_ps(_mm512_cvtepi32_ps(s1), _mm512_set1_ps(d))
+                } else {
+                    let mut s2 = _mm512_setzero_si512();
+                    for s in 0..8 {
+                        let mut sum = _mm512_setzero_si512();
+                        for g in 8 * s..8 * s + 8 {
+                            let w4 = (codes.add(4 * g) as *const i32).read_unaligned();
+                            let a = _mm512_loadu_si512(aq.add(g * 64) as *const _);
+                            sum = _mm512_dpbusd_epi32(sum, _mm512_set1_epi32(w4), a);
+                        }
+                        s1 =
+                            _mm512_add_epi32(s1, _mm512_mullo_epi32(sum, _mm512_set1_epi32(sm[s])));
+                        let b2 = _mm512_add_epi32(
+                            _mm512_loadu_si512(bs.add(2 * s * BAND) as *const _),
+                            _mm512_loadu_si512(bs.add((2 * s + 1) * BAND) as *const _),
+                        );
+                        s2 = _mm512_add_epi32(
+                            s2,
+                            _mm512_mullo_epi32(b2, _mm512_set1_epi32(sm[8 + s])),
+                        );
+                    }
+                    let r = _mm512_mul_ps(_mm512_cvtepi32_ps(s1), _mm512_set1_ps(d));
+                    _mm512_fnmadd_ps(_mm512_set1_ps(dmin), _mm512_cvtepi32_ps(s2), r)
+                };
+                let da = _mm512_loadu_ps(p.d.as_ptr().add(bb * BAND));
+                acc = _mm512_add_ps(acc, _mm512_mul_ps(res, da));
+            }
+            let mut lanes = [0f32; BAND];
+            _mm512_storeu_ps(lanes.as_mut_ptr(), acc);
+            let t0 = band * BAND;
+            let n = BAND.min(out.len().saturating_sub(t0));
+            out[t0..t0 + n].copy_from_slice(&lanes[..n]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(ty: GgmlType, n: usize, seed: u64) -> (Vec<u8>, Vec<u8>, Vec<f32>, Vec<f32>) {
+        let mut x = seed;
+        let mut rnd = || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        let w: Vec<f32> = (0..n).map(|_| rnd()).collect();
+        let a: Vec<f32> = (0..n).map(|_| rnd() * 3.0).collect();
+        let mut wq = vec![0u8; ty.row_bytes(n).unwrap()];
+        muser_quant::quantize_row(ty, &w, &mut wq).unwrap();
+        let mut aq = vec![0u8; GgmlType::Q8_K.row_bytes(n).unwrap()];
+        muser_quant::quantize_activations(GgmlType::Q8_K, &a, &mut aq).unwrap();
+        let mut wd = vec![0f32; n];
+        muser_quant::dequantize_row(ty, &wq, &mut wd).unwrap();
+        let mut ad = vec![0f32; n];
+        muser_quant::dequantize_row(GgmlType::Q8_K, &aq, &mut ad).unwrap();
+        (wq, aq, wd, ad)
+    }
+
+    #[test]
+    fn tiled_numerics_agree_with_exact_dot_and_packed_kernel() {
+        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+            let n = 1024;
+            let mut acts = Vec::new();
+            let mut want = Vec::new();
+            let (wq, _, wd, _) = rows(ty, n, 1);
+            let u = unpack(ty, &wq, n);
+            for t in 0..19u64 {
+                let (_, aq, _, ad) = rows(ty, n, 100 + t);
+                let exact: f64 = wd.iter().zip(&ad).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let tiled = dot(&u, &aq);
+                let per_row = muser_quant::vec_dot(ty, n, &wq, &aq);
+                assert!(
+                    (tiled as f64 - exact).abs() < 1e-5 * exact.abs().max(1.0),
+                    "{ty:?}: tiled {tiled} vs exact {exact}"
+                );
+                assert!(
+                    (per_row as f64 - exact).abs() < 1e-5 * exact.abs().max(1.0),
+                    "{ty:?}: vec_dot {per_row} vs exact {exact}"
+                );
+                acts.extend_from_slice(&aq);
+                want.push(tiled);
+            }
+            let p = Packed::new(&acts, 19, n / 256);
+            let mut got = vec![0f32; 19];
+            dot_packed(&u, &p, &mut got);
+            assert_eq!(
+                got, want,
+                "{ty:?}: packed kernel differs from the scalar model"
+            );
+        }
+    }
+}

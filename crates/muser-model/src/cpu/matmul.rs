@@ -73,28 +73,44 @@ pub fn matmul(w: &Weight, x: &[f32], n_rows: usize) -> Result<Vec<f32>, ModelErr
             Acts::Quant { data, row_bytes }
         }
     };
-    let tiled = kquant::applies(w.ty, n_rows);
-    let mut y = vec![0f32; n_rows * n_out];
-    // Results per block of output rows: [row][token], transposed into y afterwards.
-    let blocks: Vec<(usize, Vec<f32>)> = (0..n_out.div_ceil(ROW_BLOCK))
+    let packed = match (&acts, kquant::applies(w.ty, n_rows)) {
+        (Acts::Quant { data, .. }, true) => Some(kquant::Packed::new(data, n_rows, n_in / 256)),
+        _ => None,
+    };
+    // A few contiguous row ranges per thread: each range reads its weights once and dots them
+    // with every activation row while they are in cache.
+    let per = n_out
+        .div_ceil(4 * rayon::current_num_threads())
+        .div_ceil(ROW_BLOCK)
+        * ROW_BLOCK;
+    let ranges: Vec<(usize, usize)> = (0..n_out)
+        .step_by(per.max(ROW_BLOCK))
+        .map(|r0| (r0, (r0 + per).min(n_out)))
+        .collect();
+    let blocks: Vec<(usize, Vec<f32>)> = ranges
         .into_par_iter()
-        .map(|b| {
-            let r0 = b * ROW_BLOCK;
-            let r1 = (r0 + ROW_BLOCK).min(n_out);
+        .map(|(r0, r1)| {
             let mut out = vec![0f32; (r1 - r0) * n_rows];
             for r in r0..r1 {
                 let wrow = &w.data[r * rb..(r + 1) * rb];
                 let o = &mut out[(r - r0) * n_rows..(r - r0 + 1) * n_rows];
-                dot_row(w.ty, n_in, wrow, &acts, tiled, o);
+                match &packed {
+                    Some(p) => kquant::dot_packed(&kquant::unpack(w.ty, wrow, n_in), p, o),
+                    None => dot_row(w.ty, n_in, wrow, &acts, o),
+                }
             }
             (r0, out)
         })
         .collect();
+    let mut y = vec![0f32; n_rows * n_out];
     for (r0, out) in blocks {
-        let n = out.len() / n_rows;
-        for i in 0..n {
-            for t in 0..n_rows {
-                y[t * n_out + r0 + i] = out[i * n_rows + t];
+        if n_rows == 1 {
+            y[r0..r0 + out.len()].copy_from_slice(&out);
+            continue;
+        }
+        for (i, row) in out.chunks_exact(n_rows).enumerate() {
+            for (t, &v) in row.iter().enumerate() {
+                y[t * n_out + r0 + i] = v;
             }
         }
     }
@@ -102,7 +118,7 @@ pub fn matmul(w: &Weight, x: &[f32], n_rows: usize) -> Result<Vec<f32>, ModelErr
 }
 
 /// One weight row against every activation row.
-fn dot_row(ty: GgmlType, n_in: usize, wrow: &[u8], acts: &Acts, tiled: bool, out: &mut [f32]) {
+fn dot_row(ty: GgmlType, n_in: usize, wrow: &[u8], acts: &Acts, out: &mut [f32]) {
     let n_rows = out.len();
     match acts {
         Acts::F32(x) => {
@@ -129,20 +145,9 @@ fn dot_row(ty: GgmlType, n_in: usize, wrow: &[u8], acts: &Acts, tiled: bool, out
             }
         }
         Acts::Quant { data, row_bytes } => {
-            if tiled {
-                let u = kquant::unpack(ty, wrow, n_in);
-                for (t, o) in out.iter_mut().enumerate() {
-                    *o = kquant::dot(&u, &data[t * row_bytes..(t + 1) * row_bytes]);
-                }
-            } else {
-                for (t, o) in out.iter_mut().enumerate() {
-                    *o = muser_quant::vec_dot(
-                        ty,
-                        n_in,
-                        wrow,
-                        &data[t * row_bytes..(t + 1) * row_bytes],
-                    );
-                }
+            for (t, o) in out.iter_mut().enumerate() {
+                *o =
+                    muser_quant::vec_dot(ty, n_in, wrow, &data[t * row_bytes..(t + 1) * row_bytes]);
             }
         }
     }

@@ -13,11 +13,11 @@ use muser_text::muse;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Geometry: muse-glimmer-30b, bench-310m, tiny or tiny-array.
+    /// Model geometry.
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(PRESET_NAMES))]
     preset: String,
-    /// Tensor types: f32, f16, q8_0, q4_0, q4_k, q6_k, nvfp4, or q4_k_m (llama-quantize's mix).
-    #[arg(long = "type", default_value = "q4_k",
+    /// Tensor types (q4_k_m: llama-quantize's mix; norms are always f32).
+    #[arg(long = "type", value_name = "TYPE", default_value = "q4_k",
           value_parser = clap::builder::PossibleValuesParser::new(WeightType::NAMES))]
     ty: String,
     /// Output file.
@@ -42,7 +42,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let mut specials = muse::SPECIAL_TOKENS.to_vec();
             specials.push("<|endoftext|>");
             let vocab = Vocab::from_donor(&donor, &specials, muse::CHAT_TEMPLATE)
-            .with_context(|| format!("vocabulary from {}", path.display()))?;
+                .with_context(|| format!("vocabulary from {}", path.display()))?;
             Some(vocab)
         }
         None => None,
@@ -56,11 +56,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         thousands(plan.n_bytes()),
         args.output.display()
     );
-    let bar = ProgressBar::new(plan.n_bytes()).with_style(
-        ProgressStyle::with_template(
-            "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}",
-        )?,
-    );
+    let bar = ProgressBar::new(plan.n_bytes()).with_style(ProgressStyle::with_template(
+        "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}",
+    )?);
     plan.write_file(&args.output, &mut |p| {
         bar.set_position(p.bytes_done);
         bar.set_message(p.tensor.to_string());

@@ -16,11 +16,27 @@
 //!   reference ([`scalar::vec_dot`]) emulates the same lanes, so scalar, SIMD and llama.cpp agree
 //!   exactly (tests check scalar against SIMD and both against goldens from ggml itself).
 //!
+//! # Which arithmetic llama.cpp uses where
+//! ggml's CPU matmul takes different paths, each with its own float order:
+//! - one activation row, or types without a faster path: [`vec_dot`];
+//! - two or more activation rows against a multiple of 4 weight rows of F32, F16, BF16, Q8_0,
+//!   Q4_0 or Q5_0: llamafile's tinyBLAS, reproduced by [`vec_dot_gemm`] (see
+//!   [`uses_gemm_path`]; for the Q0 types it equals [`vec_dot`]);
+//! - Q4_K/Q5_K/Q6_K against eight or more activation rows: ggml's tiled K-quant kernel, which
+//!   the model crate implements (`muser-model/src/cpu/kquant.rs`).
+//!
 //! # Throughput API
 //! [`vec_dot_rows`] dots one activation row against several consecutive weight rows (a slice of
 //! a weight matrix), choosing the kernel once. A matmul calls it per activation row and per
 //! block of output rows; decode (one activation row) is bound by reading the weights, so the
 //! kernels stream each weight byte once and keep the activation row in L1/L2.
+//!
+//! # Kernels
+//! Run-time dispatch ([`detected_isa`]): AVX2+FMA+F16C kernels for every type, and on
+//! AVX512-VNNI hosts the byte-dot formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, NVFP4) use
+//! EVEX `vpdpbusd` like ggml's AVX512 build. Scales are read through the same lookup tables
+//! ggml uses (f16, E8M0, UE4M3). `scripts/quant-bench.sh` times them beside ggml's own kernels
+//! (`docs/benchmarks.md`).
 
 // The block loops mirror ggml's index arithmetic (element e of block b), which is easier to
 // check against the C than iterator chains.

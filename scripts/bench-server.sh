@@ -12,6 +12,12 @@ models="${MUSER_MODELS:-$(scripts/fetch-models.sh)}"
 model="$models/SmolLM2-135M-Instruct.Q4_1.gguf"
 llama_bin="$cache/llama.cpp-11434/build-cpu/bin"
 [ -x "$llama_bin/llama-server" ] || { echo "bench-server: no llama-server in $llama_bin (scripts/comparator.sh)" >&2; exit 1; }
+# A comparator built with AVX-VNNI dies with SIGILL on hosts without it (AVX512-VNNI only):
+# load the ggml-cpu built without it first when this CPU lacks avx_vnni.
+libs="$llama_bin"
+if ! grep -qw avx_vnni /proc/cpuinfo && [ -d "$llama_bin/../../build-cpu-novnni/bin" ]; then
+  libs="$(cd "$llama_bin/../../build-cpu-novnni/bin" && pwd):$llama_bin"
+fi
 python="$cache/venv-clients/bin/python"
 [ -x "$python" ] || { echo "bench-server: run scripts/test-clients.sh once to create the client venv" >&2; exit 1; }
 
@@ -25,7 +31,7 @@ p_muser=$(free_port); p_llama=$(free_port)
 work=$(mktemp -d)
 "$muser" up --model "$model" --port "$p_muser" --slots "$slots" -c "$ctx" -t "$threads" >"$work/muser.out" 2>"$work/muser.err" &
 pid_muser=$!
-LD_LIBRARY_PATH="$llama_bin" "$llama_bin/llama-server" -m "$model" --host 127.0.0.1 --port "$p_llama" \
+LD_LIBRARY_PATH="$libs" "$llama_bin/llama-server" -m "$model" --host 127.0.0.1 --port "$p_llama" \
   -np "$slots" -c $((slots * ctx)) -t "$threads" --no-repack --no-webui >"$work/llama.out" 2>"$work/llama.err" &
 pid_llama=$!
 trap 'kill $pid_muser $pid_llama 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT

@@ -5,73 +5,9 @@
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 use crate::wire::openai::{ChatMessage, Content, ContentPart, Tool};
+use muser_text::muse::{MuseParser, ParseEvent};
+use muser_text::ChatRequest;
 use serde_json::{json, Value};
-
-/// The model's chat template.
-///
-/// Bridge until `muser_text::ChatTemplate` lands: renders the GGUF's Jinja template with
-/// minijinja and the variables llama.cpp passes (messages, tools, add_generation_prompt,
-/// bos_token, eos_token).
-pub struct Template {
-    env: minijinja::Environment<'static>,
-    bos: String,
-    eos: String,
-}
-
-impl Template {
-    pub fn from_gguf(
-        gguf: &muser_gguf::GgufFile,
-        tok: &muser_text::Tokenizer,
-    ) -> Result<Option<Template>, String> {
-        let Some(source) = gguf
-            .get_opt_str("tokenizer.chat_template")
-            .map_err(|e| e.to_string())?
-        else {
-            return Ok(None);
-        };
-        let mut env = minijinja::Environment::new();
-        env.add_function(
-            "raise_exception",
-            |msg: String| -> Result<String, minijinja::Error> {
-                Err(minijinja::Error::new(
-                    minijinja::ErrorKind::InvalidOperation,
-                    msg,
-                ))
-            },
-        );
-        env.add_template_owned("chat", source.to_string())
-            .map_err(|e| e.to_string())?;
-        let text = |id: Option<u32>| {
-            id.map(|t| tok.token_text(t).to_string())
-                .unwrap_or_default()
-        };
-        Ok(Some(Template {
-            env,
-            bos: text(tok.bos()),
-            eos: text(tok.eos()),
-        }))
-    }
-
-    fn render(
-        &self,
-        messages: Vec<Value>,
-        tools: Option<Value>,
-        add_generation_prompt: bool,
-        extra: serde_json::Map<String, Value>,
-    ) -> Result<String, String> {
-        let mut ctx = extra;
-        ctx.insert("messages".into(), Value::Array(messages));
-        if let Some(t) = tools {
-            ctx.insert("tools".into(), t);
-        }
-        ctx.insert("add_generation_prompt".into(), json!(add_generation_prompt));
-        ctx.insert("bos_token".into(), json!(self.bos));
-        ctx.insert("eos_token".into(), json!(self.eos));
-        let tmpl = self.env.get_template("chat").map_err(|e| e.to_string())?;
-        tmpl.render(minijinja::Value::from_serialize(&ctx))
-            .map_err(|e| e.to_string())
-    }
-}
 
 /// A message as the chat template sees it.
 pub fn template_message(m: &ChatMessage) -> ApiResult<Value> {
@@ -139,8 +75,15 @@ pub fn render(
     let template = state.template.as_ref().ok_or_else(|| {
         ApiError::bad_request("the served model has no chat template; use /v1/completions")
     })?;
+    let request = ChatRequest {
+        messages,
+        tools,
+        add_generation_prompt,
+        extra,
+        now_unix_s: None,
+    };
     template
-        .render(messages, tools, add_generation_prompt, extra)
+        .render(&request)
         .map_err(|e| ApiError::bad_request(format!("chat template: {e}")))
 }
 
@@ -152,25 +95,49 @@ pub enum Piece {
     ToolCall { name: String, arguments: String },
 }
 
-/// Incremental output splitter. Until `muser_text::muse::MuseParser` lands, every model's
-/// output is plain content.
-pub struct OutputParser;
+/// Incremental output splitter: the Muse parser for Muse models (reasoning, content, tool
+/// calls checked against the offered tools' schemas); other models' output is plain content.
+pub enum OutputParser {
+    Plain,
+    Muse(Box<MuseParser>),
+}
 
 impl OutputParser {
-    pub fn new(_is_muse: bool) -> Self {
-        OutputParser
+    pub fn new(is_muse: bool, tools: Option<&Value>) -> Self {
+        if is_muse {
+            OutputParser::Muse(Box::new(MuseParser::new(tools)))
+        } else {
+            OutputParser::Plain
+        }
     }
 
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
-        if text.is_empty() {
-            Vec::new()
-        } else {
-            vec![Piece::Content(text.to_string())]
+        match self {
+            OutputParser::Plain if text.is_empty() => Vec::new(),
+            OutputParser::Plain => vec![Piece::Content(text.to_string())],
+            OutputParser::Muse(p) => p.push(text).into_iter().map(piece).collect(),
         }
     }
 
     pub fn finish(&mut self) -> Vec<Piece> {
-        Vec::new()
+        match self {
+            OutputParser::Plain => Vec::new(),
+            OutputParser::Muse(p) => p.finish().into_iter().map(piece).collect(),
+        }
+    }
+}
+
+fn piece(e: ParseEvent) -> Piece {
+    match e {
+        ParseEvent::Reasoning(s) => Piece::Reasoning(s),
+        ParseEvent::Content(s) => Piece::Content(s),
+        ParseEvent::ToolCall {
+            name,
+            arguments_json,
+        } => Piece::ToolCall {
+            name,
+            arguments: arguments_json,
+        },
     }
 }
 
@@ -182,8 +149,8 @@ pub struct Message {
     pub tool_calls: Vec<(String, String)>,
 }
 
-pub fn split_output(is_muse: bool, text: &str) -> Message {
-    let mut parser = OutputParser::new(is_muse);
+pub fn split_output(is_muse: bool, tools: Option<&Value>, text: &str) -> Message {
+    let mut parser = OutputParser::new(is_muse, tools);
     let mut msg = Message::default();
     for p in parser.push(text).into_iter().chain(parser.finish()) {
         match p {
@@ -193,4 +160,39 @@ pub fn split_output(is_muse: bool, text: &str) -> Message {
         }
     }
     msg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn muse_output_is_split_and_plain_output_is_content() {
+        let turn = " to=self<|message|>Thinking it over.<|eom|><|start|>assistant to=user<|message|>Hello!<|eot|>";
+        let m = split_output(true, None, turn);
+        assert_eq!(m.reasoning, "Thinking it over.");
+        assert_eq!(m.content, "Hello!");
+        let m = split_output(false, None, turn);
+        assert_eq!(m.content, turn);
+        assert!(m.reasoning.is_empty());
+        // Streaming in pieces gives the same split.
+        let mut p = OutputParser::new(true, None);
+        let mut pieces: Vec<Piece> = turn
+            .as_bytes()
+            .chunks(7)
+            .flat_map(|c| p.push(&String::from_utf8_lossy(c)))
+            .collect();
+        pieces.extend(p.finish());
+        let reasoning: String = pieces
+            .iter()
+            .filter_map(|x| {
+                if let Piece::Reasoning(s) = x {
+                    Some(s.as_str())
+                } else {
+                    None
+                }
+            })
+            .collect();
+        assert_eq!(reasoning, "Thinking it over.");
+    }
 }

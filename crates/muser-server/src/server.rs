@@ -77,8 +77,8 @@ pub fn load(cfg: &ServeConfig) -> Result<SharedState, StartError> {
     let gguf = model.gguf();
     let tokenizer =
         Arc::new(Tokenizer::from_gguf(gguf).map_err(|e| StartError::Tokenizer(e.to_string()))?);
-    let template =
-        crate::chat::Template::from_gguf(gguf, &tokenizer).map_err(StartError::Tokenizer)?;
+    let template = muser_text::ChatTemplate::from_gguf(gguf, &tokenizer)
+        .map_err(|e| StartError::Tokenizer(e.to_string()))?;
     let info = model.info();
     let n_ctx_train = info.n_ctx_train as usize;
     if cfg.n_ctx < 16 || (n_ctx_train > 0 && cfg.n_ctx > n_ctx_train) {

@@ -38,7 +38,7 @@ pub struct ServerOptions {
 pub struct AppState {
     pub engine: Engine,
     pub tokenizer: Arc<Tokenizer>,
-    pub template: Option<crate::chat::Template>,
+    pub template: Option<muser_text::ChatTemplate>,
     pub model: ModelMeta,
     pub options: ServerOptions,
     pub metrics: Arc<Metrics>,

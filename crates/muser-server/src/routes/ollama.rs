@@ -170,7 +170,7 @@ pub async fn generate(
         slot: None,
         cache_prompt: true,
         embeddings: false,
-        special: false,
+        special: state.model.is_muse,
     };
     let rx = gen::submit(&state, &log, greq)?;
     let mut context = ids;
@@ -195,7 +195,7 @@ pub async fn generate(
     }
     let out = gen::collect(rx, &log).await?;
     context.extend(&out.tokens);
-    let msg = chat::split_output(state.model.is_muse, &out.text);
+    let msg = chat::split_output(state.model.is_muse, None, &out.text);
     let mut v = json!({ "model": model, "created_at": created_at(), "response": msg.content, "context": context });
     if !msg.reasoning.is_empty() {
         v["thinking"] = json!(msg.reasoning);
@@ -236,7 +236,7 @@ pub async fn chat(
         .as_ref()
         .filter(|t| !t.is_empty())
         .map(|t| json!(t));
-    let text = chat::render(&state, messages, tools, true, Default::default())?;
+    let text = chat::render(&state, messages, tools.clone(), true, Default::default())?;
     let ids = state.tokenizer.encode(&text, true, true);
     let (opts, max_tokens, stop) = sampling(req.options.as_ref())?;
     let greq = GenerateRequest {
@@ -247,7 +247,7 @@ pub async fn chat(
         slot: None,
         cache_prompt: true,
         embeddings: false,
-        special: false,
+        special: state.model.is_muse,
     };
     let rx = gen::submit(&state, &log, greq)?;
     let model = state.model.id.clone();
@@ -256,7 +256,7 @@ pub async fn chat(
         json!({ "function": { "name": name, "arguments": arguments } })
     };
     if req.stream.unwrap_or(true) {
-        let mut parser = OutputParser::new(state.model.is_muse);
+        let mut parser = OutputParser::new(state.model.is_muse, tools.as_ref());
         let body = gen::stream_body(rx, log.0.clone(), move |step| {
             let line = |message: Value| {
                 format!(
@@ -293,7 +293,7 @@ pub async fn chat(
         return Ok(ndjson_response(body));
     }
     let out = gen::collect(rx, &log).await?;
-    let msg = chat::split_output(state.model.is_muse, &out.text);
+    let msg = chat::split_output(state.model.is_muse, tools.as_ref(), &out.text);
     let mut message = json!({ "role": "assistant", "content": msg.content });
     if !msg.reasoning.is_empty() {
         message["thinking"] = json!(msg.reasoning);

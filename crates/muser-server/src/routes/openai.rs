@@ -107,9 +107,11 @@ pub async fn chat_completions(
         slot: super::slot_from(req.id_slot, &state)?,
         cache_prompt: req.cache_prompt.unwrap_or(true),
         embeddings: false,
-        special: false,
+        // The Muse parser reads the control tokens that delimit its messages.
+        special: state.model.is_muse,
     };
     let rx = gen::submit(&state, &log, greq)?;
+    let offered_tools = req.tools.as_deref().map(chat::tools_value);
     let id = next_id("chatcmpl");
     let created = unix_now();
     let model = state.model.id.clone();
@@ -117,7 +119,7 @@ pub async fn chat_completions(
 
     if req.stream {
         let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        let mut parser = OutputParser::new(is_muse);
+        let mut parser = OutputParser::new(is_muse, offered_tools.as_ref());
         let mut tool_index = 0usize;
         let st = state.clone();
         let chunk = move |delta: Value, finish: Option<&str>, logprobs: Option<Value>| {
@@ -204,7 +206,7 @@ pub async fn chat_completions(
     }
 
     let out = gen::collect(rx, &log).await?;
-    let msg = chat::split_output(is_muse, &out.text);
+    let msg = chat::split_output(is_muse, offered_tools.as_ref(), &out.text);
     let mut message = json!({ "role": "assistant", "content": msg.content });
     if !msg.reasoning.is_empty() {
         message["reasoning_content"] = json!(msg.reasoning);

@@ -326,3 +326,27 @@ fn templates_render_like_llama_server() {
         failures.join("\n\n")
     );
 }
+
+#[test]
+fn stream_decoder_emits_split_characters_once_whole() {
+    for model in ["smollm2", "gemma3"] {
+        let tok = tokenizer(model);
+        let text = "emoji 👨‍👩‍👧‍👦 and 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 and 龘靐齉";
+        let ids = tok.encode(text, false, true);
+        let mut dec = muser_text::StreamDecoder::new(&tok, false);
+        let mut chunks = Vec::new();
+        for &id in &ids {
+            chunks.push(dec.push(id));
+        }
+        chunks.push(dec.finish());
+        assert!(
+            chunks.iter().any(String::is_empty),
+            "{model}: some character spans several tokens"
+        );
+        assert!(
+            chunks.iter().all(|c| !c.contains('\u{FFFD}')),
+            "{model}: no partial character is emitted"
+        );
+        assert_eq!(chunks.concat(), text, "{model}");
+    }
+}

@@ -35,16 +35,19 @@ def main():
         f.write("// src/unicode-data.cpp. Do not edit by hand.\n\n")
         f.write("/// `(first codepoint, category flags)`; a range runs to the next entry's first codepoint.\n")
         f.write("/// The last entry starts at 0x110000 and only closes the table.\n")
+        f.write("#[rustfmt::skip]\n")
         f.write(f"pub(crate) static CATEGORY_RANGES: [(u32, u8); {len(ranges)}] = [\n")
         for a, b in ranges:
             f.write(f"    (0x{a:06X}, 0x{b:02X}),\n")
         f.write("];\n\n")
         f.write("/// Codepoints that `\\s` matches.\n")
+        f.write("#[rustfmt::skip]\n")
         f.write(f"pub(crate) static WHITESPACE: [u32; {len(spaces)}] = [\n")
         for s in sorted(spaces):
             f.write(f"    0x{s:06X},\n")
         f.write("];\n\n")
         f.write("/// Lowercase pairs whose lowercase form is ASCII, sorted by codepoint.\n")
+        f.write("#[rustfmt::skip]\n")
         f.write(f"pub(crate) static LOWERCASE_TO_ASCII: [(u32, u8); {len(lower_ascii)}] = [\n")
         for a, b in sorted(lower_ascii):
             f.write(f"    (0x{a:06X}, b'{chr(b)}'),\n")

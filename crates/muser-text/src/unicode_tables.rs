@@ -3,6 +3,7 @@
 
 /// `(first codepoint, category flags)`; a range runs to the next entry's first codepoint.
 /// The last entry starts at 0x110000 and only closes the table.
+#[rustfmt::skip]
 pub(crate) static CATEGORY_RANGES: [(u32, u8); 2273] = [
     (0x000000, 0x80),
     (0x000020, 0x08),
@@ -2280,13 +2281,37 @@ pub(crate) static CATEGORY_RANGES: [(u32, u8); 2273] = [
 ];
 
 /// Codepoints that `\s` matches.
+#[rustfmt::skip]
 pub(crate) static WHITESPACE: [u32; 25] = [
-    0x000009, 0x00000A, 0x00000B, 0x00000C, 0x00000D, 0x000020, 0x000085, 0x0000A0, 0x001680,
-    0x002000, 0x002001, 0x002002, 0x002003, 0x002004, 0x002005, 0x002006, 0x002007, 0x002008,
-    0x002009, 0x00200A, 0x002028, 0x002029, 0x00202F, 0x00205F, 0x003000,
+    0x000009,
+    0x00000A,
+    0x00000B,
+    0x00000C,
+    0x00000D,
+    0x000020,
+    0x000085,
+    0x0000A0,
+    0x001680,
+    0x002000,
+    0x002001,
+    0x002002,
+    0x002003,
+    0x002004,
+    0x002005,
+    0x002006,
+    0x002007,
+    0x002008,
+    0x002009,
+    0x00200A,
+    0x002028,
+    0x002029,
+    0x00202F,
+    0x00205F,
+    0x003000,
 ];
 
 /// Lowercase pairs whose lowercase form is ASCII, sorted by codepoint.
+#[rustfmt::skip]
 pub(crate) static LOWERCASE_TO_ASCII: [(u32, u8); 28] = [
     (0x000041, b'a'),
     (0x000042, b'b'),

@@ -5,6 +5,7 @@
 
 mod detok;
 mod engine;
+pub mod kvpack_bridge;
 mod rng;
 pub mod sampling;
 mod scheduler;
@@ -14,6 +15,7 @@ pub use engine::{
     Engine, EngineConfig, EngineError, EngineStats, Event, FinishReason, GenerateRequest, SlotInfo,
     SlotKv, SubmitError, Timings,
 };
+pub use kvpack_bridge::{KvPackContext, PackError};
 pub use muser_model::KvType;
 pub use sampling::{Sampled, Sampler, SamplingError, SamplingParams, TokenLogprobs, TokenProb};
 pub use stop::StopMatcher;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CPU engine throughput, Muser beside llama.cpp b11434, in one run on this machine:
-# llama-bench (-r 3 --no-repack 1 -t 2 -p 512 -n 64) and `muser bench` (same sizes) on
+# llama-bench (-r 3 --repack 0 -t 2 -p 512 -n 64; b11434 spells --no-repack that way) and `muser bench` (same sizes) on
 # SmolLM2-135M-Instruct Q4_1 and the bench-310m synthetic Muse Glimmer Q4_K model.
 # Receipts (JSON) land in docs/receipts/; a summary table is printed at the end.
 #
@@ -26,7 +26,7 @@ stamp=$(date -u +%Y%m%dT%H%M%SZ)
 for m in "$models/SmolLM2-135M-Instruct.Q4_1.gguf" "$bench310"; do
   name=$(basename "$m" .gguf)
   echo "== $name: llama-bench" >&2
-  LD_LIBRARY_PATH="$libpath" "$bin/llama-bench" -m "$m" -r $reps --no-repack 1 -t $threads -p $pp -n $tg -o json \
+  LD_LIBRARY_PATH="$libpath" "$bin/llama-bench" -m "$m" -r $reps --repack 0 -t $threads -p $pp -n $tg -o json \
     > "$receipts/cpu-$stamp-$name-llama-bench.json"
   echo "== $name: muser bench" >&2
   /usr/bin/time -v "$muser" bench -m "$m" -r $reps -t $threads -p $pp -n $tg \

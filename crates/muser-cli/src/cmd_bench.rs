@@ -1,8 +1,260 @@
-//! `muser bench` (owned by the crate that implements it; see ARCHITECTURE.md).
+//! `muser bench`: llama-bench-style throughput of the CPU engine.
+//!
+//! For each repetition: `pp<N>` decodes N random tokens as one batch into an empty cache (N
+//! must fit one batch, as llama-bench's default `-ub 512`), `tg<M>` generates M tokens one at a
+//! time from an empty cache. Prints mean ± sd of tokens/s over the repetitions and writes a JSON
+//! receipt (command, git commit, machine, model, samples, peak RSS). Random token ids make it
+//! work on tokenizer-less synthetic models.
+
+use anyhow::{bail, Context};
+use muser_model::{Batch, KvType, LoadOptions, Model};
+use std::path::PathBuf;
+use std::time::Instant;
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Model file (GGUF).
+    #[arg(short = 'm', long)]
+    model: PathBuf,
+    /// Prompt tokens of the prefill test (0 to skip).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    n_prompt: usize,
+    /// Generated tokens of the decode test (0 to skip).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    n_gen: usize,
+    /// Repetitions of each test.
+    #[arg(short = 'r', long, default_value_t = 5)]
+    repetitions: usize,
+    /// Threads (0 = one per core).
+    #[arg(short = 't', long, default_value_t = 0)]
+    threads: usize,
+    /// KV cache type: f16 or f32.
+    #[arg(long, default_value = "f16")]
+    kv_type: String,
+    /// Write a JSON receipt here.
+    #[arg(short = 'o', long)]
+    output: Option<PathBuf>,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`muser bench` is not built yet")
+struct TestResult {
+    name: String,
+    n_prompt: usize,
+    n_gen: usize,
+    samples_ts: Vec<f64>,
+}
+
+impl TestResult {
+    fn mean(&self) -> f64 {
+        self.samples_ts.iter().sum::<f64>() / self.samples_ts.len() as f64
+    }
+
+    fn sd(&self) -> f64 {
+        let n = self.samples_ts.len();
+        if n < 2 {
+            return 0.0;
+        }
+        let m = self.mean();
+        (self.samples_ts.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt()
+    }
+}
+
+/// A fixed pseudo-random token stream (llama-bench also uses random ids).
+struct Tokens(u64);
+
+impl Tokens {
+    fn next(&mut self, n_vocab: usize) -> u32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 33) % n_vocab as u64) as u32
+    }
+}
+
+fn prefill(model: &Model, n: usize, rng: &mut Tokens, kv_type: KvType) -> anyhow::Result<f64> {
+    let n_vocab = model.info().n_vocab;
+    let mut kv = model.new_kv_ubatch(n.max(1), 1, kv_type, n.max(1) as u32)?;
+    let tokens: Vec<u32> = (0..n).map(|_| rng.next(n_vocab)).collect();
+    let t = Instant::now();
+    model.forward(&mut kv, &Batch::single(0, &tokens, 0, true))?;
+    Ok(n as f64 / t.elapsed().as_secs_f64())
+}
+
+fn generate(model: &Model, n: usize, rng: &mut Tokens, kv_type: KvType) -> anyhow::Result<f64> {
+    let n_vocab = model.info().n_vocab;
+    let mut kv = model.new_kv(n.max(1), 1, kv_type)?;
+    let mut tok = rng.next(n_vocab);
+    let t = Instant::now();
+    for pos in 0..n {
+        model.forward(&mut kv, &Batch::single(0, &[tok], pos as u32, true))?;
+        tok = rng.next(n_vocab);
+    }
+    Ok(n as f64 / t.elapsed().as_secs_f64())
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let kv_type = match args.kv_type.as_str() {
+        "f16" => KvType::F16,
+        "f32" => KvType::F32,
+        other => bail!("--kv-type must be f16 or f32, not {other:?}"),
+    };
+    if args.repetitions == 0 {
+        bail!("--repetitions must be at least 1");
+    }
+    let model = Model::load(
+        &args.model,
+        &LoadOptions {
+            threads: args.threads,
+        },
+    )
+    .with_context(|| format!("loading {}", args.model.display()))?;
+    let info = model.info().clone();
+    let n_params: u64 = model.gguf().tensors().iter().map(|t| t.n_elements()).sum();
+    let model_bytes: u64 = model.gguf().tensors().iter().map(|t| t.size as u64).sum();
+    let mut rng = Tokens(42);
+
+    // Warm-up, as llama-bench does: page the weights in and start the threads.
+    if args.n_prompt > 0 {
+        prefill(&model, args.n_prompt.min(32), &mut rng, kv_type)?;
+    }
+    generate(&model, 1, &mut rng, kv_type)?;
+
+    let mut results = Vec::new();
+    for (name, n_prompt, n_gen) in [
+        (format!("pp{}", args.n_prompt), args.n_prompt, 0),
+        (format!("tg{}", args.n_gen), 0, args.n_gen),
+    ] {
+        if n_prompt + n_gen == 0 {
+            continue;
+        }
+        let mut samples_ts = Vec::with_capacity(args.repetitions);
+        for _ in 0..args.repetitions {
+            samples_ts.push(if n_prompt > 0 {
+                prefill(&model, n_prompt, &mut rng, kv_type)?
+            } else {
+                generate(&model, n_gen, &mut rng, kv_type)?
+            });
+        }
+        results.push(TestResult {
+            name,
+            n_prompt,
+            n_gen,
+            samples_ts,
+        });
+    }
+    let peak_rss = peak_rss_bytes();
+
+    let model_name = args
+        .model
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    println!("| model | size | params | backend | threads | kv | test | t/s |");
+    println!("| --- | ---: | ---: | --- | ---: | --- | ---: | ---: |");
+    for r in &results {
+        println!(
+            "| {} | {:.2} MiB | {:.2} M | CPU | {} | {} | {} | {:.2} ± {:.2} |",
+            model_name,
+            model_bytes as f64 / (1 << 20) as f64,
+            n_params as f64 / 1e6,
+            model.threads(),
+            kv_type.name(),
+            r.name,
+            r.mean(),
+            r.sd()
+        );
+    }
+    if let Some(rss) = peak_rss {
+        eprintln!(
+            "peak RSS {:.1} MiB (model file {:.1} MiB)",
+            rss as f64 / (1 << 20) as f64,
+            info.file_bytes as f64 / (1 << 20) as f64
+        );
+    }
+
+    if let Some(path) = &args.output {
+        let command: Vec<String> = std::env::args().collect();
+        let tests: Vec<String> = results
+            .iter()
+            .map(|r| {
+                format!(
+                    "{{\"test\":{},\"n_prompt\":{},\"n_gen\":{},\"avg_ts\":{:.3},\"stddev_ts\":{:.3},\"samples_ts\":[{}]}}",
+                    json_str(&r.name),
+                    r.n_prompt,
+                    r.n_gen,
+                    r.mean(),
+                    r.sd(),
+                    r.samples_ts.iter().map(|x| format!("{x:.3}")).collect::<Vec<_>>().join(",")
+                )
+            })
+            .collect();
+        let receipt = format!(
+            "{{\n  \"tool\":\"muser bench\",\n  \"command\":{},\n  \"git_commit\":{},\n  \"machine\":{{\"cpu\":{},\"logical_cpus\":{}}},\n  \
+             \"model\":{{\"file\":{},\"file_bytes\":{},\"tensor_bytes\":{},\"params\":{},\"arch\":{}}},\n  \
+             \"settings\":{{\"threads\":{},\"kv_type\":{},\"repetitions\":{}}},\n  \"peak_rss_bytes\":{},\n  \"results\":[{}]\n}}\n",
+            json_str(&command.join(" ")),
+            json_str(&git_commit()),
+            json_str(&cpu_model()),
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+            json_str(&model_name),
+            info.file_bytes,
+            model_bytes,
+            n_params,
+            json_str(info.arch.name()),
+            model.threads(),
+            json_str(kv_type.name()),
+            args.repetitions,
+            peak_rss.map_or("null".to_string(), |b| b.to_string()),
+            tests.join(",")
+        );
+        std::fs::write(path, receipt).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("receipt: {}", path.display());
+    }
+    Ok(())
+}
+
+fn json_str(s: &str) -> String {
+    let mut o = String::with_capacity(s.len() + 2);
+    o.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+fn git_commit() -> String {
+    std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map_or_else(
+            || "unknown".to_string(),
+            |o| String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        )
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".to_string())
+}
+
+/// Peak resident set size of this process (Linux `VmHWM`).
+fn peak_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }

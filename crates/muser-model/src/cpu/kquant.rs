@@ -3,7 +3,8 @@
 //!
 //! Its numerics, per 256-value block `b` of weight row `i` and Q8_K activation row `j`:
 //! integer sums `s1 = Σ_sub scale·Σ q·a` (and `s2 = Σ_sub min·bsum` for formats with mins) are
-//! exact; then `r = fma(-dmin, s2, d·s1)` (or `d·s1`) and `acc += r·d_act`, blocks in order.
+//! exact; then `r = fma(-dmin, s2, d·s1)` (or `d·s1`) and `acc = fma(r, d_act, acc)` (GCC
+//! contracts ggml's vector multiply and add into one FMA), blocks in order.
 //! Those roundings differ from the per-row kernels, so batched prefill needs this path to
 //! match llama.cpp.
 
@@ -144,7 +145,8 @@ pub fn dot(w: &Unpacked, act: &[u8]) -> f32 {
             }
             (-dmin).mul_add(s2 as f32, d * s1 as f32)
         };
-        acc += r * da;
+        // GCC contracts ggml's `add(buf, mul(result, d))` into one FMA.
+        acc = r.mul_add(da, acc);
     }
     acc
 }
@@ -300,7 +302,7 @@ mod vnni {
                     _mm512_fnmadd_ps(_mm512_set1_ps(dmin), _mm512_cvtepi32_ps(s2), r)
                 };
                 let da = _mm512_loadu_ps(p.d.as_ptr().add(bb * BAND));
-                acc = _mm512_add_ps(acc, _mm512_mul_ps(res, da));
+                acc = _mm512_fmadd_ps(res, da, acc);
             }
             let mut lanes = [0f32; BAND];
             _mm512_storeu_ps(lanes.as_mut_ptr(), acc);

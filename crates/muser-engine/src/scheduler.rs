@@ -463,7 +463,8 @@ impl<'t> Scheduler<'t> {
         }
     }
 
-    /// Sends `Done` (if anyone listens) and frees the slot; the cache stays for reuse.
+    /// Frees the slot (its cache stays for reuse), publishes the counters, then sends `Done`
+    /// (if anyone listens), so a client that sees `Done` also sees the slot free.
     fn finish(&mut self, slot: usize, reason: FinishReason) {
         let Some(t) = self.slots[slot].task.take() else {
             return;
@@ -475,6 +476,22 @@ impl<'t> Scheduler<'t> {
             gen_ms: ms(now - first),
         };
         let n_prompt = t.req.prompt.len();
+        let st = &mut self.stats;
+        st.prompt_tokens_total += (n_prompt - t.n_cached) as u64;
+        st.cached_tokens_total += t.n_cached as u64;
+        st.prompt_seconds_total += timings.prompt_ms / 1e3;
+        st.gen_seconds_total += timings.gen_ms / 1e3;
+        {
+            let shared = self.shared.clone();
+            let mut sh = shared.lock();
+            let took = (now - t.enqueued).as_secs_f64();
+            sh.mean_request_s = if sh.mean_request_s == 0.0 {
+                took
+            } else {
+                0.8 * sh.mean_request_s + 0.2 * took
+            };
+            self.publish_into(&mut sh);
+        }
         let _ = t.tx.send(Event::Done {
             reason,
             n_prompt,
@@ -482,27 +499,17 @@ impl<'t> Scheduler<'t> {
             n_gen: t.n_gen,
             timings,
         });
-        let st = &mut self.stats;
-        st.prompt_tokens_total += (n_prompt - t.n_cached) as u64;
-        st.cached_tokens_total += t.n_cached as u64;
-        st.prompt_seconds_total += timings.prompt_ms / 1e3;
-        st.gen_seconds_total += timings.gen_ms / 1e3;
-        let took = (now - t.enqueued).as_secs_f64();
-        let mut sh = self.shared.lock();
-        sh.mean_request_s = if sh.mean_request_s == 0.0 {
-            took
-        } else {
-            0.8 * sh.mean_request_s + 0.2 * took
-        };
     }
 
     /// Ends a request with an error and drops the slot's cache, whose state is unknown.
     fn fail(&mut self, slot: usize, msg: &str) {
-        if let Some(t) = self.slots[slot].task.take() {
-            let _ = t.tx.send(Event::Error(msg.to_string()));
-        }
+        let task = self.slots[slot].task.take();
         self.kv.clear(slot as u32);
         self.slots[slot].tokens.clear();
+        self.publish();
+        if let Some(t) = task {
+            let _ = t.tx.send(Event::Error(msg.to_string()));
+        }
     }
 
     // ---- reporting -------------------------------------------------------------------------

@@ -244,6 +244,8 @@ pub fn dot_packed(w: &Unpacked, p: &Packed, out: &mut [f32]) {
 }
 
 #[cfg(target_arch = "x86_64")]
+// AVX512 intrinsics are stable since Rust 1.89; the workspace MSRV (1.85) predates them.
+#[allow(clippy::incompatible_msrv, clippy::needless_range_loop)]
 mod vnni {
     use super::{Packed, Unpacked, BAND};
     use muser_gguf::GgmlType;

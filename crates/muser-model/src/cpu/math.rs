@@ -220,9 +220,7 @@ mod tests {
         let y: Vec<f16> = (0..130)
             .map(|i| f16::from_f32((i % 5) as f32 - 2.0))
             .collect();
-        let want: f32 = (0..130)
-            .map(|i| ((i % 7) * ((i % 5) as i32 - 2)) as f32)
-            .sum();
+        let want: f32 = (0..130).map(|i: i32| ((i % 7) * (i % 5 - 2)) as f32).sum();
         assert_eq!(dot_f16(&x, &y), want);
     }
 }

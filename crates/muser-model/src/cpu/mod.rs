@@ -1,9 +1,14 @@
 //! The CPU backend: ggml's CPU numerics, multi-threaded with rayon. Weights stay in the memory
 //! map; activations are plain row-major `Vec<f32>`.
 
+// Lane loops index several arrays in step, mirroring the SIMD lanes they model.
+#[allow(clippy::needless_range_loop)]
 mod attention;
+#[allow(clippy::needless_range_loop)]
 mod kquant;
+#[allow(clippy::needless_range_loop)]
 pub(crate) mod math;
+#[allow(clippy::needless_range_loop)]
 mod matmul;
 
 use crate::backend::{AttnInput, Backend, RopeMode, Weight};

@@ -78,6 +78,7 @@ impl Llama {
     }
 
     /// Runs the batch; returns the final-norm hidden states of `prep.out_rows` and their logits.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward<B: Backend>(
         &self,
         be: &B,

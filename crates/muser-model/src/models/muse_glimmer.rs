@@ -100,6 +100,7 @@ impl MuseGlimmer {
     }
 
     /// Runs the batch; returns the final-norm hidden states of `prep.out_rows` and their logits.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward<B: Backend>(
         &self,
         be: &B,

@@ -23,14 +23,18 @@ if [ ! -f "$src/CMakeLists.txt" ]; then
 fi
 command -v cmake >/dev/null || python3 -m pip install -q cmake ninja >&2
 if [ "$kind" = cpu ]; then
-  flags="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON"
+  # AVX-VNNI (the VEX form) is only enabled where the CPU has it: AMD Zen 4 has AVX512-VNNI but
+  # not AVX-VNNI, and a build with it dies with SIGILL in the Q4_0/Q4_1/Q8_0 dot kernels.
+  avxvnni=OFF; grep -qw avx_vnni /proc/cpuinfo 2>/dev/null && avxvnni=ON
+  flags="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=$avxvnni"
 else
   flags="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90"
 fi
 gen=""; command -v ninja >/dev/null && gen="-G Ninja"
-if [ ! -f "$build/.configured" ]; then
+if [ "$(cat "$build/.configured" 2>/dev/null)" != "$flags" ]; then
   cmake -S "$src" -B "$build" $gen -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF $flags >&2
-  touch "$build/.configured"
+  echo "$flags" > "$build/.configured"
+  rm -f "$build"/bin/llama-*
 fi
 have=1
 for t in $targets; do [ -x "$build/bin/$t" ] || have=0; done

@@ -119,3 +119,23 @@ fn rollback_then_redecode_reproduces_the_logits() {
         .logits;
     assert_eq!(a, b);
 }
+
+#[test]
+fn a_prompt_chunk_without_output_rows_fills_the_cache_like_one_with_them() {
+    let model = tiny_model();
+    let i = model.info().clone();
+    let p = prompt(40, i.n_vocab);
+    let mut with_rows = model.new_kv(128, 1, KvType::F16).unwrap();
+    let mut without_rows = model.new_kv(128, 1, KvType::F16).unwrap();
+    let mut quiet = Batch::single(0, &p[..20], 0, true);
+    quiet.logits.iter_mut().for_each(|l| *l = false);
+    let out = model.forward(&mut without_rows, &quiet).unwrap();
+    assert!(out.logits.is_empty());
+    model
+        .forward(&mut with_rows, &Batch::single(0, &p[..20], 0, true))
+        .unwrap();
+    let rest = Batch::single(0, &p[20..], 20, true);
+    let a = model.forward(&mut with_rows, &rest).unwrap();
+    let b = model.forward(&mut without_rows, &rest).unwrap();
+    assert_eq!(a.logits, b.logits);
+}

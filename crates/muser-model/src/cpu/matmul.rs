@@ -59,6 +59,10 @@ pub fn matmul(w: &Weight, x: &[f32], n_rows: usize) -> Result<Vec<f32>, ModelErr
             ty: w.ty.name(),
         });
     }
+    if n_rows == 0 {
+        // A batch that asks for no output rows (an intermediate prompt chunk).
+        return Ok(Vec::new());
+    }
     let rb = w.row_bytes();
     let acts = match w.ty {
         GgmlType::F32 => Acts::F32(x.to_vec()),

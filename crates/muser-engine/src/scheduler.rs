@@ -378,10 +378,6 @@ impl<'t> Scheduler<'t> {
                 });
                 batch.embeddings |= last && t.req.embeddings;
             }
-            // the CPU backend cannot run a pass without outputs; one spare row is cheap
-            if let (false, Some(l)) = (batch.logits.contains(&true), batch.logits.last_mut()) {
-                *l = true;
-            }
         }
         (batch, rows)
     }

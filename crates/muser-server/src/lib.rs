@@ -45,6 +45,7 @@ pub mod metrics;
 pub mod reqlog;
 pub mod routes;
 pub mod server;
+pub mod kvkey;
 pub mod slotfile;
 pub mod state;
 pub mod store;

@@ -20,6 +20,9 @@ pub struct ServeConfig {
     pub queue_max: usize,
     pub api_key: Option<String>,
     pub slot_save_path: Option<PathBuf>,
+    /// Operator key sealing slot files (kvpack); `None`: `kv.key` in the model store,
+    /// generated on first use.
+    pub kv_key_file: Option<PathBuf>,
 }
 
 impl ServeConfig {
@@ -32,6 +35,7 @@ impl ServeConfig {
             queue_max: 64,
             api_key: None,
             slot_save_path: None,
+            kv_key_file: None,
         }
     }
 }
@@ -55,6 +59,8 @@ pub enum StartError {
     Context { n_ctx: usize, n_ctx_train: usize },
     #[error("--slots must be between 1 and 256, got {0}")]
     Slots(usize),
+    #[error("{0}")]
+    KvKey(String),
 }
 
 /// Loads everything a server needs.
@@ -93,6 +99,21 @@ pub fn load(cfg: &ServeConfig) -> Result<SharedState, StartError> {
             source,
         })?;
     }
+    let kvpack = match &cfg.slot_save_path {
+        Some(_) => {
+            let keys = crate::kvkey::load_or_create(cfg.kv_key_file.as_deref())
+                .map_err(StartError::KvKey)?;
+            let ctx = muser_engine::KvPackContext::new(
+                &model,
+                Some(&cfg.model_path),
+                muser_engine::KvType::F16,
+                keys,
+            )
+            .map_err(|e| StartError::KvKey(e.to_string()))?;
+            Some(Arc::new(ctx))
+        }
+        None => None,
+    };
     let meta = model_meta(&cfg.model_path, &model, tokenizer.n_vocab());
     let engine_cfg = EngineConfig {
         n_slots: cfg.n_slots,
@@ -104,6 +125,7 @@ pub fn load(cfg: &ServeConfig) -> Result<SharedState, StartError> {
         .map_err(|e| StartError::Engine(e.to_string()))?;
     Ok(Arc::new(AppState {
         engine,
+        kvpack,
         tokenizer,
         template,
         model: meta,

@@ -37,6 +37,8 @@ pub struct ServerOptions {
 
 pub struct AppState {
     pub engine: Engine,
+    /// Identity and keys sealing slot files; present with `--slot-save-path`.
+    pub kvpack: Option<Arc<muser_engine::KvPackContext>>,
     pub tokenizer: Arc<Tokenizer>,
     pub template: Option<muser_text::ChatTemplate>,
     pub model: ModelMeta,

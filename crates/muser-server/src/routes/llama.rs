@@ -296,8 +296,8 @@ pub async fn slot_action(
     let st = state.clone();
     let start = std::time::Instant::now();
     let n = tokio::task::spawn_blocking(move || match action {
-        SlotAction::Save => crate::slotfile::save(&st.engine, id, &path),
-        _ => crate::slotfile::restore(&st.engine, id, &path),
+        SlotAction::Save => crate::slotfile::save(&st.engine, st.kvpack.as_ref(), id, &path),
+        _ => crate::slotfile::restore(&st.engine, st.kvpack.as_ref(), id, &path),
     })
     .await
     .map_err(|e| ApiError::internal(e.to_string()))??;

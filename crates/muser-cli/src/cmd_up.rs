@@ -34,6 +34,10 @@ pub struct Args {
     /// Directory for /slots/{id}?action=save|restore files.
     #[arg(long)]
     slot_save_path: Option<PathBuf>,
+    /// kvpack operator key (32 raw bytes or 64 hex digits) sealing slot files; default: a key
+    /// generated on first use in the model store.
+    #[arg(long)]
+    kv_key_file: Option<PathBuf>,
     /// Allow a non-loopback bind without an API key.
     #[arg(long)]
     force_insecure: bool,
@@ -68,6 +72,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     cfg.queue_max = args.queue;
     cfg.api_key = args.api_key;
     cfg.slot_save_path = args.slot_save_path;
+    cfg.kv_key_file = args.kv_key_file;
     if let Some(t) = args.threads {
         cfg.threads = t.max(1);
     }

@@ -161,7 +161,7 @@ fn model_meta(path: &Path, model: &Model, n_vocab: usize) -> ModelMeta {
         is_muse: info.arch == muser_model::Arch::MuseGlimmer,
         arch,
         n_vocab,
-        n_embd: info.n_embd as usize,
+        n_embd: info.n_embd,
         n_ctx_train: info.n_ctx_train as usize,
         n_params: gguf.tensors().iter().map(|t| t.n_elements()).sum(),
         size_bytes: std::fs::metadata(path).map_or(0, |m| m.len()),

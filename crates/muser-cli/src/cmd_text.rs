@@ -34,7 +34,7 @@ pub struct TemplateArgs {
     conversation: PathBuf,
 }
 
-fn open(path: &PathBuf) -> anyhow::Result<(GgufFile, Tokenizer)> {
+fn open(path: &std::path::Path) -> anyhow::Result<(GgufFile, Tokenizer)> {
     let gguf = GgufFile::open(path).with_context(|| format!("reading {}", path.display()))?;
     let tok =
         Tokenizer::from_gguf(&gguf).with_context(|| format!("tokenizer of {}", path.display()))?;

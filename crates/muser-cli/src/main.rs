@@ -11,7 +11,11 @@ mod cmd_text;
 mod cmd_up;
 
 #[derive(Parser)]
-#[command(name = "muser", version, about = "Muse Glimmer inference engine and server")]
+#[command(
+    name = "muser",
+    version,
+    about = "Muse Glimmer inference engine and server"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -179,7 +179,7 @@ impl GgmlType {
     /// Bytes of a row of `n_elems` values, or `None` if `n_elems` is not a whole number of
     /// blocks or the size overflows.
     pub fn row_bytes(self, n_elems: usize) -> Option<usize> {
-        if n_elems % self.block_size() != 0 {
+        if !n_elems.is_multiple_of(self.block_size()) {
             return None;
         }
         (n_elems / self.block_size()).checked_mul(self.type_size())

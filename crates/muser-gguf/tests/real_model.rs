@@ -101,18 +101,32 @@ fn reads_files_written_by_gguf_py() {
     assert_eq!(f.get_i64("x.i64").unwrap(), -5);
     assert_eq!(f.get_f64("x.f64").unwrap(), 0.25);
     assert_eq!(f.get_u8("x.u8").unwrap(), 7);
-    assert_eq!(f.get_bool_array("llama.attention.sliding_window_pattern").unwrap(), &[true, false]);
-    assert_eq!(f.get_str_array("tokenizer.ggml.tokens").unwrap(), ["a", "b", "ab", "<|eot|>"]);
+    assert_eq!(
+        f.get_bool_array("llama.attention.sliding_window_pattern")
+            .unwrap(),
+        &[true, false]
+    );
+    assert_eq!(
+        f.get_str_array("tokenizer.ggml.tokens").unwrap(),
+        ["a", "b", "ab", "<|eot|>"]
+    );
     let nested = muser_gguf::Array::Array(vec![vec![1i32, 2].into(), vec![3i32].into()]);
     assert_eq!(f.get_array("x.nested").unwrap(), &nested);
     let a = f.tensor("a.weight").unwrap();
     assert_eq!((a.ty, a.dims.as_slice()), (GgmlType::F32, &[32, 2][..]));
-    let a: Vec<f32> = f.tensor_data(a).chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    let a: Vec<f32> = f
+        .tensor_data(a)
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
     assert_eq!(a, (0..64).map(|x| x as f32).collect::<Vec<_>>());
     assert_eq!(f.tensor("c.weight").unwrap().dims, vec![32, 1]);
 
     let f = GgufFile::open(&seeds.join("aligned64.bin")).unwrap();
     assert_eq!(f.alignment(), 64);
-    assert!(f.tensors().iter().all(|t| (f.data_offset() + t.offset) % 64 == 0));
+    assert!(f
+        .tensors()
+        .iter()
+        .all(|t| (f.data_offset() + t.offset).is_multiple_of(64)));
     assert_eq!(f.tensor("b.weight").unwrap().ty, GgmlType::F16);
 }

@@ -604,7 +604,7 @@ impl<'s> PackPlan<'s> {
         if end == 0 || spec.chain.n_tokens() < end {
             return invalid("the prefix chain must cover the state's positions");
         }
-        if from > 0 && (from % BLOCK_TOKENS != 0 || from >= end) {
+        if from > 0 && (!from.is_multiple_of(BLOCK_TOKENS) || from >= end) {
             return invalid("a delta base must be a block boundary before the end");
         }
         if state.positions.start > from {
@@ -615,7 +615,7 @@ impl<'s> PackPlan<'s> {
         }
         if spec.plan.layers_per_segment == 0
             || spec.plan.tokens_per_segment == 0
-            || spec.plan.tokens_per_segment % BLOCK_TOKENS != 0
+            || !spec.plan.tokens_per_segment.is_multiple_of(BLOCK_TOKENS)
         {
             return invalid("segment plan must use whole blocks and at least one layer");
         }

@@ -76,7 +76,7 @@ pub enum QuantError {
 /// Bytes of a row of `n` values of type `ty`, checking that `n` fills whole blocks.
 pub fn row_size(ty: GgmlType, n: usize) -> Result<usize, QuantError> {
     let block = ty.block_size();
-    if n % block != 0 {
+    if !n.is_multiple_of(block) {
         return Err(QuantError::PartialBlock { ty, n, block });
     }
     Ok(n / block * ty.type_size())
@@ -300,7 +300,7 @@ pub fn vec_dot_isa(isa: Isa, ty: GgmlType, n: usize, w: &[u8], a: &[u8]) -> f32 
 /// tinyBLAS handles. Then [`vec_dot_gemm`] gives its numbers; otherwise [`vec_dot`] does.
 pub fn uses_gemm_path(ty: GgmlType, n_rows: usize, n_tokens: usize) -> bool {
     use GgmlType::*;
-    n_tokens >= 2 && n_rows % 4 == 0 && matches!(ty, F32 | F16 | BF16 | Q8_0 | Q4_0 | Q5_0)
+    n_tokens >= 2 && n_rows.is_multiple_of(4) && matches!(ty, F32 | F16 | BF16 | Q8_0 | Q4_0 | Q5_0)
 }
 
 /// `w · a` as llama.cpp's prompt-processing matmul computes it (see [`uses_gemm_path`] and

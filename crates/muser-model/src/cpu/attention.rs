@@ -336,7 +336,7 @@ fn tiled(view: &View, n_kv: usize, kvh: usize, scale: f32, q_rows: &[(&[f32], i3
 }
 
 // The tile softmax works on 16-lane groups.
-const _: () = assert!(TILE_KV % LANES == 0);
+const _: () = assert!(TILE_KV.is_multiple_of(LANES));
 
 /// Attention for all groups of a batch on one layer. Called by the CPU backend after K/V are
 /// stored. Returns `[tokens × n_head·hd]`.

@@ -141,7 +141,7 @@ fn dot_row(ty: GgmlType, n_in: usize, wrow: &[u8], acts: &Acts, out: &mut [f32])
                 .collect();
             for (t, o) in out.iter_mut().enumerate() {
                 let a = &x[t * n_in..(t + 1) * n_in];
-                *o = if n_rows >= 2 && n_in % LANES == 0 {
+                *o = if n_rows >= 2 && n_in.is_multiple_of(LANES) {
                     dot_f16_tinyblas(&wh, a)
                 } else {
                     dot_f16(&wh, a)
@@ -162,7 +162,7 @@ fma_fn! {
 /// 16-lane accumulator).
 fn dot_f32(w: &[f32], x: &[f32], tinyblas: bool) -> f32 {
     let n = w.len();
-    if tinyblas && n % LANES == 0 {
+    if tinyblas && n.is_multiple_of(LANES) {
         let mut acc = [0f32; LANES];
         for (cw, cx) in w.chunks_exact(LANES).zip(x.chunks_exact(LANES)) {
             for l in 0..LANES {

@@ -156,7 +156,7 @@ pub fn tensor_type(wt: WeightType, spec: &TensorSpec, n_layer: usize) -> GgmlTyp
 
 /// llama-quantize's `tensor_type_fallback` for rows that are not whole blocks.
 fn fallback(ty: GgmlType, ne0: u64) -> GgmlType {
-    let fits = |t: GgmlType| ne0 % t.block_size() as u64 == 0;
+    let fits = |t: GgmlType| ne0.is_multiple_of(t.block_size() as u64);
     if fits(ty) {
         return ty;
     }

@@ -35,9 +35,13 @@ for m in "$models/SmolLM2-135M-Instruct.Q4_1.gguf" "$bench310"; do
   rm -f "$receipts/.time-$name.txt"
 done
 
-python3 - "$receipts" "$stamp" <<'PY'
+python3 - "$receipts" "$stamp" "$root/" "$models/" <<'PY'
 import glob, json, os, sys
-d, stamp = sys.argv[1], sys.argv[2]
+d, stamp, root, models = sys.argv[1:5]
+# Receipts name no machine paths: the repository root and the model directory become relative.
+for f in glob.glob(f"{d}/cpu-{stamp}-*.json"):
+    text = open(f).read().replace(models, "$MUSER_MODELS/").replace(root, "")
+    open(f, "w").write(text)
 print("| model | test | llama.cpp t/s | muser t/s | muser / llama.cpp |")
 print("| --- | --- | ---: | ---: | ---: |")
 for lb in sorted(glob.glob(f"{d}/cpu-{stamp}-*-llama-bench.json")):

@@ -279,10 +279,10 @@ impl<'t> Scheduler<'t> {
         if layout.n_swa == 0 || !layout.is_swa.iter().any(|&s| s) {
             return keep;
         }
-        // The next token (position `keep`) attends to positions `keep - n_swa + 1 ..`; export
-        // fails when one of them has left the sliding-window ring.
+        // The next token (position `keep`) attends to positions `keep - n_swa + 1 ..`, which
+        // must all still be in the sliding-window ring.
         let from = (keep as u32).saturating_sub(layout.n_swa);
-        if self.kv.export(slot as u32, from..keep as u32).is_ok() {
+        if self.kv.holds(slot as u32, from..keep as u32) {
             keep
         } else {
             0

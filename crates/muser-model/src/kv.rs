@@ -459,6 +459,21 @@ impl KvCache {
         (&self.k[il][r.clone()], &self.v[il][r])
     }
 
+    /// Whether [`KvCache::export`] of `positions` would find every row it needs (a sliding
+    /// layer's ring may have dropped them), checked without copying anything.
+    pub fn holds(&self, seq: u32, positions: Range<u32>) -> bool {
+        if self.check_seq(seq).is_err()
+            || positions.start > positions.end
+            || positions.end > self.seq_len(seq)
+        {
+            return false;
+        }
+        (0..self.layout.n_layer).all(|il| {
+            let cells = self.cell_pos(seq, il);
+            layer_positions(&self.layout, il, &positions).all(|p| cells.contains(&(p as i32)))
+        })
+    }
+
     /// Copy out `seq`'s K/V for `positions` (see [`KvSnapshot`] for what each layer holds).
     pub fn export(&self, seq: u32, positions: Range<u32>) -> Result<KvSnapshot, ModelError> {
         self.check_seq(seq)?;

@@ -3,6 +3,7 @@
 //! no model internals: it talks to `muser-model` through `Model::forward` over a `Batch` and
 //! one shared `KvCache` pool (one sequence per slot).
 
+pub mod constraint;
 mod detok;
 mod engine;
 pub mod kvpack_bridge;
@@ -11,6 +12,7 @@ pub mod sampling;
 mod scheduler;
 pub mod stop;
 
+pub use constraint::{Constraint, Expr, Grammar, JsonKind, Matcher, Member, Vocab};
 pub use engine::{
     Engine, EngineConfig, EngineError, EngineStats, Event, FinishReason, GenerateRequest, SlotInfo,
     SlotKv, SubmitError, Timings,

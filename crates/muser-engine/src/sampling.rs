@@ -19,7 +19,9 @@
 use std::cmp::Ordering;
 use std::collections::{HashMap, VecDeque};
 
+use crate::constraint::{Constraint, Matcher, Vocab};
 use crate::rng::Mt19937;
+use std::sync::Arc;
 
 /// Sampling settings of one request. `Default` gives llama.cpp's defaults.
 #[derive(Clone, Debug, PartialEq)]
@@ -55,6 +57,9 @@ pub struct SamplingParams {
     /// Report probabilities after the sampling chain instead of the softmax of the raw
     /// logits (llama.cpp server's `post_sampling_probs`; off by default).
     pub post_sampling_probs: bool,
+    /// Only tokens that keep the output a valid prefix of this grammar may be sampled, and
+    /// end-of-generation only once it is complete (`None`: unconstrained).
+    pub constraint: Option<Constraint>,
 }
 
 impl Default for SamplingParams {
@@ -74,6 +79,7 @@ impl Default for SamplingParams {
             n_probs: 0,
             min_keep: 0,
             post_sampling_probs: false,
+            constraint: None,
         }
     }
 }
@@ -507,13 +513,28 @@ pub fn raw_logprobs(logits: &[f32], id: u32, n: usize) -> TokenLogprobs {
     }
 }
 
-/// A sampling chain with its state (penalty window, random stream) for one generation.
+/// A sampling chain with its state (penalty window, random stream, grammar) for one
+/// generation.
 pub struct Sampler {
     params: SamplingParams,
     penalties: Penalties,
     rng: Mt19937,
     cands: Candidates,
+    guide: Option<Guide>,
 }
+
+/// The grammar state of a constrained generation.
+struct Guide {
+    matcher: Matcher,
+    vocab: Arc<Vocab>,
+    mask: Vec<bool>,
+    /// Steps that needed the whole-vocabulary mask (the first candidate was refused).
+    n_masked: u64,
+}
+
+/// How many of the best candidates a constrained greedy step checks one by one before it
+/// masks the whole vocabulary.
+const GREEDY_PROBE: usize = 32;
 
 impl Sampler {
     /// `n_ctx` resolves `repeat_last_n = -1`.
@@ -534,16 +555,35 @@ impl Sampler {
             params: params.clone(),
             rng: Mt19937::new(seed),
             cands: Candidates::default(),
+            guide: params.constraint.as_ref().map(|c| Guide {
+                matcher: Matcher::new(c.grammar.clone()),
+                vocab: c.vocab.clone(),
+                mask: Vec::new(),
+                n_masked: 0,
+            }),
         })
+    }
+
+    /// The constrained output is complete (`None` without a constraint).
+    pub fn constraint_complete(&self) -> Option<bool> {
+        self.guide.as_ref().map(|g| g.matcher.is_complete())
+    }
+
+    /// Constrained steps that had to mask the whole vocabulary.
+    pub fn masked_steps(&self) -> u64 {
+        self.guide.as_ref().map_or(0, |g| g.n_masked)
     }
 
     pub fn params(&self) -> &SamplingParams {
         &self.params
     }
 
-    /// Records a token of the context (prompt or generated) for the penalties.
+    /// Records a generated token: for the penalties, and as output of the grammar.
     pub fn accept(&mut self, id: u32) {
         self.penalties.accept(id);
+        if let Some(g) = &mut self.guide {
+            g.matcher.accept_token(&g.vocab, id);
+        }
     }
 
     /// Records the prompt; only its last `repeat_last_n` tokens can matter.
@@ -555,36 +595,55 @@ impl Sampler {
     }
 
     /// Samples the next token from one logits row. Does not `accept` it.
+    ///
+    /// With a constraint, the token the unconstrained chain picks is checked first; only if
+    /// the grammar refuses it is the vocabulary masked and the chain run again over the
+    /// allowed tokens (llama.cpp's rejection order). Greedy decoding checks the best few
+    /// candidates in order before masking, which gives the same token as the argmax of the
+    /// masked logits.
     pub fn sample(&mut self, logits: &[f32]) -> Sampled {
         let p = &self.params;
         let cands = &mut self.cands;
         cands.fill(logits);
         apply_logit_bias(cands, &p.logit_bias);
         self.penalties.apply(cands);
+        let greedy = p.temperature <= 0.0 && p.typical_p >= 1.0;
 
-        let (id, post) = if p.temperature <= 0.0 && p.typical_p >= 1.0 {
-            // top-k, top-p and min-p always keep the best token: greedy is an argmax
-            let best = argmax(&cands.data);
-            (best, vec![TokenProb::new(best, 1.0)])
-        } else {
-            top_k(cands, p.top_k);
-            typical(cands, p.typical_p, p.min_keep);
-            top_p(cands, p.top_p, p.min_keep);
-            min_p(cands, p.min_p, p.min_keep);
-            temperature(cands, p.temperature);
-            let i = dist(cands, &mut self.rng).unwrap_or(0);
-            let id = cands.data.get(i).map_or(0, |c| c.id);
-            let post = if p.n_probs > 0 && p.post_sampling_probs {
-                let mut by_p = cands.data.clone();
-                by_p.sort_by(|a, b| b.p.total_cmp(&a.p));
-                by_p.iter()
-                    .take_while(|c| c.p != 0.0)
-                    .map(|c| TokenProb::new(c.id, c.p))
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            (id, post)
+        let (id, post) = match &mut self.guide {
+            None if greedy => {
+                // top-k, top-p and min-p always keep the best token: greedy is an argmax
+                let best = argmax(&cands.data);
+                (best, vec![TokenProb::new(best, 1.0)])
+            }
+            None => chain(cands, p, &mut self.rng),
+            Some(g) if greedy => {
+                let best = guided_argmax(cands, g);
+                (best, vec![TokenProb::new(best, 1.0)])
+            }
+            Some(g) => {
+                let first = chain(cands, p, &mut self.rng);
+                if g.matcher.allows_token(&g.vocab, first.0) {
+                    first
+                } else {
+                    g.n_masked += 1;
+                    let n = g.matcher.fill_mask(&g.vocab, &mut g.mask);
+                    cands.fill(logits);
+                    apply_logit_bias(cands, &p.logit_bias);
+                    self.penalties.apply(cands);
+                    if n == 0 {
+                        // nothing fits (cannot happen with a grammar whose every prefix
+                        // extends): end the generation if the model can
+                        let id = g.vocab.eog_ids().first().copied().unwrap_or(first.0);
+                        (id, Vec::new())
+                    } else {
+                        let mask = &g.mask;
+                        cands
+                            .data
+                            .retain(|c| mask.get(c.id as usize).copied().unwrap_or(false));
+                        chain(cands, p, &mut self.rng)
+                    }
+                }
+            }
         };
 
         let logprobs = (p.n_probs > 0).then(|| {
@@ -605,6 +664,69 @@ impl Sampler {
         });
         Sampled { id, logprobs }
     }
+}
+
+/// The sampling chain after penalties: top-k, typical, top-p, min-p, temperature, dist.
+/// Returns the token and, when post-sampling probabilities are asked for, the candidates'
+/// probabilities, most likely first.
+fn chain(cands: &mut Candidates, p: &SamplingParams, rng: &mut Mt19937) -> (u32, Vec<TokenProb>) {
+    top_k(cands, p.top_k);
+    typical(cands, p.typical_p, p.min_keep);
+    top_p(cands, p.top_p, p.min_keep);
+    min_p(cands, p.min_p, p.min_keep);
+    temperature(cands, p.temperature);
+    let i = dist(cands, rng).unwrap_or(0);
+    let id = cands.data.get(i).map_or(0, |c| c.id);
+    let post = if p.n_probs > 0 && p.post_sampling_probs {
+        let mut by_p = cands.data.clone();
+        by_p.sort_by(|a, b| b.p.total_cmp(&a.p));
+        by_p.iter()
+            .take_while(|c| c.p != 0.0)
+            .map(|c| TokenProb::new(c.id, c.p))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    (id, post)
+}
+
+/// The allowed token with the highest logit (lowest id on a tie): the argmax if allowed,
+/// else the best of the top [`GREEDY_PROBE`] that is, else the argmax over the mask.
+fn guided_argmax(cands: &mut Candidates, g: &mut Guide) -> u32 {
+    let best = argmax(&cands.data);
+    if g.matcher.allows_token(&g.vocab, best) {
+        return best;
+    }
+    let k = GREEDY_PROBE.min(cands.data.len());
+    if k > 0 {
+        let data = &mut cands.data;
+        if k < data.len() {
+            data.select_nth_unstable_by(k - 1, by_logit_desc);
+        }
+        data[..k].sort_unstable_by(by_logit_desc);
+        cands.sorted = false;
+        // by_logit_desc is a total order, so the first allowed of the k best is the best
+        // allowed overall
+        for c in &data[..k] {
+            if g.matcher.allows_token(&g.vocab, c.id) {
+                return c.id;
+            }
+        }
+    }
+    g.n_masked += 1;
+    let n = g.matcher.fill_mask(&g.vocab, &mut g.mask);
+    if n == 0 {
+        return g.vocab.eog_ids().first().copied().unwrap_or(best);
+    }
+    let mut pick: Option<Candidate> = None;
+    for c in &cands.data {
+        if g.mask.get(c.id as usize).copied().unwrap_or(false)
+            && pick.map_or(true, |b| by_logit_desc(c, &b) == Ordering::Less)
+        {
+            pick = Some(*c);
+        }
+    }
+    pick.map_or(best, |c| c.id)
 }
 
 /// The id of the highest logit; the first (lowest id) on a tie.
@@ -882,6 +1004,136 @@ mod tests {
         .unwrap();
         let lp = s.sample(&logits_of(&[0.1, 0.6, 0.3])).logprobs.unwrap();
         assert_eq!(lp.top, vec![TokenProb::new(1, 1.0)]);
+    }
+
+    /// A toy vocabulary: JSON-ish pieces, the last one end-of-generation.
+    fn toy_constraint() -> Constraint {
+        use crate::constraint::Grammar;
+        let words: Vec<&[u8]> = vec![
+            b"hello",
+            b"{",
+            b"}",
+            b"\"",
+            b"a",
+            b":",
+            b" ",
+            b"1",
+            b"{\"a\": 1}",
+            b"x",
+            b"",
+        ];
+        let eog = words.len() as u32 - 1;
+        Constraint {
+            grammar: Arc::new(Grammar::json_object()),
+            vocab: Arc::new(Vocab::new(&words, |i| i == eog)),
+        }
+    }
+
+    #[test]
+    fn constrained_greedy_takes_the_best_allowed_token() {
+        let params = SamplingParams {
+            constraint: Some(toy_constraint()),
+            ..SamplingParams::greedy()
+        };
+        let mut s = Sampler::new(&params, 64).unwrap();
+        // "hello" (0) is best but not JSON; "x" (9) next; then "{" (1)
+        let mut l = vec![0.0f32; 11];
+        l[0] = 9.0;
+        l[9] = 8.0;
+        l[1] = 7.0;
+        l[8] = 6.0;
+        let out = s.sample(&l);
+        assert_eq!(out.id, 1);
+        s.accept(out.id);
+        assert_eq!(s.constraint_complete(), Some(false));
+        // only `"`, whitespace or `}` may follow `{`; end-of-generation may not
+        l[10] = 100.0;
+        let out = s.sample(&l);
+        assert_eq!(
+            out.id, 2,
+            "the best of the allowed: the closing brace (0.0, lowest id of the tied)"
+        );
+        s.accept(out.id);
+        assert_eq!(s.constraint_complete(), Some(true));
+        assert_eq!(s.sample(&l).id, 10, "complete: end of generation");
+        // masking the whole vocabulary agrees: a vocabulary larger than the probe
+        let mut big = vec![b"x".as_slice(); 100];
+        big.push(b"{");
+        big.push(b"");
+        let c = Constraint {
+            grammar: Arc::new(crate::constraint::Grammar::json_object()),
+            vocab: Arc::new(Vocab::new(&big, |i| i == 101)),
+        };
+        let mut s = Sampler::new(
+            &SamplingParams {
+                constraint: Some(c),
+                ..SamplingParams::greedy()
+            },
+            64,
+        )
+        .unwrap();
+        let mut l: Vec<f32> = (0..102).map(|i| 10.0 - i as f32 * 0.01).collect();
+        l[100] = -5.0;
+        assert_eq!(s.sample(&l).id, 100);
+        assert_eq!(s.masked_steps(), 1);
+    }
+
+    #[test]
+    fn constrained_sampling_only_draws_allowed_tokens() {
+        let params = SamplingParams {
+            constraint: Some(toy_constraint()),
+            seed: Some(5),
+            temperature: 1.5,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..Default::default()
+        };
+        for seed in 0..20u64 {
+            let mut s = Sampler::new(
+                &SamplingParams {
+                    seed: Some(seed),
+                    ..params.clone()
+                },
+                64,
+            )
+            .unwrap();
+            let mut m = Matcher::new(Arc::new(crate::constraint::Grammar::json_object()));
+            let v = toy_constraint().vocab;
+            let l = vec![0.0f32; 11];
+            for _ in 0..40 {
+                let id = s.sample(&l).id;
+                assert!(m.allows_token(&v, id), "seed {seed}: token {id}");
+                m.accept_token(&v, id);
+                s.accept(id);
+                if id == 10 {
+                    break;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn unconstrained_sampling_is_unchanged_by_the_constraint_code() {
+        // the same seeded draws as before constraints existed (the chain is shared)
+        let params = SamplingParams {
+            seed: Some(99),
+            temperature: 0.9,
+            ..Default::default()
+        };
+        let logits: Vec<f32> = (0..300).map(|i| ((i * 37) % 101) as f32 * 0.05).collect();
+        let mut a = Sampler::new(&params, 64).unwrap();
+        let mut rng = Mt19937::new(99);
+        for _ in 0..50 {
+            let mut c = Candidates::from_logits(&logits);
+            top_k(&mut c, 40);
+            typical(&mut c, 1.0, 0);
+            top_p(&mut c, 0.95, 0);
+            min_p(&mut c, 0.05, 0);
+            temperature(&mut c, 0.9);
+            let i = dist(&mut c, &mut rng).unwrap();
+            assert_eq!(a.sample(&logits).id, c.data[i].id);
+        }
     }
 
     #[test]

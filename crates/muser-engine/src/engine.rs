@@ -33,6 +33,9 @@ pub struct EngineConfig {
     /// A request still queued after this long fails; one still generating finishes with
     /// `FinishReason::Length`. `None`: no limit.
     pub request_timeout: Option<Duration>,
+    /// Prompt cache across requests and restarts (memory and disk tiers of kvpack packs);
+    /// `None`: only each slot's own cache is reused.
+    pub prompt_cache: Option<Arc<crate::prompt_cache::PromptCache>>,
 }
 
 impl Default for EngineConfig {
@@ -44,6 +47,7 @@ impl Default for EngineConfig {
             kv_type: KvType::F16,
             prefill_chunk: 512,
             request_timeout: Some(Duration::from_secs(600)),
+            prompt_cache: None,
         }
     }
 }
@@ -120,7 +124,8 @@ pub enum Event {
     Embedding(Vec<f32>),
     Done {
         reason: FinishReason,
-        /// Prompt tokens, of which `n_cached` came from the slot's cache.
+        /// Prompt tokens, of which `n_cached` were not computed: they came from the slot's
+        /// cache or were resumed from the prompt cache.
         n_prompt: usize,
         n_cached: usize,
         /// Generated tokens, the end-of-generation token included.

@@ -7,6 +7,7 @@ pub mod constraint;
 mod detok;
 mod engine;
 pub mod kvpack_bridge;
+pub mod prompt_cache;
 mod rng;
 pub mod sampling;
 mod scheduler;
@@ -19,5 +20,6 @@ pub use engine::{
 };
 pub use kvpack_bridge::{KvPackContext, PackError};
 pub use muser_model::KvType;
+pub use prompt_cache::{PromptCache, PromptCacheConfig, PromptCacheStats};
 pub use sampling::{Sampled, Sampler, SamplingError, SamplingParams, TokenLogprobs, TokenProb};
 pub use stop::StopMatcher;

@@ -18,6 +18,8 @@ use crate::engine::{
     EngineConfig, EngineStats, Event, FinishReason, GenerateRequest, Job, Shared, SharedState,
     SlotInfo, SlotKv, Timings,
 };
+use crate::kvpack_bridge::{snapshot_to_state, state_to_snapshot};
+use crate::prompt_cache::PromptCache;
 use crate::sampling::Sampler;
 use crate::stop::StopMatcher;
 
@@ -58,6 +60,10 @@ struct Task<'t> {
     detok: Detok<'t>,
     phase: Phase,
     n_cached: usize,
+    /// Prompt length at which the prefill pauses to offer its prefix to the prompt cache.
+    publish_at: Option<usize>,
+    /// Longest prefix offered to the prompt cache so far.
+    published: usize,
     n_gen: usize,
     admitted_tick: u64,
     enqueued: Instant,
@@ -233,16 +239,26 @@ impl<'t> Scheduler<'t> {
             }
         };
         sampler.accept_prompt(&req.prompt);
-        let keep = self.reusable_prefix(slot, &req);
+        let mut keep = self.reusable_prefix(slot, &req);
         let seq = slot as u32;
         if keep == 0 {
             self.kv.clear(seq);
         } else {
             self.kv.truncate(seq, keep as u32);
         }
+        self.slots[slot].tokens.truncate(keep);
+        let mut publish_at = None;
+        if let Some(pc) = self.cfg.prompt_cache.clone().filter(|_| req.cache_prompt) {
+            if let Some(n) = self.resume(slot, &pc, &req.prompt, keep) {
+                keep = n;
+            }
+            publish_at = pc
+                .publish_cut(req.prompt.len())
+                .map(|c| c as usize)
+                .filter(|&c| c > keep);
+        }
         self.tick += 1;
         let s = &mut self.slots[slot];
-        s.tokens.truncate(keep);
         s.last_used = self.tick;
         let now = Instant::now();
         s.task = Some(Task {
@@ -254,6 +270,8 @@ impl<'t> Scheduler<'t> {
             sampler,
             phase: Phase::Prefill,
             n_cached: keep,
+            publish_at,
+            published: 0,
             n_gen: 0,
             admitted_tick: self.tick,
             enqueued,
@@ -261,6 +279,87 @@ impl<'t> Scheduler<'t> {
             first_token: None,
         });
         self.stats.requests_total += 1;
+    }
+
+    /// Resumes a longer prefix of `prompt` than the slot's `have` tokens from the prompt cache
+    /// into the slot. Returns the tokens the slot now holds, or `None` when it is unchanged.
+    fn resume(
+        &mut self,
+        slot: usize,
+        pc: &PromptCache,
+        prompt: &[u32],
+        have: usize,
+    ) -> Option<usize> {
+        let r = pc.resume(prompt, prompt.len() - 1, have)?;
+        let n = r.state.positions.end as usize;
+        let snap = match state_to_snapshot(r.state, self.kv.layout()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "prompt cache: resumed state does not fit the cache");
+                return None;
+            }
+        };
+        let seq = slot as u32;
+        self.kv.clear(seq);
+        let tokens = &mut self.slots[slot].tokens;
+        tokens.clear();
+        match self.kv.import(seq, &snap) {
+            Ok(()) => {
+                tokens.extend_from_slice(&prompt[..n]);
+                Some(n)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "prompt cache: importing a resumed prefix failed");
+                self.kv.clear(seq);
+                Some(0)
+            }
+        }
+    }
+
+    /// Offers the slot's first `n` tokens' K/V to the prompt cache (when the cache holds every
+    /// row an export needs). True when offered.
+    fn offer(&mut self, slot: usize, n: usize) -> bool {
+        let Some(pc) = self.cfg.prompt_cache.clone() else {
+            return false;
+        };
+        let seq = slot as u32;
+        if n == 0 || !self.kv.holds(seq, 0..n as u32) {
+            return false;
+        }
+        match self.kv.export(seq, 0..n as u32) {
+            Ok(snap) => {
+                let tokens = self.slots[slot].tokens[..n].to_vec();
+                pc.offer(tokens, snapshot_to_state(snap));
+                true
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "prompt cache: export");
+                false
+            }
+        }
+    }
+
+    /// Offers the prefixes of prefills that just reached their publish cut.
+    fn offer_prefixes(&mut self, rows: &[Row]) {
+        if self.cfg.prompt_cache.is_none() {
+            return;
+        }
+        let mut touched: Vec<usize> = rows.iter().map(|r| r.slot).collect();
+        touched.dedup();
+        for slot in touched {
+            let s = &self.slots[slot];
+            let Some(t) = &s.task else { continue };
+            let Some(cut) = t.publish_at.filter(|&c| c == s.tokens.len()) else {
+                continue;
+            };
+            let offered = self.offer(slot, cut);
+            if let Some(t) = &mut self.slots[slot].task {
+                t.publish_at = None;
+                if offered {
+                    t.published = cut;
+                }
+            }
+        }
     }
 
     /// How many leading prompt tokens the slot's cache can serve. At least one prompt token is
@@ -368,7 +467,11 @@ impl<'t> Scheduler<'t> {
                 return (batch, rows);
             };
             let done = s.tokens.len();
-            let end = t.req.prompt.len().min(done + budget);
+            let mut end = t.req.prompt.len().min(done + budget);
+            // stop at the publish cut, so that the prefix can be exported exactly there
+            if let Some(cut) = t.publish_at.filter(|&c| done < c && c < end) {
+                end = cut;
+            }
             for (k, &id) in t.req.prompt[done..end].iter().enumerate() {
                 let last = done + k + 1 == t.req.prompt.len();
                 batch.push(id, (done + k) as u32, i as u32, last);
@@ -387,6 +490,7 @@ impl<'t> Scheduler<'t> {
         for (b, row) in rows.iter().enumerate() {
             self.slots[row.slot].tokens.push(batch.tokens[b]);
         }
+        self.offer_prefixes(rows);
         let n_vocab = self.model.info().n_vocab;
         let n_embd = self.model.info().n_embd;
         for (r, &b) in out.rows.iter().enumerate() {
@@ -495,6 +599,16 @@ impl<'t> Scheduler<'t> {
             n_gen: t.n_gen,
             timings,
         });
+        // what the slot holds now (prompt and answer) serves the next turn of a conversation
+        if let Some(pc) = self.cfg.prompt_cache.clone().filter(|_| t.req.cache_prompt) {
+            let done = t.published.max(t.n_cached) as u32;
+            if let Some(cut) = pc
+                .held_cut(self.slots[slot].tokens.len())
+                .filter(|&c| c >= done + muser_kvpack::BLOCK_TOKENS)
+            {
+                self.offer(slot, cut as usize);
+            }
+        }
     }
 
     /// Ends a request with an error and drops the slot's cache, whose state is unknown.

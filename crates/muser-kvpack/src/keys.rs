@@ -16,6 +16,19 @@ pub struct Keys {
     pub(crate) ledger: [u8; 32],
 }
 
+/// A copy for a second owner (a store next to the context that seals its packs); each copy
+/// is zeroed on its own drop.
+impl Clone for Keys {
+    fn clone(&self) -> Keys {
+        Keys {
+            identity: self.identity,
+            prefix: self.prefix,
+            seal: self.seal,
+            ledger: self.ledger,
+        }
+    }
+}
+
 impl Keys {
     /// Derives every sub-key from the 32-byte operator key.
     pub fn derive(operator_key: &[u8; KEY_BYTES]) -> Keys {

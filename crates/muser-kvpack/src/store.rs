@@ -22,6 +22,8 @@ use crate::restore::{restore, verify_pack, Expect, RestoreControl, Restored};
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
@@ -64,6 +66,91 @@ struct Entry {
     last_used: u64,
 }
 
+/// Writes packs into a store's `tmp/` ([`PackStore::stager`]).
+#[derive(Debug, Clone)]
+pub struct Stager {
+    tmp: PathBuf,
+    budget_bytes: u64,
+    seq: Arc<AtomicU64>,
+}
+
+impl Stager {
+    /// Writes `plan` under `tmp/` and fsyncs it (the replay ledger is checked at commit).
+    pub fn stage(&self, plan: &PackPlan) -> Result<StagedPack> {
+        self.stage_with(plan.manifest().clone(), plan.file_len(), |w| {
+            plan.write_to(w)
+        })
+    }
+
+    fn stage_with(
+        &self,
+        m: Manifest,
+        file_len: u64,
+        write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+    ) -> Result<StagedPack> {
+        if m.kind != PackKind::Full {
+            return Err(KvpackError::InvalidState(
+                "the store keeps full packs only".into(),
+            ));
+        }
+        if file_len > self.budget_bytes {
+            return Err(KvpackError::OverBudget {
+                needed: file_len,
+                budget: self.budget_bytes,
+            });
+        }
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let name = file_name(&m.cut_id, m.generation);
+        let tmp = self
+            .tmp
+            .join(format!("{name}.{}.{seq}.partial", std::process::id()));
+        // from here on, dropping `staged` removes the file
+        let staged = StagedPack {
+            tmp,
+            name,
+            manifest: m,
+            file_len,
+        };
+        let ctx = |what: &str| io_ctx(format!("{what} {}", staged.tmp.display()));
+        let mut f = std::io::BufWriter::with_capacity(
+            1 << 20,
+            std::fs::File::create(&staged.tmp).map_err(ctx("create"))?,
+        );
+        write(&mut f).map_err(ctx("write"))?;
+        let f = f.into_inner().map_err(|e| ctx("write")(e.into_error()))?;
+        f.sync_all().map_err(ctx("fsync"))?;
+        Ok(staged)
+    }
+}
+
+/// A pack written and fsynced under `tmp/` by [`PackStore::stage`], not yet visible. Dropping
+/// it uncommitted removes the file.
+#[derive(Debug)]
+pub struct StagedPack {
+    tmp: PathBuf,
+    name: String,
+    manifest: Manifest,
+    file_len: u64,
+}
+
+impl StagedPack {
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    pub fn file_len(&self) -> u64 {
+        self.file_len
+    }
+}
+
+impl Drop for StagedPack {
+    fn drop(&mut self) {
+        if !self.tmp.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
 /// A stored pack that matches a prefix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StoreHit {
@@ -80,7 +167,7 @@ pub struct PackStore {
     lengths: BTreeMap<u32, usize>,
     total_bytes: u64,
     tick: u64,
-    tmp_seq: u64,
+    tmp_seq: Arc<AtomicU64>,
 }
 
 fn file_name(cut: &BlockId, generation: u64) -> String {
@@ -105,7 +192,7 @@ impl PackStore {
             lengths: BTreeMap::new(),
             total_bytes: 0,
             tick: 0,
-            tmp_seq: 0,
+            tmp_seq: Arc::new(AtomicU64::new(0)),
         };
         let mut report = RecoveryReport::default();
         let tmp = store.dir("tmp");
@@ -255,79 +342,81 @@ impl PackStore {
 
     /// Publishes a pack built from a local state. Returns once the pack is durable.
     pub fn publish(&mut self, plan: &PackPlan) -> Result<StoreHit> {
-        self.publish_with(plan.manifest(), plan.file_len(), |w| plan.write_to(w))
+        let staged = self.stage(plan)?;
+        self.commit(staged)
     }
 
     /// Publishes pack bytes from elsewhere, after verifying every byte.
     pub fn import(&mut self, bytes: &[u8]) -> Result<StoreHit> {
         let m = verify_pack(bytes, &self.keys, &self.cfg.limits)?;
-        self.publish_with(&m, bytes.len() as u64, |w| w.write_all(bytes))
+        let staged = self.stage_with(m, bytes.len() as u64, |w| w.write_all(bytes))?;
+        self.commit(staged)
     }
 
-    fn publish_with(
-        &mut self,
-        m: &Manifest,
+    /// The slow half of a publication: writes the pack under `tmp/` and fsyncs it. The pack
+    /// becomes visible with [`PackStore::commit`]; a dropped [`StagedPack`] removes its file.
+    pub fn stage(&self, plan: &PackPlan) -> Result<StagedPack> {
+        self.ledger
+            .admit(&plan.manifest().stream, plan.manifest().generation)?;
+        self.stager().stage(plan)
+    }
+
+    fn stage_with(
+        &self,
+        m: Manifest,
         file_len: u64,
         write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
-    ) -> Result<StoreHit> {
-        if m.kind != PackKind::Full {
-            return Err(KvpackError::InvalidState(
-                "the store keeps full packs only".into(),
-            ));
-        }
-        if file_len > self.cfg.budget_bytes {
-            return Err(KvpackError::OverBudget {
-                needed: file_len,
-                budget: self.cfg.budget_bytes,
-            });
-        }
+    ) -> Result<StagedPack> {
         self.ledger.admit(&m.stream, m.generation)?;
-        self.tmp_seq += 1;
-        let name = file_name(&m.cut_id, m.generation);
-        let tmp = self.dir("tmp").join(format!(
-            "{name}.{}.{}.partial",
-            std::process::id(),
-            self.tmp_seq
-        ));
-        let result = (|| {
-            let ctx = |what: &str| io_ctx(format!("{what} {}", tmp.display()));
-            let mut f = std::io::BufWriter::with_capacity(
-                1 << 20,
-                std::fs::File::create(&tmp).map_err(ctx("create"))?,
-            );
-            write(&mut f).map_err(ctx("write"))?;
-            let f = f.into_inner().map_err(|e| ctx("write")(e.into_error()))?;
-            f.sync_all().map_err(ctx("fsync"))?;
-            drop(f);
-            self.ledger.record(m.stream, m.generation)?;
-            let dst = self.dir("packs").join(&name);
-            std::fs::rename(&tmp, &dst).map_err(ctx("rename"))?;
-            sync_dir(&self.dir("packs"))
-        })();
-        if let Err(e) = result {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
+        self.stager().stage_with(m, file_len, write)
+    }
+
+    /// A handle that stages packs for this store without borrowing it, so that a caller
+    /// sharing the store behind a lock writes and fsyncs unlocked and locks only to commit.
+    pub fn stager(&self) -> Stager {
+        Stager {
+            tmp: self.dir("tmp"),
+            budget_bytes: self.cfg.budget_bytes,
+            seq: self.tmp_seq.clone(),
         }
-        if let Some(old) = self.forget(&m.cut_id) {
+    }
+
+    /// Makes a staged pack visible: records its generation in the ledger (durably), renames
+    /// it into `packs/`, fsyncs the directory, replaces an older generation of the same
+    /// prefix and evicts to the budget (never this pack).
+    pub fn commit(&mut self, mut staged: StagedPack) -> Result<StoreHit> {
+        let m = &staged.manifest;
+        // another publication of the stream may have committed since staging
+        self.ledger.admit(&m.stream, m.generation)?;
+        self.ledger.record(m.stream, m.generation)?;
+        let dst = self.dir("packs").join(&staged.name);
+        std::fs::rename(&staged.tmp, &dst)
+            .map_err(io_ctx(format!("rename {}", staged.tmp.display())))?;
+        // renamed away: nothing for the drop to remove
+        staged.tmp = PathBuf::new();
+        sync_dir(&self.dir("packs"))?;
+        let (cut, token_count, generation) = (
+            staged.manifest.cut_id,
+            staged.manifest.token_count,
+            staged.manifest.generation,
+        );
+        if let Some(old) = self.forget(&cut) {
             let p = self.dir("packs").join(&old.file);
             std::fs::remove_file(&p)
                 .map_err(io_ctx(format!("remove superseded {}", p.display())))?;
         }
         self.insert(
-            m.cut_id,
+            cut,
             Entry {
-                file: name,
-                token_count: m.token_count,
-                generation: m.generation,
-                bytes: file_len,
+                file: staged.name.clone(),
+                token_count,
+                generation,
+                bytes: staged.file_len,
                 last_used: 0,
             },
         );
-        self.evict(Some(m.cut_id))?;
-        Ok(StoreHit {
-            cut: m.cut_id,
-            token_count: m.token_count,
-        })
+        self.evict(Some(cut))?;
+        Ok(StoreHit { cut, token_count })
     }
 
     /// The longest stored prefix of `chain`'s tokens, at most `max_tokens` long. The store

@@ -1,0 +1,412 @@
+//! Prompt cache across requests and restarts: prompts' K/V kept as kvpack packs, so a prompt
+//! that shares a block-aligned prefix with one computed before (in this process or an earlier
+//! one) resumes that prefix instead of recomputing it.
+//!
+//! Two tiers behind the slots' own caches, both addressed by the keyed prefix chain
+//! ([`muser_kvpack::PrefixHasher`], 256-token blocks):
+//! - **memory**: a [`ResidentCache`] (radix of reference-counted blocks) under a byte budget;
+//! - **disk**: a durable [`PackStore`] in the operator's directory, a byte budget with
+//!   least-recently-used eviction, the replay ledger, recovery at start-up.
+//!
+//! The scheduler asks [`PromptCache::resume`] when it admits a request (on the engine thread:
+//! a memory hit is a copy, a disk hit reads and verifies the pack: identity, seal with the
+//! operator key, Merkle root, every segment's SHA-256). A pack that fails any check is logged,
+//! removed from the store and the request recomputes. After a prompt's prefill reaches its
+//! publish cut the scheduler exports that prefix and [`PromptCache::offer`]s it; a writer
+//! thread seals the pack, writes and fsyncs it without holding the store, then commits it
+//! (ledger, rename) and adds its blocks to the memory tier. Offers never wait: when the writer
+//! is behind, the offer is dropped.
+
+use std::path::PathBuf;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use muser_kvpack::{
+    KvState, KvpackError, PackPlan, PackSpec, PackStore, RecoveryReport, ResidentCache,
+    RestoreControl, SegmentPlan, Stager, StoreConfig, BLOCK_TOKENS,
+};
+
+use crate::kvpack_bridge::{KvPackContext, PackError};
+
+/// Where and how much the prompt cache keeps.
+#[derive(Clone, Debug)]
+pub struct PromptCacheConfig {
+    /// The pack store's directory (created if missing).
+    pub dir: PathBuf,
+    /// Most bytes of packs on disk; least recently used packs are evicted beyond it.
+    pub disk_budget_bytes: u64,
+    /// Most bytes of K/V blocks kept in memory (0: no memory tier).
+    pub memory_budget_bytes: u64,
+    /// Prompts whose publishable prefix is shorter than this are not published (at least
+    /// one 256-token block).
+    pub min_tokens: u32,
+    /// Check every segment of every pack at start-up (otherwise header, manifest and seal;
+    /// segments are always checked before a pack is used).
+    pub verify_on_open: bool,
+}
+
+impl PromptCacheConfig {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        PromptCacheConfig {
+            dir: dir.into(),
+            disk_budget_bytes: 4 << 30,
+            memory_budget_bytes: 1 << 30,
+            min_tokens: BLOCK_TOKENS,
+            verify_on_open: false,
+        }
+    }
+}
+
+/// Counters of the prompt cache.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PromptCacheStats {
+    /// Requests that resumed a prefix from memory / from disk.
+    pub hits_memory: u64,
+    pub hits_disk: u64,
+    /// Prompt tokens resumed from either tier.
+    pub tokens_resumed: u64,
+    /// Packs refused at use (failed verification) and removed.
+    pub rejected: u64,
+    /// Packs moved aside at start-up (damaged, foreign key, wrong name).
+    pub quarantined_at_open: u64,
+    /// Packs published to disk; offers dropped because the writer was behind; failures.
+    pub published: u64,
+    pub offers_dropped: u64,
+    pub publish_failed: u64,
+    /// Milliseconds the last resume took (lookup, read, verify, copy; not the import).
+    pub last_resume_ms: f64,
+    pub memory_bytes: u64,
+    pub disk_bytes: u64,
+    pub disk_packs: usize,
+}
+
+/// Where a resumed prefix came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tier {
+    Memory,
+    Disk,
+}
+
+/// A prefix ready to import into a slot: positions `0..state.positions.end`.
+pub struct Resume {
+    pub state: KvState,
+    pub tier: Tier,
+}
+
+struct Tiers {
+    ctx: Arc<KvPackContext>,
+    memory: Option<Mutex<ResidentCache>>,
+    store: Mutex<PackStore>,
+    stats: Mutex<PromptCacheStats>,
+}
+
+enum Job {
+    Publish { tokens: Vec<u32>, state: KvState },
+    Flush(std::sync::mpsc::Sender<()>),
+}
+
+/// The prompt cache of one engine (one model identity and operator key).
+pub struct PromptCache {
+    tiers: Arc<Tiers>,
+    tx: Mutex<Option<SyncSender<Job>>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    min_tokens: u32,
+}
+
+impl std::fmt::Debug for PromptCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PromptCache")
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Offers queued for the writer before new ones are dropped.
+const WRITER_QUEUE: usize = 2;
+
+impl PromptCache {
+    /// Opens (creating) the store in `cfg.dir` and recovers it (partial files removed,
+    /// damaged or foreign packs quarantined, each logged), and starts the writer thread.
+    pub fn open(
+        ctx: Arc<KvPackContext>,
+        cfg: &PromptCacheConfig,
+    ) -> Result<(PromptCache, RecoveryReport), PackError> {
+        let mut store_cfg = StoreConfig::new(&cfg.dir, cfg.disk_budget_bytes);
+        store_cfg.limits = ctx.limits.clone();
+        store_cfg.verify_segments_on_open = cfg.verify_on_open;
+        let (store, report) = PackStore::open(store_cfg, ctx.keys.clone())?;
+        for (name, why) in &report.quarantined {
+            tracing::warn!(pack = %name, reason = %why, "prompt cache: pack refused at start-up and quarantined");
+        }
+        if report.kept + report.removed_partial + report.evicted > 0 {
+            tracing::info!(
+                kept = report.kept,
+                removed_partial = report.removed_partial,
+                evicted = report.evicted,
+                "prompt cache: store opened"
+            );
+        }
+        let memory = match cfg.memory_budget_bytes {
+            0 => None,
+            b => Some(Mutex::new(ResidentCache::new(
+                ctx.identity.layout.clone(),
+                b,
+            )?)),
+        };
+        let stats = PromptCacheStats {
+            quarantined_at_open: report.quarantined.len() as u64,
+            ..Default::default()
+        };
+        let stager = store.stager();
+        let tiers = Arc::new(Tiers {
+            ctx,
+            memory,
+            store: Mutex::new(store),
+            stats: Mutex::new(stats),
+        });
+        let (tx, rx) = sync_channel(WRITER_QUEUE);
+        let t = tiers.clone();
+        let writer = std::thread::Builder::new()
+            .name("muser-prompt-cache".into())
+            .spawn(move || writer_loop(&t, &stager, rx))
+            .map_err(|e| PackError::Kv(format!("cannot start the prompt-cache writer: {e}")))?;
+        Ok((
+            PromptCache {
+                tiers,
+                tx: Mutex::new(Some(tx)),
+                writer: Mutex::new(Some(writer)),
+                min_tokens: cfg.min_tokens.max(BLOCK_TOKENS),
+            },
+            report,
+        ))
+    }
+
+    pub fn context(&self) -> &Arc<KvPackContext> {
+        &self.tiers.ctx
+    }
+
+    pub fn stats(&self) -> PromptCacheStats {
+        let mut s = lock(&self.tiers.stats).clone();
+        if let Some(m) = &self.tiers.memory {
+            s.memory_bytes = lock(m).used_bytes();
+        }
+        let store = lock(&self.tiers.store);
+        s.disk_bytes = store.total_bytes();
+        s.disk_packs = store.len();
+        s
+    }
+
+    /// Waits until every offer made so far is published (or failed).
+    pub fn flush(&self) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sent = lock(&self.tx)
+            .as_ref()
+            .is_some_and(|w| w.send(Job::Flush(tx)).is_ok());
+        if sent {
+            let _ = rx.recv();
+        }
+    }
+
+    /// The length of prefix to publish for a prompt of `n_prompt` tokens: the last block
+    /// boundary a later identical prompt can resume (one token always stays to compute), or
+    /// `None` when that is below the minimum.
+    pub fn publish_cut(&self, n_prompt: usize) -> Option<u32> {
+        let cut = (n_prompt.saturating_sub(1) as u32 / BLOCK_TOKENS) * BLOCK_TOKENS;
+        (cut >= self.min_tokens).then_some(cut)
+    }
+
+    /// The cut to publish for a slot that holds `n_held` tokens' K/V after generating (the
+    /// last block boundary), or `None` below the minimum.
+    pub fn held_cut(&self, n_held: usize) -> Option<u32> {
+        let cut = (n_held as u32 / BLOCK_TOKENS) * BLOCK_TOKENS;
+        (cut >= self.min_tokens).then_some(cut)
+    }
+
+    /// The longest cached prefix of `prompt` of at most `limit` tokens and more than `have`
+    /// (what the slot holds already), from memory or else from disk. A disk pack is verified
+    /// completely first; one that fails is logged and removed, and the next best answer (or
+    /// none) is returned.
+    pub fn resume(&self, prompt: &[u32], limit: usize, have: usize) -> Option<Resume> {
+        let t0 = Instant::now();
+        let limit = limit.min(prompt.len()) as u32;
+        if limit < BLOCK_TOKENS || (limit as usize) <= have {
+            return None;
+        }
+        let ctx = &self.tiers.ctx;
+        let chain = ctx.hasher.chain(&prompt[..limit as usize]);
+        let mem = self.tiers.memory.as_ref().and_then(|m| {
+            let mut m = lock(m);
+            m.lookup(chain.block_ids(), limit)
+                .filter(|h| h.n_tokens() as usize > have)
+        });
+        let n_mem = mem.as_ref().map_or(0, |h| h.n_tokens());
+        let floor = n_mem.max(have as u32);
+        let disk = {
+            let store = lock(&self.tiers.store);
+            store
+                .lookup(&chain, limit)
+                .filter(|h| h.token_count > floor)
+        };
+        let out = if let Some(hit) = disk {
+            let control = RestoreControl {
+                max_bytes: state_bytes_bound(ctx, hit.token_count),
+                ..Default::default()
+            };
+            let restored = lock(&self.tiers.store).restore(&hit.cut, &ctx.identity, &control);
+            match restored {
+                Ok(r) if r.state.positions == (0..hit.token_count) => {
+                    if let Some(m) = &self.tiers.memory {
+                        if let Err(e) = lock(m).insert(&r.state, chain.block_ids()) {
+                            tracing::debug!(error = %e, "prompt cache: memory tier insert");
+                        }
+                    }
+                    Some(Resume {
+                        state: r.state,
+                        tier: Tier::Disk,
+                    })
+                }
+                other => {
+                    let reason = match other {
+                        Ok(_) => "the pack does not cover the prefix it is named for".to_string(),
+                        Err(e) => e.to_string(),
+                    };
+                    self.reject(&hit.cut, hit.token_count, &reason);
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let out = out.or_else(|| {
+            mem.map(|h| Resume {
+                state: h.to_state(&ctx.identity.layout),
+                tier: Tier::Memory,
+            })
+        });
+        if let Some(r) = &out {
+            let mut s = lock(&self.tiers.stats);
+            match r.tier {
+                Tier::Memory => s.hits_memory += 1,
+                Tier::Disk => s.hits_disk += 1,
+            }
+            s.tokens_resumed += u64::from(r.state.positions.end);
+            s.last_resume_ms = t0.elapsed().as_secs_f64() * 1e3;
+        }
+        out
+    }
+
+    fn reject(&self, cut: &muser_kvpack::BlockId, n_tokens: u32, reason: &str) {
+        tracing::warn!(
+            pack = %cut.to_hex(),
+            tokens = n_tokens,
+            %reason,
+            "prompt cache: pack refused; the prompt is recomputed"
+        );
+        lock(&self.tiers.stats).rejected += 1;
+        if let Err(e) = lock(&self.tiers.store).remove(cut) {
+            tracing::warn!(error = %e, "prompt cache: removing a refused pack");
+        }
+    }
+
+    /// Hands the K/V of `tokens` (positions `0..tokens.len()`, from position 0) to the writer.
+    /// Never waits: dropped when the writer is behind.
+    pub fn offer(&self, tokens: Vec<u32>, state: KvState) {
+        let guard = lock(&self.tx);
+        let Some(tx) = guard.as_ref() else { return };
+        match tx.try_send(Job::Publish { tokens, state }) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => lock(&self.tiers.stats).offers_dropped += 1,
+            Err(TrySendError::Disconnected(_)) => {}
+        }
+    }
+}
+
+/// Bytes of K/V a state of `n` tokens can take at most (every layer holding every position).
+fn state_bytes_bound(ctx: &KvPackContext, n: u32) -> u64 {
+    let l = &ctx.identity.layout;
+    2 * u64::from(l.n_layer) * u64::from(n) * l.row_bytes() as u64
+}
+
+impl Drop for PromptCache {
+    /// Lets the writer finish what it was offered, so that packs are durable when the engine
+    /// is gone.
+    fn drop(&mut self) {
+        drop(lock(&self.tx).take());
+        if let Some(w) = lock(&self.writer).take() {
+            let _ = w.join();
+        }
+    }
+}
+
+fn writer_loop(tiers: &Tiers, stager: &Stager, rx: Receiver<Job>) {
+    while let Ok(job) = rx.recv() {
+        match job {
+            Job::Flush(done) => {
+                let _ = done.send(());
+            }
+            Job::Publish { tokens, state } => {
+                if let Err(e) = publish(tiers, stager, &tokens, &state) {
+                    tracing::warn!(error = %e, tokens = tokens.len(), "prompt cache: publishing failed");
+                    lock(&tiers.stats).publish_failed += 1;
+                }
+            }
+        }
+    }
+}
+
+/// A generation above the stream's high-water mark and the clock (microseconds).
+fn next_generation(store: &PackStore, stream: &muser_kvpack::Digest32) -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_micros() as u64);
+    now.max(store.high_water(stream).map_or(1, |h| h.saturating_add(1)))
+}
+
+fn publish(
+    tiers: &Tiers,
+    stager: &Stager,
+    tokens: &[u32],
+    state: &KvState,
+) -> Result<(), KvpackError> {
+    let ctx = &tiers.ctx;
+    let n = tokens.len() as u32;
+    if state.positions != (0..n) {
+        return Err(KvpackError::InvalidState(
+            "an offered state must cover its tokens from position 0".into(),
+        ));
+    }
+    let chain = ctx.hasher.chain(tokens);
+    if let Some(m) = &tiers.memory {
+        lock(m).insert(state, chain.block_ids())?;
+    }
+    let cut = chain
+        .cut_id(n)
+        .ok_or_else(|| KvpackError::InvalidState("empty prefix".into()))?;
+    let generation = {
+        let store = lock(&tiers.store);
+        if store.contains(&cut) {
+            return Ok(());
+        }
+        next_generation(&store, &cut.0)
+    };
+    let spec = PackSpec {
+        identity: &ctx.identity,
+        chain: &chain,
+        generation,
+        stream: None,
+        base_tokens: 0,
+        plan: SegmentPlan::default(),
+        threads: muser_kvpack::default_threads(),
+    };
+    let plan = PackPlan::new(state, &ctx.keys, &spec)?;
+    let staged = stager.stage(&plan)?;
+    lock(&tiers.store).commit(staged)?;
+    lock(&tiers.stats).published += 1;
+    Ok(())
+}

@@ -34,10 +34,21 @@ pub struct Args {
     /// Directory for /slots/{id}?action=save|restore files.
     #[arg(long)]
     slot_save_path: Option<PathBuf>,
-    /// kvpack operator key (32 raw bytes or 64 hex digits) sealing slot files; default: a key
-    /// generated on first use in the model store.
+    /// kvpack operator key (32 raw bytes or 64 hex digits) sealing slot files and prompt-cache
+    /// packs; default: a key generated on first use in the model store.
     #[arg(long)]
     kv_key_file: Option<PathBuf>,
+    /// Prompt cache across requests and restarts: prompts' K/V are kept as sealed kvpack packs
+    /// in this directory (and in memory), and a prompt sharing a cached prefix (256-token
+    /// blocks) resumes it instead of recomputing it.
+    #[arg(long, value_name = "DIR")]
+    prompt_cache: Option<PathBuf>,
+    /// Disk budget of --prompt-cache, in MiB (least recently used packs are evicted).
+    #[arg(long, value_name = "MIB", default_value_t = 4096)]
+    prompt_cache_disk_mib: u64,
+    /// Memory budget of --prompt-cache, in MiB (0: disk only).
+    #[arg(long, value_name = "MIB", default_value_t = 1024)]
+    prompt_cache_ram_mib: u64,
     /// Allow a non-loopback bind without an API key.
     #[arg(long)]
     force_insecure: bool,
@@ -73,6 +84,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     cfg.api_key = args.api_key;
     cfg.slot_save_path = args.slot_save_path;
     cfg.kv_key_file = args.kv_key_file;
+    cfg.prompt_cache = args.prompt_cache.map(|dir| {
+        let mut pc = muser_engine::PromptCacheConfig::new(dir);
+        pc.disk_budget_bytes = args.prompt_cache_disk_mib << 20;
+        pc.memory_budget_bytes = args.prompt_cache_ram_mib << 20;
+        pc
+    });
     if let Some(t) = args.threads {
         cfg.threads = t.max(1);
     }

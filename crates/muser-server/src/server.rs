@@ -23,6 +23,9 @@ pub struct ServeConfig {
     /// Operator key sealing slot files (kvpack); `None`: `kv.key` in the model store,
     /// generated on first use.
     pub kv_key_file: Option<PathBuf>,
+    /// Prompt cache across requests and restarts (`--prompt-cache DIR`): prompts' K/V kept
+    /// as packs sealed with the same key, in memory and in the directory.
+    pub prompt_cache: Option<muser_engine::PromptCacheConfig>,
 }
 
 impl ServeConfig {
@@ -36,6 +39,7 @@ impl ServeConfig {
             api_key: None,
             slot_save_path: None,
             kv_key_file: None,
+            prompt_cache: None,
         }
     }
 }
@@ -61,6 +65,8 @@ pub enum StartError {
     Slots(usize),
     #[error("{0}")]
     KvKey(String),
+    #[error("--prompt-cache {path}: {message}")]
+    PromptCache { path: PathBuf, message: String },
 }
 
 /// Loads everything a server needs.
@@ -99,8 +105,8 @@ pub fn load(cfg: &ServeConfig) -> Result<SharedState, StartError> {
             source,
         })?;
     }
-    let kvpack = match &cfg.slot_save_path {
-        Some(_) => {
+    let kvpack = match cfg.slot_save_path.is_some() || cfg.prompt_cache.is_some() {
+        true => {
             let keys = crate::kvkey::load_or_create(cfg.kv_key_file.as_deref())
                 .map_err(StartError::KvKey)?;
             let ctx = muser_engine::KvPackContext::new(
@@ -112,13 +118,33 @@ pub fn load(cfg: &ServeConfig) -> Result<SharedState, StartError> {
             .map_err(|e| StartError::KvKey(e.to_string()))?;
             Some(Arc::new(ctx))
         }
-        None => None,
+        false => None,
+    };
+    let prompt_cache = match (&cfg.prompt_cache, &kvpack) {
+        (Some(pc), Some(ctx)) => {
+            let (cache, report) =
+                muser_engine::PromptCache::open(ctx.clone(), pc).map_err(|e| {
+                    StartError::PromptCache {
+                        path: pc.dir.clone(),
+                        message: e.to_string(),
+                    }
+                })?;
+            tracing::info!(
+                dir = %pc.dir.display(),
+                packs = report.kept,
+                quarantined = report.quarantined.len(),
+                "prompt cache ready"
+            );
+            Some(Arc::new(cache))
+        }
+        _ => None,
     };
     let meta = model_meta(&cfg.model_path, &model, tokenizer.n_vocab());
     let engine_cfg = EngineConfig {
         n_slots: cfg.n_slots,
         n_ctx: cfg.n_ctx,
         queue_max: cfg.queue_max,
+        prompt_cache,
         ..Default::default()
     };
     let engine = Engine::start(model, tokenizer.clone(), engine_cfg)

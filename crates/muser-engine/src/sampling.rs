@@ -721,7 +721,7 @@ fn guided_argmax(cands: &mut Candidates, g: &mut Guide) -> u32 {
     let mut pick: Option<Candidate> = None;
     for c in &cands.data {
         if g.mask.get(c.id as usize).copied().unwrap_or(false)
-            && pick.map_or(true, |b| by_logit_desc(c, &b) == Ordering::Less)
+            && pick.is_none_or(|b| by_logit_desc(c, &b) == Ordering::Less)
         {
             pick = Some(*c);
         }

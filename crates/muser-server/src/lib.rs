@@ -17,9 +17,12 @@
 //! # Routes and deviations
 //! - `POST /v1/chat/completions`: messages (text and `image_url` parts; images are refused
 //!   with 400 because no vision encoder is loaded), tools and tool_choice (passed to the
-//!   template; `required`/named choices are not enforced), `response_format` `text` or
-//!   `json_object` (**accepted but not enforced**: no grammar-constrained sampling yet),
-//!   stream with `stream_options.include_usage`, logprobs/top_logprobs (≤ 20), `n` = 1 only,
+//!   template; `required` and a named function are **enforced** by grammar-constrained
+//!   sampling: the output is one call to an offered tool, in ATEM for Muse models and as
+//!   `{"name", "arguments"}` JSON for others), `response_format` `text`, `json_object` or
+//!   `json_schema` (**enforced**: the content is one JSON object, or JSON following the
+//!   schema; schemas with keywords beyond type/properties/required/items/enum/const/anyOf/
+//!   oneOf are 400; see `structured`), stream with `stream_options.include_usage`, logprobs/top_logprobs (≤ 20), `n` = 1 only,
 //!   seed, stop, max_tokens / max_completion_tokens, temperature, top_p, top_k, min_p,
 //!   presence/frequency/repeat penalties, logit_bias. For Muse models the output goes through
 //!   `MuseParser`: reasoning in `reasoning_content`, tool calls in `tool_calls`.
@@ -49,4 +52,5 @@ pub mod server;
 pub mod slotfile;
 pub mod state;
 pub mod store;
+pub mod structured;
 pub mod wire;

@@ -6,9 +6,9 @@ use crate::error::{ApiError, ApiResult};
 use crate::gen::{self, Finished, SamplingOptions, Step};
 use crate::json::StrictJson;
 use crate::state::{AppState, SharedState};
+use crate::structured;
 use crate::wire::openai::{
-    ChatCompletionRequest, CompletionRequest, EmbeddingRequest, EncodingFormat, ResponseFormat,
-    ToolChoice,
+    ChatCompletionRequest, CompletionRequest, EmbeddingRequest, EncodingFormat, ToolChoice,
 };
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -80,8 +80,8 @@ pub async fn chat_completions(
         (_, Some(_)) => return Err(ApiError::bad_request("top_logprobs needs logprobs: true")),
         _ => 0,
     };
-    // json_object is accepted but not enforced (no grammar-constrained sampling yet).
-    let _ = matches!(req.response_format, Some(ResponseFormat::JsonObject));
+    // response_format and forced tool choices become a grammar the sampler enforces
+    let plan = structured::plan_chat(&state, &req)?;
     let prompt = render_chat(&state, &req)?;
     let ids = state.tokenizer.encode(&prompt, true, true);
     let sampling = req.sampling();
@@ -99,9 +99,12 @@ pub async fn chat_completions(
         ..Default::default()
     };
     let logprobs_on = req.logprobs == Some(true);
+    let mut params = opts.to_params()?;
+    params.constraint = plan.constraint;
+    let generic_tool_call = plan.generic_tool_call;
     let greq = GenerateRequest {
         prompt: ids,
-        params: opts.to_params()?,
+        params,
         max_tokens,
         stop: req.stop.map(|s| s.0).unwrap_or_default(),
         slot: super::slot_from(req.id_slot, &state)?,
@@ -134,6 +137,8 @@ pub async fn chat_completions(
             c
         };
         let mut first = true;
+        // a forced generic tool call is sent whole at the end, once parsed
+        let mut held = String::new();
         let body = gen::stream_body(rx, log.0.clone(), move |step| {
             let mut frames = Vec::new();
             let mut push = |v: Value| frames.push(format!("data: {v}\n\n"));
@@ -166,7 +171,12 @@ pub async fn chat_completions(
                     let lp = logprobs
                         .filter(|_| logprobs_on)
                         .map(|lp| json!({ "content": [chat_logprob(&st, &lp)] }));
-                    let ds = deltas(parser.push(&text), &mut tool_index);
+                    let ds = if generic_tool_call {
+                        held.push_str(&text);
+                        Vec::new()
+                    } else {
+                        deltas(parser.push(&text), &mut tool_index)
+                    };
                     if ds.is_empty() && lp.is_some() {
                         push(chunk(json!({ "content": "" }), None, lp));
                     } else {
@@ -178,7 +188,12 @@ pub async fn chat_completions(
                 }
                 Ok(Step::Embedding(_)) => {}
                 Ok(Step::Done(done)) => {
-                    for d in deltas(parser.finish(), &mut tool_index) {
+                    let rest = if generic_tool_call {
+                        vec![generic_piece(std::mem::take(&mut held))]
+                    } else {
+                        parser.finish()
+                    };
+                    for d in deltas(rest, &mut tool_index) {
                         push(chunk(d, None, None));
                     }
                     let reason = if tool_index > 0 {
@@ -206,8 +221,17 @@ pub async fn chat_completions(
     }
 
     let out = gen::collect(rx, &log).await?;
-    let msg = chat::split_output(is_muse, offered_tools.as_ref(), &out.text);
-    let mut message = json!({ "role": "assistant", "content": msg.content });
+    let msg = if generic_tool_call {
+        generic_message(&out.text)
+    } else {
+        chat::split_output(is_muse, offered_tools.as_ref(), &out.text)
+    };
+    let content = if msg.content.is_empty() && !msg.tool_calls.is_empty() {
+        Value::Null
+    } else {
+        json!(msg.content)
+    };
+    let mut message = json!({ "role": "assistant", "content": content });
     if !msg.reasoning.is_empty() {
         message["reasoning_content"] = json!(msg.reasoning);
     }
@@ -235,13 +259,32 @@ pub async fn chat_completions(
     .into_response())
 }
 
+/// A forced generic tool call as a piece: the call if the text is one (it is unless the
+/// generation was cut short), else the text as content.
+fn generic_piece(text: String) -> Piece {
+    match structured::parse_generic_tool_call(&text) {
+        Some((name, arguments)) => Piece::ToolCall { name, arguments },
+        None => Piece::Content(text),
+    }
+}
+
+fn generic_message(text: &str) -> chat::Message {
+    let mut m = chat::Message::default();
+    match generic_piece(text.to_string()) {
+        Piece::ToolCall { name, arguments } => m.tool_calls.push((name, arguments)),
+        Piece::Content(s) | Piece::Reasoning(s) => m.content = s,
+    }
+    m
+}
+
 /// Renders a chat request's conversation (shared with /apply-template).
 pub fn render_chat(state: &AppState, req: &ChatCompletionRequest) -> ApiResult<String> {
-    let messages = req
+    let mut messages = req
         .messages
         .iter()
         .map(chat::template_message)
         .collect::<ApiResult<Vec<_>>>()?;
+    structured::add_tool_instructions(state, req, &mut messages)?;
     let tools = match (&req.tools, &req.tool_choice) {
         (Some(_), Some(ToolChoice::None)) | (None, _) => None,
         (Some(tools), _) => Some(chat::tools_value(tools)),

@@ -266,11 +266,28 @@ impl<'de> Deserialize<'de> for ToolChoice {
     }
 }
 
+/// `response_format`: plain text, any JSON object, or JSON following a schema (all enforced
+/// by constrained sampling; see `crate::structured`).
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ResponseFormat {
     Text,
     JsonObject,
+    JsonSchema { json_schema: JsonSchemaFormat },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonSchemaFormat {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub description: Option<String>,
+    /// `None`: any JSON object.
+    #[serde(default)]
+    pub schema: Option<serde_json::Value>,
+    #[serde(default)]
+    pub strict: Option<bool>,
 }
 
 with_sampling! {

@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 mod cmd_bench;
 mod cmd_inspect;
+mod cmd_kvbench;
 mod cmd_run;
 mod cmd_synth;
 mod cmd_text;
@@ -29,6 +30,8 @@ enum Command {
     Run(cmd_run::Args),
     /// llama-bench-style prefill/decode throughput with a JSON receipt.
     Bench(cmd_bench::Args),
+    /// Prompt-cache resume (memory, disk) versus recompute, with a JSON receipt.
+    BenchResume(cmd_kvbench::Args),
     /// Print a GGUF file's architecture, geometry, tokenizer and tensor table.
     Inspect(cmd_inspect::Args),
     /// Write a synthetic Muse Glimmer GGUF with random weights.
@@ -45,6 +48,7 @@ fn main() -> anyhow::Result<()> {
         Command::Up(a) => cmd_up::run(a),
         Command::Run(a) => cmd_run::run(a),
         Command::Bench(a) => cmd_bench::run(a),
+        Command::BenchResume(a) => cmd_kvbench::run(a),
         Command::Inspect(a) => cmd_inspect::run(a),
         Command::Synth(a) => cmd_synth::run(a),
         Command::Tokenize(a) => cmd_text::tokenize(a),

@@ -402,8 +402,16 @@ impl Utf8 {
                 return false;
             }
             self.need -= 1;
-            self.lo = 0x80;
-            self.hi = 0xbf;
+            // a finished character leaves the state as it started (equal states compare equal)
+            *self = if self.need == 0 {
+                Utf8::default()
+            } else {
+                Utf8 {
+                    need: self.need,
+                    lo: 0x80,
+                    hi: 0xbf,
+                }
+            };
             return true;
         }
         let (need, lo, hi) = match b {
@@ -1060,6 +1068,20 @@ pub struct Matcher {
     b: Vec<Thread>,
     /// Per depth of the vocabulary walk, the threads after that many bytes.
     levels: Vec<Vec<Thread>>,
+    /// Recent masks by state: inside a long string the state repeats token after token.
+    masks: Vec<CachedMask>,
+    next_slot: usize,
+}
+
+/// How many masks a matcher remembers.
+const MASK_CACHE: usize = 4;
+
+#[derive(Debug)]
+struct CachedMask {
+    threads: Vec<Thread>,
+    complete: bool,
+    mask: Vec<bool>,
+    n: usize,
 }
 
 impl Matcher {
@@ -1076,6 +1098,8 @@ impl Matcher {
             a: Vec::new(),
             b: Vec::new(),
             levels: Vec::new(),
+            masks: Vec::new(),
+            next_slot: 0,
         }
     }
 
@@ -1159,6 +1183,29 @@ impl Matcher {
     /// Sets `mask[id]` for every token that may come next (`mask` is resized to the
     /// vocabulary). Returns how many are allowed.
     pub fn fill_mask(&mut self, vocab: &Vocab, mask: &mut Vec<bool>) -> usize {
+        if let Some(c) = self.masks.iter().find(|c| {
+            c.complete == self.complete && c.threads == self.threads && c.mask.len() == vocab.len()
+        }) {
+            mask.clone_from(&c.mask);
+            return c.n;
+        }
+        let n = self.compute_mask(vocab, mask);
+        let entry = CachedMask {
+            threads: self.threads.clone(),
+            complete: self.complete,
+            mask: mask.clone(),
+            n,
+        };
+        if self.masks.len() < MASK_CACHE {
+            self.masks.push(entry);
+        } else {
+            self.masks[self.next_slot] = entry;
+            self.next_slot = (self.next_slot + 1) % MASK_CACHE;
+        }
+        n
+    }
+
+    fn compute_mask(&mut self, vocab: &Vocab, mask: &mut Vec<bool>) -> usize {
         mask.clear();
         mask.resize(vocab.len(), false);
         let mut n = 0;

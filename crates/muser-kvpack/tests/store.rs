@@ -316,3 +316,64 @@ fn damaged_ledger_refuses_to_open() {
     ));
     assert!(PackStore::open(StoreConfig::new(dir.path(), u64::MAX), keys()).is_ok());
 }
+
+#[test]
+fn staged_packs_are_invisible_until_committed_and_removed_when_dropped() {
+    let f = Fixture::new();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut store, _) = f.open(dir.path(), 1 << 30);
+    let toks = tokens(600, 41);
+    let chain = f.hasher.chain(&toks);
+    let st = state(&f.id.layout, 0..600);
+    let spec = |gen| PackSpec {
+        identity: &f.id,
+        chain: &chain,
+        generation: gen,
+        stream: None,
+        base_tokens: 0,
+        plan: small_plan(),
+        threads: 2,
+    };
+    let cut = chain.cut_id(600).unwrap();
+
+    // staged through a stager (no borrow of the store), then dropped: nothing remains
+    let stager = store.stager();
+    let staged = stager
+        .stage(&PackPlan::new(&st, &f.keys, &spec(1)).unwrap())
+        .unwrap();
+    assert_eq!(files(&dir.path().join("tmp")).len(), 1);
+    assert!(!store.contains(&cut) && store.lookup(&chain, 600).is_none());
+    drop(staged);
+    assert!(files(&dir.path().join("tmp")).is_empty());
+    assert!(files(&dir.path().join("packs")).is_empty());
+
+    // staged and committed: visible, durable, restorable
+    let staged = stager
+        .stage(&PackPlan::new(&st, &f.keys, &spec(2)).unwrap())
+        .unwrap();
+    assert_eq!(staged.manifest().generation, 2);
+    let hit = store.commit(staged).unwrap();
+    assert_eq!(hit.token_count, 600);
+    assert!(files(&dir.path().join("tmp")).is_empty());
+    assert_eq!(files(&dir.path().join("packs")).len(), 1);
+    let r = store
+        .restore(&cut, &f.id, &RestoreControl::default())
+        .unwrap();
+    assert_eq!(r.state, st);
+
+    // a stale generation staged before a newer commit is refused at commit
+    let old = stager
+        .stage(&PackPlan::new(&st, &f.keys, &spec(2)).unwrap())
+        .unwrap();
+    assert!(matches!(
+        store.commit(old),
+        Err(KvpackError::Replayed { .. })
+    ));
+    assert!(
+        files(&dir.path().join("tmp")).is_empty(),
+        "the refused file is removed"
+    );
+    drop(store);
+    let (store, report) = f.open(dir.path(), 1 << 30);
+    assert_eq!((report.kept, store.len()), (1, 1));
+}

@@ -50,6 +50,15 @@ async fn post(app: axum::Router, path: &str, body: Value) -> Value {
     v
 }
 
+async fn get(app: axum::Router, path: &str) -> Value {
+    let res = app
+        .oneshot(Request::get(path).body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    serde_json::from_slice(&to_bytes(res.into_body(), 1 << 20).await.unwrap()).unwrap()
+}
+
 fn prompt() -> String {
     let mut s = String::new();
     for i in 0..40 {
@@ -98,6 +107,9 @@ async fn a_restarted_server_resumes_the_prompt_from_the_cache_directory() {
     );
     assert_eq!(second["content"], first["content"]);
     assert_eq!(second["timings"]["cache_n"], n_cached);
+    let props = get(app.clone(), "/props").await;
+    assert_eq!(props["prompt_cache"]["hits_disk"], 1, "{props}");
+    assert_eq!(props["prompt_cache"]["rejected"], 0, "{props}");
 
     // OpenAI shape reports the cached prompt tokens too (here the slot's own cache serves
     // every prompt token but the last)

@@ -231,7 +231,23 @@ pub async fn props(State(state): State<SharedState>) -> Json<Value> {
         "eos_token": piece(state.tokenizer.eos()),
         "modalities": { "vision": false, "audio": false },
         "build_info": concat!("muser ", env!("CARGO_PKG_VERSION")),
+        "prompt_cache": prompt_cache_props(&state),
     }))
+}
+
+/// The prompt cache's counters (`--prompt-cache`), or null without one.
+fn prompt_cache_props(state: &AppState) -> Value {
+    let Some(pc) = &state.engine.config().prompt_cache else {
+        return Value::Null;
+    };
+    let s = pc.stats();
+    json!({
+        "hits_memory": s.hits_memory, "hits_disk": s.hits_disk,
+        "tokens_resumed": s.tokens_resumed, "rejected": s.rejected,
+        "quarantined_at_open": s.quarantined_at_open, "published": s.published,
+        "offers_dropped": s.offers_dropped, "publish_failed": s.publish_failed,
+        "memory_bytes": s.memory_bytes, "disk_bytes": s.disk_bytes, "disk_packs": s.disk_packs,
+    })
 }
 
 pub async fn slots(State(state): State<SharedState>) -> Json<Value> {

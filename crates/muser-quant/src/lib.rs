@@ -344,3 +344,109 @@ pub fn vec_dot_rows(ty: GgmlType, n: usize, w: &[u8], a: &[u8], out: &mut [f32])
         *o = vec_dot_isa(isa, ty, n, &w[r * rb..(r + 1) * rb], a);
     }
 }
+
+/// The dot product of one weight type and row length with its kernel chosen once, for loops
+/// that call it many times (a matmul): no per-call feature detection or length arithmetic.
+/// Every result has the bits of [`vec_dot`].
+#[derive(Clone, Copy, Debug)]
+pub struct RowDot {
+    ty: GgmlType,
+    n: usize,
+    w_bytes: usize,
+    a_bytes: usize,
+    isa: Isa,
+}
+
+impl RowDot {
+    /// The kernel for rows of `n` values of weight type `ty`.
+    pub fn new(ty: GgmlType, n: usize) -> Result<RowDot, QuantError> {
+        if !has_vec_dot(ty) {
+            return Err(QuantError::Unsupported {
+                op: "dot product",
+                ty,
+            });
+        }
+        Ok(RowDot {
+            ty,
+            n,
+            w_bytes: row_size(ty, n)?,
+            a_bytes: row_size(vec_dot_type(ty), n)?,
+            isa: detected_isa(),
+        })
+    }
+
+    /// Bytes of one weight row.
+    pub fn weight_row_bytes(&self) -> usize {
+        self.w_bytes
+    }
+
+    /// Bytes of one activation row (of `vec_dot_type(ty)`).
+    pub fn act_row_bytes(&self) -> usize {
+        self.a_bytes
+    }
+
+    /// `w · a` (one weight row, one activation row), as [`vec_dot`].
+    ///
+    /// # Panics
+    /// If a row is shorter than its size.
+    #[inline]
+    pub fn dot(&self, w: &[u8], a: &[u8]) -> f32 {
+        let (w, a) = (&w[..self.w_bytes], &a[..self.a_bytes]);
+        #[cfg(target_arch = "x86_64")]
+        if self.isa != Isa::Scalar {
+            if let Some(s) = x86::vec_dot(self.isa, self.ty, w, a) {
+                return s;
+            }
+        }
+        scalar::vec_dot(self.ty, self.n, w, a)
+    }
+
+    /// Every weight row of `w` (rows back to back) against every activation row of `a`:
+    /// `out[t * out_stride + r] = w_r · a_t` (token-major, as a matmul's output), each value
+    /// with the bits of [`vec_dot`]. On AVX512-VNNI the 32-value formats run a kernel that
+    /// takes 4 weight rows × 4 tokens at a time.
+    ///
+    /// # Panics
+    /// If `w` or `a` is not a whole number of rows, `out_stride` is less than the number of
+    /// weight rows, or `out` is too short.
+    pub fn dot_tile(&self, w: &[u8], a: &[u8], out: &mut [f32], out_stride: usize) {
+        assert!(self.w_bytes > 0 && self.a_bytes > 0, "empty rows");
+        assert!(
+            w.len().is_multiple_of(self.w_bytes) && a.len().is_multiple_of(self.a_bytes),
+            "not a whole number of rows"
+        );
+        let (n_w, n_a) = (w.len() / self.w_bytes, a.len() / self.a_bytes);
+        if n_w == 0 || n_a == 0 {
+            return;
+        }
+        assert!(out_stride >= n_w && out.len() >= (n_a - 1) * out_stride + n_w);
+        #[cfg(target_arch = "x86_64")]
+        if self.isa == Isa::Avx512 {
+            let nb = self.n / self.ty.block_size();
+            // SAFETY: VNNI was detected; the row counts and `out`'s extent were checked above.
+            let done = unsafe {
+                x86::tile_run(
+                    self.ty,
+                    w.as_ptr(),
+                    self.w_bytes,
+                    n_w,
+                    a.as_ptr(),
+                    self.a_bytes,
+                    n_a,
+                    nb,
+                    out.as_mut_ptr(),
+                    out_stride,
+                )
+            };
+            if done {
+                return;
+            }
+        }
+        // each weight row read once, dotted with every (cache-resident) activation row
+        for (r, wr) in w.chunks_exact(self.w_bytes).enumerate() {
+            for (t, ar) in a.chunks_exact(self.a_bytes).enumerate() {
+                out[t * out_stride + r] = self.dot(wr, ar);
+            }
+        }
+    }
+}

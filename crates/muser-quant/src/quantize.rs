@@ -38,7 +38,31 @@ pub(crate) fn quantize_blocks(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
 
 /// Activation quantization as ggml's x86 CPU build does it (see the module docs).
 pub(crate) fn quantize_act_blocks(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::detected_isa() != crate::Isa::Scalar {
+        // SAFETY: AVX2, FMA and F16C were detected.
+        unsafe { act_blocks_avx2(ty, src, dst) };
+        return;
+    }
+    act_blocks(ty, src, dst);
+}
+
+/// [`act_blocks`] compiled for AVX2 (vector rounding instead of a libm call per value). Plain
+/// Rust arithmetic is never contracted into FMAs, so the results are the same bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn act_blocks_avx2(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
+    act_blocks(ty, src, dst);
+}
+
+#[inline(always)]
+fn act_blocks(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
     match ty {
+        GgmlType::Q8_K => {
+            for (x, b) in src.chunks_exact(256).zip(dst.chunks_exact_mut(292)) {
+                q8_k(x, b);
+            }
+        }
         GgmlType::Q8_0 => {
             for (x, b) in src.chunks_exact(32).zip(dst.chunks_exact_mut(34)) {
                 let (d, _) = q8_cpu(x, &mut b[2..]);
@@ -56,9 +80,25 @@ pub(crate) fn quantize_act_blocks(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
     }
 }
 
+/// The largest |v| of `x` (NaN ignored, 0 for none), in eight lanes: `max` is exact, so the
+/// order does not matter.
+#[inline(always)]
+fn abs_max(x: &[f32]) -> f32 {
+    let mut m = [0f32; 8];
+    let mut c = x.chunks_exact(8);
+    for v in &mut c {
+        for l in 0..8 {
+            m[l] = m[l].max(v[l].abs());
+        }
+    }
+    let tail = c.remainder().iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    m.iter().fold(tail, |a, &v| a.max(v))
+}
+
 /// The AVX Q8 kernel on one block of 32 values: writes the quants, returns (d, Σq).
+#[inline(always)]
 fn q8_cpu(x: &[f32], qs: &mut [u8]) -> (f32, i32) {
-    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let amax = abs_max(x);
     let d = amax / 127.0;
     let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
     let mut sum = 0;
@@ -230,21 +270,28 @@ fn nvfp4(x: &[f32], b: &mut [u8]) {
     }
 }
 
+#[inline(always)]
 fn q8_k(x: &[f32], b: &mut [u8]) {
-    b.fill(0);
-    let (amax, max) = amax_signed(x);
+    // amax_signed: the first value of the largest magnitude, found in two vector passes
+    let amax = abs_max(x);
     if amax == 0.0 {
+        b.fill(0);
         return;
     }
+    let max = x[x.iter().position(|v| v.abs() == amax).unwrap_or(0)];
     let iscale = -127.0 / max;
-    let mut bsums = [0i32; 16];
-    for (j, &v) in x.iter().enumerate() {
-        let q = nearest_int(iscale * v).min(127);
-        b[4 + j] = q as i8 as u8;
-        bsums[j / 16] += q as i8 as i32;
-    }
-    for (j, s) in bsums.iter().enumerate() {
-        b[260 + 2 * j..262 + 2 * j].copy_from_slice(&(*s as i16).to_le_bytes());
+    let (qs, sums) = b[4..].split_at_mut(256);
+    for (j, (xs, qs)) in x.chunks_exact(16).zip(qs.chunks_exact_mut(16)).enumerate() {
+        // |iscale·x| <= 127: every q fits an i8
+        let mut q = [0i32; 16];
+        for l in 0..16 {
+            q[l] = nearest_int(iscale * xs[l]).min(127);
+        }
+        let sum: i32 = q.iter().sum();
+        for l in 0..16 {
+            qs[l] = q[l] as i8 as u8;
+        }
+        sums[2 * j..2 * j + 2].copy_from_slice(&(sum as i16).to_le_bytes());
     }
     b[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
 }

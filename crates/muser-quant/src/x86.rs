@@ -367,6 +367,18 @@ unsafe fn shuffle_k4(i: usize) -> __m256i {
     _mm256_set1_epi16(pair)
 }
 
+/// Weight rows stream from memory once in decode: ask for the block `PF_AHEAD` bytes on
+/// (the rest of this row or the next one) early. A prefetch never faults, even past the end.
+#[inline(always)]
+unsafe fn prefetch_block<const BYTES: usize>(x: *const u8) {
+    const PF_AHEAD: usize = 4096;
+    let mut o = 0;
+    while o < BYTES {
+        _mm_prefetch::<_MM_HINT_T0>(x.wrapping_add(PF_AHEAD + o) as *const i8);
+        o += 64;
+    }
+}
+
 /// Q8_K block: (d, qs pointer, bsums pointer).
 #[inline]
 unsafe fn q8k(y: *const u8) -> (f32, *const u8, *const u8) {
@@ -381,6 +393,7 @@ unsafe fn dot_q4_k(w: &[u8], a: &[u8]) -> f32 {
     let mut acc_m = _mm_setzero_ps();
     for i in 0..nb {
         let x = w.as_ptr().add(144 * i);
+        prefetch_block::<144>(x);
         let (yd, mut q8, bsums) = q8k(a.as_ptr().add(292 * i));
         let d = yd * h2f(x);
         let dmin = -yd * h2f(x.add(2));
@@ -429,6 +442,7 @@ unsafe fn dot_q5_k(w: &[u8], a: &[u8]) -> f32 {
     let mut summs = 0.0f32;
     for i in 0..nb {
         let x = w.as_ptr().add(176 * i);
+        prefetch_block::<176>(x);
         let (yd, mut q8, bsums) = q8k(a.as_ptr().add(292 * i));
         let d = yd * h2f(x);
         let dmin = -yd * h2f(x.add(2));
@@ -514,6 +528,7 @@ unsafe fn dot_q6_k(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for i in 0..nb {
         let x = w.as_ptr().add(210 * i);
+        prefetch_block::<210>(x);
         let (yd, mut q8, bsums) = q8k(a.as_ptr().add(292 * i));
         let d = yd * h2f(x.add(208));
         let mut q4 = x;
@@ -834,4 +849,247 @@ unsafe fn dot_f16(w: &[u8], a: &[u8]) -> f32 {
         sum += (h2f(w.as_ptr().add(2 * e)) * h2f(a.as_ptr().add(2 * e))) as f64;
     }
     sum as f32
+}
+
+/// Multi-row, multi-token kernels for the 32-value byte formats on AVX512-VNNI (the per-pair
+/// kernels above, reorganized): `R` weight rows × `T` activation rows at a time, so each
+/// weight block is unpacked once for `T` tokens and each activation block loaded once for `R`
+/// rows. Every output keeps the per-pair kernel's operations in the same order: per block an
+/// exact integer lane sum (`vpdpbusd`), its f32 conversion, one FMA into eight f32 lanes (and
+/// for Q8_1 activations one scalar FMA of the mins), then the same final reduction. The
+/// integer lanes are the same numbers as ggml's, whatever way they are formed.
+pub(crate) mod tile {
+    use super::*;
+
+    /// Unsigned block values (32 bytes, 0..=31) of a Q4_0/Q5_0/Q8_0/Q4_1/Q5_1 block at `x`:
+    /// the signed formats are offset (Q4_0 by 8, Q5_0 by 16, Q8_0 by 128) and the offset is
+    /// taken back out of the integer sums (see [`bias`]).
+    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+    #[inline]
+    unsafe fn unsigned_values<const K: u8>(x: *const u8) -> __m256i {
+        match K {
+            K_Q4_0 => bytes_from_nibbles_32(x.add(2)),
+            K_Q5_0 => {
+                let hi = _mm256_and_si256(bytes_from_bits_32(x.add(2)), _mm256_set1_epi8(0x10));
+                _mm256_or_si256(bytes_from_nibbles_32(x.add(6)), hi)
+            }
+            K_Q8_0 => _mm256_xor_si256(loadu(x.add(2)), _mm256_set1_epi8(-128)),
+            _ => block_values::<K>(x),
+        }
+    }
+
+    /// The offset of [`unsigned_values`] for the signed formats.
+    const fn offset(k: u8) -> i32 {
+        match k {
+            K_Q4_0 => 8,
+            K_Q5_0 => 16,
+            K_Q8_0 => 128,
+            _ => 0,
+        }
+    }
+
+    /// `-offset · Σ y` over each group of four bytes: the start value of the integer lanes, so
+    /// that `vpdpbusd(bias, u, y) = Σ (u - offset)·y`, exactly the signed product sums.
+    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+    #[inline]
+    unsafe fn bias<const K: u8>(y: __m256i) -> __m256i {
+        let s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), y);
+        _mm256_mullo_epi32(s, _mm256_set1_epi32(-offset(K)))
+    }
+
+    /// Weight rows `w + r·w_stride` (r < R) against activation rows `a + t·a_stride`
+    /// (t < T), `nb` blocks each; writes `out[t·o_stride + r]`.
+    ///
+    /// # Safety
+    /// AVX2/FMA/F16C/AVX512-VNNI/VL present; every row holds `nb` blocks; the outputs are
+    /// writable.
+    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn q8_0<const K: u8, const R: usize, const T: usize>(
+        w: *const u8,
+        w_stride: usize,
+        ts: usize,
+        a: *const u8,
+        a_stride: usize,
+        nb: usize,
+        out: *mut f32,
+        o_stride: usize,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); T]; R];
+        for i in 0..nb {
+            let mut dy = [0f32; T];
+            let mut yq = [_mm256_setzero_si256(); T];
+            let mut yb = [_mm256_setzero_si256(); T];
+            for t in 0..T {
+                let y = a.add(t * a_stride + 34 * i);
+                dy[t] = h2f(y);
+                yq[t] = loadu(y.add(2));
+                yb[t] = if offset(K) == 0 {
+                    _mm256_setzero_si256()
+                } else {
+                    bias::<K>(yq[t])
+                };
+            }
+            let dyv: [__m256; T] = std::array::from_fn(|t| _mm256_set1_ps(dy[t]));
+            for r in 0..R {
+                let x = w.add(r * w_stride + ts * i);
+                prefetch_ahead::<T>(x, R * w_stride);
+                let dx = _mm256_set1_ps(h2f(x));
+                let xv = unsigned_values::<K>(x);
+                for t in 0..T {
+                    let q = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(yb[t], xv, yq[t]));
+                    // every lane is the f32 product dx·dy, as the per-pair kernel's broadcast
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(dx, dyv[t]), q, acc[r][t]);
+                }
+            }
+        }
+        for r in 0..R {
+            for t in 0..T {
+                *out.add(t * o_stride + r) = hsum_float_8(acc[r][t]);
+            }
+        }
+    }
+
+    /// As [`q8_0`] for Q4_1/Q5_1 weights against Q8_1 activations (mins summed in f32).
+    ///
+    /// # Safety
+    /// As [`q8_0`].
+    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn q8_1<const K: u8, const R: usize, const T: usize>(
+        w: *const u8,
+        w_stride: usize,
+        ts: usize,
+        a: *const u8,
+        a_stride: usize,
+        nb: usize,
+        out: *mut f32,
+        o_stride: usize,
+    ) {
+        const { assert!(T <= 4) };
+        let mut acc = [[_mm256_setzero_ps(); T]; R];
+        // the mins' sums of row r, token t in lane t (one FMA per lane, as the scalar sum)
+        let mut summs = [_mm_setzero_ps(); R];
+        for i in 0..nb {
+            let mut dyv = [_mm256_setzero_ps(); T];
+            let mut sy = [0f32; 4];
+            let mut yq = [_mm256_setzero_si256(); T];
+            for t in 0..T {
+                let y = a.add(t * a_stride + 36 * i);
+                dyv[t] = _mm256_set1_ps(h2f(y));
+                sy[t] = h2f(y.add(2));
+                yq[t] = loadu(y.add(4));
+            }
+            let syv = _mm_set_ps(sy[3], sy[2], sy[1], sy[0]);
+            for r in 0..R {
+                let x = w.add(r * w_stride + ts * i);
+                prefetch_ahead::<T>(x, R * w_stride);
+                let (dx, mx) = (_mm256_set1_ps(h2f(x)), _mm_set1_ps(h2f(x.add(2))));
+                let xv = block_values::<K>(x);
+                summs[r] = _mm_fmadd_ps(mx, syv, summs[r]);
+                for t in 0..T {
+                    let q = _mm256_dpbusd_epi32(_mm256_setzero_si256(), xv, yq[t]);
+                    let q = _mm256_cvtepi32_ps(q);
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(dx, dyv[t]), q, acc[r][t]);
+                }
+            }
+        }
+        for r in 0..R {
+            let mut m = [0f32; 4];
+            _mm_storeu_ps(m.as_mut_ptr(), summs[r]);
+            for t in 0..T {
+                *out.add(t * o_stride + r) = hsum_float_8(acc[r][t]) + m[t];
+            }
+        }
+    }
+
+    /// With one token (decode) the weights stream from memory once: ask for the next row
+    /// group's block (`group` bytes on) early. A prefetch never faults, even past the end.
+    #[inline(always)]
+    unsafe fn prefetch_ahead<const T: usize>(x: *const u8, group: usize) {
+        if T == 1 {
+            _mm_prefetch::<_MM_HINT_T0>(x.wrapping_add(2 * group) as *const i8);
+        }
+    }
+
+    /// The tile kernel family of `ty`: (Q8_1 activations?, block kind, weight block bytes).
+    pub(crate) fn kind(ty: GgmlType) -> Option<(bool, u8, usize)> {
+        Some(match ty {
+            GgmlType::Q4_0 => (false, K_Q4_0, 18),
+            GgmlType::Q5_0 => (false, K_Q5_0, 22),
+            GgmlType::Q8_0 => (false, K_Q8_0, 34),
+            GgmlType::Q4_1 => (true, K_Q4_1, 20),
+            GgmlType::Q5_1 => (true, K_Q5_1, 24),
+            _ => return None,
+        })
+    }
+}
+
+/// Runs the tile kernels over `n_w` weight rows × `n_a` activation rows (4 × 4 at a time,
+/// then the edges), weight rows in chunks that stay in L1/L2 while every token group passes
+/// over them. Returns false when `ty` has no tile kernel (nothing written).
+///
+/// # Safety
+/// AVX512-VNNI/VL and AVX2/FMA/F16C present; `w` holds `n_w` rows of `nb` blocks at
+/// `w_stride`, `a` holds `n_a` rows at `a_stride`, and `out[t·o_stride + r]` is writable for
+/// every r < n_w, t < n_a.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn tile_run(
+    ty: GgmlType,
+    w: *const u8,
+    w_stride: usize,
+    n_w: usize,
+    a: *const u8,
+    a_stride: usize,
+    n_a: usize,
+    nb: usize,
+    out: *mut f32,
+    o_stride: usize,
+) -> bool {
+    let Some((q81, k, ts)) = tile::kind(ty) else {
+        return false;
+    };
+    macro_rules! run {
+        ($f:ident, $k:expr) => {{
+            let chunk = (16384 / w_stride.max(1)).clamp(4, 64) & !3;
+            for c0 in (0..n_w).step_by(chunk) {
+                let c1 = (c0 + chunk).min(n_w);
+                let mut t = 0;
+                while t < n_a {
+                    let at = a.add(t * a_stride);
+                    let ot = out.add(t * o_stride);
+                    let full_t = n_a - t >= 4;
+                    let mut r = c0;
+                    while r < c1 {
+                        let (wr, or) = (w.add(r * w_stride), ot.add(r));
+                        let full_r = c1 - r >= 4;
+                        match (full_r, full_t) {
+                            (true, true) => tile::$f::<{ $k }, 4, 4>(
+                                wr, w_stride, ts, at, a_stride, nb, or, o_stride,
+                            ),
+                            (true, false) => tile::$f::<{ $k }, 4, 1>(
+                                wr, w_stride, ts, at, a_stride, nb, or, o_stride,
+                            ),
+                            (false, true) => tile::$f::<{ $k }, 1, 4>(
+                                wr, w_stride, ts, at, a_stride, nb, or, o_stride,
+                            ),
+                            (false, false) => tile::$f::<{ $k }, 1, 1>(
+                                wr, w_stride, ts, at, a_stride, nb, or, o_stride,
+                            ),
+                        }
+                        r += if full_r { 4 } else { 1 };
+                    }
+                    t += if full_t { 4 } else { 1 };
+                }
+            }
+        }};
+    }
+    match (q81, k) {
+        (false, K_Q4_0) => run!(q8_0, K_Q4_0),
+        (false, K_Q5_0) => run!(q8_0, K_Q5_0),
+        (false, _) => run!(q8_0, K_Q8_0),
+        (true, K_Q4_1) => run!(q8_1, K_Q4_1),
+        (true, _) => run!(q8_1, K_Q5_1),
+    }
+    true
 }

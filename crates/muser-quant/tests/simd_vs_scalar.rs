@@ -132,3 +132,43 @@ fn dot_matches_dequantized_dot() {
         );
     }
 }
+
+/// `RowDot::dot` and `RowDot::dot_tile` (the 4×4 multi-row kernels and their edges) return
+/// exactly `vec_dot`'s bits for every pair, written token-major at the given stride.
+#[test]
+fn row_dot_tile_equals_vec_dot() {
+    let mut rng = Rng(0x5eed_7a11);
+    for ty in DOT_TYPES {
+        for n in [256usize, 1536] {
+            let (n_w, n_a, stride) = (11, 7, 13);
+            let w: Vec<u8> = (0..n_w).flat_map(|_| weight_row(&mut rng, ty, n)).collect();
+            let at = vec_dot_type(ty);
+            let ab = at.row_bytes(n).unwrap();
+            let mut a = vec![0u8; ab * n_a];
+            for row in a.chunks_exact_mut(ab) {
+                let x: Vec<f32> = (0..n).map(|_| rng.f32() * 3.0).collect();
+                quantize_activations(at, &x, row).unwrap();
+            }
+            let k = muser_quant::RowDot::new(ty, n).unwrap();
+            let wb = k.weight_row_bytes();
+            let mut out = vec![f32::NAN; (n_a - 1) * stride + n_w];
+            k.dot_tile(&w, &a, &mut out, stride);
+            for t in 0..n_a {
+                for r in 0..n_w {
+                    let (wr, ar) = (&w[r * wb..(r + 1) * wb], &a[t * ab..(t + 1) * ab]);
+                    let want = muser_quant::vec_dot(ty, n, wr, ar);
+                    assert_eq!(
+                        k.dot(wr, ar).to_bits(),
+                        want.to_bits(),
+                        "{ty} dot r{r} t{t}"
+                    );
+                    assert_eq!(
+                        out[t * stride + r].to_bits(),
+                        want.to_bits(),
+                        "{ty} tile r{r} t{t}"
+                    );
+                }
+            }
+        }
+    }
+}

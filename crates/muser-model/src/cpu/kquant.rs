@@ -27,11 +27,14 @@ pub struct Unpacked {
     d: Vec<(f32, f32)>,
     /// Per block: 16 scales (Q6_K) or 8 scales then 8 mins (Q4_K/Q5_K).
     sm: Vec<[i32; 16]>,
+    /// Per block (Q4_K/Q5_K): mins 2k and 2k+1 as the low and high i16 of word k.
+    mp: Vec<[i32; 4]>,
     ty: GgmlType,
 }
 
+#[inline(always)]
 fn f16le(b: &[u8]) -> f32 {
-    half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
+    muser_quant::fp::F16_TABLE[u16::from_le_bytes([b[0], b[1]]) as usize]
 }
 
 fn scale_min_k4(j: usize, q: &[u8]) -> (i32, i32) {
@@ -45,69 +48,109 @@ fn scale_min_k4(j: usize, q: &[u8]) -> (i32, i32) {
     }
 }
 
+#[cfg(test)]
 /// Unpack one weight row (`n_in` values) of type `ty` (Q4_K, Q5_K or Q6_K).
 pub fn unpack(ty: GgmlType, row: &[u8], n_in: usize) -> Unpacked {
-    let nb = n_in / 256;
-    let bs = ty.type_size();
-    let mut u = Unpacked {
-        q: vec![0; nb * 256],
-        d: Vec::with_capacity(nb),
-        sm: Vec::with_capacity(nb),
-        ty,
-    };
-    for b in 0..nb {
-        let blk = &row[b * bs..(b + 1) * bs];
-        let q = &mut u.q[b * 256..(b + 1) * 256];
-        let mut sm = [0i32; 16];
-        match ty {
-            GgmlType::Q4_K | GgmlType::Q5_K => {
-                u.d.push((f16le(&blk[0..2]), f16le(&blk[2..4])));
-                let scales = &blk[4..16];
-                for j in 0..8 {
-                    let (s, m) = scale_min_k4(j, scales);
-                    sm[j] = s;
-                    sm[8 + j] = m;
-                }
-                let (qh, qs) = if ty == GgmlType::Q5_K {
-                    (Some(&blk[16..48]), &blk[48..176])
-                } else {
-                    (None, &blk[16..144])
-                };
-                for c in 0..4 {
-                    for l in 0..32 {
-                        let byte = qs[32 * c + l];
-                        let (mut lo, mut hi) = (byte & 0xF, byte >> 4);
-                        if let Some(qh) = qh {
-                            lo |= ((qh[l] >> (2 * c)) & 1) << 4;
-                            hi |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
-                        }
-                        q[64 * c + l] = lo;
-                        q[64 * c + 32 + l] = hi;
-                    }
-                }
-            }
-            GgmlType::Q6_K => {
-                let (ql, qh, sc) = (&blk[0..128], &blk[128..192], &blk[192..208]);
-                u.d.push((f16le(&blk[208..210]), 0.0));
-                for (j, s) in sc.iter().enumerate() {
-                    sm[j] = *s as i8 as i32;
-                }
-                for n in 0..2 {
-                    let (ql, qh) = (&ql[64 * n..], &qh[32 * n..]);
-                    let y = &mut q[128 * n..];
-                    for l in 0..32 {
-                        y[l] = (ql[l] & 0xF) | ((qh[l] & 3) << 4);
-                        y[l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
-                        y[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
-                        y[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
-                    }
-                }
-            }
-            _ => unreachable!("kquant::unpack called for {ty:?}"),
-        }
-        u.sm.push(sm);
-    }
+    let mut u = Unpacked::new(ty, n_in / 256);
+    u.fill(row);
     u
+}
+
+impl Unpacked {
+    /// Room for one row of `n_blocks` blocks of `ty` (filled by [`Unpacked::fill`]).
+    pub fn new(ty: GgmlType, n_blocks: usize) -> Unpacked {
+        Unpacked {
+            q: vec![0; n_blocks * 256],
+            d: vec![(0.0, 0.0); n_blocks],
+            sm: vec![[0; 16]; n_blocks],
+            mp: vec![[0; 4]; n_blocks],
+            ty,
+        }
+    }
+
+    /// Unpack `row` (this buffer's type and block count) in place, reusing the buffers.
+    pub fn fill(&mut self, row: &[u8]) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 was detected.
+            unsafe { self.fill_avx2(row) };
+            return;
+        }
+        self.fill_any(row);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn fill_avx2(&mut self, row: &[u8]) {
+        self.fill_any(row);
+    }
+
+    #[inline(always)]
+    fn fill_any(&mut self, row: &[u8]) {
+        let ty = self.ty;
+        let bs = ty.type_size();
+        let nb = self.d.len();
+        for b in 0..nb {
+            let blk = &row[b * bs..(b + 1) * bs];
+            let q = &mut self.q[b * 256..(b + 1) * 256];
+            let sm = &mut self.sm[b];
+            match ty {
+                GgmlType::Q4_K | GgmlType::Q5_K => {
+                    self.d[b] = (f16le(&blk[0..2]), f16le(&blk[2..4]));
+                    let scales = &blk[4..16];
+                    for j in 0..8 {
+                        let (s, m) = scale_min_k4(j, scales);
+                        sm[j] = s;
+                        sm[8 + j] = m;
+                    }
+                    for k in 0..4 {
+                        self.mp[b][k] = sm[8 + 2 * k] | (sm[9 + 2 * k] << 16);
+                    }
+                    let qs = if ty == GgmlType::Q5_K {
+                        &blk[48..176]
+                    } else {
+                        &blk[16..144]
+                    };
+                    for c in 0..4 {
+                        let (src, dst) = (&qs[32 * c..32 * c + 32], &mut q[64 * c..64 * c + 64]);
+                        let (lo, hi) = dst.split_at_mut(32);
+                        for l in 0..32 {
+                            lo[l] = src[l] & 0xF;
+                            hi[l] = src[l] >> 4;
+                        }
+                    }
+                    if ty == GgmlType::Q5_K {
+                        let qh = &blk[16..48];
+                        for c in 0..4 {
+                            let dst = &mut q[64 * c..64 * c + 64];
+                            for l in 0..32 {
+                                dst[l] |= ((qh[l] >> (2 * c)) & 1) << 4;
+                                dst[32 + l] |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
+                            }
+                        }
+                    }
+                }
+                GgmlType::Q6_K => {
+                    let (ql, qh, sc) = (&blk[0..128], &blk[128..192], &blk[192..208]);
+                    self.d[b] = (f16le(&blk[208..210]), 0.0);
+                    for (j, s) in sc.iter().enumerate() {
+                        sm[j] = *s as i8 as i32;
+                    }
+                    for n in 0..2 {
+                        let (ql, qh) = (&ql[64 * n..64 * n + 64], &qh[32 * n..32 * n + 32]);
+                        let y = &mut q[128 * n..128 * n + 128];
+                        for l in 0..32 {
+                            y[l] = (ql[l] & 0xF) | ((qh[l] & 3) << 4);
+                            y[l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
+                            y[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+                            y[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+                        }
+                    }
+                }
+                _ => unreachable!("kquant::unpack called for {ty:?}"),
+            }
+        }
+    }
 }
 
 #[inline(always)]
@@ -161,6 +204,9 @@ pub struct Packed {
     q: Vec<u8>,
     d: Vec<f32>,
     bsum: Vec<i32>,
+    /// Per band, block, k < 4 and token: the sums of 32-code sub-blocks 2k and 2k+1 as the
+    /// low and high i16 (each |sum| <= 32·128 fits).
+    b2: Vec<i32>,
 }
 
 const BAND: usize = 16;
@@ -175,6 +221,7 @@ impl Packed {
             q: vec![0; n_bands * n_blocks * 256 * BAND],
             d: vec![0.0; n_bands * n_blocks * BAND],
             bsum: vec![0; n_bands * n_blocks * 16 * BAND],
+            b2: vec![0; n_bands * n_blocks * 4 * BAND],
         };
         for t in 0..n_rows {
             let (band, lane) = (t / BAND, t % BAND);
@@ -187,9 +234,14 @@ impl Packed {
                     q[(g * BAND + lane) * 4..(g * BAND + lane) * 4 + 4]
                         .copy_from_slice(&a[4 + 4 * g..8 + 4 * g]);
                 }
+                let bs = |j: usize| i16::from_le_bytes([a[260 + 2 * j], a[261 + 2 * j]]) as i32;
                 for j in 0..16 {
-                    p.bsum[(bb * 16 + j) * BAND + lane] =
-                        i16::from_le_bytes([a[260 + 2 * j], a[261 + 2 * j]]) as i32;
+                    p.bsum[(bb * 16 + j) * BAND + lane] = bs(j);
+                }
+                for k in 0..4 {
+                    let lo = bs(4 * k) + bs(4 * k + 1);
+                    let hi = bs(4 * k + 2) + bs(4 * k + 3);
+                    p.b2[(bb * 4 + k) * BAND + lane] = (lo & 0xFFFF) | (hi << 16);
                 }
             }
         }
@@ -201,9 +253,12 @@ impl Packed {
 pub fn has_vnni() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
+        static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *VNNI.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512vnni")
+        })
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -211,20 +266,66 @@ pub fn has_vnni() -> bool {
     }
 }
 
+#[cfg(test)]
 /// One unpacked weight row against every token band; `out[t]` for token `t < out.len()`.
 /// Same integer sums and float roundings as [`dot`].
 pub fn dot_packed(w: &Unpacked, p: &Packed, out: &mut [f32]) {
+    dot_packed_rows(std::slice::from_ref(w), p, out);
+}
+
+/// Several unpacked weight rows (of one type) against every token band: `out` holds
+/// `ws.len()` rows of `n` values, `out[r * n + t]` for token `t < n`. Each output value has
+/// the integer sums and float roundings of [`dot`].
+#[cfg(test)]
+pub fn dot_packed_rows(ws: &[Unpacked], p: &Packed, out: &mut [f32]) {
+    if ws.is_empty() {
+        return;
+    }
+    let n = out.len() / ws.len();
+    assert!(n * ws.len() == out.len() && n <= p.n_bands * BAND);
+    // SAFETY: every index r * n + t (r < ws.len(), t < n) is inside `out`.
+    unsafe { dot_packed_rows_to(ws, p, out.as_mut_ptr(), n, 1, n) }
+}
+
+/// [`dot_packed_rows`] writing row r's token t to `out[r * row_stride + t * tok_stride]` for
+/// `t < n` (so a caller can write straight into a token-major matrix).
+///
+/// # Safety
+/// Every such index must be inside one allocation that nothing else reads or writes
+/// meanwhile, and `n <= p.n_bands * 16`.
+pub unsafe fn dot_packed_rows_to(
+    ws: &[Unpacked],
+    p: &Packed,
+    out: *mut f32,
+    row_stride: usize,
+    tok_stride: usize,
+    n: usize,
+) {
     #[cfg(target_arch = "x86_64")]
     {
         if has_vnni() {
-            // SAFETY: the required features were detected.
-            unsafe { vnni::dot_packed(w, p, out) };
+            let mut r = 0;
+            while r < ws.len() {
+                let o = out.add(r * row_stride);
+                let left = ws.len() - r;
+                // SAFETY: the required features were detected; the caller vouches for `out`.
+                if left >= 8 {
+                    vnni::dot_rows::<8>(&ws[r..r + 8], p, o, row_stride, tok_stride, n);
+                    r += 8;
+                } else if left >= 4 {
+                    vnni::dot_rows::<4>(&ws[r..r + 4], p, o, row_stride, tok_stride, n);
+                    r += 4;
+                } else {
+                    vnni::dot_rows::<1>(&ws[r..r + 1], p, o, row_stride, tok_stride, n);
+                    r += 1;
+                }
+            }
             return;
         }
     }
     // Portable fallback: rebuild each token's Q8_K row view and use the scalar kernel.
     let mut row = vec![0u8; p.n_blocks * Q8K_BYTES];
-    for (t, o) in out.iter_mut().enumerate() {
+    for t in 0..n {
         let (band, lane) = (t / BAND, t % BAND);
         for b in 0..p.n_blocks {
             let bb = band * p.n_blocks + b;
@@ -239,78 +340,125 @@ pub fn dot_packed(w: &Unpacked, p: &Packed, out: &mut [f32]) {
                     .copy_from_slice(&(p.bsum[(bb * 16 + j) * BAND + lane] as i16).to_le_bytes());
             }
         }
-        *o = dot(w, &row);
+        for (r, w) in ws.iter().enumerate() {
+            *out.add(r * row_stride + t * tok_stride) = dot(w, &row);
+        }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
-// AVX512 intrinsics are stable since Rust 1.89; the workspace MSRV (1.85) predates them.
-#[allow(clippy::incompatible_msrv, clippy::needless_range_loop)]
+// AVX512 intrinsics are stable since Rust 1.89 (the workspace MSRV).
+#[allow(clippy::needless_range_loop)]
 mod vnni {
     use super::{Packed, Unpacked, BAND};
     use muser_gguf::GgmlType;
     use std::arch::x86_64::*;
 
+    /// `R` weight rows × 16 tokens per pass (ggml's 8x16 band pass): each activation vector is
+    /// loaded once for `R` rows. Rows are `ws[..R]`; row r's token t goes to
+    /// `out[r * row_stride + t * tok_stride]` for `t < n_tok`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub unsafe fn dot_packed(w: &Unpacked, p: &Packed, out: &mut [f32]) {
+    pub unsafe fn dot_rows<const R: usize>(
+        ws: &[Unpacked],
+        p: &Packed,
+        out: *mut f32,
+        row_stride: usize,
+        tok_stride: usize,
+        n_tok: usize,
+    ) {
         let nb = p.n_blocks;
-        let q6 = w.ty == GgmlType::Q6_K;
+        assert!(ws.len() >= R && n_tok <= p.n_bands * BAND);
+        for w in &ws[..R] {
+            assert!(w.d.len() == nb && w.q.len() == nb * 256 && w.ty == ws[0].ty);
+        }
+        let q6 = ws[0].ty == GgmlType::Q6_K;
+        let zero = _mm512_setzero_si512();
         for band in 0..p.n_bands {
-            let mut acc = _mm512_setzero_ps();
+            let t0 = band * BAND;
+            if t0 >= n_tok {
+                break;
+            }
+            let mut acc = [_mm512_setzero_ps(); R];
             for b in 0..nb {
                 let bb = band * nb + b;
                 let aq = p.q.as_ptr().add(bb * 256 * BAND);
                 let bs = p.bsum.as_ptr().add(bb * 16 * BAND);
-                let codes = w.q.as_ptr().add(b * 256);
-                let sm = &w.sm[b];
-                let (d, dmin) = w.d[b];
-                let mut s1 = _mm512_setzero_si512();
-                let res = if q6 {
-                    for s in 0..16 {
-                        let mut sum = _mm512_setzero_si512();
-                        for g in 4 * s..4 * s + 4 {
-                            let w4 = (codes.add(4 * g) as *const i32).read_unaligned();
-                            let a = _mm512_loadu_si512(aq.add(g * 64) as *const _);
-                            sum = _mm512_dpbusd_epi32(sum, _mm512_set1_epi32(w4), a);
-                        }
-                        let bsum = _mm512_loadu_si512(bs.add(s * BAND) as *const _);
-                        sum =
-                            _mm512_sub_epi32(sum, _mm512_mullo_epi32(bsum, _mm512_set1_epi32(32)));
-                        s1 =
-                            _mm512_add_epi32(s1, _mm512_mullo_epi32(sum, _mm512_set1_epi32(sm[s])));
-                    }
-                    _mm512_mul_ps(_mm512_cvtepi32_ps(s1), _mm512_set1_ps(d))
-                } else {
-                    let mut s2 = _mm512_setzero_si512();
-                    for s in 0..8 {
-                        let mut sum = _mm512_setzero_si512();
-                        for g in 8 * s..8 * s + 8 {
-                            let w4 = (codes.add(4 * g) as *const i32).read_unaligned();
-                            let a = _mm512_loadu_si512(aq.add(g * 64) as *const _);
-                            sum = _mm512_dpbusd_epi32(sum, _mm512_set1_epi32(w4), a);
-                        }
-                        s1 =
-                            _mm512_add_epi32(s1, _mm512_mullo_epi32(sum, _mm512_set1_epi32(sm[s])));
-                        let b2 = _mm512_add_epi32(
-                            _mm512_loadu_si512(bs.add(2 * s * BAND) as *const _),
-                            _mm512_loadu_si512(bs.add((2 * s + 1) * BAND) as *const _),
-                        );
-                        s2 = _mm512_add_epi32(
-                            s2,
-                            _mm512_mullo_epi32(b2, _mm512_set1_epi32(sm[8 + s])),
-                        );
-                    }
-                    let r = _mm512_mul_ps(_mm512_cvtepi32_ps(s1), _mm512_set1_ps(d));
-                    _mm512_fnmadd_ps(_mm512_set1_ps(dmin), _mm512_cvtepi32_ps(s2), r)
+                let codes: [*const u8; R] = std::array::from_fn(|r| ws[r].q.as_ptr().add(b * 256));
+                let mut s1 = [zero; R];
+                let w4 = |r: usize, g: usize| {
+                    _mm512_set1_epi32((codes[r].add(4 * g) as *const i32).read_unaligned())
                 };
-                let da = _mm512_loadu_ps(p.d.as_ptr().add(bb * BAND));
-                acc = _mm512_fmadd_ps(res, da, acc);
+                if q6 {
+                    for s in 0..16 {
+                        let mut sum = [zero; R];
+                        for g in 4 * s..4 * s + 4 {
+                            let a = _mm512_loadu_si512(aq.add(g * 64) as *const _);
+                            for r in 0..R {
+                                sum[r] = _mm512_dpbusd_epi32(sum[r], w4(r, g), a);
+                            }
+                        }
+                        let bias =
+                            _mm512_slli_epi32(_mm512_loadu_si512(bs.add(s * BAND) as *const _), 5);
+                        for r in 0..R {
+                            let sc = _mm512_set1_epi32(ws[r].sm[b][s]);
+                            s1[r] = _mm512_add_epi32(
+                                s1[r],
+                                _mm512_mullo_epi32(_mm512_sub_epi32(sum[r], bias), sc),
+                            );
+                        }
+                    }
+                    let da = _mm512_loadu_ps(p.d.as_ptr().add(bb * BAND));
+                    for r in 0..R {
+                        let d = _mm512_set1_ps(ws[r].d[b].0);
+                        let res = _mm512_mul_ps(_mm512_cvtepi32_ps(s1[r]), d);
+                        acc[r] = _mm512_fmadd_ps(res, da, acc[r]);
+                    }
+                } else {
+                    for s in 0..8 {
+                        let mut sum = [zero; R];
+                        for g in 8 * s..8 * s + 8 {
+                            let a = _mm512_loadu_si512(aq.add(g * 64) as *const _);
+                            for r in 0..R {
+                                sum[r] = _mm512_dpbusd_epi32(sum[r], w4(r, g), a);
+                            }
+                        }
+                        for r in 0..R {
+                            let sc = _mm512_set1_epi32(ws[r].sm[b][s]);
+                            s1[r] = _mm512_add_epi32(s1[r], _mm512_mullo_epi32(sum[r], sc));
+                        }
+                    }
+                    // Σ min·bsum does not depend on the codes: a separate pass keeps registers
+                    // for the one above; two sub-blocks per i16-pair multiply-add.
+                    let mut s2 = [zero; R];
+                    let b2 = p.b2.as_ptr().add(bb * 4 * BAND);
+                    for k in 0..4 {
+                        let pair = _mm512_loadu_si512(b2.add(k * BAND) as *const _);
+                        for r in 0..R {
+                            let m = _mm512_set1_epi32(ws[r].mp[b][k]);
+                            s2[r] = _mm512_dpwssd_epi32(s2[r], pair, m);
+                        }
+                    }
+                    let da = _mm512_loadu_ps(p.d.as_ptr().add(bb * BAND));
+                    for r in 0..R {
+                        let (d, dmin) = ws[r].d[b];
+                        let res = _mm512_mul_ps(_mm512_cvtepi32_ps(s1[r]), _mm512_set1_ps(d));
+                        let res =
+                            _mm512_fnmadd_ps(_mm512_set1_ps(dmin), _mm512_cvtepi32_ps(s2[r]), res);
+                        acc[r] = _mm512_fmadd_ps(res, da, acc[r]);
+                    }
+                }
             }
-            let mut lanes = [0f32; BAND];
-            _mm512_storeu_ps(lanes.as_mut_ptr(), acc);
-            let t0 = band * BAND;
-            let n = BAND.min(out.len().saturating_sub(t0));
-            out[t0..t0 + n].copy_from_slice(&lanes[..n]);
+            let n = BAND.min(n_tok - t0);
+            let mut lanes = [[0f32; BAND]; R];
+            for r in 0..R {
+                _mm512_storeu_ps(lanes[r].as_mut_ptr(), acc[r]);
+            }
+            for t in 0..n {
+                let o = out.add((t0 + t) * tok_stride);
+                for r in 0..R {
+                    *o.add(r * row_stride) = lanes[r][t];
+                }
+            }
         }
     }
 }
@@ -371,6 +519,18 @@ mod tests {
                 got, want,
                 "{ty:?}: packed kernel differs from the scalar model"
             );
+            // 13 rows: the 8-, 4- and 1-row passes, each equal to the scalar model
+            let us: Vec<Unpacked> = (0..13u64)
+                .map(|r| unpack(ty, &rows(ty, n, 500 + r).0, n))
+                .collect();
+            let mut got = vec![0f32; 13 * 19];
+            dot_packed_rows(&us, &p, &mut got);
+            for (r, u) in us.iter().enumerate() {
+                for t in 0..19 {
+                    let a = &acts[t * (n / 256) * Q8K_BYTES..(t + 1) * (n / 256) * Q8K_BYTES];
+                    assert_eq!(got[r * 19 + t], dot(u, a), "{ty:?}: row {r} token {t}");
+                }
+            }
         }
     }
 }

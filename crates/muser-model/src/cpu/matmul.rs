@@ -24,6 +24,9 @@ use rayon::prelude::*;
 /// Output rows per work item.
 const ROW_BLOCK: usize = 16;
 
+/// Weight rows the K-quant kernel takes per pass.
+const KQ_GROUP: usize = 8;
+
 /// Activations converted once for a whole matmul.
 enum Acts {
     F32(Vec<f32>),
@@ -71,9 +74,12 @@ pub fn matmul(w: &Weight, x: &[f32], n_rows: usize) -> Result<Vec<f32>, ModelErr
             let vt = muser_quant::vec_dot_type(ty);
             let row_bytes = muser_quant::row_size(vt, n_in).map_err(|e| quant_err(w, e))?;
             let mut data = vec![0u8; row_bytes * n_rows];
-            for (src, dst) in x.chunks_exact(n_in).zip(data.chunks_exact_mut(row_bytes)) {
-                muser_quant::quantize_activations(vt, src, dst).map_err(|e| quant_err(w, e))?;
-            }
+            // Rows are independent: quantize them on every thread.
+            x.par_chunks_exact(n_in)
+                .zip(data.par_chunks_exact_mut(row_bytes))
+                .with_min_len(8)
+                .try_for_each(|(src, dst)| muser_quant::quantize_activations(vt, src, dst))
+                .map_err(|e| quant_err(w, e))?;
             Acts::Quant { data, row_bytes }
         }
     };
@@ -81,6 +87,9 @@ pub fn matmul(w: &Weight, x: &[f32], n_rows: usize) -> Result<Vec<f32>, ModelErr
         (Acts::Quant { data, .. }, true) => Some(kquant::Packed::new(data, n_rows, n_in / 256)),
         _ => None,
     };
+    if let (Acts::Quant { data, .. }, None) = (&acts, &packed) {
+        return quant_matmul(w, data, n_rows);
+    }
     // A few contiguous row ranges per thread: each range reads its weights once and dots them
     // with every activation row while they are in cache.
     let per = n_out
@@ -91,35 +100,94 @@ pub fn matmul(w: &Weight, x: &[f32], n_rows: usize) -> Result<Vec<f32>, ModelErr
         .step_by(per.max(ROW_BLOCK))
         .map(|r0| (r0, (r0 + per).min(n_out)))
         .collect();
-    let blocks: Vec<(usize, Vec<f32>)> = ranges
-        .into_par_iter()
-        .map(|(r0, r1)| {
-            let mut out = vec![0f32; (r1 - r0) * n_rows];
-            for r in r0..r1 {
-                let wrow = &w.data[r * rb..(r + 1) * rb];
-                let o = &mut out[(r - r0) * n_rows..(r - r0 + 1) * n_rows];
-                match &packed {
-                    Some(p) => kquant::dot_packed(&kquant::unpack(w.ty, wrow, n_in), p, o),
-                    None => dot_row(w.ty, n_in, wrow, &acts, o),
+    let mut y = vec![0f32; n_rows * n_out];
+    let y_ptr = SendPtr(y.as_mut_ptr());
+    ranges.into_par_iter().for_each(|(r0, r1)| {
+        let y_ptr = &y_ptr;
+        if n_rows == 1 {
+            // SAFETY: the ranges are disjoint and inside `y` (n_out values).
+            let o = unsafe { std::slice::from_raw_parts_mut(y_ptr.0.add(r0), r1 - r0) };
+            for (r, o) in (r0..r1).zip(o.chunks_exact_mut(1)) {
+                dot_row(w.ty, n_in, &w.data[r * rb..(r + 1) * rb], &acts, o);
+            }
+            return;
+        }
+        if let Some(p) = &packed {
+            // KQ_GROUP weight rows unpacked at a time, each activation vector loaded once for
+            // all of them; results go straight into y.
+            let mut us: Vec<kquant::Unpacked> = (0..KQ_GROUP.min(r1 - r0))
+                .map(|_| kquant::Unpacked::new(w.ty, n_in / 256))
+                .collect();
+            for g0 in (r0..r1).step_by(KQ_GROUP) {
+                let g1 = (g0 + KQ_GROUP).min(r1);
+                for (u, r) in us.iter_mut().zip(g0..g1) {
+                    u.fill(&w.data[r * rb..(r + 1) * rb]);
+                }
+                // SAFETY: y is n_rows × n_out; this task alone writes columns g0..g1.
+                unsafe {
+                    kquant::dot_packed_rows_to(&us[..g1 - g0], p, y_ptr.0.add(g0), 1, n_out, n_rows)
+                };
+            }
+            return;
+        }
+        let mut out = vec![0f32; (r1 - r0) * n_rows];
+        for r in r0..r1 {
+            let wrow = &w.data[r * rb..(r + 1) * rb];
+            let o = &mut out[(r - r0) * n_rows..(r - r0 + 1) * n_rows];
+            dot_row(w.ty, n_in, wrow, &acts, o);
+        }
+        // Transpose [row][token] into y's [token][row], 16 rows at a time so that every
+        // token's write is one contiguous run.
+        for i0 in (0..r1 - r0).step_by(ROW_BLOCK) {
+            let i1 = (i0 + ROW_BLOCK).min(r1 - r0);
+            for t in 0..n_rows {
+                // SAFETY: columns r0..r1 of every token row belong to this range alone.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(y_ptr.0.add(t * n_out + r0 + i0), i1 - i0)
+                };
+                for (i, d) in dst.iter_mut().enumerate() {
+                    *d = out[(i0 + i) * n_rows + t];
                 }
             }
-            (r0, out)
-        })
-        .collect();
+        }
+    });
+    Ok(y)
+}
+
+/// `vec_dot` matmul on quantized activations `acts` (`n_rows` rows), the kernel chosen once.
+/// One token: contiguous weight-row ranges per task, each written in place. Several tokens:
+/// the tokens are split between tasks (each owns its rows of y) and every task runs the
+/// multi-row × multi-token kernel over the whole weight matrix.
+fn quant_matmul(w: &Weight, acts: &[u8], n_rows: usize) -> Result<Vec<f32>, ModelError> {
+    let (n_in, n_out) = (w.n_in, w.n_out);
+    let kern = muser_quant::RowDot::new(w.ty, n_in).map_err(|e| quant_err(w, e))?;
+    let (rb, ab) = (kern.weight_row_bytes(), kern.act_row_bytes());
+    let weights = &w.data[..n_out * rb];
     let mut y = vec![0f32; n_rows * n_out];
-    for (r0, out) in blocks {
-        if n_rows == 1 {
-            y[r0..r0 + out.len()].copy_from_slice(&out);
-            continue;
-        }
-        for (i, row) in out.chunks_exact(n_rows).enumerate() {
-            for (t, &v) in row.iter().enumerate() {
-                y[t * n_out + r0 + i] = v;
-            }
-        }
+    let threads = rayon::current_num_threads();
+    if n_rows == 1 {
+        let per = n_out.div_ceil(4 * threads).div_ceil(ROW_BLOCK) * ROW_BLOCK;
+        y.par_chunks_mut(per.max(ROW_BLOCK))
+            .enumerate()
+            .for_each(|(i, out)| {
+                let r0 = i * per.max(ROW_BLOCK);
+                let n = out.len();
+                kern.dot_tile(&weights[r0 * rb..(r0 + n) * rb], acts, out, n);
+            });
+    } else {
+        let per = n_rows.div_ceil(2 * threads).next_multiple_of(4);
+        y.par_chunks_mut(per * n_out)
+            .zip(acts.par_chunks(per * ab))
+            .for_each(|(out, a)| kern.dot_tile(weights, a, out, n_out));
     }
     Ok(y)
 }
+
+/// The output buffer, written by several tasks at disjoint places.
+struct SendPtr(*mut f32);
+// SAFETY: tasks write disjoint elements only (see the uses).
+unsafe impl Sync for SendPtr {}
+unsafe impl Send for SendPtr {}
 
 /// One weight row against every activation row.
 fn dot_row(ty: GgmlType, n_in: usize, wrow: &[u8], acts: &Acts, out: &mut [f32]) {

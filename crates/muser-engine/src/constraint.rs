@@ -986,15 +986,16 @@ fn step_all(g: &Grammar, from: &[Thread], b: u8, out: &mut Vec<Thread>, cl: &mut
         let next = t.pc + 1;
         match (inst, t.sub) {
             (Inst::Lit { start, len }, Sub::Lit(off)) => {
-                if g.pool[(start + off) as usize] == b {
-                    if off + 1 == len {
-                        complete |= add(g, next, out, cl);
-                    } else {
-                        out.push(Thread {
-                            pc: t.pc,
-                            sub: Sub::Lit(off + 1),
-                        });
-                    }
+                if g.pool[(start + off) as usize] != b {
+                    continue;
+                }
+                if off + 1 == len {
+                    complete |= add(g, next, out, cl);
+                } else {
+                    out.push(Thread {
+                        pc: t.pc,
+                        sub: Sub::Lit(off + 1),
+                    });
                 }
             }
             (Inst::Ws, Sub::Ws(w)) => {
@@ -1009,17 +1010,18 @@ fn step_all(g: &Grammar, from: &[Thread], b: u8, out: &mut Vec<Thread>, cl: &mut
                 }
             }
             (Inst::Json(_), Sub::Json(mut j)) => {
-                if j.step(b) {
-                    if j.is_done() {
+                if !j.step(b) {
+                    continue;
+                }
+                if j.is_done() {
+                    complete |= add(g, next, out, cl);
+                } else {
+                    out.push(Thread {
+                        pc: t.pc,
+                        sub: Sub::Json(j),
+                    });
+                    if j.can_end() {
                         complete |= add(g, next, out, cl);
-                    } else {
-                        out.push(Thread {
-                            pc: t.pc,
-                            sub: Sub::Json(j),
-                        });
-                        if j.can_end() {
-                            complete |= add(g, next, out, cl);
-                        }
                     }
                 }
             }

@@ -692,25 +692,25 @@ fn chain(cands: &mut Candidates, p: &SamplingParams, rng: &mut Mt19937) -> (u32,
 
 /// The allowed token with the highest logit (lowest id on a tie): the argmax if allowed,
 /// else the best of the top [`GREEDY_PROBE`] that is, else the argmax over the mask.
-fn guided_argmax(cands: &mut Candidates, g: &mut Guide) -> u32 {
+fn guided_argmax(cands: &Candidates, g: &mut Guide) -> u32 {
     let best = argmax(&cands.data);
     if g.matcher.allows_token(&g.vocab, best) {
         return best;
     }
-    let k = GREEDY_PROBE.min(cands.data.len());
-    if k > 0 {
-        let data = &mut cands.data;
-        if k < data.len() {
-            data.select_nth_unstable_by(k - 1, by_logit_desc);
+    // the best few in one pass (by_logit_desc is a total order, so the first allowed of
+    // them is the best allowed overall)
+    let mut top: Vec<Candidate> = Vec::with_capacity(GREEDY_PROBE + 1);
+    for c in &cands.data {
+        if top.len() == GREEDY_PROBE && by_logit_desc(c, &top[GREEDY_PROBE - 1]) != Ordering::Less {
+            continue;
         }
-        data[..k].sort_unstable_by(by_logit_desc);
-        cands.sorted = false;
-        // by_logit_desc is a total order, so the first allowed of the k best is the best
-        // allowed overall
-        for c in &data[..k] {
-            if g.matcher.allows_token(&g.vocab, c.id) {
-                return c.id;
-            }
+        let at = top.partition_point(|t| by_logit_desc(t, c) == Ordering::Less);
+        top.insert(at, *c);
+        top.truncate(GREEDY_PROBE);
+    }
+    for c in top.iter().filter(|c| c.id != best) {
+        if g.matcher.allows_token(&g.vocab, c.id) {
+            return c.id;
         }
     }
     g.n_masked += 1;

@@ -56,7 +56,7 @@ pub struct Plan {
 }
 
 /// The forced tool choice of a request: `None` unless `required` or named (with tools).
-fn forced_tools<'a>(req: &'a ChatCompletionRequest) -> ApiResult<Option<Vec<&'a Tool>>> {
+fn forced_tools(req: &ChatCompletionRequest) -> ApiResult<Option<Vec<&Tool>>> {
     let named = match &req.tool_choice {
         Some(ToolChoice::Required) => None,
         Some(ToolChoice::Named(n)) => Some(n),

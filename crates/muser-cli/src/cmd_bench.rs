@@ -5,6 +5,10 @@
 //! time from an empty cache. Prints mean ± sd of tokens/s over the repetitions and writes a JSON
 //! receipt (command, git commit, machine, model, samples, peak RSS). Random token ids make it
 //! work on tokenizer-less synthetic models.
+//!
+//! Decode streams the weights once per token, so it is bound by memory bandwidth: after the
+//! tests it states the weight traffic of the decode test (weight bytes per token × tokens/s)
+//! beside this machine's read and copy bandwidth, measured by a probe on the same threads.
 
 use anyhow::{bail, Context};
 use muser_model::{Batch, KvType, LoadOptions, Model};
@@ -143,6 +147,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         });
     }
     let peak_rss = peak_rss_bytes();
+    // After the RSS reading: the probe's buffers are not the engine's.
+    let weight_bytes = model.decode_weight_bytes();
+    let bw = results
+        .iter()
+        .any(|r| r.n_gen > 0)
+        .then(|| bandwidth_probe(model.threads()));
 
     let model_name = args
         .model
@@ -161,6 +171,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             r.name,
             r.mean(),
             r.sd()
+        );
+    }
+    let decode = results.iter().find(|r| r.n_gen > 0).map(|r| {
+        let gb_s = weight_bytes as f64 * r.mean() / 1e9;
+        (r.name.clone(), gb_s)
+    });
+    if let (Some((name, gb_s)), Some(bw)) = (&decode, &bw) {
+        println!();
+        println!(
+            "decode {name}: {:.1} MB of weights per token → {gb_s:.2} GB/s; this machine ({} threads): \
+             read {:.2} GB/s, copy {:.2} GB/s (read + write) → {:.0}% of read bandwidth",
+            weight_bytes as f64 / 1e6,
+            model.threads(),
+            bw.read_gb_s,
+            bw.copy_gb_s,
+            100.0 * gb_s / bw.read_gb_s
         );
     }
     if let Some(rss) = peak_rss {
@@ -190,7 +216,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let receipt = format!(
             "{{\n  \"tool\":\"muser bench\",\n  \"command\":{},\n  \"git_commit\":{},\n  \"machine\":{{\"cpu\":{},\"logical_cpus\":{}}},\n  \
              \"model\":{{\"file\":{},\"file_bytes\":{},\"tensor_bytes\":{},\"params\":{},\"arch\":{}}},\n  \
-             \"settings\":{{\"threads\":{},\"kv_type\":{},\"repetitions\":{}}},\n  \"peak_rss_bytes\":{},\n  \"results\":[{}]\n}}\n",
+             \"settings\":{{\"threads\":{},\"kv_type\":{},\"repetitions\":{}}},\n  \"peak_rss_bytes\":{},\n  \
+             \"bandwidth\":{},\n  \"results\":[{}]\n}}\n",
             json_str(&command.join(" ")),
             json_str(&git_commit()),
             json_str(&cpu_model()),
@@ -204,12 +231,91 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             json_str(kv_type.name()),
             args.repetitions,
             peak_rss.map_or("null".to_string(), |b| b.to_string()),
+            match (&decode, &bw) {
+                (Some((name, gb_s)), Some(bw)) => format!(
+                    "{{\"decode_test\":{},\"weight_bytes_per_token\":{weight_bytes},\"decode_weight_gb_s\":{gb_s:.3},\
+                     \"machine_read_gb_s\":{:.3},\"machine_copy_gb_s\":{:.3},\"probe_bytes\":{},\"probe_threads\":{},\
+                     \"fraction_of_read\":{:.3}}}",
+                    json_str(name),
+                    bw.read_gb_s,
+                    bw.copy_gb_s,
+                    PROBE_BYTES,
+                    model.threads(),
+                    gb_s / bw.read_gb_s
+                ),
+                _ => "null".to_string(),
+            },
             tests.join(",")
         );
         std::fs::write(path, receipt).with_context(|| format!("writing {}", path.display()))?;
         eprintln!("receipt: {}", path.display());
     }
     Ok(())
+}
+
+/// Size of each buffer of the bandwidth probe: several times any last-level cache.
+const PROBE_BYTES: usize = 128 << 20;
+
+/// The machine's memory bandwidth as the decode loop can use it.
+struct Bandwidth {
+    /// Reading a buffer (what decode does with the weights), GB/s.
+    read_gb_s: f64,
+    /// `memcpy` between two buffers, bytes read plus bytes written (STREAM's convention), GB/s.
+    copy_gb_s: f64,
+}
+
+/// Times reading and copying `PROBE_BYTES` on `threads` threads (each its own slice), best of
+/// five, after touching every page.
+fn bandwidth_probe(threads: usize) -> Bandwidth {
+    let threads = threads.max(1);
+    let n = PROBE_BYTES / 8;
+    let src: Vec<u64> = (0..n as u64).collect();
+    let mut dst = vec![1u64; n];
+    let per = n.div_ceil(threads);
+    let mut copy_gb_s = 0f64;
+    let mut read_gb_s = 0f64;
+    for _ in 0..5 {
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            for (d, c) in dst.chunks_mut(per).zip(src.chunks(per)) {
+                s.spawn(move || d.copy_from_slice(c));
+            }
+        });
+        copy_gb_s = copy_gb_s.max(2.0 * PROBE_BYTES as f64 / t.elapsed().as_secs_f64() / 1e9);
+        let t = Instant::now();
+        let sum = std::thread::scope(|s| {
+            let hs: Vec<_> = src
+                .chunks(per)
+                .map(|c| s.spawn(move || read_sum(c)))
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .fold(0u64, u64::wrapping_add)
+        });
+        read_gb_s = read_gb_s.max(PROBE_BYTES as f64 / t.elapsed().as_secs_f64() / 1e9);
+        std::hint::black_box(sum);
+    }
+    std::hint::black_box(&dst);
+    Bandwidth {
+        read_gb_s,
+        copy_gb_s,
+    }
+}
+
+/// A sum over `x` with independent lanes, so that it runs at load bandwidth.
+fn read_sum(x: &[u64]) -> u64 {
+    let mut acc = [0u64; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *a = a.wrapping_add(*v);
+        }
+    }
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(0u64, |a, v| a.wrapping_add(*v));
+    acc.iter().fold(tail, |a, v| a.wrapping_add(*v))
 }
 
 fn json_str(s: &str) -> String {

@@ -71,6 +71,8 @@ pub trait Backend: Send + Sync {
     /// RMS norm of every `group`-wide slice of every row (group = cols for a plain norm, head_dim
     /// for a per-head norm), times `weight` (length `group`) when given.
     fn rms_norm(&self, x: &Self::Act, group: usize, eps: f32, weight: Option<&[f32]>) -> Self::Act;
+    /// [`Backend::rms_norm`] in place.
+    fn rms_norm_mut(&self, x: &mut Self::Act, group: usize, eps: f32, weight: Option<&[f32]>);
     /// Rotate every head of every row in place; row `r` is at position `pos[r]`.
     fn rope(
         &self,
@@ -87,8 +89,8 @@ pub trait Backend: Send + Sync {
     fn add_row(&self, x: &mut Self::Act, b: &[f32]);
     /// `x *= sigmoid(gate)`.
     fn mul_sigmoid(&self, x: &mut Self::Act, gate: &Self::Act);
-    /// `silu(gate) * up`.
-    fn swiglu(&self, gate: &Self::Act, up: &Self::Act) -> Self::Act;
+    /// `gate = silu(gate) * up`.
+    fn swiglu(&self, gate: &mut Self::Act, up: &Self::Act);
     /// `x *= s`.
     fn scale(&self, x: &mut Self::Act, s: f32);
     /// `x = cap · tanh(x · (1/cap))`.

@@ -148,6 +148,24 @@ impl Model {
         &self.gguf
     }
 
+    /// Bytes of weights one single-token forward pass reads from the file: every matrix once,
+    /// and of the token embedding one row (all of it when it doubles as the output matrix).
+    pub fn decode_weight_bytes(&self) -> u64 {
+        let tied = self.gguf.tensor("output.weight").is_none();
+        self.gguf
+            .tensors()
+            .iter()
+            .map(|t| {
+                let rows = t.dims.get(1).copied().unwrap_or(1).max(1);
+                if t.name == "token_embd.weight" && !tied {
+                    t.size as u64 / rows
+                } else {
+                    t.size as u64
+                }
+            })
+            .sum()
+    }
+
     /// Compute threads in use.
     pub fn threads(&self) -> usize {
         self.backend.threads()
@@ -267,10 +285,10 @@ impl Model {
         let prep = self.prepare(kv, batch)?;
         let be = &self.backend;
         let (g, i) = (&self.gguf, &self.info);
-        let (hidden, logits) = match &self.net {
+        let (hidden, logits) = be.run(|| match &self.net {
             Net::MuseGlimmer(m) => m.forward(be, g, i, kv, &prep, &batch.tokens, &batch.pos),
             Net::Llama(m) => m.forward(be, g, i, kv, &prep, &batch.tokens, &batch.pos),
-        }?;
+        })?;
         Ok(Output {
             logits: be.download(&logits),
             embeddings: if batch.embeddings {

@@ -36,6 +36,18 @@ pub struct View<'a> {
 }
 
 impl View<'_> {
+    /// Panics unless every cell `< n_kv` of every kv head lies inside the buffers (the kernels
+    /// read them unchecked).
+    fn check(&self, n_kv: usize, n_head_kv: usize) {
+        let need = n_kv * self.row * self.dtype.size();
+        assert!(
+            self.k.len() >= need
+                && self.v.len() >= need
+                && self.cell_pos.len() >= n_kv
+                && n_head_kv * self.head_dim <= self.row
+        );
+    }
+
     fn visible(&self, c: usize, q_pos: i32) -> bool {
         let p = self.cell_pos[c];
         p >= 0 && p <= q_pos && (self.n_swa == 0 || q_pos - p < self.n_swa as i32)
@@ -91,6 +103,13 @@ fn load(buf: &[u8], dtype: KvType, elem: usize, out: &mut [f32]) {
 pub fn store(buf: &mut [u8], dtype: KvType, elem: usize, src: &[f32]) {
     match dtype {
         KvType::F16 => {
+            #[cfg(target_arch = "x86_64")]
+            if super::math::has_avx512() {
+                let dst = &mut buf[elem * 2..(elem + src.len()) * 2];
+                // SAFETY: features detected; `dst` holds exactly `src.len()` F16 values.
+                unsafe { x86::store_f16(dst, src) };
+                return;
+            }
             for (i, &x) in src.iter().enumerate() {
                 let at = (elem + i) * 2;
                 buf[at..at + 2].copy_from_slice(&f16::from_f32(x).to_bits().to_le_bytes());
@@ -338,6 +357,23 @@ fn tiled(view: &View, n_kv: usize, kvh: usize, scale: f32, q_rows: &[(&[f32], i3
 // The tile softmax works on 16-lane groups.
 const _: () = assert!(TILE_KV.is_multiple_of(LANES));
 
+/// A raw pointer to the output matrix shared by the attention tasks; each task writes only the
+/// columns of its head in the rows of its tokens, so the writes never overlap.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint ranges (see above) and the matrix outlives the parallel loop.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    fn at(&self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
+/// Query rows per tiled task (ggml's Q tile: results per row do not depend on the split).
+const TASK_Q: usize = TILE_Q;
+
 /// Attention for all groups of a batch on one layer. Called by the CPU backend after K/V are
 /// stored. Returns `[tokens × n_head·hd]`.
 pub fn run(
@@ -353,40 +389,628 @@ pub fn run(
     let qw = at.n_head * hd;
     let group = at.n_head / at.n_head_kv;
     let mut out = vec![0f32; n_tokens * qw];
-    // One task per (sequence, head); every task writes disjoint columns of `out`.
-    let tasks: Vec<(usize, usize)> = (0..at.groups.len())
-        .flat_map(|g| (0..at.n_head).map(move |h| (g, h)))
-        .collect();
-    let results: Vec<(usize, usize, Vec<f32>)> = tasks
-        .par_iter()
-        .map(|&(g, h)| {
-            let idx = &at.groups[g].1;
-            let view = &views[g];
-            let kernel = choose(idx.len(), n_kvs[g], threads);
-            let rows: Vec<(&[f32], i32)> = idx
-                .iter()
-                .map(|&t| (&q[t * qw + h * hd..t * qw + (h + 1) * hd], at.pos[t] as i32))
-                .collect();
-            let mut buf = vec![0f32; idx.len() * hd];
-            {
-                let mut outs: Vec<&mut [f32]> = buf.chunks_mut(hd).collect();
-                attend_head(
-                    view,
-                    kernel,
-                    n_kvs[g],
-                    h / group,
-                    at.scale,
-                    &rows,
-                    &mut outs,
-                );
+    assert!(q.len() >= n_tokens * qw);
+    for (g, idx) in at.groups.iter().enumerate() {
+        assert!(idx.1.iter().all(|&t| t < n_tokens));
+        views[g].check(n_kvs[g], at.n_head_kv);
+    }
+    // One task per (sequence, head, block of query rows).
+    let mut tasks: Vec<(usize, usize, usize, usize)> = Vec::new();
+    for (g, (_, idx)) in at.groups.iter().enumerate() {
+        let kernel = choose(idx.len(), n_kvs[g], threads);
+        let step = match kernel {
+            Kernel::Tiled => TASK_Q,
+            _ => idx.len().max(1),
+        };
+        for h in 0..at.n_head {
+            for r0 in (0..idx.len()).step_by(step) {
+                tasks.push((g, h, r0, (r0 + step).min(idx.len())));
             }
-            (g, h, buf)
-        })
-        .collect();
-    for (g, h, buf) in results {
-        for (r, &t) in at.groups[g].1.iter().enumerate() {
-            out[t * qw + h * hd..t * qw + (h + 1) * hd].copy_from_slice(&buf[r * hd..(r + 1) * hd]);
         }
     }
+    let dst = OutPtr(out.as_mut_ptr());
+    let work = |&(g, h, r0, r1): &(usize, usize, usize, usize)| {
+        let idx = &at.groups[g].1[r0..r1];
+        let view = &views[g];
+        let kernel = choose(at.groups[g].1.len(), n_kvs[g], threads);
+        let rows: Vec<(&[f32], i32)> = idx
+            .iter()
+            .map(|&t| (&q[t * qw + h * hd..t * qw + (h + 1) * hd], at.pos[t] as i32))
+            .collect();
+        let mut emit = |r: usize, vals: &[f32]| {
+            let t = idx[r];
+            debug_assert_eq!(vals.len(), hd);
+            // SAFETY: `t < n_tokens` (checked above) and head `h`'s columns of row `t` belong
+            // to this task alone.
+            unsafe {
+                std::ptr::copy_nonoverlapping(vals.as_ptr(), dst.at(t * qw + h * hd), hd);
+            }
+        };
+        attend_rows(
+            view,
+            kernel,
+            n_kvs[g],
+            h / group,
+            at.scale,
+            &rows,
+            &mut emit,
+        );
+    };
+    if tasks.len() == 1 {
+        tasks.iter().for_each(work);
+    } else {
+        tasks.par_iter().for_each(work);
+    }
     out
+}
+
+/// Attention of some query rows of one head; row `r`'s result goes to `emit(r, values)`.
+fn attend_rows(
+    view: &View,
+    kernel: Kernel,
+    n_kv: usize,
+    kvh: usize,
+    scale: f32,
+    q_rows: &[(&[f32], i32)],
+    emit: &mut dyn FnMut(usize, &[f32]),
+) {
+    #[cfg(target_arch = "x86_64")]
+    if super::math::has_avx512() && view.head_dim.is_multiple_of(LANES) {
+        // SAFETY: the features were detected; `View::check` bounded every cell access.
+        unsafe {
+            match kernel {
+                Kernel::Tiled => x86::tiled(view, n_kv, kvh, scale, q_rows, emit),
+                Kernel::OneChunk => {
+                    for (r, (q, p)) in q_rows.iter().enumerate() {
+                        let (_, s, mut acc) = x86::one_chunk(view, kvh, q, *p, scale, 0..n_kv);
+                        let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
+                        acc.iter_mut().for_each(|a| *a *= inv);
+                        emit(r, &acc);
+                    }
+                }
+                Kernel::SplitKv { parts } => {
+                    let chunk = n_kv.div_ceil(parts);
+                    let mut o = vec![0f32; view.head_dim];
+                    for (r, (q, p)) in q_rows.iter().enumerate() {
+                        let partials: Vec<Partial> = (0..parts)
+                            .filter(|i| i * chunk < n_kv)
+                            .map(|i| {
+                                let range = i * chunk..((i + 1) * chunk).min(n_kv);
+                                let (m, s, acc) = x86::one_chunk(view, kvh, q, *p, scale, range);
+                                Partial { m, s, acc }
+                            })
+                            .collect();
+                        merge(&partials, view.head_dim, &mut o);
+                        emit(r, &o);
+                    }
+                }
+            }
+        }
+        return;
+    }
+    let mut buf = vec![0f32; q_rows.len() * view.head_dim];
+    {
+        let mut outs: Vec<&mut [f32]> = buf.chunks_mut(view.head_dim).collect();
+        attend_head(view, kernel, n_kv, kvh, scale, q_rows, &mut outs);
+    }
+    for (r, o) in buf.chunks(view.head_dim).enumerate() {
+        emit(r, o);
+    }
+}
+
+/// The AVX512 kernels: the same operations in the same order as the scalar models above
+/// (`tiled`, `one_chunk`), with query rows (tiled) or head dims (one chunk) in the lanes.
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{View, TILE_KV, TILE_Q};
+    use crate::cpu::math::x86::{reduce_add, v_expf};
+    use crate::cpu::math::LANES;
+    use crate::kv::KvType;
+    use std::arch::x86_64::*;
+
+    /// 16 cache values at element `elem` as f32; `round16` rounds F32 values through F16 (ggml
+    /// casts an F32 cache to F16 for the one-chunk kernel).
+    #[inline(always)]
+    unsafe fn load16(buf: &[u8], dtype: KvType, elem: usize, round16: bool) -> __m512 {
+        match dtype {
+            KvType::F16 => _mm512_cvtph_ps(_mm256_loadu_si256(
+                buf.as_ptr().add(elem * 2) as *const __m256i
+            )),
+            KvType::F32 => {
+                let v = _mm512_loadu_ps(buf.as_ptr().add(elem * 4) as *const f32);
+                if round16 {
+                    round_f16(v)
+                } else {
+                    v
+                }
+            }
+        }
+    }
+
+    /// Round to F16 and back (round to nearest even, as `f16::from_f32` and ggml's F16 stores).
+    #[inline(always)]
+    unsafe fn round_f16(v: __m512) -> __m512 {
+        _mm512_cvtph_ps(_mm512_cvtps_ph::<
+            { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+        >(v))
+    }
+
+    /// `src` as F16 (round to nearest even, as `f16::from_f32`) into `dst` (2 bytes each).
+    #[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,fma,f16c")]
+    pub unsafe fn store_f16(dst: &mut [u8], src: &[f32]) {
+        assert_eq!(dst.len(), src.len() * 2);
+        let n = src.len();
+        let body = n - n % LANES;
+        let mut i = 0;
+        while i < body {
+            let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                _mm512_loadu_ps(src.as_ptr().add(i)),
+            );
+            _mm256_storeu_si256(dst.as_mut_ptr().add(i * 2) as *mut __m256i, h);
+            i += LANES;
+        }
+        for i in body..n {
+            dst[i * 2..i * 2 + 2]
+                .copy_from_slice(&half::f16::from_f32(src[i]).to_bits().to_le_bytes());
+        }
+    }
+
+    /// A cell's K or V row for kv head `kvh` as f32 (`hd` values, a multiple of 16).
+    #[inline(always)]
+    unsafe fn load_row(view: &View, buf: &[u8], c: usize, kvh: usize, out: &mut [f32]) {
+        let base = c * view.row + kvh * view.head_dim;
+        for (i, o) in out.chunks_exact_mut(LANES).enumerate() {
+            _mm512_storeu_ps(
+                o.as_mut_ptr(),
+                load16(buf, view.dtype, base + i * LANES, false),
+            );
+        }
+    }
+
+    /// The tiled kernel (`super::tiled`) for up to 64 query rows: rows in the lanes of four
+    /// 16-lane groups for the scores and the softmax, then row by row for V.
+    #[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,fma,f16c")]
+    pub unsafe fn tiled(
+        view: &View,
+        n_kv: usize,
+        kvh: usize,
+        scale: f32,
+        q_rows: &[(&[f32], i32)],
+        emit: &mut dyn FnMut(usize, &[f32]),
+    ) {
+        for (b, rows) in q_rows.chunks(TILE_Q).enumerate() {
+            let mut sub = |r: usize, v: &[f32]| emit(b * TILE_Q + r, v);
+            match rows.len().div_ceil(LANES) {
+                1 => tile::<1>(view, n_kv, kvh, scale, rows, &mut sub),
+                2 => tile::<2>(view, n_kv, kvh, scale, rows, &mut sub),
+                3 => tile::<3>(view, n_kv, kvh, scale, rows, &mut sub),
+                _ => tile::<4>(view, n_kv, kvh, scale, rows, &mut sub),
+            }
+        }
+    }
+
+    /// One tile of `nq <= 16·G` query rows.
+    #[inline(always)]
+    unsafe fn tile<const G: usize>(
+        view: &View,
+        n_kv: usize,
+        kvh: usize,
+        scale: f32,
+        q_rows: &[(&[f32], i32)],
+        emit: &mut dyn FnMut(usize, &[f32]),
+    ) {
+        const W: usize = TILE_Q; // row stride of the lane-major buffers
+        let hd = view.head_dim;
+        let nq = q_rows.len();
+        debug_assert!(nq <= G * LANES);
+        // Q transposed: qt[d·W + r].
+        let mut qt = vec![0f32; hd * W];
+        let mut qpos = [i32::MIN; TILE_Q];
+        for (r, (q, p)) in q_rows.iter().enumerate() {
+            for d in 0..hd {
+                qt[d * W + r] = q[d];
+            }
+            qpos[r] = *p;
+        }
+        let qp: [__m512i; G] =
+            std::array::from_fn(|g| _mm512_loadu_si512(qpos.as_ptr().add(g * LANES) as *const _));
+        let real: [__mmask16; G] = std::array::from_fn(|g| {
+            let n = nq.saturating_sub(g * LANES).min(LANES);
+            ((1u32 << n) - 1) as __mmask16
+        });
+        let mut m = [_mm512_set1_ps(f32::NEG_INFINITY); G];
+        let mut s = [_mm512_setzero_ps(); G];
+        let mut acc = vec![0f32; nq * hd];
+        let mut kf = vec![0f32; TILE_KV * hd];
+        let mut vf = vec![0f32; TILE_KV * hd];
+        // Scores, lane-major: sc[t·W + r].
+        let mut sc = vec![0f32; TILE_KV * W];
+        let mut vis = [[0 as __mmask16; G]; TILE_KV];
+        let n_swa = view.n_swa as i32;
+        let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
+        let zero = _mm512_setzero_ps();
+        let vscale = _mm512_set1_ps(scale);
+        let mut c0 = 0;
+        while c0 < n_kv {
+            let nc = TILE_KV.min(n_kv - c0);
+            let mut any = false;
+            for t in 0..TILE_KV {
+                for g in 0..G {
+                    vis[t][g] = 0;
+                }
+                if t >= nc {
+                    continue;
+                }
+                let p = view.cell_pos[c0 + t];
+                if p < 0 {
+                    continue;
+                }
+                let vp = _mm512_set1_epi32(p);
+                for g in 0..G {
+                    // p <= q_pos && (n_swa == 0 || q_pos - p < n_swa)
+                    let mut k = _mm512_mask_cmple_epi32_mask(real[g], vp, qp[g]);
+                    if n_swa != 0 {
+                        let dist = _mm512_sub_epi32(qp[g], vp);
+                        k &= _mm512_cmplt_epi32_mask(dist, _mm512_set1_epi32(n_swa));
+                    }
+                    vis[t][g] = k;
+                    any |= k != 0;
+                }
+            }
+            if !any {
+                c0 += TILE_KV;
+                continue;
+            }
+            for t in 0..nc {
+                load_row(view, view.k, c0 + t, kvh, &mut kf[t * hd..(t + 1) * hd]);
+                load_row(view, view.v, c0 + t, kvh, &mut vf[t * hd..(t + 1) * hd]);
+            }
+            // kq[t] = Σ_d q[d]·k[t][d] (FMA in d order), ·scale, + mask.
+            let mut t = 0;
+            while t < nc {
+                let mut a = [[zero; G]; 4];
+                let kp = kf.as_ptr().add(t * hd);
+                for d in 0..hd {
+                    let qv: [__m512; G] = std::array::from_fn(|g| {
+                        _mm512_loadu_ps(qt.as_ptr().add(d * W + g * LANES))
+                    });
+                    for (c, ac) in a.iter_mut().enumerate() {
+                        let kb = _mm512_set1_ps(*kp.add(c * hd + d));
+                        for g in 0..G {
+                            ac[g] = _mm512_fmadd_ps(qv[g], kb, ac[g]);
+                        }
+                    }
+                }
+                for (c, ac) in a.iter().enumerate() {
+                    let tc = t + c;
+                    if tc >= nc {
+                        break;
+                    }
+                    for g in 0..G {
+                        let mask = _mm512_mask_blend_ps(vis[tc][g], neg_inf, zero);
+                        let v = _mm512_add_ps(_mm512_mul_ps(ac[g], vscale), mask);
+                        _mm512_storeu_ps(sc.as_mut_ptr().add(tc * W + g * LANES), v);
+                    }
+                }
+                t += 4;
+            }
+            for t in nc..TILE_KV {
+                for g in 0..G {
+                    _mm512_storeu_ps(sc.as_mut_ptr().add(t * W + g * LANES), neg_inf);
+                }
+            }
+            // Per row: tile max, rescale on a new maximum, softmax of the tile, sum.
+            let mut valid = [0 as __mmask16; G];
+            let mut grow = [0 as __mmask16; G];
+            let mut ms = [[1f32; LANES]; G];
+            let mut m_new = [zero; G];
+            for g in 0..G {
+                let mut tmax = neg_inf;
+                for t in 0..TILE_KV {
+                    tmax = _mm512_max_ps(tmax, _mm512_loadu_ps(sc.as_ptr().add(t * W + g * LANES)));
+                }
+                valid[g] = _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(tmax, neg_inf) & real[g];
+                let mn = _mm512_max_ps(m[g], tmax);
+                grow[g] = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(mn, m[g]) & valid[g];
+                if grow[g] != 0 {
+                    let mut mo = [0f32; LANES];
+                    let mut mnv = [0f32; LANES];
+                    _mm512_storeu_ps(mo.as_mut_ptr(), m[g]);
+                    _mm512_storeu_ps(mnv.as_mut_ptr(), mn);
+                    for l in 0..LANES {
+                        if grow[g] >> l & 1 == 1 {
+                            ms[g][l] = (mo[l] - mnv[l]).exp();
+                        }
+                    }
+                    let vms = _mm512_loadu_ps(ms[g].as_ptr());
+                    s[g] = _mm512_mask_mul_ps(s[g], grow[g], s[g], vms);
+                }
+                m[g] = _mm512_mask_mov_ps(m[g], valid[g], mn);
+                m_new[g] = mn;
+                // soft_max_tile: exp(x - max) per 16 cells, each group reduced by the
+                // `_mm512_reduce_add_ps` tree, the groups summed in f64.
+                let mut sum_lo = _mm512_setzero_pd();
+                let mut sum_hi = _mm512_setzero_pd();
+                for k in 0..TILE_KV / LANES {
+                    let mut v = [zero; LANES];
+                    for (i, vi) in v.iter_mut().enumerate() {
+                        let at = sc.as_mut_ptr().add((k * LANES + i) * W + g * LANES);
+                        *vi = v_expf(_mm512_sub_ps(_mm512_loadu_ps(at), mn));
+                        _mm512_storeu_ps(at, *vi);
+                    }
+                    let t8: [__m512; 8] = std::array::from_fn(|i| _mm512_add_ps(v[i + 8], v[i]));
+                    let t4: [__m512; 4] = std::array::from_fn(|i| _mm512_add_ps(t8[i + 4], t8[i]));
+                    let r = _mm512_add_ps(_mm512_add_ps(t4[0], t4[2]), _mm512_add_ps(t4[1], t4[3]));
+                    sum_lo = _mm512_add_pd(sum_lo, _mm512_cvtps_pd(_mm512_castps512_ps256(r)));
+                    sum_hi = _mm512_add_pd(sum_hi, _mm512_cvtps_pd(_mm512_extractf32x8_ps::<1>(r)));
+                }
+                let s_lo = _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(s[g])), sum_lo);
+                let s_hi =
+                    _mm512_add_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps::<1>(s[g])), sum_hi);
+                let s_new = _mm512_insertf32x8::<1>(
+                    _mm512_castps256_ps512(_mm512_cvtpd_ps(s_lo)),
+                    _mm512_cvtpd_ps(s_hi),
+                );
+                s[g] = _mm512_mask_mov_ps(s[g], valid[g], s_new);
+            }
+            // V: acc[r] = acc[r]·ms + Σ_t w[t]·v[t] (FMA in t order; the padding cells of a
+            // partial tile add w = 0 times v = 0, i.e. +0).
+            for r in 0..nq {
+                let (g, l) = (r / LANES, r % LANES);
+                if valid[g] >> l & 1 == 0 {
+                    continue;
+                }
+                let scale_by = if grow[g] >> l & 1 == 1 {
+                    Some(ms[g][l])
+                } else {
+                    None
+                };
+                let a = &mut acc[r * hd..(r + 1) * hd];
+                let w = sc.as_ptr().add(r);
+                let mut d = 0;
+                while d < hd {
+                    let step = match (hd - d) / LANES {
+                        n if n >= 8 => 8,
+                        n if n >= 4 => 4,
+                        n if n >= 2 => 2,
+                        _ => 1,
+                    };
+                    match step {
+                        8 => v_accum::<8>(a, d, hd, &vf, w, nc, scale_by),
+                        4 => v_accum::<4>(a, d, hd, &vf, w, nc, scale_by),
+                        2 => v_accum::<2>(a, d, hd, &vf, w, nc, scale_by),
+                        _ => v_accum::<1>(a, d, hd, &vf, w, nc, scale_by),
+                    }
+                    d += step * LANES;
+                }
+            }
+            c0 += TILE_KV;
+        }
+        let mut sv = [[0f32; LANES]; G];
+        for g in 0..G {
+            _mm512_storeu_ps(sv[g].as_mut_ptr(), s[g]);
+        }
+        let mut o = vec![0f32; hd];
+        for r in 0..nq {
+            let sr = sv[r / LANES][r % LANES];
+            let inv = if sr == 0.0 { 0.0 } else { 1.0 / sr };
+            for d in 0..hd {
+                o[d] = acc[r * hd + d] * inv;
+            }
+            emit(r, &o);
+        }
+    }
+
+    /// `N` vectors of one row's V accumulator from dim `d`: rescale, then FMA over the cells.
+    #[inline(always)]
+    unsafe fn v_accum<const N: usize>(
+        a: &mut [f32],
+        d: usize,
+        hd: usize,
+        vf: &[f32],
+        w: *const f32,
+        nc: usize,
+        scale_by: Option<f32>,
+    ) {
+        let ap = a.as_mut_ptr().add(d);
+        let mut acc: [__m512; N] = std::array::from_fn(|i| _mm512_loadu_ps(ap.add(i * LANES)));
+        if let Some(ms) = scale_by {
+            let v = _mm512_set1_ps(ms);
+            for x in acc.iter_mut() {
+                *x = _mm512_mul_ps(*x, v);
+            }
+        }
+        let vp = vf.as_ptr().add(d);
+        for t in 0..nc {
+            let wt = _mm512_set1_ps(*w.add(t * TILE_Q));
+            for (i, x) in acc.iter_mut().enumerate() {
+                *x = _mm512_fmadd_ps(wt, _mm512_loadu_ps(vp.add(t * hd + i * LANES)), *x);
+            }
+        }
+        if nc < TILE_KV {
+            for x in acc.iter_mut() {
+                *x = _mm512_add_ps(*x, _mm512_setzero_ps());
+            }
+        }
+        for (i, x) in acc.iter().enumerate() {
+            _mm512_storeu_ps(ap.add(i * LANES), *x);
+        }
+    }
+
+    /// The one-chunk kernel (`super::one_chunk`): Q rounded to F16, `ggml_vec_dot_f16` scores,
+    /// online softmax with libm `expf`, and an accumulator rounded to F16 after every update.
+    #[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,fma,f16c")]
+    pub unsafe fn one_chunk(
+        view: &View,
+        kvh: usize,
+        q: &[f32],
+        q_pos: i32,
+        scale: f32,
+        range: std::ops::Range<usize>,
+    ) -> (f32, f32, Vec<f32>) {
+        let hd = view.head_dim;
+        let nv = hd / LANES;
+        let body = hd - hd % (4 * LANES);
+        let qf: Vec<__m512> = (0..nv)
+            .map(|i| round_f16(_mm512_loadu_ps(q.as_ptr().add(i * LANES))))
+            .collect();
+        let mut qs = vec![0f32; hd];
+        for (i, v) in qf.iter().enumerate() {
+            _mm512_storeu_ps(qs.as_mut_ptr().add(i * LANES), *v);
+        }
+        let mut acc = vec![_mm512_setzero_ps(); nv];
+        let mut s_sum = 0f32;
+        let mut m = f32::NEG_INFINITY;
+        let mut kt = vec![0f32; hd];
+        for c in range {
+            if !view.visible(c, q_pos) {
+                continue;
+            }
+            let base = c * view.row + kvh * hd;
+            // ggml_vec_dot_f16: four accumulators over 64-value steps, the tail in f64.
+            let mut a4 = [_mm512_setzero_ps(); 4];
+            let mut i = 0;
+            while i < body {
+                for (j, a) in a4.iter_mut().enumerate() {
+                    let o = i + j * LANES;
+                    let k = load16(view.k, view.dtype, base + o, true);
+                    *a = _mm512_fmadd_ps(k, qf[o / LANES], *a);
+                }
+                i += 4 * LANES;
+            }
+            let s16 = _mm512_add_ps(_mm512_add_ps(a4[0], a4[2]), _mm512_add_ps(a4[1], a4[3]));
+            let mut sum = f64::from(reduce_add(s16));
+            if body < hd {
+                for o in (body..hd).step_by(LANES) {
+                    let k = load16(view.k, view.dtype, base + o, true);
+                    _mm512_storeu_ps(kt.as_mut_ptr().add(o), _mm512_mul_ps(k, qf[o / LANES]));
+                }
+                for &p in &kt[body..hd] {
+                    sum += f64::from(p);
+                }
+            }
+            let s = sum as f32 * scale;
+            let m_old = m;
+            let mut ms = 1f32;
+            let mut vs = 1f32;
+            if s > m {
+                m = s;
+                ms = (m_old - m).exp();
+                let v = _mm512_set1_ps(ms);
+                for a in acc.iter_mut() {
+                    *a = round_f16(_mm512_mul_ps(*a, v));
+                }
+            } else {
+                vs = (s - m).exp();
+            }
+            let vv = _mm512_set1_ps(vs);
+            for (i, a) in acc.iter_mut().enumerate() {
+                let x = load16(view.v, view.dtype, base + i * LANES, true);
+                *a = round_f16(_mm512_fmadd_ps(x, vv, *a));
+            }
+            s_sum = s_sum.mul_add(ms, vs);
+        }
+        let mut out = vec![0f32; hd];
+        for (i, a) in acc.iter().enumerate() {
+            _mm512_storeu_ps(out.as_mut_ptr().add(i * LANES), *a);
+        }
+        (m, s_sum, out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn f(&mut self, scale: f32) -> f32 {
+            ((self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        }
+    }
+
+    /// The SIMD kernels (`attend_rows`) against the scalar models (`attend_head`), bit for bit,
+    /// over cache types, head sizes, windows, ring-ordered cells with holes, and every kernel.
+    #[test]
+    fn simd_kernels_equal_the_scalar_models() {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        for &dtype in &[KvType::F16, KvType::F32] {
+            for &(hd, n_head_kv) in &[(32usize, 2usize), (64, 1), (128, 2)] {
+                for &n_swa in &[0u32, 40] {
+                    for &(n_kv, nq) in &[
+                        (1usize, 1usize),
+                        (70, 1),
+                        (600, 1),
+                        (150, 3),
+                        (130, 64),
+                        (200, 100),
+                        (64, 130),
+                    ] {
+                        let row = n_head_kv * hd;
+                        let mut k = vec![0u8; n_kv * row * dtype.size()];
+                        let mut v = vec![0u8; n_kv * row * dtype.size()];
+                        let vals: Vec<f32> = (0..n_kv * row).map(|_| rng.f(2.0)).collect();
+                        store(&mut k, dtype, 0, &vals);
+                        let vals: Vec<f32> = (0..n_kv * row).map(|_| rng.f(3.0)).collect();
+                        store(&mut v, dtype, 0, &vals);
+                        // Positions: a rotated ring with a few empty cells.
+                        let base = 1000;
+                        let rot = n_kv / 3;
+                        let cell_pos: Vec<i32> = (0..n_kv)
+                            .map(|c| {
+                                if c % 17 == 5 {
+                                    -1
+                                } else {
+                                    (base + (c + rot) % n_kv) as i32
+                                }
+                            })
+                            .collect();
+                        let view = View {
+                            k: &k,
+                            v: &v,
+                            cell_pos: &cell_pos,
+                            dtype,
+                            row,
+                            head_dim: hd,
+                            n_swa,
+                        };
+                        let q: Vec<f32> = (0..nq * hd).map(|_| rng.f(4.0)).collect();
+                        let last = (base + n_kv) as i32 - 1;
+                        let rows: Vec<(&[f32], i32)> = (0..nq)
+                            .map(|r| (&q[r * hd..(r + 1) * hd], last - (nq - 1 - r) as i32))
+                            .collect();
+                        for kernel in [
+                            Kernel::Tiled,
+                            Kernel::OneChunk,
+                            Kernel::SplitKv { parts: 2 },
+                            Kernel::SplitKv { parts: 3 },
+                        ] {
+                            for kvh in 0..n_head_kv {
+                                let mut want = vec![0f32; nq * hd];
+                                {
+                                    let mut outs: Vec<&mut [f32]> = want.chunks_mut(hd).collect();
+                                    attend_head(&view, kernel, n_kv, kvh, 0.125, &rows, &mut outs);
+                                }
+                                let mut got = vec![f32::NAN; nq * hd];
+                                attend_rows(&view, kernel, n_kv, kvh, 0.125, &rows, &mut |r, o| {
+                                    got[r * hd..(r + 1) * hd].copy_from_slice(o)
+                                });
+                                let same = want
+                                    .iter()
+                                    .zip(&got)
+                                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                                assert!(same, "{dtype:?} hd={hd} n_swa={n_swa} n_kv={n_kv} nq={nq} {kernel:?}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

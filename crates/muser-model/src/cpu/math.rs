@@ -53,12 +53,14 @@ pub fn reduce_add_16(v: &[f32; LANES]) -> f32 {
     (t4[0] + t4[2]) + (t4[1] + t4[3])
 }
 
-/// `j · 2^n` for integral `n` with one rounding, as `_mm512_scalef_ps` does.
+/// `j · 2^n` for integral `n` in `[-192, 192]` with one rounding, as `_mm512_scalef_ps` does.
 #[inline(always)]
 fn scalef(j: f32, n: f32) -> f32 {
     // The f64 product is exact (a power of two times a 24-bit significand), so the cast is the
-    // only rounding, including into the subnormal range.
-    (f64::from(j) * 2f64.powi(n as i32)) as f32
+    // only rounding, including into the subnormal range. `2^n` is built from its exponent bits
+    // (n is within f64's normal range); a NaN `n` gives exponent 0 here and a NaN `j` anyway.
+    let e = (n as i32).clamp(-192, 192) + 1023;
+    (f64::from(j) * f64::from_bits((e as u64) << 52)) as f32
 }
 
 /// ggml's vectorised exponential (`ggml_v_expf`, AVX512 flavour) for one lane. It is not libm's
@@ -93,7 +95,8 @@ pub fn v_silu(x: f32) -> f32 {
 }
 
 /// `ggml_vec_swiglu_f32`: `silu(g) * u`, 16 lanes at a time with the vector SiLU, the tail with
-/// libm's `expf`.
+/// libm's `expf`. (The model of [`swiglu_fast`], which the tests compare it with.)
+#[cfg_attr(not(test), allow(dead_code))]
 #[inline(always)]
 pub fn swiglu(g: &[f32], u: &[f32], out: &mut [f32]) {
     let n = out.len();
@@ -184,6 +187,190 @@ pub fn rms_scale(x: &[f32], eps: f32) -> f32 {
     1.0 / (mean + eps).sqrt()
 }
 
+/// Whether the AVX512 kernels ([`x86`]) run on this CPU.
+pub fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *HAS.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512dq")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `g = silu(g) * u` in place (`ggml_vec_swiglu_f32`), AVX512 when the CPU has it.
+pub fn swiglu_fast(g: &mut [f32], u: &[f32]) {
+    assert!(u.len() >= g.len());
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        // SAFETY: the features were detected; the lengths were checked above.
+        unsafe { x86::swiglu(g, u) };
+        return;
+    }
+    swiglu_scalar(g, u);
+}
+
+fma_fn! {
+fn swiglu_scalar(g: &mut [f32], u: &[f32]) {
+    let n = g.len();
+    let body = n - n % LANES;
+    for i in 0..body {
+        g[i] = v_silu(g[i]) * u[i];
+    }
+    for i in body..n {
+        g[i] = g[i] / (1.0 + (-g[i]).exp()) * u[i];
+    }
+}
+}
+
+/// The AVX512 build of ggml's vector primitives, instruction for instruction, so results equal
+/// the scalar models above bit for bit (tests below compare them).
+#[cfg(target_arch = "x86_64")]
+pub mod x86 {
+    use super::LANES;
+    use std::arch::x86_64::*;
+
+    #[inline(always)]
+    unsafe fn c(bits: u32) -> __m512 {
+        _mm512_set1_ps(f32::from_bits(bits))
+    }
+
+    /// `ggml_v_expf` (AVX512F + DQ).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub unsafe fn v_expf(x: __m512) -> __m512 {
+        let r = c(0x4b40_0000);
+        let z = _mm512_fmadd_ps(x, c(0x3fb8_aa3b), r);
+        let n = _mm512_sub_ps(z, r);
+        let b = _mm512_fnmadd_ps(n, c(0x35bf_be8e), _mm512_fnmadd_ps(n, c(0x3f31_7200), x));
+        let d = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), _mm512_set1_ps(192.0));
+        let u = _mm512_mul_ps(b, b);
+        let j = _mm512_fmadd_ps(
+            _mm512_fmadd_ps(
+                _mm512_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+                u,
+                _mm512_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+            ),
+            u,
+            _mm512_fmadd_ps(c(0x3f7f_fff6), b, _mm512_set1_ps(1.0)),
+        );
+        let res = _mm512_scalef_ps(j, n);
+        if d == 0 {
+            return res;
+        }
+        let zero = _mm512_setzero_ps();
+        let alt = _mm512_mask_blend_ps(
+            _mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, zero),
+            _mm512_set1_ps(f32::INFINITY),
+            zero,
+        );
+        _mm512_mask_blend_ps(d, res, alt)
+    }
+
+    /// `ggml_v_silu`: `x / (1 + v_expf(0 - x))`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub unsafe fn v_silu(x: __m512) -> __m512 {
+        let e = v_expf(_mm512_sub_ps(_mm512_setzero_ps(), x));
+        _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0), e))
+    }
+
+    /// `_mm512_reduce_add_ps` as GCC expands it (see [`super::reduce_add_16`]).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub unsafe fn reduce_add(v: __m512) -> f32 {
+        let t8 = _mm256_add_ps(_mm512_extractf32x8_ps::<1>(v), _mm512_castps512_ps256(v));
+        let t4 = _mm_add_ps(_mm256_extractf128_ps::<1>(t8), _mm256_castps256_ps128(t8));
+        let t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+        _mm_cvtss_f32(_mm_add_ss(t2, _mm_movehdup_ps(t2)))
+    }
+
+    /// [`super::swiglu`] in place on `g`; `u` at least as long.
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub unsafe fn swiglu(g: &mut [f32], u: &[f32]) {
+        let n = g.len();
+        let body = n - n % LANES;
+        let (gp, up) = (g.as_mut_ptr(), u.as_ptr());
+        let mut i = 0;
+        while i < body {
+            let s = v_silu(_mm512_loadu_ps(gp.add(i)));
+            _mm512_storeu_ps(gp.add(i), _mm512_mul_ps(s, _mm512_loadu_ps(up.add(i))));
+            i += LANES;
+        }
+        for i in body..n {
+            g[i] = g[i] / (1.0 + (-g[i]).exp()) * u[i];
+        }
+    }
+
+    /// [`super::soft_max_tile`] (the tiled attention kernel does it lane-wise instead).
+    #[cfg(test)]
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub unsafe fn soft_max_tile(x: &mut [f32], max: f32) -> f64 {
+        let n = x.len();
+        let body = n - n % LANES;
+        let p = x.as_mut_ptr();
+        let vm = _mm512_set1_ps(max);
+        let mut sum = 0f64;
+        let mut i = 0;
+        while i < body {
+            let v = v_expf(_mm512_sub_ps(_mm512_loadu_ps(p.add(i)), vm));
+            _mm512_storeu_ps(p.add(i), v);
+            sum += f64::from(reduce_add(v));
+            i += LANES;
+        }
+        for e in &mut x[body..] {
+            *e = (*e - max).exp();
+            sum += f64::from(*e);
+        }
+        sum
+    }
+}
+
+fma_fn! {
+/// [`rms_scale`] and the scaling (times `weight` when given) of every `group`-wide slice of
+/// `data`, in place. Four slices at a time, so that their serial f64 sums overlap.
+pub fn rms_norm_groups(data: &mut [f32], group: usize, eps: f32, weight: Option<&[f32]>) {
+    let scale_of = |sum: f64| {
+        let mean = (sum / group as f64) as f32;
+        1.0 / (mean + eps).sqrt()
+    };
+    let apply = |g: &mut [f32], scale: f32| match weight {
+        Some(w) => g.iter_mut().zip(w).for_each(|(v, &w)| *v = *v * scale * w),
+        None => g.iter_mut().for_each(|v| *v *= scale),
+    };
+    let mut quads = data.chunks_exact_mut(4 * group);
+    for q in &mut quads {
+        let (a, rest) = q.split_at_mut(group);
+        let (b, rest) = rest.split_at_mut(group);
+        let (c, d) = rest.split_at_mut(group);
+        let mut s = [0f64; 4];
+        for i in 0..group {
+            s[0] += f64::from(a[i] * a[i]);
+            s[1] += f64::from(b[i] * b[i]);
+            s[2] += f64::from(c[i] * c[i]);
+            s[3] += f64::from(d[i] * d[i]);
+        }
+        apply(a, scale_of(s[0]));
+        apply(b, scale_of(s[1]));
+        apply(c, scale_of(s[2]));
+        apply(d, scale_of(s[3]));
+    }
+    for g in quads.into_remainder().chunks_exact_mut(group) {
+        let sc = rms_scale(g, eps);
+        apply(g, sc);
+    }
+}
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,6 +389,141 @@ mod tests {
         assert_eq!(v_expf(-200.0), 0.0);
         assert_eq!(v_expf(f32::NEG_INFINITY), 0.0);
         assert_eq!(v_expf(200.0), f32::INFINITY);
+    }
+
+    /// The AVX512 exp against the scalar model on every `step`-th f32 bit pattern.
+    #[cfg(target_arch = "x86_64")]
+    fn check_v_expf_avx512(step: usize) {
+        use std::arch::x86_64::*;
+        if !has_avx512() {
+            return;
+        }
+        fma_fn! {
+        fn scalar(x: &[f32], out: &mut [f32]) {
+            for (o, &v) in out.iter_mut().zip(x) {
+                *o = v_expf(v);
+            }
+        }
+        }
+        #[target_feature(enable = "avx512f,avx512dq")]
+        unsafe fn simd(x: &[f32], out: &mut [f32]) {
+            for (o, v) in out.chunks_exact_mut(LANES).zip(x.chunks_exact(LANES)) {
+                _mm512_storeu_ps(o.as_mut_ptr(), x86::v_expf(_mm512_loadu_ps(v.as_ptr())));
+            }
+        }
+        let mut xs = Vec::with_capacity(1 << 16);
+        let (mut a, mut b) = (vec![0f32; 1 << 16], vec![0f32; 1 << 16]);
+        let mut bits = 0u64;
+        while bits < 1 << 32 {
+            xs.clear();
+            while xs.len() < 1 << 16 && bits < 1 << 32 {
+                xs.push(f32::from_bits(bits as u32));
+                bits += step as u64;
+            }
+            xs.resize(xs.len().next_multiple_of(LANES), 0.0);
+            let n = xs.len();
+            scalar(&xs, &mut a[..n]);
+            // SAFETY: features detected above.
+            unsafe { simd(&xs, &mut b[..n]) };
+            for i in 0..n {
+                assert!(
+                    a[i].to_bits() == b[i].to_bits() || (a[i].is_nan() && b[i].is_nan()),
+                    "x={:e} ({:#x}): scalar {:e} simd {:e}",
+                    xs[i],
+                    xs[i].to_bits(),
+                    a[i],
+                    b[i]
+                );
+            }
+        }
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn avx512_expf_equals_the_scalar_model() {
+        check_v_expf_avx512(997);
+    }
+
+    /// Every f32 input (about a minute): `cargo test --release -- --ignored exhaustive`.
+    #[test]
+    #[ignore]
+    #[cfg(target_arch = "x86_64")]
+    fn avx512_expf_equals_the_scalar_model_exhaustive() {
+        check_v_expf_avx512(1);
+    }
+
+    #[test]
+    fn fast_swiglu_and_softmax_equal_the_scalar_models() {
+        let mut seed = 7u32;
+        let mut rnd = move || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 * 40.0 - 20.0
+        };
+        for n in [1usize, 15, 16, 17, 64, 100, 3072] {
+            let g: Vec<f32> = (0..n).map(|_| rnd()).collect();
+            let u: Vec<f32> = (0..n).map(|_| rnd()).collect();
+            let mut want = vec![0f32; n];
+            let mut got = g.clone();
+            fma_fn! {
+            fn model(g: &[f32], u: &[f32], out: &mut [f32]) {
+                swiglu(g, u, out);
+            }
+            }
+            model(&g, &u, &mut want);
+            swiglu_fast(&mut got, &u);
+            assert_eq!(want, got, "swiglu n={n}");
+            let mut got = g.clone();
+            swiglu_scalar(&mut got, &u);
+            assert_eq!(want, got, "swiglu scalar n={n}");
+            #[cfg(target_arch = "x86_64")]
+            if has_avx512() {
+                let max = g.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                fma_fn! {
+                fn sm(x: &mut [f32], max: f32) -> f64 {
+                    soft_max_tile(x, max)
+                }
+                }
+                let mut a = g.clone();
+                let mut b = g.clone();
+                let sa = sm(&mut a, max);
+                // SAFETY: features detected.
+                let sb = unsafe { x86::soft_max_tile(&mut b, max) };
+                assert_eq!((a, sa.to_bits()), (b, sb.to_bits()), "softmax n={n}");
+                let v: Vec<f32> = g[..n - n % LANES].to_vec();
+                for c in v.chunks_exact(LANES) {
+                    let arr: [f32; LANES] = c.try_into().unwrap();
+                    // SAFETY: features detected.
+                    let r =
+                        unsafe { x86::reduce_add(std::arch::x86_64::_mm512_loadu_ps(c.as_ptr())) };
+                    assert_eq!(reduce_add_16(&arr).to_bits(), r.to_bits());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn grouped_rms_norm_equals_one_group_at_a_time() {
+        let mut seed = 11u32;
+        let data: Vec<f32> = (0..7 * 96)
+            .map(|_| {
+                seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (seed >> 8) as f32 / (1u32 << 24) as f32 * 6.0 - 3.0
+            })
+            .collect();
+        let w: Vec<f32> = (0..96).map(|i| 0.5 + i as f32 / 64.0).collect();
+        for weight in [None, Some(&w[..])] {
+            let mut want = data.clone();
+            for g in want.chunks_exact_mut(96) {
+                let sc = rms_scale(g, 1e-6);
+                match weight {
+                    Some(w) => g.iter_mut().zip(w).for_each(|(v, &w)| *v = *v * sc * w),
+                    None => g.iter_mut().for_each(|v| *v *= sc),
+                }
+            }
+            let mut got = data.clone();
+            rms_norm_groups(&mut got, 96, 1e-6, weight);
+            assert_eq!(want, got);
+        }
     }
 
     #[test]

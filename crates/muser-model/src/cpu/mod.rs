@@ -15,6 +15,7 @@ use crate::backend::{AttnInput, Backend, RopeMode, Weight};
 use crate::error::ModelError;
 use crate::kv::KvCache;
 use math::fma_fn;
+use std::sync::{Arc, Mutex};
 
 /// A row-major f32 matrix.
 #[derive(Clone, Debug, PartialEq)]
@@ -34,7 +35,23 @@ impl Mat {
 pub struct CpuBackend {
     pool: rayon::ThreadPool,
     threads: usize,
+    /// RoPE cos/sin per (base, n_rot), by position: computed once, shared by Q and K of every
+    /// layer and every later batch.
+    rope: Mutex<Vec<RopeTable>>,
 }
+
+struct RopeTable {
+    base: u32,
+    n_rot: usize,
+    /// `[pos][n_rot]`: cos, sin of each pair's angle.
+    cs: Arc<Vec<f32>>,
+}
+
+/// Positions a RoPE table grows by.
+const ROPE_GROW: usize = 256;
+
+/// Elements below which an element-wise op runs on the calling thread alone.
+const PAR_MIN: usize = 1 << 13;
 
 impl CpuBackend {
     /// A backend running on `threads` threads (0 = one per core).
@@ -51,7 +68,11 @@ impl CpuBackend {
             .map_err(|e| {
                 ModelError::BadModel(format!("cannot start {threads} CPU threads: {e}"))
             })?;
-        Ok(CpuBackend { pool, threads })
+        Ok(CpuBackend {
+            pool,
+            threads,
+            rope: Mutex::new(Vec::new()),
+        })
     }
 
     pub fn threads(&self) -> usize {
@@ -62,19 +83,85 @@ impl CpuBackend {
     pub fn supports(ty: muser_gguf::GgmlType) -> bool {
         matmul::supported(ty)
     }
+
+    /// Runs `f` (a whole forward pass) on one of the pool's threads, so that every op inside
+    /// splits its work among the pool directly instead of handing it over from outside.
+    pub fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+
+    /// Calls `f(first_unit, chunk)` on `data` cut into chunks of whole `unit`-element units,
+    /// in parallel when there is enough work. Each unit is processed exactly as it would be
+    /// alone, so the split never changes a result.
+    fn par_units(&self, data: &mut [f32], unit: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+        use rayon::prelude::*;
+        let unit = unit.max(1);
+        let n_units = data.len() / unit;
+        let parts = (data.len() / PAR_MIN).min(4 * self.threads).min(n_units);
+        if self.threads == 1 || parts < 2 {
+            f(0, data);
+            return;
+        }
+        let per = n_units.div_ceil(parts);
+        self.pool.install(|| {
+            data.par_chunks_mut(per * unit)
+                .enumerate()
+                .for_each(|(i, c)| f(i * per, c))
+        });
+    }
+
+    /// The cos/sin table of `base` for positions `0..=max_pos` (at least).
+    fn rope_table(&self, base: f32, n_rot: usize, max_pos: usize) -> Arc<Vec<f32>> {
+        let mut tables = self.rope.lock().unwrap_or_else(|e| e.into_inner());
+        let at = match tables
+            .iter()
+            .position(|t| t.base == base.to_bits() && t.n_rot == n_rot)
+        {
+            Some(i) => i,
+            None => {
+                tables.push(RopeTable {
+                    base: base.to_bits(),
+                    n_rot,
+                    cs: Arc::new(Vec::new()),
+                });
+                tables.len() - 1
+            }
+        };
+        let t = &mut tables[at];
+        let have = t.cs.len() / n_rot.max(1);
+        if have <= max_pos {
+            let want = (max_pos + 1).next_multiple_of(ROPE_GROW);
+            let mut cs = Vec::with_capacity(want * n_rot);
+            cs.extend_from_slice(&t.cs);
+            cs.resize(want * n_rot, 0.0);
+            rope_fill(&mut cs[have * n_rot..], have, n_rot, base);
+            t.cs = Arc::new(cs);
+        }
+        t.cs.clone()
+    }
 }
 
 fma_fn! {
-fn rope_rows(data: &mut [f32], cols: usize, head_dim: usize, n_rot: usize, pos: &[u32], base: f32, neox: bool) {
+/// cos, sin of every pair's angle for positions `first..` (`cs` holds whole positions), as
+/// ggml's RoPE cache: `theta = pos · theta_scale^i`, multiplied up pair by pair.
+fn rope_fill(cs: &mut [f32], first: usize, n_rot: usize, base: f32) {
     let theta_scale = base.powf(-2.0 / n_rot as f32);
-    let mut cs = vec![0f32; n_rot];
-    for (r, row) in data.chunks_exact_mut(cols).enumerate() {
-        let mut theta = pos[r] as f32;
+    for (p, c) in cs.chunks_exact_mut(n_rot).enumerate() {
+        let mut theta = (first + p) as f32;
         for i in (0..n_rot).step_by(2) {
-            cs[i] = theta.cos();
-            cs[i + 1] = theta.sin();
+            c[i] = theta.cos();
+            c[i + 1] = theta.sin();
             theta *= theta_scale;
         }
+    }
+}
+}
+
+fma_fn! {
+fn rope_rows(data: &mut [f32], cols: usize, head_dim: usize, n_rot: usize, pos: &[u32], table: &[f32], neox: bool) {
+    for (r, row) in data.chunks_exact_mut(cols).enumerate() {
+        let p = pos[r] as usize;
+        let cs = &table[p * n_rot..(p + 1) * n_rot];
         for head in row.chunks_exact_mut(head_dim) {
             for i in (0..n_rot).step_by(2) {
                 let (a, b) = if neox { (i / 2, i / 2 + n_rot / 2) } else { (i, i + 1) };
@@ -84,14 +171,6 @@ fn rope_rows(data: &mut [f32], cols: usize, head_dim: usize, n_rot: usize, pos: 
                 head[b] = x0.mul_add(s, x1 * c);
             }
         }
-    }
-}
-}
-
-fma_fn! {
-fn swiglu_rows(g: &[f32], u: &[f32], out: &mut [f32], cols: usize) {
-    for ((gr, ur), orow) in g.chunks_exact(cols).zip(u.chunks_exact(cols)).zip(out.chunks_exact_mut(cols)) {
-        math::swiglu(gr, ur, orow);
     }
 }
 }
@@ -114,17 +193,26 @@ impl Backend for CpuBackend {
 
     fn get_rows(&self, table: &Weight, ids: &[u32]) -> Result<Mat, ModelError> {
         let rb = table.row_bytes();
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= table.n_out) {
+            return Err(ModelError::BadBatch(format!(
+                "token id {id} >= n_vocab {}",
+                table.n_out
+            )));
+        }
         let mut data = vec![0f32; ids.len() * table.n_in];
-        for (&id, out) in ids.iter().zip(data.chunks_exact_mut(table.n_in)) {
-            let id = id as usize;
-            if id >= table.n_out {
-                return Err(ModelError::BadBatch(format!(
-                    "token id {id} >= n_vocab {}",
-                    table.n_out
-                )));
+        let err = Mutex::new(None);
+        self.par_units(&mut data, table.n_in, |first, chunk| {
+            for (i, out) in chunk.chunks_exact_mut(table.n_in).enumerate() {
+                let id = ids[first + i] as usize;
+                if let Err(e) =
+                    muser_quant::dequantize_row(table.ty, &table.data[id * rb..(id + 1) * rb], out)
+                {
+                    *err.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                }
             }
-            muser_quant::dequantize_row(table.ty, &table.data[id * rb..(id + 1) * rb], out)
-                .map_err(|e| ModelError::Quant(format!("{}: {e}", table.name)))?;
+        });
+        if let Some(e) = err.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            return Err(ModelError::Quant(format!("{}: {e}", table.name)));
         }
         Ok(Mat {
             rows: ids.len(),
@@ -143,19 +231,15 @@ impl Backend for CpuBackend {
     }
 
     fn rms_norm(&self, x: &Mat, group: usize, eps: f32, weight: Option<&[f32]>) -> Mat {
-        let mut data = x.data.clone();
-        for g in data.chunks_exact_mut(group) {
-            let scale = math::rms_scale(g, eps);
-            match weight {
-                Some(w) => g.iter_mut().zip(w).for_each(|(v, &w)| *v = *v * scale * w),
-                None => g.iter_mut().for_each(|v| *v *= scale),
-            }
-        }
-        Mat {
-            rows: x.rows,
-            cols: x.cols,
-            data,
-        }
+        let mut y = x.clone();
+        self.rms_norm_mut(&mut y, group, eps, weight);
+        y
+    }
+
+    fn rms_norm_mut(&self, x: &mut Mat, group: usize, eps: f32, weight: Option<&[f32]>) {
+        self.par_units(&mut x.data, group, |_, c| {
+            math::rms_norm_groups(c, group, eps, weight)
+        });
     }
 
     fn rope(
@@ -167,51 +251,63 @@ impl Backend for CpuBackend {
         base: f32,
         mode: RopeMode,
     ) {
-        rope_rows(
-            &mut x.data,
-            x.cols,
-            head_dim,
-            n_rot,
-            pos,
-            base,
-            mode == RopeMode::Neox,
-        );
+        let Some(&max_pos) = pos.iter().max() else {
+            return;
+        };
+        let table = self.rope_table(base, n_rot, max_pos as usize);
+        let cols = x.cols;
+        self.par_units(&mut x.data, cols, |first, c| {
+            rope_rows(
+                c,
+                cols,
+                head_dim,
+                n_rot,
+                &pos[first..],
+                &table,
+                mode == RopeMode::Neox,
+            )
+        });
     }
 
     fn add(&self, x: &mut Mat, y: &Mat) {
-        x.data.iter_mut().zip(&y.data).for_each(|(a, b)| *a += b);
+        self.par_units(&mut x.data, 1, |first, c| {
+            c.iter_mut()
+                .zip(&y.data[first..])
+                .for_each(|(a, b)| *a += b)
+        });
     }
 
     fn add_row(&self, x: &mut Mat, b: &[f32]) {
-        for row in x.data.chunks_exact_mut(x.cols) {
-            row.iter_mut().zip(b).for_each(|(a, b)| *a += b);
-        }
+        self.par_units(&mut x.data, x.cols, |_, c| {
+            for row in c.chunks_exact_mut(b.len()) {
+                row.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+            }
+        });
     }
 
     fn mul_sigmoid(&self, x: &mut Mat, gate: &Mat) {
-        x.data
-            .iter_mut()
-            .zip(&gate.data)
-            .for_each(|(a, &g)| *a *= 1.0 / (1.0 + (-g).exp()));
+        self.par_units(&mut x.data, 1, |first, c| {
+            c.iter_mut()
+                .zip(&gate.data[first..])
+                .for_each(|(a, &g)| *a *= 1.0 / (1.0 + (-g).exp()))
+        });
     }
 
-    fn swiglu(&self, gate: &Mat, up: &Mat) -> Mat {
-        let mut data = vec![0f32; gate.data.len()];
-        swiglu_rows(&gate.data, &up.data, &mut data, gate.cols);
-        Mat {
-            rows: gate.rows,
-            cols: gate.cols,
-            data,
-        }
+    fn swiglu(&self, gate: &mut Mat, up: &Mat) {
+        self.par_units(&mut gate.data, 1, |first, c| {
+            math::swiglu_fast(c, &up.data[first..first + c.len()])
+        });
     }
 
     fn scale(&self, x: &mut Mat, s: f32) {
-        x.data.iter_mut().for_each(|v| *v *= s);
+        self.par_units(&mut x.data, 1, |_, c| c.iter_mut().for_each(|v| *v *= s));
     }
 
     fn softcap(&self, x: &mut Mat, cap: f32) {
         let inv = 1.0 / cap;
-        x.data.iter_mut().for_each(|v| *v = (*v * inv).tanh() * cap);
+        self.par_units(&mut x.data, 1, |_, c| {
+            c.iter_mut().for_each(|v| *v = (*v * inv).tanh() * cap)
+        });
     }
 
     fn select_rows(&self, x: &Mat, rows: &[usize]) -> Mat {

@@ -91,43 +91,57 @@ impl Llama {
     ) -> Result<(B::Act, B::Act), ModelError> {
         let eps = i.rms_eps;
         let mut x = be.get_rows(&self.tok_embd.view(g), tokens)?;
+        // Each intermediate is dropped as soon as it is used, so a large batch holds few of
+        // them at once.
         for (il, l) in self.layers.iter().enumerate() {
-            let h = be.rms_norm(&x, i.n_embd, eps, Some(&l.attn_norm));
-            let mut q = linear(be, g, &l.wq, l.bq.as_deref(), None, &h)?;
-            let mut k = linear(be, g, &l.wk, l.bk.as_deref(), None, &h)?;
-            let v = linear(be, g, &l.wv, l.bv.as_deref(), None, &h)?;
-            be.rope(
-                &mut q,
-                i.head_dim,
-                i.n_rot,
-                pos,
-                i.rope_base,
-                RopeMode::Norm,
-            );
-            be.rope(
-                &mut k,
-                i.head_dim,
-                i.n_rot,
-                pos,
-                i.rope_base,
-                RopeMode::Norm,
-            );
-            let a = attend(be, i, kv, prep, pos, il, &q, &k, &v)?;
-            let mut a = linear(be, g, &l.wo, l.bo.as_deref(), None, &a)?;
+            let a = {
+                let h = be.rms_norm(&x, i.n_embd, eps, Some(&l.attn_norm));
+                let mut q = linear(be, g, &l.wq, l.bq.as_deref(), None, &h)?;
+                let mut k = linear(be, g, &l.wk, l.bk.as_deref(), None, &h)?;
+                let v = linear(be, g, &l.wv, l.bv.as_deref(), None, &h)?;
+                drop(h);
+                be.rope(
+                    &mut q,
+                    i.head_dim,
+                    i.n_rot,
+                    pos,
+                    i.rope_base,
+                    RopeMode::Norm,
+                );
+                be.rope(
+                    &mut k,
+                    i.head_dim,
+                    i.n_rot,
+                    pos,
+                    i.rope_base,
+                    RopeMode::Norm,
+                );
+                let a = attend(be, i, kv, prep, pos, il, &q, &k, &v)?;
+                drop((q, k, v));
+                linear(be, g, &l.wo, l.bo.as_deref(), None, &a)?
+            };
+            let mut a = a;
             if il + 1 == self.layers.len() {
                 a = be.select_rows(&a, &prep.out_rows);
                 x = be.select_rows(&x, &prep.out_rows);
             }
             be.add(&mut a, &x);
+            drop(x);
             let ffn_inp = a;
-            let h2 = be.rms_norm(&ffn_inp, i.n_embd, eps, Some(&l.ffn_norm));
-            let fg = linear(be, g, &l.ffn_gate, None, None, &h2)?;
-            let fu = linear(be, g, &l.ffn_up, None, None, &h2)?;
-            let mut f = linear(be, g, &l.ffn_down, None, None, &be.swiglu(&fg, &fu))?;
+            let mut f = {
+                let h2 = be.rms_norm(&ffn_inp, i.n_embd, eps, Some(&l.ffn_norm));
+                let mut fg = linear(be, g, &l.ffn_gate, None, None, &h2)?;
+                let fu = linear(be, g, &l.ffn_up, None, None, &h2)?;
+                drop(h2);
+                be.swiglu(&mut fg, &fu);
+                drop(fu);
+                linear(be, g, &l.ffn_down, None, None, &fg)?
+            };
             be.add(&mut f, &ffn_inp);
             x = f;
         }
-        let hidden = be.rms_norm(&x, i.n_embd, eps, Some(&self.output_norm));
+        let mut hidden = x;
+        be.rms_norm_mut(&mut hidden, i.n_embd, eps, Some(&self.output_norm));
         let logits = linear(be, g, &self.output, None, None, &hidden)?;
         Ok((hidden, logits))
     }

@@ -97,6 +97,9 @@ pub struct Resume {
 
 struct Tiers {
     ctx: Arc<KvPackContext>,
+    /// The replay stream of every pack this cache publishes: one ledger entry per model
+    /// identity, however many prefixes come and go.
+    stream: muser_kvpack::Digest32,
     memory: Option<Mutex<ResidentCache>>,
     store: Mutex<PackStore>,
     stats: Mutex<PromptCacheStats>,
@@ -164,8 +167,13 @@ impl PromptCache {
             ..Default::default()
         };
         let stager = store.stager();
+        let stream = muser_kvpack::field_digest(
+            "muser prompt-cache stream",
+            &ctx.identity.digest(&ctx.keys),
+        );
         let tiers = Arc::new(Tiers {
             ctx,
+            stream,
             memory,
             store: Mutex::new(store),
             stats: Mutex::new(stats),
@@ -393,13 +401,13 @@ fn publish(
         if store.contains(&cut) {
             return Ok(());
         }
-        next_generation(&store, &cut.0)
+        next_generation(&store, &tiers.stream)
     };
     let spec = PackSpec {
         identity: &ctx.identity,
         chain: &chain,
         generation,
-        stream: None,
+        stream: Some(tiers.stream),
         base_tokens: 0,
         plan: SegmentPlan::default(),
         threads: muser_kvpack::default_threads(),

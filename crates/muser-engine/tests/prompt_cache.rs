@@ -242,7 +242,7 @@ fn tampered_and_foreign_packs_are_refused_and_the_prompt_recomputed() {
 }
 
 #[test]
-fn short_prompts_are_not_published_and_cache_prompt_false_bypasses_the_cache() {
+fn short_prompts_are_not_published_cache_prompt_false_bypasses_and_the_ledger_stays_one_entry() {
     let dir = scratch("short");
     let store = dir.join("cache");
     let model = tiny_model(&dir);
@@ -271,5 +271,14 @@ fn short_prompts_are_not_published_and_cache_prompt_false_bypasses_the_cache() {
         0,
         "cache_prompt: false publishes nothing"
     );
+
+    // two prompts, two packs, one replay stream: the ledger keeps a single entry
+    // (8-byte magic, count, one 40-byte entry, 32-byte seal)
+    run(&e, &tokens(N_PROMPT, 7, n_vocab), None);
+    run(&e, &tokens(N_PROMPT, 8, n_vocab), None);
+    pc.flush();
+    assert_eq!(pc.stats().disk_packs, 2);
+    let ledger = std::fs::metadata(store.join("ledger.bin")).unwrap().len();
+    assert_eq!(ledger, 8 + 4 + 40 + 32);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1232,7 +1232,11 @@ impl Matcher {
         let mut prev_ok = false;
         let mut depth = 0usize;
         let mut dead = false;
-        for &id in &vocab.sorted {
+        let sorted = &vocab.sorted;
+        let mut i = 0;
+        while i < sorted.len() {
+            let id = sorted[i];
+            i += 1;
             let p = vocab.piece_unchecked(id);
             if p == prev {
                 // the same text as the previous token: the same answer
@@ -1250,6 +1254,12 @@ impl Matcher {
             dead = false;
             let mut ok = true;
             while d < p.len() {
+                // inside a JSON string, plain ASCII leaves the state as it is
+                if p.len() - d <= vocab.plain_tail[id as usize] as usize
+                    && in_plain_string(&self.levels[d])
+                {
+                    break;
+                }
                 if self.levels.len() <= d + 1 {
                     self.levels.push(Vec::new());
                 }
@@ -1263,6 +1273,7 @@ impl Matcher {
                 }
                 d += 1;
             }
+            // levels deeper than `d` were not computed when the shortcut was taken
             depth = d;
             prev = p;
             prev_ok = ok;
@@ -1270,9 +1281,27 @@ impl Matcher {
                 mask[id as usize] = true;
                 n += 1;
             }
+            if dead {
+                // the tokens with the same text get the same answer; every other token that
+                // starts with the dead prefix is refused: jump past them (they are adjacent)
+                while i < sorted.len() && vocab.piece_unchecked(sorted[i]) == p {
+                    if ok {
+                        mask[sorted[i] as usize] = true;
+                        n += 1;
+                    }
+                    i += 1;
+                }
+                let q = &p[..=depth];
+                i += sorted[i..].partition_point(|&t| vocab.piece_unchecked(t).starts_with(q));
+            }
         }
         n
     }
+}
+
+/// One thread, reading the inside of a JSON string between characters.
+fn in_plain_string(threads: &[Thread]) -> bool {
+    matches!(threads, [Thread { sub: Sub::Json(j), .. }] if j.mode == Mode::Str && j.utf8.need == 0)
 }
 
 // ---- the vocabulary ------------------------------------------------------------------------
@@ -1286,6 +1315,14 @@ pub struct Vocab {
     eog_flag: Vec<bool>,
     eog: Vec<u32>,
     sorted: Vec<u32>,
+    /// Per token, how many of its last bytes are printable ASCII other than `"` and `\\`
+    /// (bytes a JSON string takes without changing state), capped at 255.
+    plain_tail: Vec<u8>,
+}
+
+/// A byte a JSON string holds as itself.
+fn plain_string_byte(b: u8) -> bool {
+    (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\'
 }
 
 impl Vocab {
@@ -1306,12 +1343,23 @@ impl Vocab {
             .filter(|&i| !eog_flag[i as usize] && !pieces[i as usize].is_empty())
             .collect();
         sorted.sort_by(|&a, &b| pieces[a as usize].cmp(pieces[b as usize]).then(a.cmp(&b)));
+        let plain_tail = pieces
+            .iter()
+            .map(|p| {
+                p.iter()
+                    .rev()
+                    .take_while(|&&b| plain_string_byte(b))
+                    .count()
+                    .min(255) as u8
+            })
+            .collect();
         Vocab {
             offsets,
             bytes,
             eog_flag,
             eog,
             sorted,
+            plain_tail,
         }
     }
 

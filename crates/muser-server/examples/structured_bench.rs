@@ -10,6 +10,11 @@
 //!    `response_format: json_object`, generation time per token.
 //!
 //! Prints a table and writes `docs/receipts/structured-output.json`.
+//!
+//! `--micro free|fast|probe|mask [MODEL]` runs one sampler case once over the object's tokens
+//! with only the tokenizer loaded, for instruction counts that load on the machine does not
+//! disturb: `valgrind --tool=callgrind --toggle-collect='*Sampler*sample*'` (or
+//! `'*fill_mask*'` for `mask`), divided by the call count it prints.
 
 use axum::body::{to_bytes, Body};
 use axum::http::{header, Request};
@@ -30,19 +35,32 @@ fn us(s: f64) -> f64 {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let model = std::env::args()
-        .nth(1)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_default())
-                .join(".cache/muser/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let micro = match args.iter().position(|a| a == "--micro") {
+        Some(i) if i + 1 < args.len() => {
+            let case = args.remove(i + 1);
+            args.remove(i);
+            Some(case)
+        }
+        Some(_) => return Err("--micro needs a case: free, fast, probe or mask".into()),
+        None => None,
+    };
+    let model = args.first().map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var("HOME").unwrap_or_default())
+            .join(".cache/muser/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    });
     let mut cfg = ServeConfig::new(model.clone());
     cfg.n_slots = 1;
     cfg.n_ctx = 1024;
     cfg.threads = 2;
-    let state = load(&cfg)?;
-    let tok = state.tokenizer.clone();
+    let (state, tok) = if micro.is_some() {
+        let gguf = muser_gguf::GgufFile::open(&model)?;
+        (None, Arc::new(muser_text::Tokenizer::from_gguf(&gguf)?))
+    } else {
+        let state = load(&cfg)?;
+        let tok = state.tokenizer.clone();
+        (Some(state), tok)
+    };
     let n_vocab = tok.n_vocab();
     let t = Instant::now();
     let vocab = Arc::new(Vocab::from_tokenizer(&tok, false));
@@ -67,7 +85,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         l
     };
-    let replay = |constrained: bool, refuse_first: bool| -> (f64, u64) {
+    let replay = |constrained: bool, refuse_first: bool, reps: usize| -> (f64, u64) {
         let params = SamplingParams {
             constraint: constrained.then(|| Constraint {
                 grammar: grammar.clone(),
@@ -85,7 +103,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
             })
             .collect();
-        let reps = 20;
         let mut total = 0.0;
         let mut masked = 0;
         for _ in 0..reps {
@@ -101,9 +118,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         (total / (reps * seq.len()) as f64, masked)
     };
-    let (free, _) = replay(false, false);
-    let (fast, fast_masked) = replay(true, false);
-    let (probe, probe_masked) = replay(true, true);
+    if let Some(case) = micro {
+        let n = match case.as_str() {
+            "free" => replay(false, false, 1).1,
+            "fast" => replay(true, false, 1).1,
+            "probe" => replay(true, true, 1).1,
+            "mask" => {
+                let mut mask = Vec::new();
+                let mut text = Vec::new();
+                for &id in &ids {
+                    let mut m = Matcher::new(grammar.clone());
+                    assert!(m.advance(&text));
+                    m.fill_mask(&vocab, &mut mask);
+                    text.extend_from_slice(vocab.piece(id).unwrap());
+                }
+                0
+            }
+            other => return Err(format!("unknown case `{other}`").into()),
+        };
+        let calls = if case == "mask" { ids.len() } else { seq.len() };
+        println!("{case}: {calls} calls, {n} masked steps");
+        return Ok(());
+    }
+    let state = state.ok_or("no state")?;
+    let (free, _) = replay(false, false, 20);
+    let (fast, fast_masked) = replay(true, false, 20);
+    let (probe, probe_masked) = replay(true, true, 20);
 
     // the fallback: a whole-vocabulary mask with a cold cache, at every prefix of the object
     let mut mask = Vec::new();

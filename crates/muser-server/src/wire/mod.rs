@@ -163,6 +163,18 @@ mod strictness {
             "json_schema",
         );
         rejects::<openai::ChatCompletionRequest>(
+            r#"{"messages":[],"response_format":{"type":"json_schema","json_schema":{"name":"x","shema":{}}}}"#,
+            "shema",
+        );
+        let req: openai::ChatCompletionRequest = parse(
+            br#"{"messages":[],"response_format":{"type":"json_schema","json_schema":{"name":"x","strict":true,"schema":{"type":"object"}}}}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            req.response_format,
+            Some(openai::ResponseFormat::JsonSchema { .. })
+        ));
+        rejects::<openai::ChatCompletionRequest>(
             r#"{"messages":[],"tool_choice":"sometimes"}"#,
             "sometimes",
         );

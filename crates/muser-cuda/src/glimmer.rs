@@ -20,7 +20,7 @@ use crate::CudaError;
 type Result<T> = std::result::Result<T, CudaError>;
 
 /// Flash-decoding splits per (head, token).
-const ATTN_SPLITS: usize = 32;
+const MAX_ATTN_SPLITS: usize = 128;
 const HEAD_DIM: usize = 128;
 
 /// A linear layer made of row blocks that may differ in type (e.g. Q6_K V rows beside Q4_K
@@ -68,8 +68,77 @@ impl Linear {
         Ok(Linear { segs, rows, cols })
     }
 
+    /// Gate and up projections as one matrix with rows interleaved in groups of 16 (16 gate
+    /// rows, then the same 16 up rows), so a GEMV block group sees both halves of 16 SwiGLU
+    /// outputs; or `[gate | up]` (second value false) when the two differ in type or shape.
+    fn load_gate_up(
+        gpu: &Gpu,
+        g: &GgufFile,
+        gate: &str,
+        up: &str,
+        cols: usize,
+    ) -> Result<(Linear, bool)> {
+        let (tg, tu) = match (g.tensor(gate), g.tensor(up)) {
+            (Some(a), Some(b)) => (a, b),
+            _ => {
+                return Ok((
+                    Linear::load(gpu, g, &[gate.to_string(), up.to_string()], cols)?,
+                    false,
+                ))
+            }
+        };
+        let ty = WType::from_ggml(tg.ty.id());
+        let same = ty.is_some()
+            && tg.ty.id() == tu.ty.id()
+            && tg.dims == tu.dims
+            && tg.dims.len() == 2
+            && tg.dims[0] == cols as u64
+            && tg.dims[1] % 16 == 0;
+        let Some(ty) = ty.filter(|_| same) else {
+            return Ok((
+                Linear::load(gpu, g, &[gate.to_string(), up.to_string()], cols)?,
+                false,
+            ));
+        };
+        let (dg, du) = (g.tensor_data(tg), g.tensor_data(tu));
+        let group = 16 * ty.row_bytes(cols);
+        if dg.len() != du.len() || dg.len() % group != 0 {
+            return Err(CudaError::Model(format!(
+                "{gate}/{up}: sizes do not match their shape"
+            )));
+        }
+        let mut pieces: Vec<&[u8]> = Vec::with_capacity(2 * dg.len() / group);
+        for (a, b) in dg.chunks_exact(group).zip(du.chunks_exact(group)) {
+            pieces.push(a);
+            pieces.push(b);
+        }
+        let rows = 2 * tg.dims[1] as usize;
+        let w = DevWeight::upload(gpu, ty, cols, &pieces)?;
+        Ok((
+            Linear {
+                segs: vec![(w, 0)],
+                rows,
+                cols,
+            },
+            true,
+        ))
+    }
+
     fn device_bytes(&self) -> usize {
         self.segs.iter().map(|(w, _)| w.device_bytes()).sum()
+    }
+
+    /// (address, bytes) of the first `mb` megabytes of the weights, for an L2 prefetch hint.
+    fn prefetch(&self, mb: f32) -> (u64, i64) {
+        let Some((w, _)) = self.segs.first() else {
+            return (0, 0);
+        };
+        let n = ((mb.max(0.0) * 1e6) as usize).min(w.device_bytes()) & !15;
+        if n == 0 {
+            (0, 0)
+        } else {
+            (w.ptr(), n as i64)
+        }
     }
 
     /// Decode: `y[b][0..rows]` (row stride `rows`) for `batch` activation rows.
@@ -107,8 +176,9 @@ struct Layer {
     wo: Linear,
     post_attn_norm: DevBuf,
     ffn_norm: DevBuf,
-    /// Rows: ffn_gate (n_ff) | ffn_up (n_ff).
+    /// Rows: ffn_gate and ffn_up interleaved in groups of 16 when `gu_il`, else gate | up.
     gate_up: Linear,
+    gu_il: bool,
     down: Linear,
     post_ffw_norm: DevBuf,
     k_cache: DevBuf,
@@ -125,6 +195,8 @@ struct Scratch {
     y_qkvg: DevBuf,
     q_f: DevBuf,
     part: DevBuf,
+    /// Per-(sequence, head) split counters of the fused attention kernel (zero between launches).
+    attn_cnt: DevBuf,
     y_o: DevBuf,
     y_gu: DevBuf,
     y_d: DevBuf,
@@ -148,6 +220,8 @@ pub struct GpuOptions {
     pub n_ctx: usize,
     /// Largest prefill chunk (tokens per forward pass).
     pub max_chunk: usize,
+    /// Sequences the KV cache holds (decode steps batch up to this many, one per sequence).
+    pub n_seq: usize,
 }
 
 impl Default for GpuOptions {
@@ -155,6 +229,7 @@ impl Default for GpuOptions {
         GpuOptions {
             n_ctx: 4096,
             max_chunk: 512,
+            n_seq: 1,
         }
     }
 }
@@ -236,10 +311,18 @@ impl CudaGlimmer {
         let output = Linear::load(&gpu, g, &["output.weight".to_string()], e)?;
         // Per-tensor output scale (NVFP4 checkpoints) multiplies the logits (spec §2.3).
         let logit_scale = info.logit_scale * f32_scalar(g, "output.scale").unwrap_or(1.0);
-        let cache_bytes = opts.n_ctx * kvw * 2;
+        if opts.n_seq == 0 || opts.n_seq > crate::layout::MAX_GEMV_BATCH {
+            return Err(CudaError::Shape(format!(
+                "{} sequences (1..={})",
+                opts.n_seq,
+                crate::layout::MAX_GEMV_BATCH
+            )));
+        }
+        let cache_bytes = opts.n_seq * opts.n_ctx * kvw * 2;
         let mut layers = Vec::with_capacity(info.n_layer);
         for il in 0..info.n_layer {
             let n = |s: &str| format!("blk.{il}.{s}.weight");
+            let (gate_up, gu_il) = Linear::load_gate_up(&gpu, g, &n("ffn_gate"), &n("ffn_up"), e)?;
             layers.push(Layer {
                 attn_norm: norm_vec(&gpu, g, &n("attn_norm"), e)?,
                 q_norm: norm_vec(&gpu, g, &n("attn_q_norm"), HEAD_DIM)?,
@@ -253,7 +336,8 @@ impl CudaGlimmer {
                 wo: Linear::load(&gpu, g, &[n("attn_output")], qw)?,
                 post_attn_norm: norm_vec(&gpu, g, &n("post_attention_norm"), e)?,
                 ffn_norm: norm_vec(&gpu, g, &n("ffn_norm"), e)?,
-                gate_up: Linear::load(&gpu, g, &[n("ffn_gate"), n("ffn_up")], e)?,
+                gate_up,
+                gu_il,
                 down: Linear::load(&gpu, g, &[n("ffn_down")], f)?,
                 post_ffw_norm: norm_vec(&gpu, g, &n("post_ffw_norm"), e)?,
                 k_cache: gpu.alloc_zeroed(cache_bytes)?,
@@ -287,7 +371,8 @@ impl CudaGlimmer {
     }
 
     fn scratch(gpu: &Gpu, i: &ModelInfo, o: &GpuOptions) -> Result<Scratch> {
-        let t = o.max_chunk.max(1);
+        let t = o.max_chunk.max(o.n_seq).max(1);
+        let ns = o.n_seq.max(1);
         let (e, f, v) = (i.n_embd, i.n_ff, i.n_vocab);
         let qw = i.n_head * HEAD_DIM;
         let rows_qkvg = 2 * qw + 2 * i.n_head_kv * HEAD_DIM;
@@ -304,14 +389,15 @@ impl CudaGlimmer {
             q8s: gpu.alloc(4 * t * widest / 16)?,
             y_qkvg: gpu.alloc(4 * t * rows_qkvg)?,
             q_f: gpu.alloc(4 * t * qw)?,
-            part: gpu.alloc(4 * i.n_head * ATTN_SPLITS * 130)?,
+            part: gpu.alloc(4 * ns * i.n_head * MAX_ATTN_SPLITS * 130)?,
+            attn_cnt: gpu.alloc_zeroed(4 * ns * i.n_head)?,
             y_o: gpu.alloc(4 * t * e)?,
             y_gu: gpu.alloc(4 * t * 2 * f)?,
             y_d: gpu.alloc(4 * t * e)?,
-            logits: gpu.alloc(4 * v)?,
+            logits: gpu.alloc(4 * v * ns)?,
             tokens: gpu.alloc_zeroed(4 * t)?,
             pos: gpu.alloc_zeroed(4 * t)?,
-            history: gpu.alloc_zeroed(4 * (o.n_ctx + 1))?,
+            history: gpu.alloc_zeroed(4 * (o.n_ctx + 1) * ns)?,
             hb: gpu.alloc(2 * t * widest)?,
             q_h: gpu.alloc(2 * t * qw)?,
             scores: gpu.alloc(4 * i.n_head * t * o.n_ctx)?,
@@ -355,6 +441,7 @@ impl CudaGlimmer {
         out_f: u64,
         out_b: u64,
         quant: bool,
+        pf: (u64, i64),
     ) -> Result<()> {
         let (y, wp, ep) = post.unwrap_or((0, 0, 0.0));
         let qa = self.qact();
@@ -376,8 +463,15 @@ impl CudaGlimmer {
                 Arg::P(q),
                 Arg::P(qd),
                 Arg::P(qs),
+                Arg::P(pf.0),
+                Arg::L(pf.1),
             ],
         )
+    }
+
+    /// Halves between two sequences' caches.
+    fn slot_stride(&self) -> usize {
+        self.opts.n_ctx * self.info.n_head_kv * HEAD_DIM
     }
 
     fn theta_scale(&self) -> f32 {
@@ -393,6 +487,8 @@ impl CudaGlimmer {
         ld: usize,
         q_f: u64,
         q_h: u64,
+        slot: i32,
+        pf: (u64, i64),
     ) -> Result<()> {
         let i = &self.info;
         self.gpu.launch(
@@ -415,6 +511,10 @@ impl CudaGlimmer {
                 Arg::I(t as i32),
                 Arg::P(l.k_cache.ptr()),
                 Arg::P(l.v_cache.ptr()),
+                Arg::L(self.slot_stride() as i64),
+                Arg::I(slot),
+                Arg::P(pf.0),
+                Arg::L(pf.1),
             ],
         )
     }
@@ -427,117 +527,171 @@ impl CudaGlimmer {
         }
     }
 
-    /// Enqueues one decode step for the token in `tokens[0]` at `pos[0]`; the greedy next token
-    /// lands in `tokens[0]`, `pos[0]` advances and `history[pos]` records it when `advance`.
-    /// Reads nothing from the host, so it can be captured into a graph.
-    fn enqueue_decode(&self, advance: bool) -> Result<()> {
+    /// Enqueues one decode step for `nb` sequences: sequence b's token in `tokens[b]` at
+    /// `pos[b]`; the greedy next token lands in `tokens[b]`, and when `advance`, `pos[b]`
+    /// advances and `history[b][pos]` records it. Reads nothing from the host, so it can be
+    /// captured into a graph.
+    fn enqueue_decode(&self, nb: usize, advance: bool) -> Result<()> {
         let i = &self.info;
         let g = &self.gpu;
         let s = &self.s;
+        let tune = g.tuning();
+        let pf = tune.prefetch_mb;
+        let splits = (tune.attn_splits as usize).clamp(1, MAX_ATTN_SPLITS);
         let (nq, nkv) = (i.n_head, i.n_head_kv);
         let qw = nq * HEAD_DIM;
         let ld = 2 * qw + 2 * nkv * HEAD_DIM;
-        self.tok_embd.get_rows(g, s.tokens.ptr(), 1, s.x.ptr())?;
+        self.tok_embd.get_rows(g, s.tokens.ptr(), nb, s.x.ptr())?;
         // Embedding RMSNorm (no weight), in place.
-        self.norm(1, s.x.ptr(), None, 0, s.x.ptr(), 0, false)?;
+        self.norm(nb, s.x.ptr(), None, 0, s.x.ptr(), 0, false, (0, 0))?;
         self.norm(
-            1,
+            nb,
             s.x.ptr(),
             None,
             self.layers[0].attn_norm.ptr(),
             s.hf.ptr(),
             0,
             true,
+            self.layers[0].qkvg.prefetch(pf),
         )?;
         for (il, l) in self.layers.iter().enumerate() {
-            l.qkvg.gemv(g, 1, self.qact(), s.hf.ptr(), s.y_qkvg.ptr())?;
-            self.qk_norm_rope(l, il, 1, ld, s.q_f.ptr(), 0)?;
-            g.launch(
-                "attn_decode",
-                (nq as u32, 1, ATTN_SPLITS as u32),
-                128,
-                &[
-                    Arg::P(s.q_f.ptr()),
-                    Arg::P(l.k_cache.ptr()),
-                    Arg::P(l.v_cache.ptr()),
-                    Arg::P(s.pos.ptr()),
-                    Arg::I(nq as i32),
-                    Arg::I(nkv as i32),
-                    Arg::I(self.window(il)),
-                    Arg::F(i.attn_scale),
-                    Arg::P(s.part.ptr()),
-                    Arg::I(ATTN_SPLITS as i32),
-                ],
-            )?;
+            l.qkvg
+                .gemv(g, nb, self.qact(), s.hf.ptr(), s.y_qkvg.ptr())?;
             let qa = self.qact();
-            g.launch(
-                "attn_combine_gate",
-                (nq as u32, 1, 1),
-                128,
-                &[
-                    Arg::P(s.part.ptr()),
-                    Arg::I(nq as i32),
-                    Arg::I(ATTN_SPLITS as i32),
-                    Arg::P(s.pos.ptr()),
-                    Arg::I(self.window(il)),
-                    Arg::P(s.y_qkvg.at(4 * (qw + 2 * nkv * HEAD_DIM))),
-                    Arg::L(ld as i64),
-                    Arg::P(s.hf.ptr()),
-                    Arg::P(qa.q),
-                    Arg::P(qa.d),
-                    Arg::P(qa.s),
-                ],
-            )?;
-            l.wo.gemv(g, 1, qa, s.hf.ptr(), s.y_o.ptr())?;
+            let pf_wo = l.wo.prefetch(pf);
+            if tune.gemv_only {
+                l.wo.gemv(g, nb, qa, s.hf.ptr(), s.y_o.ptr())?;
+                l.gate_up.gemv(g, nb, qa, s.hf.ptr(), s.y_gu.ptr())?;
+                l.down.gemv(g, nb, qa, s.hf.ptr(), s.y_d.ptr())?;
+                continue;
+            }
+            if tune.fused_attn {
+                g.launch(
+                    "attn_decode_fused",
+                    (nq as u32, nb as u32, splits as u32),
+                    128,
+                    &[
+                        Arg::P(s.y_qkvg.ptr()),
+                        Arg::L(ld as i64),
+                        Arg::I(nq as i32),
+                        Arg::I(nkv as i32),
+                        Arg::P(l.q_norm.ptr()),
+                        Arg::P(l.k_norm.ptr()),
+                        Arg::F(i.rms_eps),
+                        Arg::P(s.pos.ptr()),
+                        Arg::I(i.is_swa[il] as i32),
+                        Arg::F(self.theta_scale()),
+                        Arg::P(l.k_cache.ptr()),
+                        Arg::P(l.v_cache.ptr()),
+                        Arg::L(self.slot_stride() as i64),
+                        Arg::I(self.window(il)),
+                        Arg::F(i.attn_scale),
+                        Arg::P(s.part.ptr()),
+                        Arg::I(splits as i32),
+                        Arg::P(s.attn_cnt.ptr()),
+                        Arg::P(s.hf.ptr()),
+                        Arg::P(qa.q),
+                        Arg::P(qa.d),
+                        Arg::P(qa.s),
+                        Arg::P(pf_wo.0),
+                        Arg::L(pf_wo.1),
+                    ],
+                )?;
+            } else {
+                self.qk_norm_rope(l, il, nb, ld, s.q_f.ptr(), 0, -1, pf_wo)?;
+                g.launch(
+                    "attn_decode",
+                    (nq as u32, nb as u32, splits as u32),
+                    128,
+                    &[
+                        Arg::P(s.q_f.ptr()),
+                        Arg::P(l.k_cache.ptr()),
+                        Arg::P(l.v_cache.ptr()),
+                        Arg::P(s.pos.ptr()),
+                        Arg::I(nq as i32),
+                        Arg::I(nkv as i32),
+                        Arg::I(self.window(il)),
+                        Arg::F(i.attn_scale),
+                        Arg::P(s.part.ptr()),
+                        Arg::I(splits as i32),
+                        Arg::L(self.slot_stride() as i64),
+                    ],
+                )?;
+                g.launch(
+                    "attn_combine_gate",
+                    (nq as u32, nb as u32, 1),
+                    128,
+                    &[
+                        Arg::P(s.part.ptr()),
+                        Arg::I(nq as i32),
+                        Arg::I(splits as i32),
+                        Arg::P(s.pos.ptr()),
+                        Arg::I(self.window(il)),
+                        Arg::P(s.y_qkvg.at(4 * (qw + 2 * nkv * HEAD_DIM))),
+                        Arg::L(ld as i64),
+                        Arg::P(s.hf.ptr()),
+                        Arg::P(qa.q),
+                        Arg::P(qa.d),
+                        Arg::P(qa.s),
+                    ],
+                )?;
+            }
+            l.wo.gemv(g, nb, qa, s.hf.ptr(), s.y_o.ptr())?;
             self.norm(
-                1,
+                nb,
                 s.x.ptr(),
                 Some((s.y_o.ptr(), l.post_attn_norm.ptr(), 1e-8)),
                 l.ffn_norm.ptr(),
                 s.hf.ptr(),
                 0,
                 true,
+                l.gate_up.prefetch(pf),
             )?;
-            l.gate_up.gemv(g, 1, qa, s.hf.ptr(), s.y_gu.ptr())?;
+            l.gate_up.gemv(g, nb, qa, s.hf.ptr(), s.y_gu.ptr())?;
+            let pf_down = l.down.prefetch(pf);
             g.launch(
                 "swiglu",
-                ((i.n_ff / 16).div_ceil(64) as u32, 1, 1),
+                ((nb * i.n_ff / 16).div_ceil(64) as u32, 1, 1),
                 64,
                 &[
                     Arg::P(s.y_gu.ptr()),
                     Arg::L(i.n_ff as i64),
-                    Arg::L(1),
+                    Arg::L(nb as i64),
                     Arg::P(s.hf.ptr()),
                     Arg::P(0),
                     Arg::P(qa.q),
                     Arg::P(qa.d),
                     Arg::P(qa.s),
+                    Arg::P(pf_down.0),
+                    Arg::L(pf_down.1),
+                    Arg::I(l.gu_il as i32),
                 ],
             )?;
-            l.down.gemv(g, 1, qa, s.hf.ptr(), s.y_d.ptr())?;
-            let next = self
-                .layers
-                .get(il + 1)
-                .map_or(self.output_norm.ptr(), |n| n.attn_norm.ptr());
+            l.down.gemv(g, nb, qa, s.hf.ptr(), s.y_d.ptr())?;
+            let (next, pf_next) = match self.layers.get(il + 1) {
+                Some(n) => (n.attn_norm.ptr(), n.qkvg.prefetch(pf)),
+                None => (self.output_norm.ptr(), self.output.prefetch(pf)),
+            };
             self.norm(
-                1,
+                nb,
                 s.x.ptr(),
                 Some((s.y_d.ptr(), l.post_ffw_norm.ptr(), 1e-8)),
                 next,
                 s.hf.ptr(),
                 0,
                 true,
+                pf_next,
             )?;
         }
         self.output
-            .gemv(g, 1, self.qact(), s.hf.ptr(), s.logits.ptr())?;
-        self.finish_logits(advance)
+            .gemv(g, nb, self.qact(), s.hf.ptr(), s.logits.ptr())?;
+        self.finish_logits(nb, advance)
     }
 
-    fn finish_logits(&self, advance: bool) -> Result<()> {
+    fn finish_logits(&self, nb: usize, advance: bool) -> Result<()> {
         self.gpu.launch(
             "logits_argmax",
-            (1, 1, 1),
+            (nb as u32, 1, 1),
             1024,
             &[
                 Arg::P(self.s.logits.ptr()),
@@ -570,7 +724,7 @@ impl CudaGlimmer {
         self.check_pos(pos, 1)?;
         self.gpu.upload(&self.s.tokens, 0, &[token as i32])?;
         self.gpu.upload(&self.s.pos, 0, &[pos as i32])?;
-        self.enqueue_decode(false)?;
+        self.enqueue_decode(1, false)?;
         self.read_logits()
     }
 
@@ -584,12 +738,61 @@ impl CudaGlimmer {
 
     /// Captures one decode step (token and position read from device memory) as a graph.
     pub fn capture_decode(&self) -> Result<DecodeGraph> {
+        self.capture_decode_batch(1)
+    }
+
+    /// Captures one decode step of sequences `0..nb` (one token each) as a graph.
+    pub fn capture_decode_batch(&self, nb: usize) -> Result<DecodeGraph> {
+        if nb == 0 || nb > self.opts.n_seq {
+            return Err(CudaError::Shape(format!(
+                "decode batch {nb} (the cache holds {} sequences)",
+                self.opts.n_seq
+            )));
+        }
         self.gpu.sync()?;
         self.gpu.begin_capture()?;
-        let r = self.enqueue_decode(true);
+        let r = self.enqueue_decode(nb, true);
         let graph = self.gpu.end_capture();
         r?;
-        Ok(DecodeGraph { graph: graph? })
+        Ok(DecodeGraph { graph: graph?, nb })
+    }
+
+    /// Greedy generation for `graph.nb` sequences at once: sequence b continues from
+    /// `tokens[b]` at `pos[b]`, `n` steps; returns each sequence's generated tokens.
+    pub fn generate_batch(
+        &self,
+        graph: &DecodeGraph,
+        tokens: &[u32],
+        pos: &[usize],
+        n: usize,
+    ) -> Result<Vec<Vec<u32>>> {
+        let nb = graph.nb;
+        if tokens.len() != nb || pos.len() != nb {
+            return Err(CudaError::Shape(format!(
+                "{} tokens and {} positions for a batch of {nb}",
+                tokens.len(),
+                pos.len()
+            )));
+        }
+        for &p in pos {
+            self.check_pos(p, n)?;
+        }
+        let t: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
+        let p: Vec<i32> = pos.iter().map(|&x| x as i32).collect();
+        self.gpu.upload(&self.s.tokens, 0, &t)?;
+        self.gpu.upload(&self.s.pos, 0, &p)?;
+        for _ in 0..n {
+            graph.graph.launch().map_err(crate::runtime::drv_err)?;
+        }
+        let hl = self.opts.n_ctx + 1;
+        let mut out = Vec::with_capacity(nb);
+        for (b, &p0) in pos.iter().enumerate() {
+            let mut hist = vec![0i32; n];
+            self.gpu
+                .download(self.s.history.at(4 * (b * hl + p0 + 1)), &mut hist)?;
+            out.push(hist.into_iter().map(|t| t as u32).collect());
+        }
+        Ok(out)
     }
 
     /// Greedy generation of `n` tokens after `token` at `pos` by replaying `graph`; returns the
@@ -601,28 +804,36 @@ impl CudaGlimmer {
         pos: usize,
         n: usize,
     ) -> Result<Vec<u32>> {
-        self.check_pos(pos, n)?;
-        self.gpu.upload(&self.s.tokens, 0, &[token as i32])?;
-        self.gpu.upload(&self.s.pos, 0, &[pos as i32])?;
-        for _ in 0..n {
-            graph.graph.launch().map_err(crate::runtime::drv_err)?;
-        }
-        let mut hist = vec![0i32; n];
-        self.gpu
-            .download(self.s.history.at(4 * (pos + 1)), &mut hist)?;
-        Ok(hist.into_iter().map(|t| t as u32).collect())
+        let mut out = self.generate_batch(graph, &[token], &[pos], n)?;
+        Ok(out.pop().unwrap_or_default())
     }
 
     /// Prefill `tokens` at positions `pos..`, in chunks of at most `max_chunk`; returns the
     /// last token's logits and its greedy next token.
     pub fn prefill(&mut self, tokens: &[u32], pos: usize) -> Result<(Vec<f32>, u32)> {
+        self.prefill_seq(tokens, pos, 0)
+    }
+
+    /// [`Self::prefill`] into sequence `seq` of the KV cache.
+    pub fn prefill_seq(
+        &mut self,
+        tokens: &[u32],
+        pos: usize,
+        seq: usize,
+    ) -> Result<(Vec<f32>, u32)> {
+        if seq >= self.opts.n_seq {
+            return Err(CudaError::Shape(format!(
+                "sequence {seq} (the cache holds {})",
+                self.opts.n_seq
+            )));
+        }
         if tokens.is_empty() {
             return Err(CudaError::Shape("empty prompt".into()));
         }
         self.check_pos(pos, tokens.len())?;
         let mut p = pos;
         for chunk in tokens.chunks(self.opts.max_chunk) {
-            self.enqueue_prefill_chunk(chunk, p)?;
+            self.enqueue_prefill_seq(chunk, p, seq)?;
             p += chunk.len();
         }
         self.read_logits()
@@ -630,6 +841,10 @@ impl CudaGlimmer {
 
     /// Enqueues a prefill chunk (used by `prefill` and timed by the bench).
     pub fn enqueue_prefill_chunk(&self, tokens: &[u32], p0: usize) -> Result<()> {
+        self.enqueue_prefill_seq(tokens, p0, 0)
+    }
+
+    fn enqueue_prefill_seq(&self, tokens: &[u32], p0: usize, seq: usize) -> Result<()> {
         let i = &self.info;
         let g = &self.gpu;
         let s = &self.s;
@@ -650,7 +865,7 @@ impl CudaGlimmer {
         g.upload(&s.tokens, 0, &ids)?;
         g.upload(&s.pos, 0, &poss)?;
         self.tok_embd.get_rows(g, s.tokens.ptr(), t, s.x.ptr())?;
-        self.norm(t, s.x.ptr(), None, 0, s.x.ptr(), 0, false)?;
+        self.norm(t, s.x.ptr(), None, 0, s.x.ptr(), 0, false, (0, 0))?;
         self.norm(
             t,
             s.x.ptr(),
@@ -659,11 +874,13 @@ impl CudaGlimmer {
             0,
             s.hb.ptr(),
             false,
+            (0, 0),
         )?;
+        let seq_off = 2 * seq * self.slot_stride();
         for (il, l) in self.layers.iter().enumerate() {
             l.qkvg
                 .gemm(g, t, s.hb.ptr(), s.y_qkvg.ptr(), s.wbuf.ptr())?;
-            self.qk_norm_rope(l, il, t, ld, 0, s.q_h.ptr())?;
+            self.qk_norm_rope(l, il, t, ld, 0, s.q_h.ptr(), seq as i32, (0, 0))?;
             let w = self.window(il);
             let k_lo = if w > 0 {
                 (p0 + 1).saturating_sub(w as usize)
@@ -678,7 +895,7 @@ impl CudaGlimmer {
                 nk,
                 rows,
                 HEAD_DIM,
-                l.k_cache.at(2 * k_lo * nkv * HEAD_DIM),
+                l.k_cache.at(seq_off + 2 * k_lo * nkv * HEAD_DIM),
                 nkv * HEAD_DIM,
                 HEAD_DIM,
                 s.q_h.ptr(),
@@ -689,10 +906,13 @@ impl CudaGlimmer {
                 rows * nk,
                 nkv,
             )?;
-            g.launch(
+            // Rows up to 12288 keys stay in shared memory (one read of the scores).
+            let cached = nk <= 12288;
+            g.launch_smem(
                 "softmax_mask",
                 ((nkv * rows) as u32, 1, 1),
                 256,
+                if cached { 4 * nk as u32 } else { 0 },
                 &[
                     Arg::P(s.scores.ptr()),
                     Arg::P(s.probs.ptr()),
@@ -702,6 +922,7 @@ impl CudaGlimmer {
                     Arg::I(k_lo as i32),
                     Arg::I(w),
                     Arg::F(i.attn_scale),
+                    Arg::I(cached as i32),
                 ],
             )?;
             // o[g][r][d] = Σ_j p[g][r][j] · v[k_lo + j][d]
@@ -710,7 +931,7 @@ impl CudaGlimmer {
                 HEAD_DIM,
                 rows,
                 nk,
-                l.v_cache.at(2 * k_lo * nkv * HEAD_DIM),
+                l.v_cache.at(seq_off + 2 * k_lo * nkv * HEAD_DIM),
                 nkv * HEAD_DIM,
                 HEAD_DIM,
                 s.probs.ptr(),
@@ -743,6 +964,7 @@ impl CudaGlimmer {
                 0,
                 s.hb.ptr(),
                 false,
+                (0, 0),
             )?;
             l.gate_up
                 .gemm(g, t, s.hb.ptr(), s.y_gu.ptr(), s.wbuf.ptr())?;
@@ -759,6 +981,9 @@ impl CudaGlimmer {
                     Arg::P(0),
                     Arg::P(0),
                     Arg::P(0),
+                    Arg::P(0),
+                    Arg::L(0),
+                    Arg::I(l.gu_il as i32),
                 ],
             )?;
             l.down.gemm(g, t, s.hb.ptr(), s.y_d.ptr(), s.wbuf.ptr())?;
@@ -776,15 +1001,24 @@ impl CudaGlimmer {
                 0,
                 if last { 0 } else { s.hb.ptr() },
                 false,
+                (0, 0),
             )?;
         }
         // Logits for the last token only.
         let xl = s.x.at(4 * (t - 1) * e);
-        self.norm(1, xl, None, self.output_norm.ptr(), s.hf.ptr(), 0, true)?;
+        self.norm(
+            1,
+            xl,
+            None,
+            self.output_norm.ptr(),
+            s.hf.ptr(),
+            0,
+            true,
+            (0, 0),
+        )?;
         self.output
             .gemv(g, 1, self.qact(), s.hf.ptr(), s.logits.ptr())?;
-        // The next token's position, for a decode graph that follows.
-        self.finish_logits(false)
+        self.finish_logits(1, false)
     }
 
     /// Waits for the GPU.
@@ -796,4 +1030,5 @@ impl CudaGlimmer {
 /// A captured decode step.
 pub struct DecodeGraph {
     graph: cudarc::driver::CudaGraph,
+    nb: usize,
 }

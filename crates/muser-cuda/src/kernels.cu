@@ -230,13 +230,38 @@ __device__ __forceinline__ int byte_of(uint4 v, int k) {
     return (int)((w >> (8 * (k & 3))) & 0xffu);
 }
 
-// Weight bytes are read once: keep them out of L1 so the activations stay there.
+// Weight bytes are read once: keep them out of L1 so the activations stay there. L = 1 also
+// asks L2 to fetch the whole 256-byte line pair on a miss (the neighbours are read next).
+template <int L = 0>
 __device__ __forceinline__ uint4 ld_stream(const void* p) {
     uint4 r;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-        : "l"(p));
+    if constexpr (L == 1) {
+        asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+            : "l"(p));
+    } else {
+        asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+            : "l"(p));
+    }
     return r;
+}
+
+// Asks the copy engine to bring [p, p + bytes) into L2 (sm_90; a no-op before). Weights are
+// constant, so this may run before the previous kernel finishes. bytes: a multiple of 16.
+__device__ __forceinline__ void l2_prefetch_range(const u8* p, long bytes) {
+#if __CUDA_ARCH__ >= 900
+    if (!p || bytes <= 0 || blockIdx.y != 0 || blockIdx.z != 0) return;
+    constexpr long CH = 1 << 16;
+    const long nch = (bytes + CH - 1) / CH;
+    const long tid = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long nth = (long)gridDim.x * blockDim.x;
+    for (long i = tid; i < nch; i += nth) {
+        const long off = i * CH;
+        const unsigned n = (unsigned)(min(CH, bytes - off) & ~15L);
+        if (n) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(n) : "memory");
+    }
+#endif
 }
 
 // Q4_K GEMV. A group of 8 lanes works on one super-block (lane j: 16 bytes of quants, chunk
@@ -244,11 +269,10 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
 // Q4K_UNROLL super-blocks of loads in flight. Strides are compile-time constants so the loads
 // use immediate offsets from a few running pointers.
 #define Q4K_UNROLL 4
-template <int B, int WPR>
+template <int B, int WPR, int U = Q4K_UNROLL, int L = 0>
 __device__ void gemv_q4k(const u8* __restrict__ W, long rows, long cols, Act x, float* __restrict__ y, long ldy) {
     constexpr int STEP = 4 * WPR;
-    constexpr int U = Q4K_UNROLL;
-    __shared__ float red[4][B];
+    __shared__ float red[WPR > 1 ? 4 : 1][B];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nsb = (int)(cols >> 8);
     const long row = (long)blockIdx.x * (4 / WPR) + warp / WPR;
@@ -274,8 +298,8 @@ __device__ void gemv_q4k(const u8* __restrict__ W, long rows, long cols, Act x, 
             hv[u] = make_uint4(0, 0, 0, 0);
             qv[u] = hv[u];
             if (s0 + STEP * u < nsb) {
-                hv[u] = ld_stream(wh + STEP * u * 144);
-                qv[u] = ld_stream(wq + STEP * u * 144);
+                hv[u] = ld_stream<L>(wh + STEP * u * 144);
+                qv[u] = ld_stream<L>(wq + STEP * u * 144);
             }
         }
         // Weights do not depend on the previous kernel: wait for it only after the first loads.
@@ -309,17 +333,25 @@ __device__ void gemv_q4k(const u8* __restrict__ W, long rows, long cols, Act x, 
         xd += STEP * U * 16;
         xs += STEP * U * 16;
     }
+    if constexpr (WPR == 1) {
 #pragma unroll
-    for (int b = 0; b < B; b++) {
-        const float v = warp_sum(acc[b]);
-        if (lane == 0) red[warp][b] = v;
-    }
-    __syncthreads();
-    if (valid && warp % WPR == 0 && lane < B) {
-        float v = 0.f;
+        for (int b = 0; b < B; b++) {
+            const float v = warp_sum(acc[b]);
+            if (valid && lane == 0) y[b * ldy + row] = v;
+        }
+    } else {
 #pragma unroll
-        for (int k = 0; k < WPR; k++) v += red[warp + k][lane];
-        y[lane * ldy + row] = v;
+        for (int b = 0; b < B; b++) {
+            const float v = warp_sum(acc[b]);
+            if (lane == 0) red[warp][b] = v;
+        }
+        __syncthreads();
+        if (valid && warp % WPR == 0 && lane < B) {
+            float v = 0.f;
+#pragma unroll
+            for (int k = 0; k < WPR; k++) v += red[warp + k][lane];
+            y[lane * ldy + row] = v;
+        }
     }
 }
 
@@ -409,9 +441,14 @@ __device__ __forceinline__ int fp4_lut4(u32 q) {
     return (int)((lo & ~m) | (hi & m));
 }
 
+// NVFP4 GEMV: one warp per row, lane chunks of 32 values (16 bytes of nibbles and two scale
+// bytes), NVFP4_UNROLL chunks of loads in flight per lane, issued before waiting for the
+// previous kernel.
+#define NVFP4_UNROLL 8
 template <int B>
 __device__ void gemv_nvfp4(const u8* __restrict__ W, const u8* __restrict__ S, long rows, long cols, Act x,
                            float* __restrict__ y, long ldy) {
+    constexpr int U = NVFP4_UNROLL;
     const int lane = threadIdx.x & 31;
     const long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= rows) return;
@@ -420,28 +457,50 @@ __device__ void gemv_nvfp4(const u8* __restrict__ W, const u8* __restrict__ S, l
     float acc[B];
 #pragma unroll
     for (int b = 0; b < B; b++) acc[b] = 0.f;
-    for (long e = 32 * lane; e < cols; e += 1024) {
-        const uint4 w = __ldg((const uint4*)(wr + e / 2));
-        const long g = e / 16;
-        const float d0 = ue4m3_half(sr[g]), d1 = ue4m3_half(sr[g + 1]);
-        const int a0 = fp4_lut4(w.x & 0x0F0F0F0Fu), a1 = fp4_lut4(w.y & 0x0F0F0F0Fu);
-        const int a2 = fp4_lut4((w.x >> 4) & 0x0F0F0F0Fu), a3 = fp4_lut4((w.y >> 4) & 0x0F0F0F0Fu);
-        const int b0 = fp4_lut4(w.z & 0x0F0F0F0Fu), b1 = fp4_lut4(w.w & 0x0F0F0F0Fu);
-        const int b2 = fp4_lut4((w.z >> 4) & 0x0F0F0F0Fu), b3 = fp4_lut4((w.w >> 4) & 0x0F0F0F0Fu);
+    bool waited = false;
+    for (long e0 = 32 * lane; e0 < cols; e0 += 1024 * U) {
+        uint4 wv[U];
+        u32 sc[U];
 #pragma unroll
-        for (int b = 0; b < B; b++) {
-            const int4 x0 = *(const int4*)(x.q + b * x.n + e);
-            const int4 x1 = *(const int4*)(x.q + b * x.n + e + 16);
-            int s0 = __dp4a(a0, x0.x, 0);
-            s0 = __dp4a(a1, x0.y, s0);
-            s0 = __dp4a(a2, x0.z, s0);
-            s0 = __dp4a(a3, x0.w, s0);
-            int s1 = __dp4a(b0, x1.x, 0);
-            s1 = __dp4a(b1, x1.y, s1);
-            s1 = __dp4a(b2, x1.z, s1);
-            s1 = __dp4a(b3, x1.w, s1);
-            const long go = b * (x.n / 16);
-            acc[b] += d0 * x.d[go + g] * (float)s0 + d1 * x.d[go + g + 1] * (float)s1;
+        for (int u = 0; u < U; u++) {
+            const long e = e0 + 1024 * u;
+            wv[u] = make_uint4(0, 0, 0, 0);
+            sc[u] = 0;
+            if (e < cols) {
+                wv[u] = ld_stream<1>(wr + e / 2);
+                sc[u] = *(const u16*)(sr + e / 16);
+            }
+        }
+        if (!waited) {
+            pdl_wait();
+            waited = true;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const long e = e0 + 1024 * u;
+            if (e >= cols) continue;
+            const uint4 w = wv[u];
+            const long g = e / 16;
+            const float d0 = ue4m3_half(sc[u] & 0xff), d1 = ue4m3_half(sc[u] >> 8);
+            const int a0 = fp4_lut4(w.x & 0x0F0F0F0Fu), a1 = fp4_lut4(w.y & 0x0F0F0F0Fu);
+            const int a2 = fp4_lut4((w.x >> 4) & 0x0F0F0F0Fu), a3 = fp4_lut4((w.y >> 4) & 0x0F0F0F0Fu);
+            const int b0 = fp4_lut4(w.z & 0x0F0F0F0Fu), b1 = fp4_lut4(w.w & 0x0F0F0F0Fu);
+            const int b2 = fp4_lut4((w.z >> 4) & 0x0F0F0F0Fu), b3 = fp4_lut4((w.w >> 4) & 0x0F0F0F0Fu);
+#pragma unroll
+            for (int b = 0; b < B; b++) {
+                const int4 x0 = *(const int4*)(x.q + b * x.n + e);
+                const int4 x1 = *(const int4*)(x.q + b * x.n + e + 16);
+                int s0 = __dp4a(a0, x0.x, 0);
+                s0 = __dp4a(a1, x0.y, s0);
+                s0 = __dp4a(a2, x0.z, s0);
+                s0 = __dp4a(a3, x0.w, s0);
+                int s1 = __dp4a(b0, x1.x, 0);
+                s1 = __dp4a(b1, x1.y, s1);
+                s1 = __dp4a(b2, x1.z, s1);
+                s1 = __dp4a(b3, x1.w, s1);
+                const long go = b * (x.n / 16);
+                acc[b] += d0 * x.d[go + g] * (float)s0 + d1 * x.d[go + g + 1] * (float)s1;
+            }
         }
     }
 #pragma unroll
@@ -517,7 +576,7 @@ __device__ void gemv_float(int ty, const u8* __restrict__ W, long rows, long col
     extern "C" __global__ void gemv_nvfp4_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,  \
                                                const float* xd, const float* xs, const float* xf, float* y, long ldy) { \
         Act x = {xq, xd, xs, cols};                                                                           \
-        pdl_trigger(); pdl_wait(); gemv_nvfp4<B>(W, S, rows, cols, x, y, ldy);                                                                \
+        pdl_trigger(); gemv_nvfp4<B>(W, S, rows, cols, x, y, ldy);                                                                \
     }                                                                                                         \
     extern "C" __global__ void gemv_f16_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,    \
                                              const float* xd, const float* xs, const float* xf, float* y, long ldy) {   \
@@ -540,6 +599,29 @@ GEMV_ENTRIES(5)
 GEMV_ENTRIES(6)
 GEMV_ENTRIES(7)
 GEMV_ENTRIES(8)
+
+// Q4_K GEMV with an explicit shape: WPR warps per row (4 / WPR rows per 128-thread block), U
+// super-blocks of loads in flight per lane group, L the load hint. The host picks the shape
+// that covers a row in one pass (weights.rs). Instantiated for batches 1-4.
+#define Q4K_CFG(WPR, U, L, B)                                                                               \
+    extern "C" __global__ void gemv_q4k_w##WPR##u##U##l##L##_b##B(                                          \
+        const u8* W, const u8* S, long rows, long cols, const i8* xq, const float* xd, const float* xs,      \
+        const float* xf, float* y, long ldy) {                                                              \
+        Act x = {xq, xd, xs, cols};                                                                         \
+        pdl_trigger();                                                                                      \
+        gemv_q4k<B, WPR, U, L>(W, rows, cols, x, y, ldy);                                                   \
+    }
+#define Q4K_CFGS(WPR, U)                                                                                    \
+    Q4K_CFG(WPR, U, 0, 1) Q4K_CFG(WPR, U, 0, 2) Q4K_CFG(WPR, U, 0, 3) Q4K_CFG(WPR, U, 0, 4)                \
+    Q4K_CFG(WPR, U, 1, 1) Q4K_CFG(WPR, U, 1, 2) Q4K_CFG(WPR, U, 1, 3) Q4K_CFG(WPR, U, 1, 4)
+Q4K_CFGS(1, 1)
+Q4K_CFGS(1, 2)
+Q4K_CFGS(1, 3)
+Q4K_CFGS(1, 4)
+Q4K_CFGS(1, 7)
+Q4K_CFGS(2, 2)
+Q4K_CFGS(2, 4)
+Q4K_CFGS(4, 5)
 
 // Quantize f32 activations [B][n] (n a multiple of 16) for the integer GEMV paths.
 extern "C" __global__ void quantize_act(const float* x, long n, long total_groups, i8* q, float* qd, float* qs) {
@@ -571,23 +653,26 @@ __device__ __forceinline__ void store16(float* p, const float* v) {
 }
 
 extern "C" __global__ void norm_fused(float* x, const float* y, const float* w_post, float eps_post, const float* w,
-                                      float eps, long n, float* out_f, bf16* out_b, i8* q, float* qd, float* qs) {
+                                      float eps, long n, float* out_f, bf16* out_b, i8* q, float* qd, float* qs,
+                                      const u8* pf, long pf_bytes) {
     pdl_trigger();
-    pdl_wait();
+    l2_prefetch_range(pf, pf_bytes);
     __shared__ float sh[33];
     const long r = blockIdx.x;
     const long g = threadIdx.x;
     const bool act = g < n / 16;
     float* xr = x + r * n + 16 * g;
-    // Every input is loaded up front, so the two reductions are the only waits.
+    // Every input is loaded up front, so the two reductions are the only waits; the norm
+    // weights (constant) before waiting for the previous kernel.
     float v[16], yv[16], wp[16], wv[16];
     if (act) {
-        load16(xr, v);
-        if (y) {
-            load16(y + r * n + 16 * g, yv);
-            load16(w_post + 16 * g, wp);
-        }
+        if (y) load16(w_post + 16 * g, wp);
         if (w) load16(w + 16 * g, wv);
+    }
+    pdl_wait();
+    if (act) {
+        load16(xr, v);
+        if (y) load16(y + r * n + 16 * g, yv);
     }
     if (y) {
         float ss = 0.f;
@@ -628,14 +713,31 @@ extern "C" __global__ void norm_fused(float* x, const float* y, const float* w_p
 // Per-head RMSNorm of q and k, NORM RoPE (adjacent pairs) when `rope`, K/V into the cache.
 // qkv rows [T][ld]: q heads at 0, k heads at nq*128, v heads at (nq+nkv)*128. head_dim 128.
 // grid (T, nq + 2 nkv), block 32. q goes to q_f [T][nq][128] f32 and/or q_h [nq][T][128] f16.
+// The caches hold one sequence per `slot_stride` halves: token t goes to sequence `slot`, or
+// to sequence t when slot < 0 (a decode step over several sequences).
 extern "C" __global__ void qk_norm_rope_store(const float* qkv, long ld, int nq, int nkv, const float* qn_w,
                                               const float* kn_w, float eps, const int* pos, int rope,
                                               float theta_scale, float* q_f, __half* q_h, int T, __half* kc,
-                                              __half* vc) {
+                                              __half* vc, long slot_stride, int slot, const u8* pf,
+                                              long pf_bytes) {
     pdl_trigger();
+    if (blockIdx.x == 0) {
+        // One row of blocks issues the prefetch (grid.y heads).
+        const long nth = (long)gridDim.y * blockDim.x;
+        const long tid = (long)blockIdx.y * blockDim.x + threadIdx.x;
+        constexpr long CH = 1 << 16;
+        for (long i = tid; pf && i * CH < pf_bytes; i += nth) {
+            const long off = i * CH;
+            const unsigned n = (unsigned)(min(CH, pf_bytes - off) & ~15L);
+#if __CUDA_ARCH__ >= 900
+            if (n) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pf + off), "r"(n) : "memory");
+#endif
+        }
+    }
     pdl_wait();
     const int t = blockIdx.x, head = blockIdx.y, lane = threadIdx.x;
     const int p = pos[t];
+    const long soff = (long)(slot < 0 ? t : slot) * slot_stride;
     const float4 v4 = *(const float4*)(qkv + (long)t * ld + (long)head * 128 + 4 * lane);
     float v[4] = {v4.x, v4.y, v4.z, v4.w};
     const bool is_q = head < nq, is_k = !is_q && head < nq + nkv;
@@ -667,7 +769,7 @@ extern "C" __global__ void qk_norm_rope_store(const float* qkv, long ld, int nq,
         }
     } else {
         const int kh = is_k ? head - nq : head - nq - nkv;
-        __half* d = (is_k ? kc : vc) + (long)p * nkv * 128 + kh * 128 + 4 * lane;
+        __half* d = (is_k ? kc : vc) + soff + (long)p * nkv * 128 + kh * 128 + 4 * lane;
         d[0] = __float2half(v[0]); d[1] = __float2half(v[1]);
         d[2] = __float2half(v[2]); d[3] = __float2half(v[3]);
     }
@@ -678,10 +780,12 @@ extern "C" __global__ void qk_norm_rope_store(const float* qkv, long ld, int nq,
 // pos[b] = position of the query. Keys in [lo, pos] with lo = pos - window + 1 for SWA.
 // grid (nq, B, S), block 128. part [B][nq][S][130]: acc[128], max, sum.
 extern "C" __global__ void attn_decode(const float* q_f, const __half* kc, const __half* vc, const int* pos, int nq,
-                                       int nkv, int window, float scale, float* part, int S) {
+                                       int nkv, int window, float scale, float* part, int S, long slot_stride) {
     pdl_trigger();
     pdl_wait();
     const int h = blockIdx.x, b = blockIdx.y, sp = blockIdx.z;
+    kc += (long)b * slot_stride;
+    vc += (long)b * slot_stride;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int p = pos[b];
     const int lo = window > 0 ? max(0, p - window + 1) : 0;
@@ -779,14 +883,203 @@ extern "C" __global__ void attn_combine_gate(const float* part, int nq, int S, c
     }
 }
 
+// Decode attention in one kernel: per-head Q/K RMSNorm and RoPE of the new token (recomputed
+// by each block from the projection rows, so no separate kernel), K/V of the new token into
+// the cache, flash-decoding over the cached keys [lo, pos) plus the new key from registers,
+// and the split merge + sigmoid gate + quantization done by the last split block to finish
+// (per-(b, h) counters in `cnt`, reset by that block for the next launch).
+// qkv rows [B][ld] (q | k | v | gate), caches [B][n_ctx][nkv*128] (slot_stride halves apart).
+// grid (nq, B, S), block 128. part [B][nq][S][130].
+extern "C" __global__ void attn_decode_fused(const float* qkv, long ld, int nq, int nkv, const float* qn_w,
+                                             const float* kn_w, float eps, const int* pos, int rope,
+                                             float theta_scale, __half* kc, __half* vc, long slot_stride,
+                                             int window, float scale, float* part, int S, unsigned* cnt,
+                                             float* out_f, i8* q, float* qd, float* qs, const u8* pf,
+                                             long pf_bytes) {
+    pdl_trigger();
+    l2_prefetch_range(pf, pf_bytes);
+    const int h = blockIdx.x, b = blockIdx.y, sp = blockIdx.z;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    // Positions are written only at the end of the previous step (or by the host), so the
+    // splits this step needs are known before waiting: the others leave at once instead of
+    // holding a slot while the projection finishes.
+    const int p = pos[b];
+    const int lo = window > 0 ? max(0, p - window + 1) : 0;
+    const int nk = p - lo + 1;                 // keys including the new one
+    const int used = min(S, (nk + 63) / 64);  // splits of at least 64 keys
+    if (sp >= used) return;
+    pdl_wait();
+    const int ncache = nk - 1;                 // cached keys [lo, p)
+    const int chunk = (ncache + used - 1) / used;
+    const int k0 = lo + sp * chunk, k1 = min(p, k0 + chunk);
+    const int grp = nq / nkv, g = h / grp;
+    kc += (long)b * slot_stride;
+    vc += (long)b * slot_stride;
+    const float* row = qkv + (long)b * ld;
+    // q (and, for the new key, k) normalized and rotated: lane holds dims 4*lane .. 4*lane+3.
+    auto norm_rope = [&](const float* src, const float* nw, float* v) {
+        const float4 v4 = *(const float4*)(src + 4 * lane);
+        v[0] = v4.x; v[1] = v4.y; v[2] = v4.z; v[3] = v4.w;
+        const float ss = warp_sum(v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3]);
+        const float sc = 1.0f / sqrtf(ss / 128.f + eps);
+#pragma unroll
+        for (int i = 0; i < 4; i++) v[i] = v[i] * sc * nw[4 * lane + i];
+        if (rope) {
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                const int i = 2 * lane + k;
+                const float theta = (float)p * powf(theta_scale, (float)i);
+                float sn, cs;
+                sincosf(theta, &sn, &cs);
+                const float a = v[2 * k], c = v[2 * k + 1];
+                v[2 * k] = a * cs - c * sn;
+                v[2 * k + 1] = a * sn + c * cs;
+            }
+        }
+    };
+    float qv[4];
+    norm_rope(row + (long)h * 128, qn_w, qv);
+#pragma unroll
+    for (int i = 0; i < 4; i++) qv[i] *= scale;
+    float m = -INFINITY, l = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const bool owner = sp == 0 && w == 0;  // this warp also takes the new key
+    if (owner) {
+        float kv[4];
+        norm_rope(row + (long)(nq + g) * 128, kn_w, kv);
+        const float4 v4 = *(const float4*)(row + (long)(nq + nkv + g) * 128 + 4 * lane);
+        const float s0 = warp_sum(qv[0] * kv[0] + qv[1] * kv[1] + qv[2] * kv[2] + qv[3] * kv[3]);
+        m = s0;
+        l = 1.f;
+        acc[0] = v4.x; acc[1] = v4.y; acc[2] = v4.z; acc[3] = v4.w;
+        if (h % grp == 0) {
+            // The group's first head stores the new K/V for later steps (this launch reads
+            // cached keys below p only).
+            const long o = (long)p * nkv * 128 + g * 128 + 4 * lane;
+            __half2* kd = (__half2*)(kc + o);
+            __half2* vd = (__half2*)(vc + o);
+            kd[0] = __floats2half2_rn(kv[0], kv[1]);
+            kd[1] = __floats2half2_rn(kv[2], kv[3]);
+            vd[0] = __floats2half2_rn(v4.x, v4.y);
+            vd[1] = __floats2half2_rn(v4.z, v4.w);
+        }
+    }
+    const long stride = (long)nkv * 128;
+    // Four keys per warp per step, their loads issued together (the loop is latency-bound).
+    for (int j = k0 + w; j < k1; j += 16) {
+        uint2 kr[4], vr[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int jj = min(j + 4 * u, k1 - 1);
+            kr[u] = *(const uint2*)(kc + jj * stride + g * 128 + 4 * lane);
+            vr[u] = *(const uint2*)(vc + jj * stride + g * 128 + 4 * lane);
+        }
+        float sv[4];
+        float mx = m;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const float2 a = __half22float2(*(const __half2*)&kr[u].x), c = __half22float2(*(const __half2*)&kr[u].y);
+            sv[u] = warp_sum(qv[0] * a.x + qv[1] * a.y + qv[2] * c.x + qv[3] * c.y);
+            if (j + 4 * u >= k1) sv[u] = -INFINITY;
+            mx = fmaxf(mx, sv[u]);
+        }
+        const float corr = __expf(m - mx);
+        l *= corr;
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[i] *= corr;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const float pe = j + 4 * u < k1 ? __expf(sv[u] - mx) : 0.f;
+            const float2 va = __half22float2(*(const __half2*)&vr[u].x), vb = __half22float2(*(const __half2*)&vr[u].y);
+            l += pe;
+            acc[0] += pe * va.x;
+            acc[1] += pe * va.y;
+            acc[2] += pe * vb.x;
+            acc[3] += pe * vb.y;
+        }
+        m = mx;
+    }
+    __shared__ float sm[4], sl[4], sa[4][128];
+    __shared__ unsigned last;
+    if (lane == 0) { sm[w] = m; sl[w] = l; }
+#pragma unroll
+    for (int i = 0; i < 4; i++) sa[w][4 * lane + i] = acc[i];
+    __syncthreads();
+    const int d = threadIdx.x;
+    float M = fmaxf(fmaxf(sm[0], sm[1]), fmaxf(sm[2], sm[3]));
+    float L = 0.f, A = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if (sm[i] != -INFINITY) {
+                const float f = __expf(sm[i] - M);
+                L += sl[i] * f;
+                A += sa[i][d] * f;
+            }
+        }
+    }
+    float* base = part + ((long)b * nq + h) * S * 130;
+    if (used == 1) {
+        // One split: nothing to merge.
+    } else {
+        float* o = base + sp * 130;
+        o[d] = A;
+        if (d == 0) { o[128] = M; o[129] = L; }
+        __threadfence();
+        __syncthreads();
+        if (d == 0) {
+            const unsigned prev = atomicAdd(cnt + (long)b * nq + h, 1u);
+            last = prev == (unsigned)(used - 1);
+            if (last) cnt[(long)b * nq + h] = 0;
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        M = -INFINITY;
+        for (int s2 = 0; s2 < used; s2++) M = fmaxf(M, __ldcg(base + s2 * 130 + 128));
+        L = 0.f;
+        A = 0.f;
+        if (M != -INFINITY) {
+            for (int s2 = 0; s2 < used; s2++) {
+                const float ms = __ldcg(base + s2 * 130 + 128);
+                if (ms == -INFINITY) continue;
+                const float f = __expf(ms - M);
+                L += __ldcg(base + s2 * 130 + 129) * f;
+                A += __ldcg(base + s2 * 130 + d) * f;
+            }
+        }
+    }
+    const float gt = row[(long)(nq + 2 * nkv) * 128 + h * 128 + d];
+    const float v = (L > 0.f ? A / L : 0.f) * (1.f / (1.f + __expf(-gt)));
+    const long n = (long)nq * 128;
+    const long idx = (long)b * n + h * 128 + d;
+    if (out_f) out_f[idx] = v;
+    if (q) {
+        float amax = fabsf(v);
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL, amax, o, 16));
+        const float dd = amax / 127.f;
+        const int qi = dd > 0.f ? __float2int_rn(v / dd) : 0;
+        int sum = qi;
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL, sum, o, 16);
+        q[idx] = (i8)qi;
+        if ((d & 15) == 0) {
+            qd[idx / 16] = dd;
+            qs[idx / 16] = dd * (float)sum;
+        }
+    }
+}
+
 // Prefill attention pieces (scores from cuBLAS). S rows: [2 * 16 * n] x nk laid out per KV group g
 // as rows (h_local, t). Query t is at position p0 + t, key j at position k_lo + j.
 // P = softmax(scale * S + mask) as f16. grid = rows, block 256.
+// With `cached`, the row (nk floats of dynamic shared memory) is read from memory once.
 extern "C" __global__ void softmax_mask(const float* Sc, __half* P, int n, int nk, int p0, int k_lo, int window,
-                                       float scale) {
+                                       float scale, int cached) {
     pdl_trigger();
     pdl_wait();
     __shared__ float sh[33];
+    extern __shared__ float row_s[];
     const long r = blockIdx.x;
     const int t = (int)(r % n);
     const int qp = p0 + t;
@@ -796,7 +1089,9 @@ extern "C" __global__ void softmax_mask(const float* Sc, __half* P, int n, int n
     for (int j = threadIdx.x; j < nk; j += blockDim.x) {
         const int kp = k_lo + j;
         const bool ok = kp <= qp && (window <= 0 || qp - kp < window);
-        if (ok) m = fmaxf(m, sr[j] * scale);
+        const float v = ok ? sr[j] * scale : -INFINITY;
+        if (cached) row_s[j] = v;
+        m = fmaxf(m, v);
     }
     // block max
     m = warp_max(m);
@@ -814,14 +1109,18 @@ extern "C" __global__ void softmax_mask(const float* Sc, __half* P, int n, int n
     for (int j = threadIdx.x; j < nk; j += blockDim.x) {
         const int kp = k_lo + j;
         const bool ok = kp <= qp && (window <= 0 || qp - kp < window);
-        sum += ok ? __expf(sr[j] * scale - m) : 0.f;
+        const float v = cached ? row_s[j] : sr[j] * scale;
+        const float e = ok ? __expf(v - m) : 0.f;
+        if (cached) row_s[j] = e;
+        sum += e;
     }
     sum = block_sum(sum, sh);
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
     for (int j = threadIdx.x; j < nk; j += blockDim.x) {
         const int kp = k_lo + j;
         const bool ok = kp <= qp && (window <= 0 || qp - kp < window);
-        pr[j] = __float2half(ok ? __expf(sr[j] * scale - m) * inv : 0.f);
+        const float e = cached ? row_s[j] : (ok ? __expf(sr[j] * scale - m) : 0.f);
+        pr[j] = __float2half(e * inv);
     }
 }
 
@@ -839,18 +1138,25 @@ extern "C" __global__ void gate_heads_bf16(const float* O, const float* gate, lo
     out[i] = __float2bfloat16(O[((long)h * n + t) * 128 + d] * (1.f / (1.f + __expf(-gt))));
 }
 
-// SwiGLU over rows [T][2F] (gate | up): a = silu(gate) * up -> f32, bf16 and/or quantized [T][F].
+// SwiGLU over rows [T][2F] (gate | up, or with `il` interleaved in groups of 16: 16 gate values,
+// then their 16 up values): a = silu(gate) * up -> f32, bf16 and/or quantized [T][F].
 extern "C" __global__ void swiglu(const float* gu, long F, long T, float* out_f, bf16* out_b, i8* q, float* qd,
-                                  float* qs) {
+                                  float* qs, const u8* pf, long pf_bytes, int il) {
     pdl_trigger();
+    l2_prefetch_range(pf, pf_bytes);
     pdl_wait();
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     const long ng = F / 16;
     if (i >= T * ng) return;
     const long t = i / ng, g = i % ng;
     float v[16], u[16];
-    load16(gu + t * 2 * F + 16 * g, v);
-    load16(gu + t * 2 * F + F + 16 * g, u);
+    if (il) {
+        load16(gu + t * 2 * F + 32 * g, v);
+        load16(gu + t * 2 * F + 32 * g + 16, u);
+    } else {
+        load16(gu + t * 2 * F + 16 * g, v);
+        load16(gu + t * 2 * F + F + 16 * g, u);
+    }
 #pragma unroll
     for (int k = 0; k < 16; k++) v[k] = v[k] / (1.f + __expf(-v[k])) * u[k];
     if (out_f) store16(out_f + t * F + 16 * g, v);

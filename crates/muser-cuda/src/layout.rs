@@ -133,8 +133,47 @@ pub fn repack(ty: WType, rows: usize, cols: usize, pieces: &[&[u8]]) -> Option<(
 /// Largest batch the decode GEMV kernels are instantiated for.
 pub const MAX_GEMV_BATCH: usize = 8;
 
+/// Q4_K GEMV shapes instantiated in kernels.cu (`Q4K_CFGS(w, u)`): (warps per row, unroll),
+/// each for batches 1..=[`Q4K_SHAPE_MAX_BATCH`] and load hints 0 and 1.
+pub const Q4K_SHAPES: [(u32, u32); 8] = [
+    (1, 1),
+    (1, 2),
+    (1, 3),
+    (1, 4),
+    (1, 7),
+    (2, 2),
+    (2, 4),
+    (4, 5),
+];
+
+/// Largest batch the shaped Q4_K GEMVs are instantiated for (larger batches use the first
+/// version).
+pub const Q4K_SHAPE_MAX_BATCH: usize = 4;
+
+/// The shape that covers a row of `nsb` super-blocks in the fewest passes (a warp takes 4
+/// super-blocks per unroll step), then with the fewest idle lanes, then the deepest unroll.
+pub fn q4k_shape(nsb: usize) -> (u32, u32) {
+    let mut best = Q4K_SHAPES[0];
+    let mut best_key = (usize::MAX, usize::MAX, 0u32);
+    for &(w, u) in &Q4K_SHAPES {
+        let cover = 4 * (w * u) as usize;
+        let passes = nsb.div_ceil(cover).max(1);
+        let key = (passes, passes * cover - nsb, u32::MAX - u);
+        if key < best_key {
+            best_key = key;
+            best = (w, u);
+        }
+    }
+    best
+}
+
+/// Name of a shaped Q4_K GEMV kernel.
+pub fn q4k_kernel(w: u32, u: u32, hint: u32, batch: usize) -> String {
+    format!("gemv_q4k_w{w}u{u}l{hint}_b{batch}")
+}
+
 /// Kernels other than the GEMVs.
-pub const OTHER_KERNELS: [&str; 11] = [
+pub const OTHER_KERNELS: [&str; 12] = [
     "dequant_bf16",
     "get_rows",
     "quantize_act",
@@ -142,6 +181,7 @@ pub const OTHER_KERNELS: [&str; 11] = [
     "qk_norm_rope_store",
     "attn_decode",
     "attn_combine_gate",
+    "attn_decode_fused",
     "softmax_mask",
     "gate_heads_bf16",
     "swiglu",
@@ -162,6 +202,13 @@ pub fn kernel_names() -> Vec<String> {
     ] {
         for b in 1..=MAX_GEMV_BATCH {
             names.push(format!("gemv_{}_b{b}", t.kernel()));
+        }
+    }
+    for (w, u) in Q4K_SHAPES {
+        for hint in 0..2 {
+            for b in 1..=Q4K_SHAPE_MAX_BATCH {
+                names.push(q4k_kernel(w, u, hint, b));
+            }
         }
     }
     names
@@ -227,6 +274,24 @@ mod tests {
         assert!(repack(WType::Q4K, 1, 256, &[&[0u8; 144]]).is_none());
     }
 
+    /// Muse Glimmer's widths get one-pass shapes: 26 super-blocks (n_embd 6656) one warp
+    /// unrolled 7, 16 (4096) one warp unrolled 4, 78 (19968) four warps unrolled 5.
+    #[test]
+    fn q4k_shapes_cover_rows_in_one_pass() {
+        assert_eq!(q4k_shape(26), (1, 7));
+        assert_eq!(q4k_shape(16), (1, 4));
+        assert_eq!(q4k_shape(78), (4, 5));
+        assert_eq!(q4k_shape(4), (1, 1));
+        assert_eq!(q4k_shape(12), (1, 3));
+        for nsb in 1..200 {
+            let (w, u) = q4k_shape(nsb);
+            assert!(Q4K_SHAPES.contains(&(w, u)));
+            if nsb <= 80 {
+                assert!(4 * (w * u) as usize >= nsb, "{nsb}: one pass");
+            }
+        }
+    }
+
     /// Every kernel the runtime loads is defined in kernels.cu (an extern "C" function or a
     /// GEMV_ENTRIES instance), so a renamed kernel fails here rather than on the GPU.
     #[test]
@@ -234,6 +299,11 @@ mod tests {
         let src = include_str!("kernels.cu");
         for name in kernel_names() {
             let plain = format!("void {name}(");
+            let shaped = name.strip_prefix("gemv_q4k_w").is_some_and(|r| {
+                let (w, r) = r.split_once('u').unwrap_or_default();
+                let (u, _) = r.split_once('l').unwrap_or_default();
+                src.contains(&format!("Q4K_CFGS({w}, {u})"))
+            });
             let gemv = name
                 .strip_prefix("gemv_")
                 .and_then(|r| r.rsplit_once("_b"))
@@ -243,7 +313,7 @@ mod tests {
                 })
                 .unwrap_or(false);
             assert!(
-                src.contains(&plain) || gemv,
+                src.contains(&plain) || gemv || shaped,
                 "kernel {name} not found in kernels.cu"
             );
         }

@@ -178,6 +178,87 @@ fn write_cache(path: &Path, text: &str) {
 
 pub use crate::layout::MAX_GEMV_BATCH;
 
+/// How the Q4_K decode GEMV is shaped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Q4kShape {
+    /// The first version: 2 or 4 warps per row, 4 super-blocks of loads in flight.
+    Legacy,
+    /// Per matrix, the instantiated shape that covers a row in one pass with the fewest idle
+    /// lanes (`crate::layout::q4k_shape`).
+    Tuned,
+    /// A fixed (warps per row, unroll) shape, for benchmarks.
+    Fixed(u32, u32),
+}
+
+/// Run-time choices of the decode path, for A/B measurements in one process. The default is
+/// the measured best; `MUSER_CUDA_TUNE` (`key=value,...`, keys as in [`Tuning::parse`])
+/// changes it at start-up.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tuning {
+    /// Q4_K GEMV shape.
+    pub q4k: Q4kShape,
+    /// Q4_K weight loads ask L2 for 256-byte fetches.
+    pub l2_256: bool,
+    /// Megabytes of the next matrix each latency-bound kernel asks the copy engine to bring
+    /// into L2 while it waits for its predecessor (0: off).
+    pub prefetch_mb: f32,
+    /// One attention kernel per layer (Q/K norm, RoPE, cache store, flash-decoding, merge,
+    /// gate) instead of three.
+    pub fused_attn: bool,
+    /// Flash-decoding splits per (head, sequence) (at most 128; each split takes at least 64
+    /// keys, so short contexts use fewer).
+    pub attn_splits: u32,
+    /// Diagnostics only (wrong results): a decode step runs its GEMVs and nothing between
+    /// them, to time the matrix streaming alone.
+    pub gemv_only: bool,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            q4k: Q4kShape::Tuned,
+            l2_256: true,
+            prefetch_mb: 0.0,
+            fused_attn: true,
+            attn_splits: 32,
+            gemv_only: false,
+        }
+    }
+}
+
+impl Tuning {
+    /// Applies `key=value` pairs separated by commas: `q4k=legacy|tuned|W,U`, `l2=0|1`,
+    /// `pf=MB`, `fattn=0|1`, `splits=N`, `gemvonly=0|1`.
+    pub fn parse(mut self, spec: &str) -> Result<Tuning> {
+        let bad = || CudaError::Shape(format!("tuning '{spec}'"));
+        for kv in spec.split([',', ' ']).filter(|s| !s.is_empty()) {
+            let (k, v) = kv.split_once('=').ok_or_else(bad)?;
+            match k {
+                "q4k" => {
+                    self.q4k = match v {
+                        "legacy" => Q4kShape::Legacy,
+                        "tuned" => Q4kShape::Tuned,
+                        _ => {
+                            let (w, u) = v.split_once(['x', ':']).ok_or_else(bad)?;
+                            Q4kShape::Fixed(
+                                w.parse().map_err(|_| bad())?,
+                                u.parse().map_err(|_| bad())?,
+                            )
+                        }
+                    }
+                }
+                "l2" => self.l2_256 = v == "1",
+                "pf" => self.prefetch_mb = v.parse().map_err(|_| bad())?,
+                "fattn" => self.fused_attn = v == "1",
+                "gemvonly" => self.gemv_only = v == "1",
+                "splits" => self.attn_splits = v.parse::<u32>().map_err(|_| bad())?.clamp(1, 128),
+                _ => return Err(bad()),
+            }
+        }
+        Ok(self)
+    }
+}
+
 /// One kernel argument.
 #[derive(Clone, Copy, Debug)]
 pub enum Arg {
@@ -236,6 +317,7 @@ pub struct Gpu {
     blas: CudaBlas,
     info: DeviceInfo,
     pdl: bool,
+    tuning: std::sync::Mutex<Tuning>,
 }
 
 impl Gpu {
@@ -284,6 +366,10 @@ impl Gpu {
         let stream = ctx.new_stream().map_err(drv_err)?;
         let blas = CudaBlas::new(stream.clone()).map_err(blas_err)?;
         let pdl = cc.0 >= 9 && std::env::var("MUSER_CUDA_PDL").map_or(true, |v| v != "0");
+        let tuning = match std::env::var("MUSER_CUDA_TUNE") {
+            Ok(spec) => Tuning::default().parse(&spec)?,
+            Err(_) => Tuning::default(),
+        };
         Ok(Gpu {
             ctx,
             stream,
@@ -292,7 +378,23 @@ impl Gpu {
             blas,
             info,
             pdl,
+            tuning: std::sync::Mutex::new(tuning),
         })
+    }
+
+    /// The decode-path choices in force (read when work is enqueued or captured).
+    pub fn tuning(&self) -> Tuning {
+        *self.tuning.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Changes the decode-path choices; graphs captured before keep the old ones.
+    pub fn set_tuning(&self, t: Tuning) {
+        *self.tuning.lock().unwrap_or_else(|e| e.into_inner()) = t;
+    }
+
+    /// Whether a kernel of this name was compiled.
+    pub fn has_kernel(&self, name: &str) -> bool {
+        self.funcs.contains_key(name)
     }
 
     /// What the device is.
@@ -368,6 +470,18 @@ impl Gpu {
         block: u32,
         args: &[Arg],
     ) -> Result<()> {
+        self.launch_smem(name, grid, block, 0, args)
+    }
+
+    /// [`Self::launch`] with `smem` bytes of dynamic shared memory (at most 48 KiB).
+    pub fn launch_smem(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<()> {
         let f = self
             .funcs
             .get(name)
@@ -398,7 +512,7 @@ impl Gpu {
             blockDimX: block,
             blockDimY: 1,
             blockDimZ: 1,
-            sharedMemBytes: 0,
+            sharedMemBytes: smem,
             hStream: self.stream.cu_stream(),
             attrs: &mut attr,
             numAttrs: u32::from(self.pdl),

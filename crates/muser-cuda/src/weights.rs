@@ -1,8 +1,8 @@
 //! Weights on the device, kept in their quantized form (layouts in [`crate::layout`]).
 
-use crate::layout::repack;
 pub use crate::layout::WType;
-use crate::runtime::{Arg, DevBuf, Gpu, MAX_GEMV_BATCH};
+use crate::layout::{q4k_kernel, q4k_shape, repack, Q4K_SHAPE_MAX_BATCH};
+use crate::runtime::{Arg, DevBuf, Gpu, Q4kShape, MAX_GEMV_BATCH};
 use crate::CudaError;
 
 type Result<T> = std::result::Result<T, CudaError>;
@@ -34,7 +34,7 @@ impl DevWeight {
     /// Uploads a matrix given as consecutive pieces of ggml rows (pieces concatenate row-wise:
     /// e.g. the q, k, v and gate projections become one matrix).
     pub fn upload(gpu: &Gpu, ty: WType, cols: usize, pieces: &[&[u8]]) -> Result<DevWeight> {
-        if cols == 0 || cols % ty.col_multiple() != 0 {
+        if cols == 0 || !cols.is_multiple_of(ty.col_multiple()) {
             return Err(CudaError::Unsupported(format!(
                 "{ty:?} matrix with {cols} columns (need a multiple of {})",
                 ty.col_multiple()
@@ -83,6 +83,11 @@ impl DevWeight {
         self.buf.bytes()
     }
 
+    /// Device address of the weight bytes (for L2 prefetch hints).
+    pub fn ptr(&self) -> u64 {
+        self.buf.ptr()
+    }
+
     fn aux(&self) -> u64 {
         if self.aux_off == 0 {
             0
@@ -107,13 +112,28 @@ impl DevWeight {
                 "GEMV batch {batch} (1..={MAX_GEMV_BATCH})"
             )));
         }
-        let name = format!("gemv_{}_b{batch}", self.ty.kernel());
-        // Rows per 4-warp block (kernels.cu: Q4_K splits a row over 2 or 4 warps).
-        let rows_per_block = match self.ty {
+        let mut name = format!("gemv_{}_b{batch}", self.ty.kernel());
+        // Rows per 4-warp block (kernels.cu: Q4_K splits a row over 1, 2 or 4 warps).
+        let mut rows_per_block = match self.ty {
             WType::Q4K if self.cols / 256 >= 48 => 1,
             WType::Q4K => 2,
             _ => 4,
         };
+        if self.ty == WType::Q4K && batch <= Q4K_SHAPE_MAX_BATCH {
+            let t = gpu.tuning();
+            let shape = match t.q4k {
+                Q4kShape::Legacy => None,
+                Q4kShape::Tuned => Some(q4k_shape(self.cols / 256)),
+                Q4kShape::Fixed(w, u) => Some((w, u)),
+            };
+            if let Some((w, u)) = shape {
+                let n = q4k_kernel(w, u, t.l2_256 as u32, batch);
+                if gpu.has_kernel(&n) {
+                    name = n;
+                    rows_per_block = 4 / w as usize;
+                }
+            }
+        }
         let grid = self.rows.div_ceil(rows_per_block) as u32;
         gpu.launch(
             &name,

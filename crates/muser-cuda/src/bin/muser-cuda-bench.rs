@@ -5,9 +5,17 @@
 //!       f64 sums): decode GEMV per weight type and batch, bf16 dequantization, cuBLAS GEMM,
 //!       embedding rows. Exit status 1 if any relative error reaches its bound.
 //!   muser-cuda-bench model MODEL.gguf [--n-ctx N] [--chunk N] [--pp 512,2048] [--tg 128]
-//!                    [--reps 3] [--json OUT] [--cpu-check]
-//!       loads a muse-glimmer GGUF, checks prefill against token-by-token decode, then times
-//!       prompt processing (ppN) and greedy generation (tgN, graph replays) like llama-bench.
+//!                    [--reps 3] [--json OUT] [--cpu-check] [--depth D] [--slots N]
+//!                    [--tunes 'name:spec;name:spec']
+//!       loads a muse-glimmer GGUF, checks prefill against token-by-token decode (fused and
+//!       unfused attention), then times prompt processing (ppN) and greedy generation (tgN,
+//!       graph replays) like llama-bench; with --depth D both run after a D-token context
+//!       (llama-bench -d D). --slots N also checks N-sequence decode against one sequence at a
+//!       time and times aggregate generation; --tunes times tgN under other decode choices
+//!       (runtime::Tuning specs).
+//!   muser-cuda-bench gemv [--tunes ...] [--json OUT]
+//!       Q4_K decode GEMVs alone on Muse Glimmer's shapes (random valid blocks, copies past the
+//!       L2 size), per tuning: microseconds and TB/s.
 //!
 //! Prints a table; with --json writes a receipt.
 
@@ -15,7 +23,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use muser_cuda::glimmer::{CudaGlimmer, GpuOptions};
-use muser_cuda::runtime::Gpu;
+use muser_cuda::runtime::{Gpu, Tuning};
 use muser_cuda::weights::{quantize_act, DevWeight, QAct, WType};
 use muser_cuda::CudaError;
 use muser_gguf::{GgmlType, GgufFile};
@@ -219,6 +227,25 @@ fn cmd_check(json_out: Option<PathBuf>) -> Result<bool, CudaError> {
     }
     // 19968 columns (muse-glimmer's ffn_down): Q4_K rows split over four warps.
     ok &= check_type(&gpu, WType::Q4K, 301, 19968, &mut rng, &mut results)?;
+    // The other Q4_K GEMV shapes (the default above is the tuned one-pass shape).
+    let base = gpu.tuning();
+    for spec in [
+        "q4k=legacy",
+        "q4k=tuned,l2=1",
+        "q4k=1x1",
+        "q4k=1x2",
+        "q4k=1x3",
+        "q4k=1x4",
+        "q4k=2x2",
+        "q4k=2x4",
+        "q4k=4x5",
+    ] {
+        println!("Q4_K GEMV shape {spec}:");
+        gpu.set_tuning(base.parse(spec)?);
+        ok &= check_type(&gpu, WType::Q4K, 300, 4096, &mut rng, &mut results)?;
+        ok &= check_type(&gpu, WType::Q4K, 301, 19968, &mut rng, &mut results)?;
+    }
+    gpu.set_tuning(base);
     if let Some(p) = json_out {
         let doc = json!({"kind": "cuda-kernel-checks", "device": gpu.info().name, "all_pass": ok, "results": results});
         std::fs::write(p, serde_json::to_string_pretty(&doc).unwrap_or_default())?;
@@ -242,6 +269,37 @@ struct ModelArgs {
     json: Option<PathBuf>,
     /// Also run the CPU model (muser-model) on the consistency prompt and compare logits.
     cpu_check: bool,
+    depth: usize,
+    slots: usize,
+    tunes: Vec<(String, String)>,
+}
+
+fn parse_tunes(spec: &str) -> Vec<(String, String)> {
+    spec.split(';')
+        .filter(|s| !s.trim().is_empty())
+        .map(|t| match t.split_once(':') {
+            Some((n, v)) => (n.trim().to_string(), v.trim().to_string()),
+            None => (t.trim().to_string(), t.trim().to_string()),
+        })
+        .collect()
+}
+
+/// Median seconds of `reps` runs of `f` (after one warm-up run).
+fn time_median(
+    gpu: &Gpu,
+    reps: usize,
+    mut f: impl FnMut() -> Result<(), CudaError>,
+) -> Result<f64, CudaError> {
+    f()?;
+    let mut v = Vec::new();
+    for _ in 0..reps.max(1) {
+        gpu.sync()?;
+        let s = Instant::now();
+        f()?;
+        gpu.sync()?;
+        v.push(s.elapsed().as_secs_f64());
+    }
+    Ok(median(v))
 }
 
 /// Logits of the last prompt token from the CPU backend (the numerics reference).
@@ -279,6 +337,7 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
         GpuOptions {
             n_ctx: a.n_ctx,
             max_chunk: a.chunk,
+            n_seq: a.slots.max(1),
         },
     )?;
     m.sync()?;
@@ -301,16 +360,32 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
     // decode (int8 GEMVs, flash-decoding) on the same 48 tokens.
     let prompt = tokens(48);
     let (lp, tp) = m.prefill(&prompt, 0)?;
+    let base = m.gpu().tuning();
+    let want: Vec<f64> = lp.iter().map(|&v| v as f64).collect();
     let mut ld = Vec::new();
     let mut td = 0;
-    for (k, &tok) in prompt.iter().enumerate() {
-        let (l, t) = m.decode(tok, k)?;
-        ld = l;
-        td = t;
+    let mut unfused = json!(null);
+    for fused in [false, true] {
+        m.gpu().set_tuning(Tuning {
+            fused_attn: fused,
+            ..base
+        });
+        for (k, &tok) in prompt.iter().enumerate() {
+            let (l, t) = m.decode(tok, k)?;
+            ld = l;
+            td = t;
+        }
+        let e = rel_err(&ld, &want);
+        println!(
+            "consistency ({} attention): prefill vs decode logits rel err {e:.2e}, argmax {tp} vs {td}",
+            if fused { "fused" } else { "three-kernel" }
+        );
+        if !fused {
+            unfused = json!({"rel_err": e, "argmax_equal": tp == td});
+        }
     }
-    let want: Vec<f64> = lp.iter().map(|&v| v as f64).collect();
+    m.gpu().set_tuning(base);
     let cons_err = rel_err(&ld, &want);
-    println!("consistency: prefill vs decode logits rel err {cons_err:.2e}, argmax {tp} vs {td}");
     let mut cpu = json!(null);
     if a.cpu_check {
         let s = Instant::now();
@@ -332,14 +407,25 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
         }
     }
 
+    // Context of `depth` tokens (llama-bench -d): prefilled once, kept for tg and pp.
+    let d = a.depth;
+    if d > 0 {
+        let ctx = tokens(d);
+        let s = Instant::now();
+        m.prefill(&ctx, 0)?;
+        println!(
+            "depth {d}: context prefilled in {:.2} s",
+            s.elapsed().as_secs_f64()
+        );
+    }
     // Generation: capture once, replay.
     let graph = m.capture_decode()?;
-    let t = m.generate(&graph, prompt[0], 0, 8)?; // warm-up
+    let t = m.generate(&graph, prompt[0], d, 8)?; // warm-up
     let mut tg_times = Vec::new();
     for _ in 0..a.reps {
         m.sync()?;
         let s = Instant::now();
-        let _ = m.generate(&graph, t[0], 0, a.tg)?;
+        let _ = m.generate(&graph, t[0], d, a.tg)?;
         tg_times.push(s.elapsed().as_secs_f64());
     }
     let tg_s = median(tg_times);
@@ -351,20 +437,104 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
         1e3 * tg_s / a.tg as f64
     );
     // Graph replay must agree with the step-by-step path.
-    let (_, step0) = m.decode(prompt[0], 0)?;
-    let replay = m.generate(&graph, prompt[0], 0, 1)?;
+    let (_, step0) = m.decode(prompt[0], d)?;
+    let replay = m.generate(&graph, prompt[0], d, 1)?;
     let graph_ok = replay.first() == Some(&step0);
     println!("graph replay matches a plain decode step: {graph_ok}");
+    // Reference continuation for the tunings below (same start, default choices).
+    let ref_tokens = m.generate(&graph, t[0], d, 32)?;
+    drop(graph);
+
+    // Other decode choices, same context.
+    let mut tune_rows = Vec::new();
+    for (name, spec) in &a.tunes {
+        let tu = match base.parse(spec) {
+            Ok(t) => t,
+            Err(e) => {
+                println!("tune {name}: {e}");
+                continue;
+            }
+        };
+        m.gpu().set_tuning(tu);
+        let gr = m.capture_decode()?;
+        let sec = time_median(m.gpu(), a.reps, || {
+            m.generate(&gr, t[0], d, a.tg).map(|_| ())
+        })?;
+        let tps = a.tg as f64 / sec;
+        let same = m.generate(&gr, t[0], d, 32)? == ref_tokens;
+        println!(
+            "tune {name:<12} tg{}: {tps:.1} tok/s ({:.3} ms/token, weights at {:.2} TB/s)  [{spec}] same 32 tokens: {same}",
+            a.tg,
+            1e3 * sec / a.tg as f64,
+            wbytes as f64 * tps / 1e12
+        );
+        tune_rows.push(json!({"name": name, "spec": spec, "tok_per_s": tps, "ms_per_token": 1e3 * sec / a.tg as f64, "same_32_tokens_as_default": same}));
+        m.gpu().set_tuning(base);
+    }
+
+    // Several sequences per decode step: each sequence's greedy tokens must equal its
+    // one-sequence run; then aggregate throughput.
+    let mut slots_json = json!(null);
+    let mut slots_ok = true;
+    if a.slots > 1 {
+        let nb = a.slots;
+        let plen = 8;
+        let steps = 16;
+        let prompts: Vec<Vec<u32>> = (0..nb).map(|_| tokens(plen)).collect();
+        let mut firsts = Vec::new();
+        for (b, p) in prompts.iter().enumerate() {
+            firsts.push(m.prefill_seq(p, 0, b)?.1);
+        }
+        let gb = m.capture_decode_batch(nb)?;
+        let batched = m.generate_batch(&gb, &firsts, &vec![plen; nb], steps)?;
+        let g1 = m.capture_decode()?;
+        for (b, p) in prompts.iter().enumerate() {
+            let (_, f) = m.prefill(p, 0)?;
+            let single = m.generate(&g1, f, plen, steps)?;
+            let same = f == firsts[b] && single == batched[b];
+            slots_ok &= same;
+            if !same {
+                println!("slot {b}: batched {:?} vs single {:?}", batched[b], single);
+            }
+        }
+        println!("{nb}-sequence decode equals one-sequence decode for {steps} steps: {slots_ok}");
+        // Aggregate: every sequence at the benchmark depth.
+        let starts = vec![d.max(plen); nb];
+        if d > 0 {
+            let ctx = tokens(d);
+            for b in 0..nb {
+                m.prefill_seq(&ctx, 0, b)?;
+            }
+        }
+        let sec = time_median(m.gpu(), a.reps, || {
+            m.generate_batch(&gb, &firsts, &starts, a.tg).map(|_| ())
+        })?;
+        let agg = (nb * a.tg) as f64 / sec;
+        println!(
+            "{nb} sequences tg{}: {agg:.1} tok/s aggregate ({:.1} per sequence, {:.3} ms per step)",
+            a.tg,
+            agg / nb as f64,
+            1e3 * sec / a.tg as f64
+        );
+        slots_json = json!({"sequences": nb, "check_steps": steps, "equal_to_single": slots_ok,
+            "aggregate_tok_per_s": agg, "per_sequence_tok_per_s": agg / nb as f64,
+            "ms_per_step": 1e3 * sec / a.tg as f64});
+        if d > 0 {
+            // Sequence 0 again holds the depth context for the prefill timings below.
+            let ctx = tokens(d);
+            m.prefill(&ctx, 0)?;
+        }
+    }
 
     let mut pp_rows = Vec::new();
     for &n in &a.pp {
         let toks = tokens(n);
-        m.prefill(&toks, 0)?; // warm-up
+        m.prefill(&toks, d)?; // warm-up
         let mut times = Vec::new();
         for _ in 0..a.reps {
             m.sync()?;
             let s = Instant::now();
-            m.prefill(&toks, 0)?;
+            m.prefill(&toks, d)?;
             times.push(s.elapsed().as_secs_f64());
         }
         let sec = median(times);
@@ -377,7 +547,11 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
             "device": dev,
             "model": a.path.file_name().map(|f| f.to_string_lossy().into_owned()),
             "n_layer": info.n_layer, "n_embd": info.n_embd, "n_vocab": info.n_vocab,
-            "n_ctx": a.n_ctx, "prefill_chunk": a.chunk, "reps": a.reps,
+            "n_ctx": a.n_ctx, "prefill_chunk": a.chunk, "reps": a.reps, "depth": d,
+            "tuning": format!("{base:?}"),
+            "consistency_three_kernel_attention": unfused,
+            "tunes": tune_rows,
+            "slots": slots_json,
             "load_seconds": load_s,
             "decode_weight_bytes": wbytes,
             "consistency_rel_err": cons_err, "consistency_argmax_equal": tp == td,
@@ -388,11 +562,111 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
         });
         std::fs::write(p, serde_json::to_string_pretty(&doc).unwrap_or_default())?;
     }
-    Ok(graph_ok)
+    Ok(graph_ok && slots_ok)
+}
+
+/// Random valid Q4_K rows (small fixed scales, random quant bits), as synth_muse.py writes.
+fn q4k_random(rng: &mut Rng, rows: usize, cols: usize) -> Vec<u8> {
+    let nb = rows * cols / 256;
+    let mut v = vec![0u8; nb * 144];
+    for c in v.chunks_exact_mut(8) {
+        c.copy_from_slice(&rng.next().to_le_bytes());
+    }
+    let d = half::f16::from_f32(2e-5).to_le_bytes();
+    let m = half::f16::from_f32(1.5e-4).to_le_bytes();
+    for b in v.chunks_exact_mut(144) {
+        b[0..2].copy_from_slice(&d);
+        b[2..4].copy_from_slice(&m);
+    }
+    v
+}
+
+/// Q4_K GEMVs alone on Muse Glimmer's shapes: copies of each matrix past the L2 size, one
+/// graph launching each copy once, per tuning.
+fn cmd_gemv(tunes: Vec<(String, String)>, json_out: Option<PathBuf>) -> Result<bool, CudaError> {
+    let gpu = Gpu::new(0)?;
+    println!("device: {:?}", gpu.info());
+    let base = gpu.tuning();
+    let mut rng = Rng(7);
+    // (name, rows, cols): qkv+gate, attn output, gate+up, down, vocabulary projection.
+    let shapes = [
+        ("qkvg", 8704usize, 6656usize),
+        ("wo", 6656, 4096),
+        ("gate_up", 39936, 6656),
+        ("down", 6656, 19968),
+    ];
+    let mut rows_json = Vec::new();
+    let mut mats = Vec::new();
+    for (name, rows, cols) in shapes {
+        let host = q4k_random(&mut rng, rows, cols);
+        let copies = (400_000_000 / host.len()).max(2);
+        let mut ws = Vec::new();
+        for _ in 0..copies {
+            ws.push(DevWeight::upload(&gpu, WType::Q4K, cols, &[&host])?);
+        }
+        mats.push((name, rows, cols, host.len(), ws));
+    }
+    let maxc = 19968;
+    let bmax = 4;
+    let x: Vec<f32> = (0..bmax * maxc).map(|_| rng.normal()).collect();
+    let xd = gpu.alloc(4 * x.len())?;
+    gpu.upload(&xd, 0, &x)?;
+    let q = gpu.alloc(x.len())?;
+    let qd = gpu.alloc(4 * x.len() / 16)?;
+    let qs = gpu.alloc(4 * x.len() / 16)?;
+    let qa = QAct {
+        q: q.ptr(),
+        d: qd.ptr(),
+        s: qs.ptr(),
+    };
+    quantize_act(&gpu, xd.ptr(), maxc, bmax, qa)?;
+    let y = gpu.alloc(4 * bmax * 39936)?;
+    let mut tunes = tunes;
+    if tunes.is_empty() {
+        tunes.push(("default".into(), String::new()));
+    }
+    for (tname, spec) in &tunes {
+        let tu = base.parse(spec)?;
+        gpu.set_tuning(tu);
+        for batch in [1usize, 4] {
+            for (name, _rows, _cols, bytes, ws) in &mats {
+                gpu.begin_capture()?;
+                let mut r = Ok(());
+                for w in ws {
+                    r = r.and(w.gemv(&gpu, batch, qa, xd.ptr(), y.ptr(), w.rows));
+                }
+                let graph = gpu.end_capture();
+                r?;
+                let graph = graph?;
+                let sec = time_median(&gpu, 5, || {
+                    graph
+                        .launch()
+                        .map_err(|e| CudaError::Driver(format!("{e:?}")))
+                })?;
+                let per = sec / ws.len() as f64;
+                let tbs = *bytes as f64 / per / 1e12;
+                println!(
+                    "gemv {tname:<10} B={batch} {name:<8} {:>7.1} us  {tbs:.2} TB/s",
+                    per * 1e6
+                );
+                rows_json.push(
+                    json!({"tune": tname, "spec": spec, "batch": batch, "matrix": name,
+                    "bytes": bytes, "us": per * 1e6, "tb_per_s": tbs}),
+                );
+            }
+        }
+    }
+    gpu.set_tuning(base);
+    if let Some(p) = json_out {
+        let doc =
+            json!({"kind": "cuda-gemv-bench", "device": gpu.info().name, "results": rows_json});
+        std::fs::write(p, serde_json::to_string_pretty(&doc).unwrap_or_default())?;
+    }
+    Ok(true)
 }
 
 fn usage() -> ! {
-    eprintln!("usage: muser-cuda-bench check [--json OUT] | model MODEL.gguf [--n-ctx N] [--chunk N] [--pp 512,2048] [--tg 128] [--reps 3] [--json OUT] [--cpu-check]");
+    eprintln!("usage: muser-cuda-bench check [--json OUT] | gemv [--tunes T] [--json OUT] | model MODEL.gguf [--n-ctx N] [--chunk N] [--pp 512,2048] [--tg 128] [--reps 3] [--json OUT] [--cpu-check] [--depth D] [--slots N] [--tunes 'name:spec;...']");
     std::process::exit(2)
 }
 
@@ -407,8 +681,10 @@ fn main() {
     let num =
         |name: &str, d: usize| flag(name).map_or(d, |v| v.parse().unwrap_or_else(|_| usage()));
     let json_out = flag("--json").map(PathBuf::from);
+    let tunes = parse_tunes(&flag("--tunes").unwrap_or_default());
     let r = match args.first().map(String::as_str) {
         Some("check") => cmd_check(json_out),
+        Some("gemv") => cmd_gemv(tunes, json_out),
         Some("model") => {
             let path = args.get(1).map(PathBuf::from).unwrap_or_else(|| usage());
             let pp = flag("--pp")
@@ -426,6 +702,9 @@ fn main() {
                 reps: num("--reps", 3),
                 json: json_out,
                 cpu_check: args.iter().any(|a| a == "--cpu-check"),
+                depth: num("--depth", 0),
+                slots: num("--slots", 1),
+                tunes,
             })
         }
         _ => usage(),

@@ -289,6 +289,15 @@ impl Engine {
             state: Mutex::new(SharedState::default()),
             wake: Condvar::new(),
         });
+        if let Some(pc) = &cfg.prompt_cache {
+            // disk packs load on their own thread; the scheduler looks again when one is ready
+            let weak = Arc::downgrade(&shared);
+            pc.set_waker(Arc::new(move || {
+                if let Some(sh) = weak.upgrade() {
+                    sh.wake.notify_all();
+                }
+            }));
+        }
         let thread_shared = shared.clone();
         let thread_cfg = cfg.clone();
         let thread = std::thread::Builder::new()

@@ -8,15 +8,18 @@
 //! - **disk**: a durable [`PackStore`] in the operator's directory, a byte budget with
 //!   least-recently-used eviction, the replay ledger, recovery at start-up.
 //!
-//! The scheduler asks [`PromptCache::resume`] when it admits a request (on the engine thread:
-//! a memory hit is a copy, a disk hit reads and verifies the pack: identity, seal with the
-//! operator key, Merkle root, every segment's SHA-256). A pack that fails any check is logged,
-//! removed from the store and the request recomputes. After a prompt's prefill reaches its
+//! The scheduler asks [`PromptCache::lookup`] when it admits a request. A memory hit is a copy
+//! on the engine thread; a longer prefix on disk is read and verified (identity, seal with the
+//! operator key, Merkle root, every segment's SHA-256) on a loader thread while the request
+//! waits in the queue and the other slots keep decoding; the engine is woken when it is ready.
+//! A pack that fails any check is logged, removed from the store and the request recomputes.
+//! [`PromptCache::resume`] is the same answer computed synchronously. After a prompt's prefill reaches its
 //! publish cut the scheduler exports that prefix and [`PromptCache::offer`]s it; a writer
 //! thread seals the pack, writes and fsyncs it without holding the store, then commits it
 //! (ledger, rename) and adds its blocks to the memory tier. Offers never wait: when the writer
 //! is behind, the offer is dropped.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -24,7 +27,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use muser_kvpack::{
-    KvState, KvpackError, PackPlan, PackSpec, PackStore, RecoveryReport, ResidentCache,
+    BlockId, KvState, KvpackError, PackPlan, PackSpec, PackStore, RecoveryReport, ResidentCache,
     RestoreControl, SegmentPlan, Stager, StoreConfig, BLOCK_TOKENS,
 };
 
@@ -95,6 +98,24 @@ pub struct Resume {
     pub tier: Tier,
 }
 
+/// What [`PromptCache::lookup`] answers the scheduler.
+pub enum Lookup {
+    /// A longer prefix is being read and verified from disk on a loader thread; ask again
+    /// (the engine is woken when it is ready).
+    Wait,
+    /// The best prefix available now, if any is longer than what the slot holds.
+    Ready(Option<Resume>),
+}
+
+/// Disk loads in flight or finished but not yet taken, by cut id.
+enum Load {
+    Pending,
+    Done(KvState, Instant),
+}
+
+/// A finished load nobody took (its request was cancelled) is dropped after this long.
+const LOAD_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+
 struct Tiers {
     ctx: Arc<KvPackContext>,
     /// The replay stream of every pack this cache publishes: one ledger entry per model
@@ -103,7 +124,13 @@ struct Tiers {
     memory: Option<Mutex<ResidentCache>>,
     store: Mutex<PackStore>,
     stats: Mutex<PromptCacheStats>,
+    loads: Mutex<HashMap<BlockId, Load>>,
+    /// Called when a load finishes (the engine wakes its scheduler); `None`: loads run
+    /// synchronously in [`PromptCache::lookup`].
+    waker: Mutex<Option<Waker>>,
 }
+
+type Waker = Arc<dyn Fn() + Send + Sync>;
 
 enum Job {
     Publish { tokens: Vec<u32>, state: KvState },
@@ -177,6 +204,8 @@ impl PromptCache {
             memory,
             store: Mutex::new(store),
             stats: Mutex::new(stats),
+            loads: Mutex::new(HashMap::new()),
+            waker: Mutex::new(None),
         });
         let (tx, rx) = sync_channel(WRITER_QUEUE);
         let t = tiers.clone();
@@ -234,6 +263,146 @@ impl PromptCache {
     pub fn held_cut(&self, n_held: usize) -> Option<u32> {
         let cut = (n_held as u32 / BLOCK_TOKENS) * BLOCK_TOKENS;
         (cut >= self.min_tokens).then_some(cut)
+    }
+
+    /// Lets [`PromptCache::lookup`] read disk packs on a loader thread, calling `waker` when
+    /// one is ready (the engine sets this to wake its scheduler).
+    pub fn set_waker(&self, waker: Waker) {
+        *lock(&self.tiers.waker) = Some(waker);
+    }
+
+    /// What the scheduler asks when it admits a request: like [`PromptCache::resume`], but a
+    /// disk pack is read and verified on a loader thread (so the decode loop of the other
+    /// slots never waits on it) while this answers [`Lookup::Wait`]; once loaded, the next
+    /// call returns it. Without a waker the disk is read here.
+    pub fn lookup(&self, prompt: &[u32], limit: usize, have: usize) -> Lookup {
+        let Some(waker) = lock(&self.tiers.waker).clone() else {
+            return Lookup::Ready(self.resume(prompt, limit, have));
+        };
+        let limit = limit.min(prompt.len()) as u32;
+        if limit < BLOCK_TOKENS || (limit as usize) <= have {
+            return Lookup::Ready(None);
+        }
+        let t0 = Instant::now();
+        let ctx = &self.tiers.ctx;
+        let chain = ctx.hasher.chain(&prompt[..limit as usize]);
+        let n_mem = self.tiers.memory.as_ref().map_or(0, |m| {
+            lock(m)
+                .lookup(chain.block_ids(), limit)
+                .map_or(0, |h| h.n_tokens())
+        });
+        let floor = n_mem.max(have as u32);
+        let disk = lock(&self.tiers.store)
+            .lookup(&chain, limit)
+            .filter(|h| h.token_count > floor);
+        let Some(hit) = disk else {
+            return Lookup::Ready(self.resume_memory(&chain, limit, have, t0));
+        };
+        let mut loads = lock(&self.tiers.loads);
+        loads.retain(|_, l| !matches!(l, Load::Done(_, t) if t.elapsed() > LOAD_TTL));
+        match loads.remove(&hit.cut) {
+            Some(Load::Done(state, _)) => {
+                drop(loads);
+                if let Some(m) = &self.tiers.memory {
+                    if let Err(e) = lock(m).insert(&state, chain.block_ids()) {
+                        tracing::debug!(error = %e, "prompt cache: memory tier insert");
+                    }
+                }
+                let r = Resume {
+                    state,
+                    tier: Tier::Disk,
+                };
+                self.count(&r, t0);
+                Lookup::Ready(Some(r))
+            }
+            Some(Load::Pending) => {
+                loads.insert(hit.cut, Load::Pending);
+                Lookup::Wait
+            }
+            None => {
+                let ticket = match lock(&self.tiers.store).ticket(&hit.cut) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        drop(loads);
+                        self.reject(&hit.cut, hit.token_count, &e.to_string());
+                        return Lookup::Ready(self.resume_memory(&chain, limit, have, t0));
+                    }
+                };
+                loads.insert(hit.cut, Load::Pending);
+                drop(loads);
+                let tiers = self.tiers.clone();
+                let n = hit.token_count;
+                let spawned = std::thread::Builder::new()
+                    .name("muser-prompt-load".into())
+                    .spawn(move || {
+                        let control = RestoreControl {
+                            max_bytes: state_bytes_bound(&tiers.ctx, n),
+                            ..Default::default()
+                        };
+                        let r = ticket
+                            .restore(&tiers.ctx.identity, &control)
+                            .and_then(|r| {
+                                lock(&tiers.store).confirm(&ticket, &r)?;
+                                Ok(r)
+                            })
+                            .and_then(|r| {
+                                if r.state.positions == (0..n) {
+                                    Ok(r.state)
+                                } else {
+                                    Err(KvpackError::InvalidState(
+                                        "the pack does not cover the prefix it is named for".into(),
+                                    ))
+                                }
+                            });
+                        match r {
+                            Ok(state) => {
+                                lock(&tiers.loads)
+                                    .insert(ticket.cut, Load::Done(state, Instant::now()));
+                            }
+                            Err(e) => {
+                                lock(&tiers.loads).remove(&ticket.cut);
+                                reject(&tiers, &ticket.cut, n, &e.to_string());
+                            }
+                        }
+                        waker();
+                    });
+                if spawned.is_err() {
+                    lock(&self.tiers.loads).remove(&hit.cut);
+                    return Lookup::Ready(self.resume(prompt, limit as usize, have));
+                }
+                Lookup::Wait
+            }
+        }
+    }
+
+    /// The memory tier's longest prefix above `have`, counted as a hit.
+    fn resume_memory(
+        &self,
+        chain: &muser_kvpack::PrefixChain,
+        limit: u32,
+        have: usize,
+        t0: Instant,
+    ) -> Option<Resume> {
+        let m = self.tiers.memory.as_ref()?;
+        let hit = lock(m)
+            .lookup(chain.block_ids(), limit)
+            .filter(|h| h.n_tokens() as usize > have)?;
+        let r = Resume {
+            state: hit.to_state(&self.tiers.ctx.identity.layout),
+            tier: Tier::Memory,
+        };
+        self.count(&r, t0);
+        Some(r)
+    }
+
+    fn count(&self, r: &Resume, t0: Instant) {
+        let mut s = lock(&self.tiers.stats);
+        match r.tier {
+            Tier::Memory => s.hits_memory += 1,
+            Tier::Disk => s.hits_disk += 1,
+        }
+        s.tokens_resumed += u64::from(r.state.positions.end);
+        s.last_resume_ms = t0.elapsed().as_secs_f64() * 1e3;
     }
 
     /// The longest cached prefix of `prompt` of at most `limit` tokens and more than `have`
@@ -298,28 +467,13 @@ impl PromptCache {
             })
         });
         if let Some(r) = &out {
-            let mut s = lock(&self.tiers.stats);
-            match r.tier {
-                Tier::Memory => s.hits_memory += 1,
-                Tier::Disk => s.hits_disk += 1,
-            }
-            s.tokens_resumed += u64::from(r.state.positions.end);
-            s.last_resume_ms = t0.elapsed().as_secs_f64() * 1e3;
+            self.count(r, t0);
         }
         out
     }
 
-    fn reject(&self, cut: &muser_kvpack::BlockId, n_tokens: u32, reason: &str) {
-        tracing::warn!(
-            pack = %cut.to_hex(),
-            tokens = n_tokens,
-            %reason,
-            "prompt cache: pack refused; the prompt is recomputed"
-        );
-        lock(&self.tiers.stats).rejected += 1;
-        if let Err(e) = lock(&self.tiers.store).remove(cut) {
-            tracing::warn!(error = %e, "prompt cache: removing a refused pack");
-        }
+    fn reject(&self, cut: &BlockId, n_tokens: u32, reason: &str) {
+        reject(&self.tiers, cut, n_tokens, reason);
     }
 
     /// Hands the K/V of `tokens` (positions `0..tokens.len()`, from position 0) to the writer.
@@ -332,6 +486,20 @@ impl PromptCache {
             Err(TrySendError::Full(_)) => lock(&self.tiers.stats).offers_dropped += 1,
             Err(TrySendError::Disconnected(_)) => {}
         }
+    }
+}
+
+/// Logs a refused pack and removes it from the store.
+fn reject(tiers: &Tiers, cut: &BlockId, n_tokens: u32, reason: &str) {
+    tracing::warn!(
+        pack = %cut.to_hex(),
+        tokens = n_tokens,
+        %reason,
+        "prompt cache: pack refused; the prompt is recomputed"
+    );
+    lock(&tiers.stats).rejected += 1;
+    if let Err(e) = lock(&tiers.store).remove(cut) {
+        tracing::warn!(error = %e, "prompt cache: removing a refused pack");
     }
 }
 

@@ -19,7 +19,7 @@ use crate::engine::{
     SlotInfo, SlotKv, Timings,
 };
 use crate::kvpack_bridge::{snapshot_to_state, state_to_snapshot};
-use crate::prompt_cache::PromptCache;
+use crate::prompt_cache::{Lookup, Resume};
 use crate::sampling::Sampler;
 use crate::stop::StopMatcher;
 
@@ -196,8 +196,16 @@ impl<'t> Scheduler<'t> {
         while i < st.queue.len() {
             match self.pick_slot(&st.queue[i].req) {
                 Some(slot) => {
+                    // a prefix being loaded from disk: the request waits in the queue
+                    let resume = match self.lookup(slot, &st.queue[i].req) {
+                        Lookup::Wait => {
+                            i += 1;
+                            continue;
+                        }
+                        Lookup::Ready(r) => r,
+                    };
                     if let Some(job) = st.queue.remove(i) {
-                        self.start(slot, job);
+                        self.start(slot, job, resume);
                     }
                 }
                 None => i += 1,
@@ -229,7 +237,18 @@ impl<'t> Scheduler<'t> {
             .map(|(i, _)| i)
     }
 
-    fn start(&mut self, slot: usize, job: Job) {
+    /// What the prompt cache offers for `req` on `slot` beyond the slot's own cache.
+    fn lookup(&self, slot: usize, req: &GenerateRequest) -> Lookup {
+        match &self.cfg.prompt_cache {
+            Some(pc) if req.cache_prompt => {
+                let have = self.reusable_prefix(slot, req);
+                pc.lookup(&req.prompt, req.prompt.len() - 1, have)
+            }
+            _ => Lookup::Ready(None),
+        }
+    }
+
+    fn start(&mut self, slot: usize, job: Job, resume: Option<Resume>) {
         let Job { req, tx, enqueued } = job;
         let mut sampler = match Sampler::new(&req.params, self.cfg.n_ctx) {
             Ok(s) => s,
@@ -249,7 +268,7 @@ impl<'t> Scheduler<'t> {
         self.slots[slot].tokens.truncate(keep);
         let mut publish_at = None;
         if let Some(pc) = self.cfg.prompt_cache.clone().filter(|_| req.cache_prompt) {
-            if let Some(n) = self.resume(slot, &pc, &req.prompt, keep) {
+            if let Some(n) = resume.and_then(|r| self.resume(slot, r, &req.prompt, keep)) {
                 keep = n;
             }
             publish_at = pc
@@ -281,17 +300,14 @@ impl<'t> Scheduler<'t> {
         self.stats.requests_total += 1;
     }
 
-    /// Resumes a longer prefix of `prompt` than the slot's `have` tokens from the prompt cache
-    /// into the slot. Returns the tokens the slot now holds, or `None` when it is unchanged.
-    fn resume(
-        &mut self,
-        slot: usize,
-        pc: &PromptCache,
-        prompt: &[u32],
-        have: usize,
-    ) -> Option<usize> {
-        let r = pc.resume(prompt, prompt.len() - 1, have)?;
+    /// Imports a prefix of `prompt` resumed from the prompt cache into the slot when it is
+    /// longer than the slot's own `have` tokens. Returns the tokens the slot now holds, or
+    /// `None` when it is unchanged.
+    fn resume(&mut self, slot: usize, r: Resume, prompt: &[u32], have: usize) -> Option<usize> {
         let n = r.state.positions.end as usize;
+        if n <= have || n >= prompt.len() {
+            return None;
+        }
         let snap = match state_to_snapshot(r.state, self.kv.layout()) {
             Ok(s) => s,
             Err(e) => {

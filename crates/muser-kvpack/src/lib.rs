@@ -42,4 +42,4 @@ pub use prefix::{BlockId, PrefixChain, PrefixHasher, BLOCK_TOKENS};
 pub use radix::{BlockRows, ResidentBlock, ResidentCache, ResidentHit};
 pub use restore::{apply_delta, restore, verify_pack, Expect, RestoreControl, Restored};
 pub use state::{KvState, LayerKv};
-pub use store::{PackStore, RecoveryReport, StagedPack, Stager, StoreConfig, StoreHit};
+pub use store::{PackStore, PackTicket, RecoveryReport, StagedPack, Stager, StoreConfig, StoreHit};

@@ -123,6 +123,40 @@ impl Stager {
     }
 }
 
+/// A stored pack opened for a restore outside the store ([`PackStore::ticket`]).
+pub struct PackTicket {
+    pub cut: BlockId,
+    /// The generation the store indexed for the cut.
+    indexed: u64,
+    file: std::fs::File,
+    keys: Keys,
+    limits: ReadLimits,
+}
+
+impl PackTicket {
+    /// Verifies the pack completely (identity, seal, Merkle root, every segment) into a
+    /// staging state, and checks that it is the generation the store published (not an
+    /// older one copied over it).
+    pub fn restore(&self, identity: &KvIdentity, control: &RestoreControl) -> Result<Restored> {
+        let expect = Expect {
+            identity,
+            cut: Some(self.cut),
+        };
+        let r = restore(&self.file, &self.keys, &expect, &self.limits, control)?;
+        let generation = r.manifest.generation;
+        if generation < self.indexed {
+            return Err(KvpackError::Replayed {
+                generation,
+                high_water: self.indexed,
+            });
+        }
+        if generation > self.indexed {
+            return Err(KvpackError::NotAdmitted { generation });
+        }
+        Ok(r)
+    }
+}
+
 /// A pack written and fsynced under `tmp/` by [`PackStore::stage`], not yet visible. Dropping
 /// it uncommitted removes the file.
 #[derive(Debug)]
@@ -440,33 +474,41 @@ impl PackStore {
         identity: &KvIdentity,
         control: &RestoreControl,
     ) -> Result<Restored> {
+        let ticket = self.ticket(cut)?;
+        let r = ticket.restore(identity, control)?;
+        self.confirm(&ticket, &r)?;
+        Ok(r)
+    }
+
+    /// Opens the pack named `cut` for a restore that runs without borrowing the store
+    /// ([`PackTicket::restore`], then [`PackStore::confirm`]): a caller sharing the store behind
+    /// a lock holds it only to take the ticket and to confirm. The open file stays readable
+    /// even if the pack is evicted meanwhile.
+    pub fn ticket(&self, cut: &BlockId) -> Result<PackTicket> {
         let entry = self.index.get(cut).ok_or(KvpackError::NotFound)?;
-        let indexed = entry.generation;
         let path = self.dir("packs").join(&entry.file);
-        let f = std::fs::File::open(&path).map_err(io_ctx(format!("open {}", path.display())))?;
-        let expect = Expect {
-            identity,
-            cut: Some(*cut),
-        };
-        let r = restore(&f, &self.keys, &expect, &self.cfg.limits, control)?;
-        let generation = r.manifest.generation;
-        // The file must still be the generation published (not an older one copied over it).
-        if generation < indexed {
-            return Err(KvpackError::Replayed {
-                generation,
-                high_water: indexed,
-            });
-        }
-        if generation > indexed {
-            return Err(KvpackError::NotAdmitted { generation });
-        }
-        self.ledger.check_admitted(&r.manifest.stream, generation)?;
+        let file =
+            std::fs::File::open(&path).map_err(io_ctx(format!("open {}", path.display())))?;
+        Ok(PackTicket {
+            cut: *cut,
+            indexed: entry.generation,
+            file,
+            keys: self.keys.clone(),
+            limits: self.cfg.limits.clone(),
+        })
+    }
+
+    /// The ledger's word on a ticket's restored pack (it must have admitted the generation),
+    /// and a use for the least-recently-used order.
+    pub fn confirm(&mut self, ticket: &PackTicket, restored: &Restored) -> Result<()> {
+        self.ledger
+            .check_admitted(&restored.manifest.stream, restored.manifest.generation)?;
         self.tick += 1;
         let tick = self.tick;
-        if let Some(e) = self.index.get_mut(cut) {
+        if let Some(e) = self.index.get_mut(&ticket.cut) {
             e.last_used = tick;
         }
-        Ok(r)
+        Ok(())
     }
 
     /// Removes a pack (its ledger entry stays, so it cannot be re-imported).

@@ -282,3 +282,60 @@ fn short_prompts_are_not_published_cache_prompt_false_bypasses_and_the_ledger_st
     assert_eq!(ledger, 8 + 4 + 40 + 32);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_disk_load_while_another_slot_decodes_leaves_both_outputs_exact() {
+    let dir = scratch("concurrent");
+    let store = dir.join("cache");
+    let model = tiny_model(&dir);
+    let n_vocab = model.info().n_vocab;
+    let prompt = tokens(N_PROMPT, 21, n_vocab);
+    let busy = tokens(100, 22, n_vocab);
+    let want = cold(&model, &prompt);
+    let want_busy = {
+        let e = engine(&model, None);
+        let mut rx = e
+            .submit(GenerateRequest {
+                prompt: busy.clone(),
+                params: SamplingParams::greedy(),
+                max_tokens: Some(48),
+                ..Default::default()
+            })
+            .unwrap();
+        let mut ids = Vec::new();
+        while let Some(ev) = rx.blocking_recv() {
+            if let Event::Token { id, .. } = ev {
+                ids.push(id);
+            }
+        }
+        ids
+    };
+    {
+        let pc = cache(&model, &store, 1);
+        let e = engine(&model, Some(pc.clone()));
+        run(&e, &prompt, None);
+    }
+    let pc = cache(&model, &store, 1);
+    let e = engine(&model, Some(pc.clone()));
+    // slot 0 decodes a long answer while slot 1's prefix is read and verified from disk
+    let mut rx_busy = e
+        .submit(GenerateRequest {
+            prompt: busy.clone(),
+            params: SamplingParams::greedy(),
+            max_tokens: Some(48),
+            slot: Some(0),
+            ..Default::default()
+        })
+        .unwrap();
+    let (ids, n_cached) = run(&e, &prompt, Some(1));
+    assert_eq!((ids, n_cached), (want, 512));
+    let mut got_busy = Vec::new();
+    while let Some(ev) = rx_busy.blocking_recv() {
+        if let Event::Token { id, .. } = ev {
+            got_busy.push(id);
+        }
+    }
+    assert_eq!(got_busy, want_busy);
+    assert_eq!(pc.stats().hits_disk, 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -404,7 +404,8 @@ impl RowDot {
     /// Every weight row of `w` (rows back to back) against every activation row of `a`:
     /// `out[t * out_stride + r] = w_r · a_t` (token-major, as a matmul's output), each value
     /// with the bits of [`vec_dot`]. On AVX512-VNNI the 32-value formats run a kernel that
-    /// takes 4 weight rows × 4 tokens at a time.
+    /// takes 4 weight rows × 4 tokens at a time; one activation row (decode) streams the
+    /// weight rows one by one with software prefetch.
     ///
     /// # Panics
     /// If `w` or `a` is not a whole number of rows, `out_stride` is less than the number of

@@ -139,8 +139,8 @@ fn dot_matches_dequantized_dot() {
 fn row_dot_tile_equals_vec_dot() {
     let mut rng = Rng(0x5eed_7a11);
     for ty in DOT_TYPES {
-        for n in [256usize, 1536] {
-            let (n_w, n_a, stride) = (11, 7, 13);
+        for (n, n_a) in [(256usize, 7usize), (1536, 7), (512, 1)] {
+            let (n_w, stride) = (11, 13);
             let w: Vec<u8> = (0..n_w).flat_map(|_| weight_row(&mut rng, ty, n)).collect();
             let at = vec_dot_type(ty);
             let ab = at.row_bytes(n).unwrap();

@@ -96,6 +96,9 @@ pub enum Tier {
 pub struct Resume {
     pub state: KvState,
     pub tier: Tier,
+    /// Time spent getting it (for a disk load on the loader thread: from the first lookup
+    /// that started it), which the request's prompt time includes.
+    pub took: std::time::Duration,
 }
 
 /// What [`PromptCache::lookup`] answers the scheduler.
@@ -109,8 +112,10 @@ pub enum Lookup {
 
 /// Disk loads in flight or finished but not yet taken, by cut id.
 enum Load {
-    Pending,
-    Done(KvState, Instant),
+    /// Started at.
+    Pending(Instant),
+    /// The state, when the load started and when it finished.
+    Done(KvState, Instant, Instant),
 }
 
 /// A finished load nobody took (its request was cancelled) is dropped after this long.
@@ -299,24 +304,25 @@ impl PromptCache {
             return Lookup::Ready(self.resume_memory(&chain, limit, have, t0));
         };
         let mut loads = lock(&self.tiers.loads);
-        loads.retain(|_, l| !matches!(l, Load::Done(_, t) if t.elapsed() > LOAD_TTL));
+        loads.retain(|_, l| !matches!(l, Load::Done(_, _, t) if t.elapsed() > LOAD_TTL));
         match loads.remove(&hit.cut) {
-            Some(Load::Done(state, _)) => {
+            Some(Load::Done(state, began, _)) => {
                 drop(loads);
                 if let Some(m) = &self.tiers.memory {
                     if let Err(e) = lock(m).insert(&state, chain.block_ids()) {
                         tracing::debug!(error = %e, "prompt cache: memory tier insert");
                     }
                 }
-                let r = Resume {
+                let mut r = Resume {
                     state,
                     tier: Tier::Disk,
+                    took: began.elapsed(),
                 };
-                self.count(&r, t0);
+                self.count(&mut r, t0);
                 Lookup::Ready(Some(r))
             }
-            Some(Load::Pending) => {
-                loads.insert(hit.cut, Load::Pending);
+            Some(Load::Pending(began)) => {
+                loads.insert(hit.cut, Load::Pending(began));
                 Lookup::Wait
             }
             None => {
@@ -328,7 +334,7 @@ impl PromptCache {
                         return Lookup::Ready(self.resume_memory(&chain, limit, have, t0));
                     }
                 };
-                loads.insert(hit.cut, Load::Pending);
+                loads.insert(hit.cut, Load::Pending(t0));
                 drop(loads);
                 let tiers = self.tiers.clone();
                 let n = hit.token_count;
@@ -357,7 +363,7 @@ impl PromptCache {
                         match r {
                             Ok(state) => {
                                 lock(&tiers.loads)
-                                    .insert(ticket.cut, Load::Done(state, Instant::now()));
+                                    .insert(ticket.cut, Load::Done(state, t0, Instant::now()));
                             }
                             Err(e) => {
                                 lock(&tiers.loads).remove(&ticket.cut);
@@ -387,22 +393,25 @@ impl PromptCache {
         let hit = lock(m)
             .lookup(chain.block_ids(), limit)
             .filter(|h| h.n_tokens() as usize > have)?;
-        let r = Resume {
+        let mut r = Resume {
             state: hit.to_state(&self.tiers.ctx.identity.layout),
             tier: Tier::Memory,
+            took: std::time::Duration::ZERO,
         };
-        self.count(&r, t0);
+        self.count(&mut r, t0);
         Some(r)
     }
 
-    fn count(&self, r: &Resume, t0: Instant) {
+    /// Counts a hit; `r.took` covers at least this lookup.
+    fn count(&self, r: &mut Resume, t0: Instant) {
+        r.took = r.took.max(t0.elapsed());
         let mut s = lock(&self.tiers.stats);
         match r.tier {
             Tier::Memory => s.hits_memory += 1,
             Tier::Disk => s.hits_disk += 1,
         }
         s.tokens_resumed += u64::from(r.state.positions.end);
-        s.last_resume_ms = t0.elapsed().as_secs_f64() * 1e3;
+        s.last_resume_ms = r.took.as_secs_f64() * 1e3;
     }
 
     /// The longest cached prefix of `prompt` of at most `limit` tokens and more than `have`
@@ -446,6 +455,7 @@ impl PromptCache {
                     Some(Resume {
                         state: r.state,
                         tier: Tier::Disk,
+                        took: std::time::Duration::ZERO,
                     })
                 }
                 other => {
@@ -460,13 +470,14 @@ impl PromptCache {
         } else {
             None
         };
-        let out = out.or_else(|| {
+        let mut out = out.or_else(|| {
             mem.map(|h| Resume {
                 state: h.to_state(&ctx.identity.layout),
                 tier: Tier::Memory,
+                took: std::time::Duration::ZERO,
             })
         });
-        if let Some(r) = &out {
+        if let Some(r) = &mut out {
             self.count(r, t0);
         }
         out

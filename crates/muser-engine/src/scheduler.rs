@@ -267,9 +267,14 @@ impl<'t> Scheduler<'t> {
         }
         self.slots[slot].tokens.truncate(keep);
         let mut publish_at = None;
+        // the prompt time includes getting a resumed prefix (a disk load ran while queued)
+        let mut started = Instant::now();
         if let Some(pc) = self.cfg.prompt_cache.clone().filter(|_| req.cache_prompt) {
-            if let Some(n) = resume.and_then(|r| self.resume(slot, r, &req.prompt, keep)) {
-                keep = n;
+            if let Some(r) = resume {
+                started = started.checked_sub(r.took).unwrap_or(started);
+                if let Some(n) = self.resume(slot, r, &req.prompt, keep) {
+                    keep = n;
+                }
             }
             publish_at = pc
                 .publish_cut(req.prompt.len())
@@ -279,7 +284,6 @@ impl<'t> Scheduler<'t> {
         self.tick += 1;
         let s = &mut self.slots[slot];
         s.last_used = self.tick;
-        let now = Instant::now();
         s.task = Some(Task {
             stop: StopMatcher::new(&req.stop),
             detok: Detok::new(self.tok, req.special),
@@ -294,7 +298,7 @@ impl<'t> Scheduler<'t> {
             n_gen: 0,
             admitted_tick: self.tick,
             enqueued,
-            started: now,
+            started,
             first_token: None,
         });
         self.stats.requests_total += 1;

@@ -10,7 +10,8 @@
 #   comparator-start  start the llama.cpp CUDA build (llama-bench) in the background
 #   check             kernel checks on random data against the CPU reference
 #   small             a small synthetic muse-glimmer: GPU against the CPU model, prefill against
-#                     decode, multi-chunk prefill through the sliding window, 4-sequence decode
+#                     decode, multi-chunk prefill through the sliding window, 4-sequence decode,
+#                     sliding-window KV rings against full-length caches
 #   gemv              the Q4_K decode GEMVs alone on the 30B shapes, per GEMV shape ($GEMV_TUNES)
 #   big               the exact-geometry synthetic muse-glimmer 30B (Q4_K): tg128, pp512,
 #                     pp2048, decode choices ($TUNES), 4 sequences; then tg128 and pp2048 after
@@ -76,10 +77,7 @@ for stage in $stages; do
         --heads 8 --kv 2 --head-dim 128 --ff 3072 --vocab 8192 --window 32 --ctx 4096
       # chunk 16: the 48-token prompt crosses the 32-token window in three prefill chunks.
       "$bin" model "$small" --n-ctx 1024 --chunk 16 --pp 64 --tg 64 --reps 2 --cpu-check --slots 4 \
-        --json "$out/gpu-small.json"
-      # The gate|up GEMV with SwiGLU in its blocks, against the CPU model too.
-      MUSER_CUDA_TUNE=fswiglu=2 "$bin" model "$small" --n-ctx 1024 --chunk 16 --pp 64 --tg 64 --reps 2 \
-        --cpu-check --slots 4 --json "$out/gpu-small-glu.json"
+        --ring-check --json "$out/gpu-small.json"
       ;;
     gemv)
       "$bin" gemv --tunes "$GEMV_TUNES" --json "$out/gpu-gemv.json"
@@ -90,7 +88,7 @@ for stage in $stages; do
       "$bin" model "$big" --n-ctx 4096 --chunk 2048 --pp 512,2048 --tg 128 --reps 3 --slots 4 \
         --tunes "$TUNES" --json "$out/gpu-model-30b.json"
       "$bin" model "$big" --n-ctx 10368 --chunk 2048 --pp 2048 --tg 128 --reps 3 --depth 8192 \
-        --tunes "${D_TUNES:-}" --json "$out/gpu-model-30b-d8192.json"
+        --ring-check --tunes "${D_TUNES:-}" --json "$out/gpu-model-30b-d8192.json"
       ;;
     nvfp4)
       [ -f "$nvfp4" ] || "$carry/muser" synth --preset muse-glimmer-30b --type nvfp4 --seed 7 -o "$nvfp4" 2>&1 | tail -n 2

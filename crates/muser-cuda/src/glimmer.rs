@@ -183,6 +183,11 @@ struct Layer {
     post_ffw_norm: DevBuf,
     k_cache: DevBuf,
     v_cache: DevBuf,
+    /// Rows of the cache per sequence: `n_ctx`, or for a sliding layer with a ring
+    /// `n_swa + max_chunk` (position p in row p % ring).
+    cache_rows: usize,
+    /// Ring length (0: position p in row p).
+    ring: usize,
 }
 
 /// Scratch for one decode step of up to `max_batch` tokens, and for prefill chunks.
@@ -222,6 +227,8 @@ pub struct GpuOptions {
     pub max_chunk: usize,
     /// Sequences the KV cache holds (decode steps batch up to this many, one per sequence).
     pub n_seq: usize,
+    /// Sliding-window layers keep a ring of `n_swa + max_chunk` positions instead of `n_ctx`.
+    pub swa_ring: bool,
 }
 
 impl Default for GpuOptions {
@@ -230,6 +237,7 @@ impl Default for GpuOptions {
             n_ctx: 4096,
             max_chunk: 512,
             n_seq: 1,
+            swa_ring: true,
         }
     }
 }
@@ -318,10 +326,20 @@ impl CudaGlimmer {
                 crate::layout::MAX_GEMV_BATCH
             )));
         }
-        let cache_bytes = opts.n_seq * opts.n_ctx * kvw * 2;
+
         let mut layers = Vec::with_capacity(info.n_layer);
         for il in 0..info.n_layer {
             let n = |s: &str| format!("blk.{il}.{s}.weight");
+            // A prefill chunk reads keys [p0 - n_swa + 1, p0 + chunk): a ring of n_swa + chunk
+            // rows holds them all at distinct rows.
+            let ring_len = info.n_swa as usize + opts.max_chunk.max(1);
+            let ring = if opts.swa_ring && info.is_swa[il] && ring_len < opts.n_ctx {
+                ring_len
+            } else {
+                0
+            };
+            let cache_rows = if ring > 0 { ring } else { opts.n_ctx };
+            let cache_bytes = opts.n_seq * cache_rows * kvw * 2;
             let (gate_up, gu_il) = Linear::load_gate_up(&gpu, g, &n("ffn_gate"), &n("ffn_up"), e)?;
             layers.push(Layer {
                 attn_norm: norm_vec(&gpu, g, &n("attn_norm"), e)?,
@@ -342,6 +360,8 @@ impl CudaGlimmer {
                 post_ffw_norm: norm_vec(&gpu, g, &n("post_ffw_norm"), e)?,
                 k_cache: gpu.alloc_zeroed(cache_bytes)?,
                 v_cache: gpu.alloc_zeroed(cache_bytes)?,
+                cache_rows,
+                ring,
             });
         }
         let weight_bytes = tok_embd.device_bytes()
@@ -469,9 +489,9 @@ impl CudaGlimmer {
         )
     }
 
-    /// Halves between two sequences' caches.
-    fn slot_stride(&self) -> usize {
-        self.opts.n_ctx * self.info.n_head_kv * HEAD_DIM
+    /// Halves between two sequences' caches in layer `l`.
+    fn slot_stride(&self, l: &Layer) -> usize {
+        l.cache_rows * self.info.n_head_kv * HEAD_DIM
     }
 
     fn theta_scale(&self) -> f32 {
@@ -511,10 +531,11 @@ impl CudaGlimmer {
                 Arg::I(t as i32),
                 Arg::P(l.k_cache.ptr()),
                 Arg::P(l.v_cache.ptr()),
-                Arg::L(self.slot_stride() as i64),
+                Arg::L(self.slot_stride(l) as i64),
                 Arg::I(slot),
                 Arg::P(pf.0),
                 Arg::L(pf.1),
+                Arg::I(l.ring as i32),
             ],
         )
     }
@@ -583,7 +604,7 @@ impl CudaGlimmer {
                         Arg::F(self.theta_scale()),
                         Arg::P(l.k_cache.ptr()),
                         Arg::P(l.v_cache.ptr()),
-                        Arg::L(self.slot_stride() as i64),
+                        Arg::L(self.slot_stride(l) as i64),
                         Arg::I(self.window(il)),
                         Arg::F(i.attn_scale),
                         Arg::P(s.part.ptr()),
@@ -595,6 +616,7 @@ impl CudaGlimmer {
                         Arg::P(qa.s),
                         Arg::P(pf_wo.0),
                         Arg::L(pf_wo.1),
+                        Arg::I(l.ring as i32),
                     ],
                 )?;
             } else {
@@ -614,7 +636,8 @@ impl CudaGlimmer {
                         Arg::F(i.attn_scale),
                         Arg::P(s.part.ptr()),
                         Arg::I(splits as i32),
-                        Arg::L(self.slot_stride() as i64),
+                        Arg::L(self.slot_stride(l) as i64),
+                        Arg::I(l.ring as i32),
                     ],
                 )?;
                 g.launch(
@@ -876,7 +899,6 @@ impl CudaGlimmer {
             false,
             (0, 0),
         )?;
-        let seq_off = 2 * seq * self.slot_stride();
         for (il, l) in self.layers.iter().enumerate() {
             l.qkvg
                 .gemm(g, t, s.hb.ptr(), s.y_qkvg.ptr(), s.wbuf.ptr())?;
@@ -889,23 +911,39 @@ impl CudaGlimmer {
             };
             let nk = p0 + t - k_lo;
             let rows = group * t;
+            let kvw = nkv * HEAD_DIM;
+            let seq_off = 2 * seq * self.slot_stride(l);
+            // Keys [k_lo, k_lo + nk) as at most two contiguous row ranges (a ring wraps once):
+            // (first key, count, column of the first key).
+            let mut segs = vec![(k_lo, nk, 0usize)];
+            if l.ring > 0 {
+                let first = nk.min(l.ring - k_lo % l.ring);
+                segs = vec![(k_lo, first, 0)];
+                if first < nk {
+                    segs.push((k_lo + first, nk - first, first));
+                }
+            }
+            let row_of = |p: usize| if l.ring > 0 { p % l.ring } else { p };
             // scores[g][r][j] = q_h[g][r] · k[k_lo + j]   (r = head-in-group * t + token)
-            g.gemm_f16_batched(
-                true,
-                nk,
-                rows,
-                HEAD_DIM,
-                l.k_cache.at(seq_off + 2 * k_lo * nkv * HEAD_DIM),
-                nkv * HEAD_DIM,
-                HEAD_DIM,
-                s.q_h.ptr(),
-                HEAD_DIM,
-                rows * HEAD_DIM,
-                s.scores.ptr(),
-                nk,
-                rows * nk,
-                nkv,
-            )?;
+            for &(k0, n, col) in &segs {
+                g.gemm_f16_batched(
+                    true,
+                    n,
+                    rows,
+                    HEAD_DIM,
+                    l.k_cache.at(seq_off + 2 * row_of(k0) * kvw),
+                    kvw,
+                    HEAD_DIM,
+                    s.q_h.ptr(),
+                    HEAD_DIM,
+                    rows * HEAD_DIM,
+                    s.scores.at(4 * col),
+                    nk,
+                    rows * nk,
+                    nkv,
+                    0.0,
+                )?;
+            }
             // Rows up to 12288 keys stay in shared memory (one read of the scores).
             let cached = nk <= 12288;
             g.launch_smem(
@@ -926,22 +964,25 @@ impl CudaGlimmer {
                 ],
             )?;
             // o[g][r][d] = Σ_j p[g][r][j] · v[k_lo + j][d]
-            g.gemm_f16_batched(
-                false,
-                HEAD_DIM,
-                rows,
-                nk,
-                l.v_cache.at(seq_off + 2 * k_lo * nkv * HEAD_DIM),
-                nkv * HEAD_DIM,
-                HEAD_DIM,
-                s.probs.ptr(),
-                nk,
-                rows * nk,
-                s.o_heads.ptr(),
-                HEAD_DIM,
-                rows * HEAD_DIM,
-                nkv,
-            )?;
+            for (k, &(k0, n, col)) in segs.iter().enumerate() {
+                g.gemm_f16_batched(
+                    false,
+                    HEAD_DIM,
+                    rows,
+                    n,
+                    l.v_cache.at(seq_off + 2 * row_of(k0) * kvw),
+                    kvw,
+                    HEAD_DIM,
+                    s.probs.at(2 * col),
+                    nk,
+                    rows * nk,
+                    s.o_heads.ptr(),
+                    HEAD_DIM,
+                    rows * HEAD_DIM,
+                    nkv,
+                    if k == 0 { 0.0 } else { 1.0 },
+                )?;
+            }
             g.launch(
                 "gate_heads_bf16",
                 ((t * qw).div_ceil(256) as u32, 1, 1),

@@ -714,12 +714,13 @@ extern "C" __global__ void norm_fused(float* x, const float* y, const float* w_p
 // qkv rows [T][ld]: q heads at 0, k heads at nq*128, v heads at (nq+nkv)*128. head_dim 128.
 // grid (T, nq + 2 nkv), block 32. q goes to q_f [T][nq][128] f32 and/or q_h [nq][T][128] f16.
 // The caches hold one sequence per `slot_stride` halves: token t goes to sequence `slot`, or
-// to sequence t when slot < 0 (a decode step over several sequences).
+// to sequence t when slot < 0 (a decode step over several sequences). With ring > 0 (sliding
+// layers) position p lives in row p % ring.
 extern "C" __global__ void qk_norm_rope_store(const float* qkv, long ld, int nq, int nkv, const float* qn_w,
                                               const float* kn_w, float eps, const int* pos, int rope,
                                               float theta_scale, float* q_f, __half* q_h, int T, __half* kc,
                                               __half* vc, long slot_stride, int slot, const u8* pf,
-                                              long pf_bytes) {
+                                              long pf_bytes, int ring) {
     pdl_trigger();
     if (blockIdx.x == 0) {
         // One row of blocks issues the prefetch (grid.y heads).
@@ -769,7 +770,8 @@ extern "C" __global__ void qk_norm_rope_store(const float* qkv, long ld, int nq,
         }
     } else {
         const int kh = is_k ? head - nq : head - nq - nkv;
-        __half* d = (is_k ? kc : vc) + soff + (long)p * nkv * 128 + kh * 128 + 4 * lane;
+        const long prow = ring > 0 ? p % ring : p;
+        __half* d = (is_k ? kc : vc) + soff + prow * nkv * 128 + kh * 128 + 4 * lane;
         d[0] = __float2half(v[0]); d[1] = __float2half(v[1]);
         d[2] = __float2half(v[2]); d[3] = __float2half(v[3]);
     }
@@ -780,7 +782,8 @@ extern "C" __global__ void qk_norm_rope_store(const float* qkv, long ld, int nq,
 // pos[b] = position of the query. Keys in [lo, pos] with lo = pos - window + 1 for SWA.
 // grid (nq, B, S), block 128. part [B][nq][S][130]: acc[128], max, sum.
 extern "C" __global__ void attn_decode(const float* q_f, const __half* kc, const __half* vc, const int* pos, int nq,
-                                       int nkv, int window, float scale, float* part, int S, long slot_stride) {
+                                       int nkv, int window, float scale, float* part, int S, long slot_stride,
+                                       int ring) {
     pdl_trigger();
     pdl_wait();
     const int h = blockIdx.x, b = blockIdx.y, sp = blockIdx.z;
@@ -800,13 +803,14 @@ extern "C" __global__ void attn_decode(const float* q_f, const __half* kc, const
     float m = -INFINITY, l = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
     const long stride = (long)nkv * 128;
     for (int j = k0 + w; j < k1; j += 4) {
-        const uint2 kr = *(const uint2*)(kc + j * stride + g * 128 + 4 * lane);
+        const long jr = ring > 0 ? j % ring : j;
+        const uint2 kr = *(const uint2*)(kc + jr * stride + g * 128 + 4 * lane);
         const __half2 k01 = *(const __half2*)&kr.x, k23 = *(const __half2*)&kr.y;
         const float2 a = __half22float2(k01), c = __half22float2(k23);
         const float s = warp_sum(qv[0] * a.x + qv[1] * a.y + qv[2] * c.x + qv[3] * c.y);
         const float mn = fmaxf(m, s);
         const float corr = __expf(m - mn), pe = __expf(s - mn);
-        const uint2 vr = *(const uint2*)(vc + j * stride + g * 128 + 4 * lane);
+        const uint2 vr = *(const uint2*)(vc + jr * stride + g * 128 + 4 * lane);
         const float2 va = __half22float2(*(const __half2*)&vr.x), vb = __half22float2(*(const __half2*)&vr.y);
         l = l * corr + pe;
         acc[0] = acc[0] * corr + pe * va.x;
@@ -895,7 +899,7 @@ extern "C" __global__ void attn_decode_fused(const float* qkv, long ld, int nq, 
                                              float theta_scale, __half* kc, __half* vc, long slot_stride,
                                              int window, float scale, float* part, int S, unsigned* cnt,
                                              float* out_f, i8* q, float* qd, float* qs, const u8* pf,
-                                             long pf_bytes) {
+                                             long pf_bytes, int ring) {
     pdl_trigger();
     l2_prefetch_range(pf, pf_bytes);
     const int h = blockIdx.x, b = blockIdx.y, sp = blockIdx.z;
@@ -946,7 +950,13 @@ extern "C" __global__ void attn_decode_fused(const float* qkv, long ld, int nq, 
     if (owner) {
         float kv[4];
         norm_rope(row + (long)(nq + g) * 128, kn_w, kv);
-        const float4 v4 = *(const float4*)(row + (long)(nq + nkv + g) * 128 + 4 * lane);
+        float4 v4 = *(const float4*)(row + (long)(nq + nkv + g) * 128 + 4 * lane);
+        // The new key and value as the F16 cache holds them (what later steps and the
+        // three-kernel path read).
+#pragma unroll
+        for (int i = 0; i < 4; i++) kv[i] = __half2float(__float2half(kv[i]));
+        v4 = make_float4(__half2float(__float2half(v4.x)), __half2float(__float2half(v4.y)),
+                         __half2float(__float2half(v4.z)), __half2float(__float2half(v4.w)));
         const float s0 = warp_sum(qv[0] * kv[0] + qv[1] * kv[1] + qv[2] * kv[2] + qv[3] * kv[3]);
         m = s0;
         l = 1.f;
@@ -954,7 +964,7 @@ extern "C" __global__ void attn_decode_fused(const float* qkv, long ld, int nq, 
         if (h % grp == 0) {
             // The group's first head stores the new K/V for later steps (this launch reads
             // cached keys below p only).
-            const long o = (long)p * nkv * 128 + g * 128 + 4 * lane;
+            const long o = (long)(ring > 0 ? p % ring : p) * nkv * 128 + g * 128 + 4 * lane;
             __half2* kd = (__half2*)(kc + o);
             __half2* vd = (__half2*)(vc + o);
             kd[0] = __floats2half2_rn(kv[0], kv[1]);
@@ -970,8 +980,9 @@ extern "C" __global__ void attn_decode_fused(const float* qkv, long ld, int nq, 
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             const int jj = min(j + 4 * u, k1 - 1);
-            kr[u] = *(const uint2*)(kc + jj * stride + g * 128 + 4 * lane);
-            vr[u] = *(const uint2*)(vc + jj * stride + g * 128 + 4 * lane);
+            const long jr = ring > 0 ? jj % ring : jj;
+            kr[u] = *(const uint2*)(kc + jr * stride + g * 128 + 4 * lane);
+            vr[u] = *(const uint2*)(vc + jr * stride + g * 128 + 4 * lane);
         }
         float sv[4];
         float mx = m;

@@ -572,7 +572,7 @@ impl Gpu {
         .map_err(blas_err)
     }
 
-    /// Column-major strided-batched `C = op(A) · op(B)` with f16 inputs and f32 (or f16) output.
+    /// Column-major strided-batched `C = op(A) · op(B) + beta · C` with f16 inputs and f32 output.
     #[allow(clippy::too_many_arguments)]
     pub fn gemm_f16_batched(
         &self,
@@ -590,8 +590,9 @@ impl Gpu {
         ldc: usize,
         stride_c: usize,
         batch: usize,
+        beta: f32,
     ) -> Result<()> {
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        let alpha = 1.0f32;
         let op_a = if trans_a {
             blas_sys::cublasOperation_t::CUBLAS_OP_T
         } else {

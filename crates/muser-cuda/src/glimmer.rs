@@ -7,8 +7,9 @@
 //! a chunk is two batched f16 GEMMs around a masked softmax.
 //!
 //! The KV cache is F16 in device memory with the CPU cache's logical row layout
-//! (`[position][n_head_kv * head_dim]` per layer, K after norm and RoPE, V raw). Every layer
-//! holds `n_ctx` positions; sliding layers only read the last `n_swa` of them.
+//! (`[position][n_head_kv * head_dim]` per layer, K after norm and RoPE, V raw), one block of
+//! rows per sequence. Full-attention layers hold `n_ctx` positions; sliding layers (with
+//! `GpuOptions::swa_ring`) a ring of `n_swa + max_chunk` rows, position p in row p % ring.
 
 use muser_gguf::GgufFile;
 use muser_model::{Arch, ModelInfo};

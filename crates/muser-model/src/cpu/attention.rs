@@ -603,14 +603,24 @@ mod x86 {
         let hd = view.head_dim;
         let nq = q_rows.len();
         debug_assert!(nq <= G * LANES);
-        // Q transposed: qt[d·W + r].
-        let mut qt = vec![0f32; hd * W];
+        // Q transposed: qt[d·W + r], gathered 16 rows at a time from a contiguous copy.
+        let mut qc = vec![0f32; G * LANES * hd];
         let mut qpos = [i32::MIN; TILE_Q];
         for (r, (q, p)) in q_rows.iter().enumerate() {
-            for d in 0..hd {
-                qt[d * W + r] = q[d];
-            }
+            qc[r * hd..(r + 1) * hd].copy_from_slice(&q[..hd]);
             qpos[r] = *p;
+        }
+        let mut qt = vec![0f32; hd * W];
+        let gidx = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(hd as i32),
+        );
+        for g in 0..G {
+            let src = qc.as_ptr().add(g * LANES * hd);
+            for d in 0..hd {
+                let v = _mm512_i32gather_ps::<4>(gidx, src.add(d));
+                _mm512_storeu_ps(qt.as_mut_ptr().add(d * W + g * LANES), v);
+            }
         }
         let qp: [__m512i; G] =
             std::array::from_fn(|g| _mm512_loadu_si512(qpos.as_ptr().add(g * LANES) as *const _));
@@ -620,7 +630,8 @@ mod x86 {
         });
         let mut m = [_mm512_set1_ps(f32::NEG_INFINITY); G];
         let mut s = [_mm512_setzero_ps(); G];
-        let mut acc = vec![0f32; nq * hd];
+        // TILE_Q rows, so that the 4-row V blocks never run past the end.
+        let mut acc = vec![0f32; TILE_Q * hd];
         let mut kf = vec![0f32; TILE_KV * hd];
         let mut vf = vec![0f32; TILE_KV * hd];
         // Scores, lane-major: sc[t·W + r].
@@ -754,32 +765,38 @@ mod x86 {
                 s[g] = _mm512_mask_mov_ps(s[g], valid[g], s_new);
             }
             // V: acc[r] = acc[r]·ms + Σ_t w[t]·v[t] (FMA in t order; the padding cells of a
-            // partial tile add w = 0 times v = 0, i.e. +0).
-            for r in 0..nq {
-                let (g, l) = (r / LANES, r % LANES);
-                if valid[g] >> l & 1 == 0 {
+            // partial tile add w = 0 times v = 0, i.e. +0). Four rows at a time share each V
+            // load; rows without a visible cell here are computed but not stored.
+            for r0 in (0..nq).step_by(4) {
+                let mut store = 0u8;
+                let mut scale_by = [1f32; 4];
+                for j in 0..4 {
+                    let r = r0 + j;
+                    let (g, l) = (r / LANES, r % LANES);
+                    if r < nq && valid[g] >> l & 1 == 1 {
+                        store |= 1 << j;
+                        if grow[g] >> l & 1 == 1 {
+                            // ×1 leaves a value unchanged, so rows without a new max use it.
+                            scale_by[j] = ms[g][l];
+                        }
+                    }
+                }
+                if store == 0 {
                     continue;
                 }
-                let scale_by = if grow[g] >> l & 1 == 1 {
-                    Some(ms[g][l])
-                } else {
-                    None
-                };
-                let a = &mut acc[r * hd..(r + 1) * hd];
-                let w = sc.as_ptr().add(r);
+                let a = acc.as_mut_ptr().add(r0 * hd);
+                let w = sc.as_ptr().add(r0);
                 let mut d = 0;
                 while d < hd {
                     let step = match (hd - d) / LANES {
-                        n if n >= 8 => 8,
                         n if n >= 4 => 4,
                         n if n >= 2 => 2,
                         _ => 1,
                     };
                     match step {
-                        8 => v_accum::<8>(a, d, hd, &vf, w, nc, scale_by),
-                        4 => v_accum::<4>(a, d, hd, &vf, w, nc, scale_by),
-                        2 => v_accum::<2>(a, d, hd, &vf, w, nc, scale_by),
-                        _ => v_accum::<1>(a, d, hd, &vf, w, nc, scale_by),
+                        4 => v_block::<4>(a, d, hd, &vf, w, nc, scale_by, store),
+                        2 => v_block::<2>(a, d, hd, &vf, w, nc, scale_by, store),
+                        _ => v_block::<1>(a, d, hd, &vf, w, nc, scale_by, store),
                     }
                     d += step * LANES;
                 }
@@ -793,47 +810,60 @@ mod x86 {
         let mut o = vec![0f32; hd];
         for r in 0..nq {
             let sr = sv[r / LANES][r % LANES];
-            let inv = if sr == 0.0 { 0.0 } else { 1.0 / sr };
-            for d in 0..hd {
-                o[d] = acc[r * hd + d] * inv;
+            let inv = _mm512_set1_ps(if sr == 0.0 { 0.0 } else { 1.0 / sr });
+            for d in (0..hd).step_by(LANES) {
+                let a = _mm512_loadu_ps(acc.as_ptr().add(r * hd + d));
+                _mm512_storeu_ps(o.as_mut_ptr().add(d), _mm512_mul_ps(a, inv));
             }
             emit(r, &o);
         }
     }
 
-    /// `N` vectors of one row's V accumulator from dim `d`: rescale, then FMA over the cells.
+    /// `N` vectors from dim `d` of the V accumulators of four rows (`acc` at the first, rows
+    /// `hd` apart; weights `w[t·TILE_Q + j]`): rescale, FMA over the cells in order, then store
+    /// the rows whose bit is set in `store`.
     #[inline(always)]
-    unsafe fn v_accum<const N: usize>(
-        a: &mut [f32],
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn v_block<const N: usize>(
+        acc: *mut f32,
         d: usize,
         hd: usize,
         vf: &[f32],
         w: *const f32,
         nc: usize,
-        scale_by: Option<f32>,
+        scale_by: [f32; 4],
+        store: u8,
     ) {
-        let ap = a.as_mut_ptr().add(d);
-        let mut acc: [__m512; N] = std::array::from_fn(|i| _mm512_loadu_ps(ap.add(i * LANES)));
-        if let Some(ms) = scale_by {
-            let v = _mm512_set1_ps(ms);
-            for x in acc.iter_mut() {
-                *x = _mm512_mul_ps(*x, v);
-            }
-        }
+        let mut a: [[__m512; N]; 4] = std::array::from_fn(|j| {
+            let m = _mm512_set1_ps(scale_by[j]);
+            std::array::from_fn(|i| {
+                _mm512_mul_ps(_mm512_loadu_ps(acc.add(j * hd + d + i * LANES)), m)
+            })
+        });
         let vp = vf.as_ptr().add(d);
         for t in 0..nc {
-            let wt = _mm512_set1_ps(*w.add(t * TILE_Q));
-            for (i, x) in acc.iter_mut().enumerate() {
-                *x = _mm512_fmadd_ps(wt, _mm512_loadu_ps(vp.add(t * hd + i * LANES)), *x);
+            let v: [__m512; N] =
+                std::array::from_fn(|i| _mm512_loadu_ps(vp.add(t * hd + i * LANES)));
+            for (j, aj) in a.iter_mut().enumerate() {
+                let wt = _mm512_set1_ps(*w.add(t * TILE_Q + j));
+                for i in 0..N {
+                    aj[i] = _mm512_fmadd_ps(wt, v[i], aj[i]);
+                }
             }
         }
         if nc < TILE_KV {
-            for x in acc.iter_mut() {
-                *x = _mm512_add_ps(*x, _mm512_setzero_ps());
+            for aj in a.iter_mut() {
+                for x in aj.iter_mut() {
+                    *x = _mm512_add_ps(*x, _mm512_setzero_ps());
+                }
             }
         }
-        for (i, x) in acc.iter().enumerate() {
-            _mm512_storeu_ps(ap.add(i * LANES), *x);
+        for (j, aj) in a.iter().enumerate() {
+            if store >> j & 1 == 1 {
+                for (i, x) in aj.iter().enumerate() {
+                    _mm512_storeu_ps(acc.add(j * hd + d + i * LANES), *x);
+                }
+            }
         }
     }
 

@@ -15,6 +15,7 @@ use crate::backend::{AttnInput, Backend, RopeMode, Weight};
 use crate::error::ModelError;
 use crate::kv::KvCache;
 use math::fma_fn;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A row-major f32 matrix.
@@ -85,9 +86,53 @@ impl CpuBackend {
     }
 
     /// Runs `f` (a whole forward pass) on one of the pool's threads, so that every op inside
-    /// splits its work among the pool directly instead of handing it over from outside.
+    /// splits its work among the pool directly instead of handing it over from outside. The
+    /// other threads stay awake until `f` returns, taking each op's work as soon as it is
+    /// offered (as ggml's threads spin through a graph): waking a sleeping thread per op costs
+    /// about as long as a decode matmul takes.
     pub fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        self.pool.install(f)
+        if self.threads == 1 {
+            return self.pool.install(f);
+        }
+        let done = AtomicBool::new(false);
+        let f = Mutex::new(Some(f));
+        let out = Mutex::new(None);
+        self.pool.broadcast(|ctx| {
+            if ctx.index() == 0 {
+                /// Releases the other threads even when `f` panics.
+                struct Done<'a>(&'a AtomicBool);
+                impl Drop for Done<'_> {
+                    fn drop(&mut self) {
+                        self.0.store(true, Ordering::Release);
+                    }
+                }
+                let _done = Done(&done);
+                let f = f.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if let Some(f) = f {
+                    let r = f();
+                    *out.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+                }
+            } else {
+                let mut idle = 0u32;
+                while !done.load(Ordering::Acquire) {
+                    if rayon::yield_now() == Some(rayon::Yield::Executed) {
+                        idle = 0;
+                    } else {
+                        idle += 1;
+                        // Give the core away now and then: on a busy machine the thread
+                        // doing the work may be waiting for it.
+                        if idle.is_multiple_of(64) {
+                            std::thread::yield_now();
+                        } else {
+                            std::hint::spin_loop();
+                        }
+                    }
+                }
+            }
+        });
+        out.into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .expect("thread 0 of the pool ran the forward pass")
     }
 
     /// Calls `f(first_unit, chunk)` on `data` cut into chunks of whole `unit`-element units,

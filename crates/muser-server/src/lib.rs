@@ -31,13 +31,14 @@
 //!   `GET /v1/models`.
 //! - llama.cpp: `POST /completion` (prompt as text, ids or a mix; n_predict, sampling fields,
 //!   seed, stop, stream, cache_prompt, id_slot, n_probs, return_tokens, ignore_eos,
-//!   logit_bias pairs; `timings` in the answer), `/tokenize`, `/detokenize`,
+//!   logit_bias pairs, `json_schema` enforced like `response_format`; `timings` in the
+//!   answer), `/tokenize`, `/detokenize`,
 //!   `/apply-template`, `/embedding`, `GET /props`, `GET /slots`,
 //!   `POST /slots/{id}?action=save|restore|erase` (files under `--slot-save-path`, names of
 //!   `[A-Za-z0-9._-]` only), `GET /health`, `GET /metrics` (Prometheus text).
 //! - Ollama: `POST /api/generate` and `/api/chat` (NDJSON streaming by default; `suffix` and
-//!   `template` refused unless empty, `images` refused, `format` accepted but not enforced,
-//!   `keep_alive` ignored), `GET /api/tags`, `POST /api/show`, `GET /api/version`.
+//!   `template` refused unless empty, `images` refused, `format` `"json"` or a schema enforced
+//!   like `response_format`, `keep_alive` ignored), `GET /api/tags`, `POST /api/show`, `GET /api/version`.
 
 pub mod auth;
 pub mod chat;

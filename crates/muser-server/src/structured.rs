@@ -108,35 +108,79 @@ pub fn plan_chat(state: &AppState, req: &ChatCompletionRequest) -> ApiResult<Pla
         (Some(_), Some(_)) => return Err(ApiError::bad_request(
             "response_format json_object/json_schema cannot be combined with a forced tool_choice",
         )),
-        (Some(value), None) => {
-            let body = Expr::Seq(vec![Expr::Ws, value, Expr::Ws]);
-            let e = if is_muse {
-                Expr::Seq(vec![
-                    muse_reasoning(),
-                    Expr::Choice(vec![
-                        Expr::lit(" to=user<|message|>"),
-                        Expr::lit("<|message|>"),
-                    ]),
-                    body,
-                ])
-            } else {
-                body
-            };
-            (e, false)
-        }
+        (Some(value), None) => (json_reply(is_muse, value), false),
         (None, Some(tools)) if is_muse => (muse_tool_call(&tools), false),
         (None, Some(tools)) => (generic_tool_call(&tools), true),
     };
-    let grammar = Grammar::compile(&expr)
-        .map_err(|e| ApiError::bad_request(format!("structured output: {e}")))?;
-    // the output text is rendered with control tokens exactly when the model is Muse
-    let constraint = Constraint {
-        grammar: Arc::new(grammar),
-        vocab: vocab(&state.tokenizer, is_muse),
-    };
+    // the chat output is rendered with control tokens exactly when the model is Muse
     Ok(Plan {
-        constraint: Some(constraint),
+        constraint: Some(compile(state, &expr, is_muse)?),
         generic_tool_call: generic,
+    })
+}
+
+/// The constraint of an Ollama `format` (`"json"`: any object; an object: a JSON schema), for
+/// a reply that follows the chat template (`templated`) or a raw prompt.
+pub fn plan_format(
+    state: &AppState,
+    format: Option<&Value>,
+    templated: bool,
+) -> ApiResult<Option<Constraint>> {
+    let value = match format {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(s)) if s.is_empty() => return Ok(None),
+        Some(Value::String(s)) if s == "json" => Expr::Json(JsonKind::Object),
+        Some(schema @ Value::Object(_)) => {
+            schema_expr(schema, 0).map_err(|e| ApiError::bad_request(format!("format: {e}")))?
+        }
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "format must be \"json\" or a JSON schema, got {other}"
+            )))
+        }
+    };
+    let expr = json_reply(state.model.is_muse && templated, value);
+    compile(state, &expr, state.model.is_muse).map(Some)
+}
+
+/// The constraint of llama.cpp's `/completion` `json_schema` on raw completion text (rendered
+/// without control tokens).
+pub fn plan_completion_schema(
+    state: &AppState,
+    schema: Option<&Value>,
+) -> ApiResult<Option<Constraint>> {
+    let Some(schema) = schema else {
+        return Ok(None);
+    };
+    let value =
+        schema_expr(schema, 0).map_err(|e| ApiError::bad_request(format!("json_schema: {e}")))?;
+    compile(state, &json_reply(false, value), false).map(Some)
+}
+
+/// A reply whose content is `value` (with surrounding whitespace); for Muse, after optional
+/// reasoning and the header of the user-facing message.
+fn json_reply(is_muse: bool, value: Expr) -> Expr {
+    let body = Expr::Seq(vec![Expr::Ws, value, Expr::Ws]);
+    if !is_muse {
+        return body;
+    }
+    Expr::Seq(vec![
+        muse_reasoning(),
+        Expr::Choice(vec![
+            Expr::lit(" to=user<|message|>"),
+            Expr::lit("<|message|>"),
+        ]),
+        body,
+    ])
+}
+
+/// `expr` over the vocabulary as the output stream renders it (`special`: with control tokens).
+fn compile(state: &AppState, expr: &Expr, special: bool) -> ApiResult<Constraint> {
+    let grammar = Grammar::compile(expr)
+        .map_err(|e| ApiError::bad_request(format!("structured output: {e}")))?;
+    Ok(Constraint {
+        grammar: Arc::new(grammar),
+        vocab: vocab(&state.tokenizer, special),
     })
 }
 

@@ -52,7 +52,11 @@ fn app() -> Router {
 }
 
 async fn chat(body: Value) -> (StatusCode, Value) {
-    let req = Request::post("/v1/chat/completions")
+    post("/v1/chat/completions", body).await
+}
+
+async fn post(path: &str, body: Value) -> (StatusCode, Value) {
+    let req = Request::post(path)
         .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from(body.to_string()))
         .unwrap();
@@ -382,4 +386,76 @@ async fn forced_tool_choices_and_formats_are_checked() {
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(v["error"]["message"].as_str().unwrap().contains("nope"));
+}
+
+#[tokio::test]
+async fn ollama_format_json_and_schema_are_enforced() {
+    // A prompt that would not answer in JSON on its own.
+    let (status, v) = post(
+        "/api/chat",
+        json!({ "model": "SmolLM2-135M-Instruct.Q4_1", "stream": false, "format": "json",
+            "messages": [{ "role": "user", "content": "Write a haiku about rain." }],
+            "options": { "temperature": 0, "num_predict": 80 } }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let content = v["message"]["content"].as_str().unwrap();
+    if v["done_reason"] == "stop" {
+        assert!(
+            serde_json::from_str::<Value>(content).unwrap().is_object(),
+            "{content}"
+        );
+    } else {
+        assert!(content.trim_start().starts_with('{'), "{content}");
+    }
+    let schema = json!({ "type": "object",
+        "properties": { "city": { "type": "string" }, "sunny": { "type": "boolean" } },
+        "required": ["city", "sunny"] });
+    let (status, v) = post(
+        "/api/generate",
+        json!({ "model": "SmolLM2-135M-Instruct.Q4_1", "stream": false, "format": schema,
+            "prompt": "What is the weather in Paris?",
+            "options": { "temperature": 0, "num_predict": 64 } }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["done_reason"], "stop", "{v}");
+    let p: Value = serde_json::from_str(v["response"].as_str().unwrap()).unwrap();
+    assert!(p["city"].is_string() && p["sunny"].is_boolean(), "{p}");
+    // unsupported schema keywords and other format values are refused
+    let (status, v) = post(
+        "/api/generate",
+        json!({ "model": "SmolLM2-135M-Instruct.Q4_1", "stream": false, "prompt": "x",
+            "format": { "type": "string", "pattern": "a" } }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    let (status, _) = post(
+        "/api/generate",
+        json!({ "model": "SmolLM2-135M-Instruct.Q4_1", "stream": false, "prompt": "x", "format": "yaml" }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn completion_json_schema_is_enforced() {
+    let schema = json!({ "type": "object",
+        "properties": { "answer": { "type": "integer" } }, "required": ["answer"] });
+    let (status, v) = post(
+        "/completion",
+        json!({ "prompt": "Once upon a time", "n_predict": 48, "temperature": 0,
+                "json_schema": schema }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["stop_type"], "eos", "{v}");
+    let p: Value = serde_json::from_str(v["content"].as_str().unwrap()).unwrap();
+    assert!(p["answer"].is_i64(), "{p}");
+    let (status, _) = post(
+        "/completion",
+        json!({ "prompt": "x", "json_schema": { "type": "string", "format": "email" } }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
 }

@@ -7,6 +7,7 @@ use crate::gen::{self, Finished, SamplingOptions, Step};
 use crate::json::{OptionalJson, StrictJson};
 use crate::metrics::EngineGauges;
 use crate::state::{AppState, SharedState};
+use crate::structured;
 use crate::wire::llama::{
     valid_slot_filename, CompletionRequest, DetokenizeRequest, EmbeddingRequest, SlotAction,
     SlotActionRequest, SlotQuery, TokenizeRequest,
@@ -16,7 +17,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use muser_engine::{FinishReason, GenerateRequest, TokenLogprobs};
+use muser_engine::{FinishReason, GenerateRequest, SamplingParams, TokenLogprobs};
 use serde_json::{json, Value};
 
 fn stop_type(done: &Finished) -> &'static str {
@@ -101,7 +102,10 @@ pub async fn completion(
     let slot = super::slot_from(req.id_slot, &state)?;
     let greq = GenerateRequest {
         prompt: ids,
-        params: opts.to_params()?,
+        params: SamplingParams {
+            constraint: structured::plan_completion_schema(&state, req.json_schema.as_ref())?,
+            ..opts.to_params()?
+        },
         max_tokens,
         stop: req.stop.map(|s| s.0).unwrap_or_default(),
         slot,

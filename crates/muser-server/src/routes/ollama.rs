@@ -7,11 +7,12 @@ use crate::error::{ApiError, ApiResult};
 use crate::gen::{self, Finished, SamplingOptions, Step};
 use crate::json::StrictJson;
 use crate::state::{AppState, SharedState};
+use crate::structured;
 use crate::wire::ollama::{ChatRequest, GenerateRequest as OllamaGenerate, Options, ShowRequest};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use muser_engine::GenerateRequest;
+use muser_engine::{GenerateRequest, SamplingParams};
 use serde_json::{json, Value};
 use std::time::Instant;
 
@@ -74,20 +75,7 @@ fn sampling(options: Option<&Options>) -> ApiResult<(SamplingOptions, Option<u32
     ))
 }
 
-fn check_common(
-    state: &AppState,
-    format: Option<&Value>,
-    options: Option<&Options>,
-) -> ApiResult<()> {
-    match format {
-        None | Some(Value::Null) | Some(Value::Object(_)) => {}
-        Some(Value::String(s)) if s == "json" || s.is_empty() => {}
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "format must be \"json\" or a JSON schema, got {other}"
-            )))
-        }
-    }
+fn check_common(state: &AppState, options: Option<&Options>) -> ApiResult<()> {
     if let Some(n) = options.and_then(|o| o.num_ctx) {
         if n as usize > state.options.n_ctx {
             return Err(ApiError::bad_request(format!(
@@ -136,7 +124,8 @@ pub async fn generate(
             "images need a vision encoder; the served model has none",
         ));
     }
-    check_common(&state, req.format.as_ref(), req.options.as_ref())?;
+    check_common(&state, req.options.as_ref())?;
+    let constraint = structured::plan_format(&state, req.format.as_ref(), req.raw != Some(true))?;
     let model = state.model.id.clone();
     if req.prompt.is_empty() && req.context.is_none() {
         // Ollama answers an empty prompt by loading the model; it is always loaded here.
@@ -164,7 +153,10 @@ pub async fn generate(
     let (opts, max_tokens, stop) = sampling(req.options.as_ref())?;
     let greq = GenerateRequest {
         prompt: ids.clone(),
-        params: opts.to_params()?,
+        params: SamplingParams {
+            constraint,
+            ..opts.to_params()?
+        },
         max_tokens,
         stop,
         slot: None,
@@ -211,7 +203,8 @@ pub async fn chat(
 ) -> ApiResult<Response> {
     let start = Instant::now();
     state.check_model(Some(&req.model))?;
-    check_common(&state, req.format.as_ref(), req.options.as_ref())?;
+    check_common(&state, req.options.as_ref())?;
+    let constraint = structured::plan_format(&state, req.format.as_ref(), true)?;
     let mut messages = Vec::new();
     for m in &req.messages {
         if m.images.as_ref().is_some_and(|i| !i.is_empty()) {
@@ -241,7 +234,10 @@ pub async fn chat(
     let (opts, max_tokens, stop) = sampling(req.options.as_ref())?;
     let greq = GenerateRequest {
         prompt: ids,
-        params: opts.to_params()?,
+        params: SamplingParams {
+            constraint,
+            ..opts.to_params()?
+        },
         max_tokens,
         stop,
         slot: None,

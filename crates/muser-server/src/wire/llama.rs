@@ -47,6 +47,10 @@ pub struct CompletionRequest {
     /// Pairs `[token_id, bias]`; a bias of `false` bans the token.
     #[serde(default)]
     pub logit_bias: Option<Vec<(u64, serde_json::Value)>>,
+    /// The completion is one JSON value of this schema (the subset `response_format`
+    /// supports; `{}`: any value).
+    #[serde(default)]
+    pub json_schema: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -81,6 +81,8 @@ pub enum KvpackError {
     LedgerCorrupt(&'static str),
     #[error("no such pack in the store")]
     NotFound,
+    #[error("the store at {0} is in use by another process (it holds the store's lock)")]
+    StoreBusy(String),
     #[error("{context}: {source}")]
     Io {
         context: String,

@@ -202,6 +202,27 @@ pub struct PackStore {
     total_bytes: u64,
     tick: u64,
     tmp_seq: Arc<AtomicU64>,
+    /// Held (an exclusive advisory lock on `root/lock`) while the store is open: recovery
+    /// removes partial files, which must not be another live process's writes in progress.
+    _lock: std::fs::File,
+}
+
+/// Takes the store's exclusive lock, or says who holds it. The lock goes with the process.
+fn lock_root(root: &Path) -> Result<std::fs::File> {
+    let p = root.join("lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&p)
+        .map_err(io_ctx(format!("open {}", p.display())))?;
+    match f.try_lock() {
+        Ok(()) => Ok(f),
+        Err(std::fs::TryLockError::WouldBlock) => {
+            Err(KvpackError::StoreBusy(root.display().to_string()))
+        }
+        Err(std::fs::TryLockError::Error(e)) => Err(io_ctx(format!("lock {}", p.display()))(e)),
+    }
 }
 
 fn file_name(cut: &BlockId, generation: u64) -> String {
@@ -217,6 +238,7 @@ impl PackStore {
             let p = cfg.root.join(d);
             std::fs::create_dir_all(&p).map_err(io_ctx(format!("create {}", p.display())))?;
         }
+        let lock = lock_root(&cfg.root)?;
         let ledger = Ledger::open(&cfg.root.join("ledger.bin"), &keys)?;
         let mut store = PackStore {
             cfg,
@@ -227,6 +249,7 @@ impl PackStore {
             total_bytes: 0,
             tick: 0,
             tmp_seq: Arc::new(AtomicU64::new(0)),
+            _lock: lock,
         };
         let mut report = RecoveryReport::default();
         let tmp = store.dir("tmp");

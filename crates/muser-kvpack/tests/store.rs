@@ -377,3 +377,17 @@ fn staged_packs_are_invisible_until_committed_and_removed_when_dropped() {
     let (store, report) = f.open(dir.path(), 1 << 30);
     assert_eq!((report.kept, store.len()), (1, 1));
 }
+
+#[test]
+fn a_store_open_in_one_place_is_refused_in_another_until_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = PackStore::open(StoreConfig::new(dir.path(), u64::MAX), keys()).unwrap();
+    // Recovery of a second opener would delete the first one's writes in progress.
+    let e = PackStore::open(StoreConfig::new(dir.path(), u64::MAX), keys())
+        .err()
+        .unwrap();
+    assert!(matches!(e, KvpackError::StoreBusy(_)), "{e:?}");
+    assert!(e.to_string().contains("in use"), "{e}");
+    drop(store);
+    assert!(PackStore::open(StoreConfig::new(dir.path(), u64::MAX), keys()).is_ok());
+}

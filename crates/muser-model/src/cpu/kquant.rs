@@ -76,17 +76,18 @@ impl Unpacked {
             unsafe { self.fill_avx2(row) };
             return;
         }
-        self.fill_any(row);
+        self.fill_any::<false>(row);
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     unsafe fn fill_avx2(&mut self, row: &[u8]) {
-        self.fill_any(row);
+        self.fill_any::<true>(row);
     }
 
+    /// `AVX2`: only when called from [`Unpacked::fill_avx2`].
     #[inline(always)]
-    fn fill_any(&mut self, row: &[u8]) {
+    fn fill_any<const AVX2: bool>(&mut self, row: &[u8]) {
         let ty = self.ty;
         let bs = ty.type_size();
         let nb = self.d.len();
@@ -111,6 +112,12 @@ impl Unpacked {
                     } else {
                         &blk[16..144]
                     };
+                    #[cfg(target_arch = "x86_64")]
+                    if AVX2 && ty == GgmlType::Q4_K {
+                        // SAFETY: AVX2 is enabled in the caller; 128 bytes in, 256 out.
+                        unsafe { simd::nibbles_q4k(qs.as_ptr(), q.as_mut_ptr()) };
+                        continue;
+                    }
                     for c in 0..4 {
                         let (src, dst) = (&qs[32 * c..32 * c + 32], &mut q[64 * c..64 * c + 64]);
                         let (lo, hi) = dst.split_at_mut(32);
@@ -136,6 +143,12 @@ impl Unpacked {
                     for (j, s) in sc.iter().enumerate() {
                         sm[j] = *s as i8 as i32;
                     }
+                    #[cfg(target_arch = "x86_64")]
+                    if AVX2 {
+                        // SAFETY: AVX2 is enabled in the caller; 192 bytes in, 256 out.
+                        unsafe { simd::codes_q6k(ql.as_ptr(), qh.as_ptr(), q.as_mut_ptr()) };
+                        continue;
+                    }
                     for n in 0..2 {
                         let (ql, qh) = (&ql[64 * n..64 * n + 64], &qh[32 * n..32 * n + 32]);
                         let y = &mut q[128 * n..128 * n + 128];
@@ -149,6 +162,61 @@ impl Unpacked {
                 }
                 _ => unreachable!("kquant::unpack called for {ty:?}"),
             }
+        }
+    }
+}
+
+/// AVX2 code unpacking for [`Unpacked::fill`] (the same bytes as its scalar loops).
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use std::arch::x86_64::*;
+
+    /// Q4_K: 128 packed bytes → per 32-byte chunk c, low nibbles to `q[64c..]`, high to
+    /// `q[64c + 32..]`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub unsafe fn nibbles_q4k(qs: *const u8, q: *mut u8) {
+        let m4 = _mm256_set1_epi8(0xF);
+        for c in 0..4 {
+            let v = _mm256_loadu_si256(qs.add(32 * c) as *const __m256i);
+            let lo = _mm256_and_si256(v, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            _mm256_storeu_si256(q.add(64 * c) as *mut __m256i, lo);
+            _mm256_storeu_si256(q.add(64 * c + 32) as *mut __m256i, hi);
+        }
+    }
+
+    /// Q6_K: 128 low-nibble bytes and 64 high-bit bytes → 256 six-bit codes.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub unsafe fn codes_q6k(ql: *const u8, qh: *const u8, q: *mut u8) {
+        let m4 = _mm256_set1_epi8(0xF);
+        let m30 = _mm256_set1_epi8(0x30);
+        for n in 0..2 {
+            let a = _mm256_loadu_si256(ql.add(64 * n) as *const __m256i);
+            let b = _mm256_loadu_si256(ql.add(64 * n + 32) as *const __m256i);
+            let h = _mm256_loadu_si256(qh.add(32 * n) as *const __m256i);
+            let y = q.add(128 * n);
+            let y0 = _mm256_or_si256(
+                _mm256_and_si256(a, m4),
+                _mm256_and_si256(_mm256_slli_epi16(h, 4), m30),
+            );
+            let y1 = _mm256_or_si256(
+                _mm256_and_si256(b, m4),
+                _mm256_and_si256(_mm256_slli_epi16(h, 2), m30),
+            );
+            let y2 = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(a, 4), m4),
+                _mm256_and_si256(h, m30),
+            );
+            let y3 = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(b, 4), m4),
+                _mm256_and_si256(_mm256_srli_epi16(h, 2), m30),
+            );
+            _mm256_storeu_si256(y as *mut __m256i, y0);
+            _mm256_storeu_si256(y.add(32) as *mut __m256i, y1);
+            _mm256_storeu_si256(y.add(64) as *mut __m256i, y2);
+            _mm256_storeu_si256(y.add(96) as *mut __m256i, y3);
         }
     }
 }
@@ -486,6 +554,20 @@ mod tests {
         let mut ad = vec![0f32; n];
         muser_quant::dequantize_row(GgmlType::Q8_K, &aq, &mut ad).unwrap();
         (wq, aq, wd, ad)
+    }
+
+    #[test]
+    fn simd_unpack_equals_scalar_unpack() {
+        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+            let (wq, ..) = rows(ty, 1024, 7);
+            let fast = unpack(ty, &wq, 1024);
+            let mut plain = Unpacked::new(ty, 4);
+            plain.fill_any::<false>(&wq);
+            assert_eq!(fast.q, plain.q, "{ty:?} codes");
+            assert_eq!(fast.sm, plain.sm, "{ty:?} scales");
+            assert_eq!(fast.mp, plain.mp, "{ty:?} mins");
+            assert_eq!(fast.d, plain.d, "{ty:?} d");
+        }
     }
 
     #[test]

@@ -1,0 +1,984 @@
+//! Grammar-constrained sampling on bytes.
+//!
+//! A [`Grammar`] is a small program compiled from an [`Expr`]: literals, bounded whitespace,
+//! JSON values (a pushdown automaton with a bit stack), free text up to a stop string, and
+//! choice / repetition. A [`Matcher`] runs it as a set of threads (a Pike VM: every live
+//! alternative is one thread, so choices sharing a prefix need no backtracking) and answers
+//! one question: does this token's text keep the output a valid prefix? End-of-generation
+//! tokens are allowed only once the grammar is complete.
+//!
+//! The sampler asks about the token it would pick first and masks the vocabulary only when
+//! that token is refused. The mask walks the vocabulary in byte order ([`Vocab`] keeps the
+//! pieces sorted), so tokens sharing a prefix share the work and a dead prefix skips every
+//! token below it, as a trie walk would.
+//!
+//! JSON follows llama.cpp's `grammars/json.gbnf`: whitespace between tokens is empty, one
+//! space, or a newline followed by at most 20 spaces or tabs; an integer part has at most 16
+//! digits; strings are valid UTF-8 without control characters or DEL. Escapes of UTF-16
+//! surrogates (`\uD800`..`\uDFFF`) are refused so every accepted text parses with strict JSON
+//! parsers. Nesting is bounded by [`MAX_DEPTH`].
+
+use std::sync::Arc;
+
+use muser_text::Tokenizer;
+
+/// Deepest JSON nesting a grammar accepts.
+pub const MAX_DEPTH: u8 = 64;
+/// Most instructions in one grammar.
+pub const MAX_PROGRAM: usize = 1 << 16;
+/// Most live alternatives a matcher keeps (beyond that the rest are dropped: the matcher then
+/// accepts a subset of the language, never more).
+pub const MAX_THREADS: usize = 64;
+const MAX_INT_DIGITS: u16 = 16;
+const MAX_FRAC_DIGITS: u16 = 64;
+const MAX_EXP_DIGITS: u16 = 16;
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ConstraintError {
+    #[error("the grammar is too large ({0} instructions, at most {MAX_PROGRAM})")]
+    TooLarge(usize),
+    #[error("a choice needs at least one alternative")]
+    EmptyChoice,
+    #[error("a stop string must not be empty")]
+    EmptyStop,
+}
+
+/// What a JSON value may be at the top of a [`Expr::Json`]; nested values are unrestricted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JsonKind {
+    Value,
+    Object,
+    Array,
+    String,
+    Number,
+    Integer,
+}
+
+/// A grammar as built by callers; [`Grammar::compile`] turns it into a program.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Expr {
+    /// These exact bytes.
+    Lit(Vec<u8>),
+    /// Optional whitespace: nothing, one space, or a newline and at most 20 spaces or tabs.
+    Ws,
+    /// One JSON value (its own inner whitespace included, none before or after).
+    Json(JsonKind),
+    /// Valid UTF-8 text (no control characters but tab, CR and LF) up to and including the
+    /// first occurrence of `stop`, at most `max_len` bytes in all. The text never contains
+    /// `<|` except as the start of `stop`, so control-token markup cannot appear inside.
+    Until {
+        stop: Vec<u8>,
+        max_len: u32,
+    },
+    Seq(Vec<Expr>),
+    Choice(Vec<Expr>),
+    /// Zero or more.
+    Star(Box<Expr>),
+    Opt(Box<Expr>),
+    /// A JSON object with these members, in this order; members not `required` may be left
+    /// out. No other member is produced.
+    Object(Vec<Member>),
+    /// A JSON array whose items all match the expression.
+    Array(Box<Expr>),
+}
+
+/// One member of an [`Expr::Object`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Member {
+    pub key: String,
+    pub value: Expr,
+    pub required: bool,
+}
+
+impl Expr {
+    pub fn lit(s: &str) -> Expr {
+        Expr::Lit(s.as_bytes().to_vec())
+    }
+
+    /// A JSON string literal holding `s`, escaped.
+    pub fn json_string(s: &str) -> Expr {
+        Expr::Lit(json_quote(s).into_bytes())
+    }
+}
+
+/// `s` as a JSON string literal (quotes included).
+pub fn json_quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    out.push_str(&json_escape(s));
+    out.push('"');
+    out
+}
+
+/// `s` escaped for the inside of a JSON string.
+pub fn json_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                out.push_str(&format!("\\u{:04x}", c as u32));
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+// ---- the program ---------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Inst {
+    /// Bytes `start..start + len` of the pool.
+    Lit {
+        start: u32,
+        len: u32,
+    },
+    Ws,
+    Json(JsonKind),
+    Until {
+        start: u32,
+        len: u32,
+        max_len: u32,
+    },
+    Split(u32, u32),
+    Jmp(u32),
+    Match,
+}
+
+/// A compiled grammar. Cheap to share between requests (`Arc`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Grammar {
+    prog: Vec<Inst>,
+    pool: Vec<u8>,
+}
+
+impl Grammar {
+    /// Compiles `expr` followed by the end of the output.
+    pub fn compile(expr: &Expr) -> Result<Grammar, ConstraintError> {
+        let mut g = Grammar {
+            prog: Vec::new(),
+            pool: Vec::new(),
+        };
+        g.emit(expr)?;
+        g.push(Inst::Match)?;
+        Ok(g)
+    }
+
+    /// A grammar for one JSON object (whitespace before and after it allowed).
+    pub fn json_object() -> Grammar {
+        Grammar::compile(&Expr::Seq(vec![
+            Expr::Ws,
+            Expr::Json(JsonKind::Object),
+            Expr::Ws,
+        ]))
+        .expect("a fixed small grammar compiles")
+    }
+
+    pub fn len(&self) -> usize {
+        self.prog.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.prog.is_empty()
+    }
+
+    fn push(&mut self, i: Inst) -> Result<u32, ConstraintError> {
+        if self.prog.len() >= MAX_PROGRAM {
+            return Err(ConstraintError::TooLarge(self.prog.len() + 1));
+        }
+        self.prog.push(i);
+        Ok(self.prog.len() as u32 - 1)
+    }
+
+    fn here(&self) -> u32 {
+        self.prog.len() as u32
+    }
+
+    fn lit(&mut self, bytes: &[u8]) -> Result<(), ConstraintError> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        if self.pool.len() + bytes.len() > u32::MAX as usize / 2 {
+            return Err(ConstraintError::TooLarge(self.prog.len()));
+        }
+        let start = self.pool.len() as u32;
+        self.pool.extend_from_slice(bytes);
+        self.push(Inst::Lit {
+            start,
+            len: bytes.len() as u32,
+        })?;
+        Ok(())
+    }
+
+    fn patch(&mut self, at: u32, i: Inst) {
+        self.prog[at as usize] = i;
+    }
+
+    fn emit(&mut self, e: &Expr) -> Result<(), ConstraintError> {
+        match e {
+            Expr::Lit(b) => self.lit(b)?,
+            Expr::Ws => {
+                self.push(Inst::Ws)?;
+            }
+            Expr::Json(k) => {
+                self.push(Inst::Json(*k))?;
+            }
+            Expr::Until { stop, max_len } => {
+                if stop.is_empty() {
+                    return Err(ConstraintError::EmptyStop);
+                }
+                let start = self.pool.len() as u32;
+                self.pool.extend_from_slice(stop);
+                self.push(Inst::Until {
+                    start,
+                    len: stop.len() as u32,
+                    max_len: *max_len,
+                })?;
+            }
+            Expr::Seq(items) => {
+                for i in items {
+                    self.emit(i)?;
+                }
+            }
+            Expr::Choice(alts) => {
+                let Some((last, rest)) = alts.split_last() else {
+                    return Err(ConstraintError::EmptyChoice);
+                };
+                let mut jumps = Vec::new();
+                for a in rest {
+                    let split = self.push(Inst::Split(0, 0))?;
+                    self.emit(a)?;
+                    jumps.push(self.push(Inst::Jmp(0))?);
+                    let next = self.here();
+                    self.patch(split, Inst::Split(split + 1, next));
+                }
+                self.emit(last)?;
+                let end = self.here();
+                for j in jumps {
+                    self.patch(j, Inst::Jmp(end));
+                }
+            }
+            Expr::Star(inner) => {
+                let split = self.push(Inst::Split(0, 0))?;
+                self.emit(inner)?;
+                self.push(Inst::Jmp(split))?;
+                let end = self.here();
+                self.patch(split, Inst::Split(split + 1, end));
+            }
+            Expr::Opt(inner) => {
+                let split = self.push(Inst::Split(0, 0))?;
+                self.emit(inner)?;
+                let end = self.here();
+                self.patch(split, Inst::Split(split + 1, end));
+            }
+            Expr::Array(item) => {
+                // "[" ws ( item ws ( "," ws item ws )* )? "]"
+                self.lit(b"[")?;
+                self.push(Inst::Ws)?;
+                let opt = self.push(Inst::Split(0, 0))?;
+                self.emit(item)?;
+                self.push(Inst::Ws)?;
+                let more = self.push(Inst::Split(0, 0))?;
+                self.lit(b",")?;
+                self.push(Inst::Ws)?;
+                self.emit(item)?;
+                self.push(Inst::Ws)?;
+                self.push(Inst::Jmp(more))?;
+                let close = self.here();
+                self.patch(opt, Inst::Split(opt + 1, close));
+                self.patch(more, Inst::Split(more + 1, close));
+                self.lit(b"]")?;
+            }
+            Expr::Object(members) => self.emit_object(members)?,
+        }
+        Ok(())
+    }
+
+    /// `{` ws then the members in order, each `key ws ":" ws value ws`, separated by `"," ws`;
+    /// optional members may be skipped. Label (i, c) continues at member i, c telling whether
+    /// a member was already written (so a comma comes first).
+    fn emit_object(&mut self, members: &[Member]) -> Result<(), ConstraintError> {
+        self.lit(b"{")?;
+        self.push(Inst::Ws)?;
+        let n = members.len();
+        // jumps to patch: (instruction, target label (i, c))
+        let mut labels = vec![[u32::MAX; 2]; n + 1];
+        let mut fixups: Vec<(u32, usize, usize, bool)> = Vec::new(); // (inst, i, c, is_split_second)
+                                                                     // Only labels reachable are emitted; (0, 0) is the start.
+        let mut reachable = vec![[false; 2]; n + 1];
+        reachable[0][0] = true;
+        for i in 0..n {
+            for c in 0..2 {
+                if !reachable[i][c] {
+                    continue;
+                }
+                labels[i][c] = self.here();
+                let m = &members[i];
+                let skip = if m.required {
+                    None
+                } else {
+                    Some(self.push(Inst::Split(0, 0))?)
+                };
+                if c == 1 {
+                    self.lit(b",")?;
+                    self.push(Inst::Ws)?;
+                }
+                self.emit(&Expr::json_string(&m.key))?;
+                self.push(Inst::Ws)?;
+                self.lit(b":")?;
+                self.push(Inst::Ws)?;
+                self.emit(&m.value)?;
+                self.push(Inst::Ws)?;
+                let j = self.push(Inst::Jmp(0))?;
+                fixups.push((j, i + 1, 1, false));
+                reachable[i + 1][1] = true;
+                if let Some(s) = skip {
+                    fixups.push((s, i + 1, c, true));
+                    reachable[i + 1][c] = true;
+                }
+            }
+        }
+        for c in 0..2 {
+            if reachable[n][c] {
+                labels[n][c] = self.here();
+            }
+        }
+        // both end labels are the same code: "}"
+        let end = self.here();
+        self.lit(b"}")?;
+        for (at, i, c, split) in fixups {
+            let target = if i == n { end } else { labels[i][c] };
+            if split {
+                self.patch(at, Inst::Split(at + 1, target));
+            } else {
+                self.patch(at, Inst::Jmp(target));
+            }
+        }
+        Ok(())
+    }
+}
+
+// ---- whitespace ----------------------------------------------------------------------------
+
+/// Whitespace state: 0 nothing yet, 1 one space (no more), 2 + k a newline and k spaces/tabs.
+const WS_FRESH: u8 = 0;
+const WS_SPACE: u8 = 1;
+const WS_NL: u8 = 2;
+const WS_FULL: u8 = WS_NL + 20;
+
+fn ws_step(w: u8, b: u8) -> Option<u8> {
+    match b {
+        b' ' if w == WS_FRESH => Some(WS_SPACE),
+        b'\n' if w == WS_FRESH => Some(WS_NL),
+        b' ' | b'\t' if (WS_NL..WS_FULL).contains(&w) => Some(w + 1),
+        _ => None,
+    }
+}
+
+fn ws_more(w: u8) -> bool {
+    w == WS_FRESH || (WS_NL..WS_FULL).contains(&w)
+}
+
+mod json;
+pub use json::JsonState;
+use json::Utf8;
+
+// ---- free text up to a stop string ---------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct UntilState {
+    /// Bytes of the stop string matched at the end of the text so far.
+    matched: u16,
+    /// The last byte was `<`.
+    lt: bool,
+    len: u32,
+    utf8: Utf8,
+}
+
+enum UntilStep {
+    Fail,
+    More,
+    Done,
+}
+
+/// The longest prefix of `stop` that is a suffix of `stop[..m] + b`.
+fn stop_progress(stop: &[u8], m: usize, b: u8) -> usize {
+    if m < stop.len() && stop[m] == b {
+        return m + 1;
+    }
+    (1..=m)
+        .rev()
+        .find(|&k| stop[k - 1] == b && stop[..k - 1] == stop[m + 1 - k..m])
+        .unwrap_or(0)
+}
+
+impl UntilState {
+    fn step(&mut self, stop: &[u8], max_len: u32, b: u8) -> UntilStep {
+        self.len += 1;
+        if self.len > max_len {
+            return UntilStep::Fail;
+        }
+        if self.utf8.is_open() || b >= 0x80 {
+            if !self.utf8.step(b) {
+                return UntilStep::Fail;
+            }
+        } else if (b < 0x20 && !matches!(b, b'\t' | b'\n' | b'\r')) || b == 0x7f {
+            return UntilStep::Fail;
+        }
+        let m = self.matched as usize;
+        let next = stop_progress(stop, m, b);
+        if next == stop.len() {
+            return UntilStep::Done;
+        }
+        let ctrl_stop = stop.starts_with(b"<|");
+        // `<|` in the text only as the start of the stop string
+        if self.lt && b == b'|' && !(ctrl_stop && next == 2) {
+            return UntilStep::Fail;
+        }
+        if ctrl_stop && m >= 2 && next != m + 1 {
+            return UntilStep::Fail;
+        }
+        self.lt = b == b'<';
+        self.matched = next as u16;
+        UntilStep::More
+    }
+}
+
+// ---- the matcher ---------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sub {
+    Lit(u32),
+    Ws(u8),
+    Json(JsonState),
+    Until(UntilState),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Thread {
+    pc: u32,
+    sub: Sub,
+}
+
+/// Scratch space of the closure: generation stamps per instruction and a work stack.
+#[derive(Debug, Default)]
+struct Closure {
+    seen: Vec<u32>,
+    gen: u32,
+    work: Vec<u32>,
+}
+
+impl Closure {
+    fn begin(&mut self, n: usize) {
+        if self.seen.len() != n {
+            self.seen = vec![0; n];
+            self.gen = 0;
+        }
+        self.gen = self.gen.wrapping_add(1);
+        if self.gen == 0 {
+            self.seen.iter_mut().for_each(|s| *s = 0);
+            self.gen = 1;
+        }
+    }
+}
+
+/// Adds the threads reachable from `pc` without consuming a byte; true if `Match` is reached.
+fn add(g: &Grammar, pc: u32, out: &mut Vec<Thread>, cl: &mut Closure) -> bool {
+    let mut complete = false;
+    cl.work.push(pc);
+    while let Some(pc) = cl.work.pop() {
+        let Some(inst) = g.prog.get(pc as usize) else {
+            continue;
+        };
+        if cl.seen[pc as usize] == cl.gen {
+            continue;
+        }
+        cl.seen[pc as usize] = cl.gen;
+        match *inst {
+            Inst::Split(a, b) => {
+                cl.work.push(b);
+                cl.work.push(a);
+            }
+            Inst::Jmp(a) => cl.work.push(a),
+            Inst::Match => complete = true,
+            Inst::Lit { len: 0, .. } => cl.work.push(pc + 1),
+            Inst::Lit { .. } => out.push(Thread {
+                pc,
+                sub: Sub::Lit(0),
+            }),
+            Inst::Ws => {
+                out.push(Thread {
+                    pc,
+                    sub: Sub::Ws(WS_FRESH),
+                });
+                cl.work.push(pc + 1);
+            }
+            Inst::Json(k) => out.push(Thread {
+                pc,
+                sub: Sub::Json(JsonState::new(k)),
+            }),
+            Inst::Until { .. } => out.push(Thread {
+                pc,
+                sub: Sub::Until(UntilState::default()),
+            }),
+        }
+    }
+    complete
+}
+
+/// Steps every thread over one byte into `out` (cleared first); true if the result is
+/// complete.
+fn step_all(g: &Grammar, from: &[Thread], b: u8, out: &mut Vec<Thread>, cl: &mut Closure) -> bool {
+    out.clear();
+    cl.begin(g.prog.len());
+    let mut complete = false;
+    for t in from {
+        let inst = g.prog[t.pc as usize];
+        let next = t.pc + 1;
+        match (inst, t.sub) {
+            (Inst::Lit { start, len }, Sub::Lit(off)) => {
+                if g.pool[(start + off) as usize] != b {
+                    continue;
+                }
+                if off + 1 == len {
+                    complete |= add(g, next, out, cl);
+                } else {
+                    out.push(Thread {
+                        pc: t.pc,
+                        sub: Sub::Lit(off + 1),
+                    });
+                }
+            }
+            (Inst::Ws, Sub::Ws(w)) => {
+                if let Some(w) = ws_step(w, b) {
+                    if ws_more(w) {
+                        out.push(Thread {
+                            pc: t.pc,
+                            sub: Sub::Ws(w),
+                        });
+                    }
+                    complete |= add(g, next, out, cl);
+                }
+            }
+            (Inst::Json(_), Sub::Json(mut j)) => {
+                if !j.step(b) {
+                    continue;
+                }
+                if j.is_done() {
+                    complete |= add(g, next, out, cl);
+                } else {
+                    out.push(Thread {
+                        pc: t.pc,
+                        sub: Sub::Json(j),
+                    });
+                    if j.can_end() {
+                        complete |= add(g, next, out, cl);
+                    }
+                }
+            }
+            (
+                Inst::Until {
+                    start,
+                    len,
+                    max_len,
+                },
+                Sub::Until(mut u),
+            ) => {
+                let stop = &g.pool[start as usize..(start + len) as usize];
+                match u.step(stop, max_len, b) {
+                    UntilStep::Fail => {}
+                    UntilStep::More => out.push(Thread {
+                        pc: t.pc,
+                        sub: Sub::Until(u),
+                    }),
+                    UntilStep::Done => complete |= add(g, next, out, cl),
+                }
+            }
+            _ => {}
+        }
+    }
+    // duplicates (alternatives that met again) and the bound
+    let mut i = 0;
+    while i < out.len() {
+        if out[..i].contains(&out[i]) {
+            out.swap_remove(i);
+        } else {
+            i += 1;
+        }
+    }
+    out.truncate(MAX_THREADS);
+    complete
+}
+
+/// The state of one constrained generation.
+#[derive(Debug)]
+pub struct Matcher {
+    grammar: Arc<Grammar>,
+    threads: Vec<Thread>,
+    complete: bool,
+    cl: Closure,
+    a: Vec<Thread>,
+    b: Vec<Thread>,
+    /// Per depth of the vocabulary walk, the threads after that many bytes.
+    levels: Vec<Vec<Thread>>,
+    /// Recent masks by state: inside a long string the state repeats token after token.
+    masks: Vec<CachedMask>,
+    next_slot: usize,
+}
+
+/// How many masks a matcher remembers.
+const MASK_CACHE: usize = 4;
+
+#[derive(Debug)]
+struct CachedMask {
+    threads: Vec<Thread>,
+    complete: bool,
+    mask: Vec<bool>,
+    n: usize,
+}
+
+impl Matcher {
+    pub fn new(grammar: Arc<Grammar>) -> Self {
+        let mut cl = Closure::default();
+        cl.begin(grammar.prog.len());
+        let mut threads = Vec::new();
+        let complete = add(&grammar, 0, &mut threads, &mut cl);
+        Matcher {
+            grammar,
+            threads,
+            complete,
+            cl,
+            a: Vec::new(),
+            b: Vec::new(),
+            levels: Vec::new(),
+            masks: Vec::new(),
+            next_slot: 0,
+        }
+    }
+
+    /// The output so far is a whole sentence of the grammar (end of generation allowed).
+    pub fn is_complete(&self) -> bool {
+        self.complete
+    }
+
+    /// No byte can follow (only the end is allowed, if complete).
+    pub fn is_closed(&self) -> bool {
+        self.threads.is_empty()
+    }
+
+    /// Whether `bytes` (non-empty) can follow the output so far.
+    pub fn allows(&mut self, bytes: &[u8]) -> bool {
+        if bytes.is_empty() {
+            return false;
+        }
+        self.a.clear();
+        self.a.extend_from_slice(&self.threads);
+        for &byte in bytes {
+            let complete = step_all(&self.grammar, &self.a, byte, &mut self.b, &mut self.cl);
+            if self.b.is_empty() && !complete {
+                return false;
+            }
+            std::mem::swap(&mut self.a, &mut self.b);
+        }
+        true
+    }
+
+    /// Appends `bytes` to the output; false (and nothing changes) if they cannot follow.
+    pub fn advance(&mut self, bytes: &[u8]) -> bool {
+        self.a.clear();
+        self.a.extend_from_slice(&self.threads);
+        let mut complete = self.complete;
+        for &byte in bytes {
+            complete = step_all(&self.grammar, &self.a, byte, &mut self.b, &mut self.cl);
+            if self.b.is_empty() && !complete {
+                return false;
+            }
+            std::mem::swap(&mut self.a, &mut self.b);
+        }
+        std::mem::swap(&mut self.threads, &mut self.a);
+        self.complete = complete;
+        true
+    }
+
+    /// Whether token `id` may come next.
+    pub fn allows_token(&mut self, vocab: &Vocab, id: u32) -> bool {
+        if vocab.is_eog(id) {
+            return self.complete;
+        }
+        match vocab.piece(id) {
+            Some(p) if !p.is_empty() => self.allows(p),
+            _ => false,
+        }
+    }
+
+    /// Records token `id`. An end-of-generation token completes; a token the grammar refuses
+    /// closes the matcher (only the end is allowed afterwards) and returns false.
+    pub fn accept_token(&mut self, vocab: &Vocab, id: u32) -> bool {
+        if vocab.is_eog(id) {
+            let ok = self.complete;
+            self.close();
+            return ok;
+        }
+        let ok = vocab
+            .piece(id)
+            .is_some_and(|p| !p.is_empty() && self.advance(p));
+        if !ok {
+            self.close();
+        }
+        ok
+    }
+
+    fn close(&mut self) {
+        self.threads.clear();
+        self.complete = true;
+    }
+
+    /// Sets `mask[id]` for every token that may come next (`mask` is resized to the
+    /// vocabulary). Returns how many are allowed.
+    pub fn fill_mask(&mut self, vocab: &Vocab, mask: &mut Vec<bool>) -> usize {
+        if let Some(c) = self.masks.iter().find(|c| {
+            c.complete == self.complete && c.threads == self.threads && c.mask.len() == vocab.len()
+        }) {
+            mask.clone_from(&c.mask);
+            return c.n;
+        }
+        let n = self.compute_mask(vocab, mask);
+        let entry = CachedMask {
+            threads: self.threads.clone(),
+            complete: self.complete,
+            mask: mask.clone(),
+            n,
+        };
+        if self.masks.len() < MASK_CACHE {
+            self.masks.push(entry);
+        } else {
+            self.masks[self.next_slot] = entry;
+            self.next_slot = (self.next_slot + 1) % MASK_CACHE;
+        }
+        n
+    }
+
+    fn compute_mask(&mut self, vocab: &Vocab, mask: &mut Vec<bool>) -> usize {
+        mask.clear();
+        mask.resize(vocab.len(), false);
+        let mut n = 0;
+        if self.complete {
+            for &id in &vocab.eog {
+                mask[id as usize] = true;
+                n += 1;
+            }
+        }
+        if self.threads.is_empty() {
+            return n;
+        }
+        let g = self.grammar.clone();
+        if self.levels.is_empty() {
+            self.levels.push(Vec::new());
+        }
+        self.levels[0].clear();
+        self.levels[0].extend_from_slice(&self.threads);
+        // `depth`: levels 1..=depth hold the threads after prev[..k]; `dead`: prev[..depth+1]
+        // leads nowhere.
+        let mut prev: &[u8] = &[];
+        let mut prev_ok = false;
+        let mut depth = 0usize;
+        let mut dead = false;
+        let sorted = &vocab.sorted;
+        let mut i = 0;
+        while i < sorted.len() {
+            let id = sorted[i];
+            i += 1;
+            let p = vocab.piece_unchecked(id);
+            if p == prev {
+                // the same text as the previous token: the same answer
+                if prev_ok {
+                    mask[id as usize] = true;
+                    n += 1;
+                }
+                continue;
+            }
+            let lcp = prev.iter().zip(p).take_while(|(a, b)| a == b).count();
+            if dead && lcp > depth {
+                continue;
+            }
+            let mut d = lcp.min(depth);
+            dead = false;
+            let mut ok = true;
+            while d < p.len() {
+                // inside a JSON string, plain ASCII leaves the state as it is
+                if p.len() - d <= vocab.plain_tail[id as usize] as usize
+                    && in_plain_string(&self.levels[d])
+                {
+                    break;
+                }
+                if self.levels.len() <= d + 1 {
+                    self.levels.push(Vec::new());
+                }
+                let (lo, hi) = self.levels.split_at_mut(d + 1);
+                let complete = step_all(&g, &lo[d], p[d], &mut hi[0], &mut self.cl);
+                if hi[0].is_empty() {
+                    // nothing extends p[..=d]; p itself may still end the grammar
+                    ok = complete && d + 1 == p.len();
+                    dead = true;
+                    break;
+                }
+                d += 1;
+            }
+            // levels deeper than `d` were not computed when the shortcut was taken
+            depth = d;
+            prev = p;
+            prev_ok = ok;
+            if ok {
+                mask[id as usize] = true;
+                n += 1;
+            }
+            if dead {
+                // the tokens with the same text get the same answer; every other token that
+                // starts with the dead prefix is refused: jump past them (they are adjacent)
+                while i < sorted.len() && vocab.piece_unchecked(sorted[i]) == p {
+                    if ok {
+                        mask[sorted[i] as usize] = true;
+                        n += 1;
+                    }
+                    i += 1;
+                }
+                let q = &p[..=depth];
+                i += sorted[i..].partition_point(|&t| vocab.piece_unchecked(t).starts_with(q));
+            }
+        }
+        n
+    }
+}
+
+/// One thread, reading the inside of a JSON string between characters.
+fn in_plain_string(threads: &[Thread]) -> bool {
+    matches!(threads, [Thread { sub: Sub::Json(j), .. }] if j.in_plain_string())
+}
+
+// ---- the vocabulary ------------------------------------------------------------------------
+
+/// Every token's bytes, its end-of-generation flag, and the ids of the tokens with text
+/// sorted by their bytes (for the mask walk).
+#[derive(Debug)]
+pub struct Vocab {
+    offsets: Vec<u32>,
+    bytes: Vec<u8>,
+    eog_flag: Vec<bool>,
+    eog: Vec<u32>,
+    sorted: Vec<u32>,
+    /// Per token, how many of its last bytes are printable ASCII other than `"` and `\\`
+    /// (bytes a JSON string takes without changing state), capped at 255.
+    plain_tail: Vec<u8>,
+}
+
+/// A byte a JSON string holds as itself.
+fn plain_string_byte(b: u8) -> bool {
+    (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\'
+}
+
+impl Vocab {
+    /// `pieces[id]` is the text of token `id` as the output shows it (empty: never allowed,
+    /// unless end-of-generation).
+    pub fn new(pieces: &[&[u8]], is_eog: impl Fn(u32) -> bool) -> Self {
+        let mut offsets = Vec::with_capacity(pieces.len() + 1);
+        let mut bytes = Vec::new();
+        offsets.push(0);
+        for p in pieces {
+            bytes.extend_from_slice(p);
+            offsets.push(bytes.len() as u32);
+        }
+        let n = pieces.len() as u32;
+        let eog_flag: Vec<bool> = (0..n).map(&is_eog).collect();
+        let eog = (0..n).filter(|&i| eog_flag[i as usize]).collect();
+        let mut sorted: Vec<u32> = (0..n)
+            .filter(|&i| !eog_flag[i as usize] && !pieces[i as usize].is_empty())
+            .collect();
+        sorted.sort_by(|&a, &b| pieces[a as usize].cmp(pieces[b as usize]).then(a.cmp(&b)));
+        let plain_tail = pieces
+            .iter()
+            .map(|p| {
+                p.iter()
+                    .rev()
+                    .take_while(|&&b| plain_string_byte(b))
+                    .count()
+                    .min(255) as u8
+            })
+            .collect();
+        Vocab {
+            offsets,
+            bytes,
+            eog_flag,
+            eog,
+            sorted,
+            plain_tail,
+        }
+    }
+
+    /// The pieces a stream with `special` rendering shows (control tokens are empty without
+    /// it, so they are never allowed).
+    pub fn from_tokenizer(tok: &Tokenizer, special: bool) -> Self {
+        let n = tok.n_vocab() as u32;
+        let pieces: Vec<&[u8]> = (0..n).map(|i| tok.token_to_piece(i, special)).collect();
+        Vocab::new(&pieces, |i| tok.is_eog(i))
+    }
+
+    pub fn len(&self) -> usize {
+        self.eog_flag.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.eog_flag.is_empty()
+    }
+
+    pub fn is_eog(&self, id: u32) -> bool {
+        self.eog_flag.get(id as usize).copied().unwrap_or(false)
+    }
+
+    /// The end-of-generation ids, ascending.
+    pub fn eog_ids(&self) -> &[u32] {
+        &self.eog
+    }
+
+    pub fn piece(&self, id: u32) -> Option<&[u8]> {
+        let i = id as usize;
+        if i + 1 >= self.offsets.len() {
+            return None;
+        }
+        Some(&self.bytes[self.offsets[i] as usize..self.offsets[i + 1] as usize])
+    }
+
+    fn piece_unchecked(&self, id: u32) -> &[u8] {
+        self.piece(id).unwrap_or_default()
+    }
+}
+
+/// A grammar with the vocabulary it constrains; what [`crate::SamplingParams`] carries.
+/// Equality is identity (the same shared grammar and vocabulary).
+#[derive(Clone)]
+pub struct Constraint {
+    pub grammar: Arc<Grammar>,
+    pub vocab: Arc<Vocab>,
+}
+
+impl PartialEq for Constraint {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.grammar, &other.grammar) && Arc::ptr_eq(&self.vocab, &other.vocab)
+    }
+}
+
+impl std::fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Constraint")
+            .field("instructions", &self.grammar.len())
+            .field("vocab", &self.vocab.len())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -339,8 +339,13 @@ impl Backend for CpuBackend {
     }
 
     fn swiglu(&self, gate: &mut Mat, up: &Mat) {
-        self.par_units(&mut gate.data, 1, |first, c| {
-            math::swiglu_fast(c, &up.data[first..first + c.len()])
+        // Whole rows: ggml's 16-lane body and libm tail are counted from each row's start.
+        let cols = gate.cols;
+        self.par_units(&mut gate.data, cols, |first, c| {
+            for (i, g) in c.chunks_exact_mut(cols).enumerate() {
+                let at = (first + i) * cols;
+                math::swiglu_fast(g, &up.data[at..at + cols]);
+            }
         });
     }
 
@@ -418,5 +423,69 @@ impl Backend for CpuBackend {
             cols: at.n_head * at.head_dim,
             data,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mat(rows: usize, cols: usize, seed: u32) -> Mat {
+        let mut s = seed;
+        let data = (0..rows * cols)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (s >> 8) as f32 / (1u32 << 24) as f32 * 8.0 - 4.0
+            })
+            .collect();
+        Mat { rows, cols, data }
+    }
+
+    /// Every element-wise op gives the same bits split over the pool as on one thread, for
+    /// rows whose length is not a multiple of the 16-lane body (SwiGLU's libm tail).
+    #[test]
+    fn split_ops_equal_one_thread() {
+        let (one, two) = (CpuBackend::new(1).unwrap(), CpuBackend::new(2).unwrap());
+        let (rows, cols, hd) = (700, 40, 8);
+        let x = mat(rows, cols, 1);
+        let y = mat(rows, cols, 2);
+        let w: Vec<f32> = (0..cols).map(|i| 0.5 + i as f32 / 32.0).collect();
+        let pos: Vec<u32> = (0..rows as u32).map(|p| p * 3 + 1).collect();
+        let run = |be: &CpuBackend| {
+            let mut a = x.clone();
+            be.swiglu(&mut a, &y);
+            let n = be.rms_norm(&a, cols, 1e-6, Some(&w));
+            let mut h = be.rms_norm(&y, hd, 1e-6, Some(&w[..hd]));
+            be.rope(&mut h, hd, hd, &pos, 10_000.0, RopeMode::Norm);
+            let mut g = x.clone();
+            be.rope(&mut g, hd, hd, &pos, 500.0, RopeMode::Neox);
+            be.mul_sigmoid(&mut g, &y);
+            be.add(&mut g, &n);
+            be.add_row(&mut g, &w);
+            be.scale(&mut g, 0.7);
+            be.softcap(&mut g, 3.0);
+            (a, n, h, g)
+        };
+        let (want, got) = (run(&one), run(&two));
+        assert_eq!(want, got);
+        // The op really runs: SwiGLU changed the values.
+        assert_ne!(want.0, x);
+    }
+
+    /// The RoPE table holds the same angles as computing them per row.
+    #[test]
+    fn rope_table_equals_direct_angles() {
+        let be = CpuBackend::new(1).unwrap();
+        let table = be.rope_table(10_000.0, 8, 300);
+        let theta_scale = 10_000f32.powf(-2.0 / 8.0);
+        for p in [0usize, 1, 17, 255, 256, 300] {
+            let mut theta = p as f32;
+            for i in (0..8).step_by(2) {
+                assert_eq!(table[p * 8 + i], theta.cos());
+                assert_eq!(table[p * 8 + i + 1], theta.sin());
+                theta *= theta_scale;
+            }
+        }
+        assert!(table.len() >= 301 * 8);
     }
 }

@@ -199,6 +199,7 @@ macro_rules! byte_dot_kernels {
             let mut acc = _mm256_setzero_ps();
             for i in 0..nb {
                 let (x, y) = (wp.add(i * ts), ap.add(i * 34));
+                _mm_prefetch::<_MM_HINT_T0>(x.wrapping_add(PF_AHEAD) as *const i8);
                 let d = _mm256_set1_ps(h2f(x) * h2f(y));
                 let q = mul_sum_i8(block_values::<K>(x), loadu(y.add(2)));
                 acc = _mm256_fmadd_ps(d, q, acc);
@@ -231,6 +232,7 @@ macro_rules! byte_dot_kernels {
             let mut summs = 0.0f32;
             for i in 0..nb {
                 let (x, y) = (wp.add(i * ts), ap.add(i * 36));
+                _mm_prefetch::<_MM_HINT_T0>(x.wrapping_add(PF_AHEAD) as *const i8);
                 let d = _mm256_set1_ps(h2f(x) * h2f(y));
                 summs = h2f(x.add(2)).mul_add(h2f(y.add(2)), summs);
                 let q = mul_sum_us8(block_values::<K>(x), loadu(y.add(4)));
@@ -1084,6 +1086,23 @@ pub(crate) unsafe fn tile_run(
     let Some((q81, k, ts)) = tile::kind(ty) else {
         return false;
     };
+    if n_a == 1 {
+        // One token (decode): the weights stream from memory once, one row after the other
+        // (a single sequential stream for the prefetchers; interleaved rows measured 2-4x
+        // slower), through the per-pair kernel, which prefetches ahead.
+        let a1 = std::slice::from_raw_parts(a, a_stride);
+        for r in 0..n_w {
+            let wr = std::slice::from_raw_parts(w.add(r * w_stride), w_stride);
+            *out.add(r) = match (q81, k) {
+                (false, K_Q4_0) => vnni::dot_q4_0(wr, a1),
+                (false, K_Q5_0) => vnni::dot_q5_0(wr, a1),
+                (false, _) => vnni::dot_q8_0(wr, a1),
+                (true, K_Q4_1) => vnni::dot_q4_1(wr, a1),
+                (true, _) => vnni::dot_q5_1(wr, a1),
+            };
+        }
+        return true;
+    }
     macro_rules! run {
         ($f:ident, $k:expr) => {{
             let chunk = (16384 / w_stride.max(1)).clamp(4, 64) & !3;
@@ -1097,10 +1116,7 @@ pub(crate) unsafe fn tile_run(
                     let mut r = c0;
                     while r < c1 {
                         let (wr, or) = (w.add(r * w_stride), ot.add(r));
-                        // one token (decode) streams the weights from memory: one row at a
-                        // time keeps a single sequential stream for the prefetchers (4
-                        // interleaved rows measured 2-4x slower)
-                        let full_r = c1 - r >= 4 && n_a > 1;
+                        let full_r = c1 - r >= 4;
                         match (full_r, full_t) {
                             (true, true) => tile::$f::<{ $k }, 4, 4>(
                                 wr, w_stride, ts, at, a_stride, nb, or, o_stride,

@@ -51,6 +51,9 @@ struct RopeTable {
 /// Positions a RoPE table grows by.
 const ROPE_GROW: usize = 256;
 
+/// Idle polls after which a pool thread stops spinning through a forward pass (a few ms).
+const SPIN_IDLE_MAX: u32 = 1 << 16;
+
 /// Elements below which an element-wise op runs on the calling thread alone.
 const PAR_MIN: usize = 1 << 13;
 
@@ -119,6 +122,11 @@ impl CpuBackend {
                         idle = 0;
                     } else {
                         idle += 1;
+                        // A long serial stretch: fall back to rayon's own idle loop (which
+                        // sleeps and is woken for new work) for the rest of the pass.
+                        if idle > SPIN_IDLE_MAX {
+                            break;
+                        }
                         // Give the core away now and then: on a busy machine the thread
                         // doing the work may be waiting for it.
                         if idle.is_multiple_of(64) {

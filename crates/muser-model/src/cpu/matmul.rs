@@ -23,6 +23,8 @@ use rayon::prelude::*;
 
 /// Output rows per work item.
 const ROW_BLOCK: usize = 16;
+/// Batches of at most this many tokens split a quantized matmul by weight rows, not tokens.
+const FEW_TOKENS: usize = 16;
 
 /// Weight rows the K-quant kernel takes per pass.
 const KQ_GROUP: usize = 8;
@@ -155,9 +157,11 @@ pub fn matmul(w: &Weight, x: &[f32], n_rows: usize) -> Result<Vec<f32>, ModelErr
 }
 
 /// `vec_dot` matmul on quantized activations `acts` (`n_rows` rows), the kernel chosen once.
-/// One token: contiguous weight-row ranges per task, each written in place. Several tokens:
-/// the tokens are split between tasks (each owns its rows of y) and every task runs the
-/// multi-row × multi-token kernel over the whole weight matrix.
+/// One token: contiguous weight-row ranges per task, each written in place. Up to
+/// [`FEW_TOKENS`]: weight-row ranges per task as well (memory-bound, so each weight byte is
+/// read by one task only). More tokens: the tokens are split between tasks (each owns its rows
+/// of y) and every task runs the multi-row × multi-token kernel over the whole weight matrix.
+/// Every value has the bits of `vec_dot` whichever split computes it.
 fn quant_matmul(w: &Weight, acts: &[u8], n_rows: usize) -> Result<Vec<f32>, ModelError> {
     let (n_in, n_out) = (w.n_in, w.n_out);
     let kern = muser_quant::RowDot::new(w.ty, n_in).map_err(|e| quant_err(w, e))?;
@@ -174,6 +178,33 @@ fn quant_matmul(w: &Weight, acts: &[u8], n_rows: usize) -> Result<Vec<f32>, Mode
                 let n = out.len();
                 kern.dot_tile(&weights[r0 * rb..(r0 + n) * rb], acts, out, n);
             });
+    } else if n_rows <= FEW_TOKENS {
+        // A few tokens (decode of several slots): split the weight rows, so that each task
+        // streams only its share of the matrix, and gather the tasks' columns into y.
+        let per = n_out.div_ceil(2 * threads).next_multiple_of(ROW_BLOCK);
+        let parts: Vec<(usize, Vec<f32>)> = (0..n_out)
+            .step_by(per)
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .map(|r0| {
+                let n = per.min(n_out - r0);
+                let mut out = vec![0f32; n_rows * n];
+                // ROW_BLOCK rows at a time against every token: each weight row comes from
+                // memory once and serves every token from the L1 cache.
+                for b0 in (0..n).step_by(ROW_BLOCK) {
+                    let b1 = (b0 + ROW_BLOCK).min(n);
+                    let rows = &weights[(r0 + b0) * rb..(r0 + b1) * rb];
+                    kern.dot_tile(rows, acts, &mut out[b0..], n);
+                }
+                (r0, out)
+            })
+            .collect();
+        for (r0, out) in parts {
+            let n = out.len() / n_rows;
+            for (t, row) in out.chunks_exact(n).enumerate() {
+                y[t * n_out + r0..t * n_out + r0 + n].copy_from_slice(row);
+            }
+        }
     } else {
         let per = n_rows.div_ceil(2 * threads).next_multiple_of(4);
         y.par_chunks_mut(per * n_out)
@@ -261,4 +292,60 @@ fn dot_f32(w: &[f32], x: &[f32], tinyblas: bool) -> f32 {
     }
     sum as f32
 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every batch size, whichever way it is split over the pool, gives each output the bits
+    /// of one `vec_dot` of its weight row and activation row.
+    #[test]
+    fn every_split_equals_vec_dot_per_output() {
+        let (n_in, n_out) = (256, 72);
+        let mut seed = 7u64;
+        let mut rnd = move || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0] {
+            let rb = muser_quant::row_size(ty, n_in).unwrap();
+            let mut data = vec![0u8; rb * n_out];
+            for row in data.chunks_exact_mut(rb) {
+                let src: Vec<f32> = (0..n_in).map(|_| rnd()).collect();
+                muser_quant::quantize_row(ty, &src, row).unwrap();
+            }
+            let w = Weight {
+                name: "w",
+                ty,
+                n_in,
+                n_out,
+                data: &data,
+            };
+            let vt = muser_quant::vec_dot_type(ty);
+            let ab = muser_quant::row_size(vt, n_in).unwrap();
+            for n_rows in [1, 2, 3, 5, FEW_TOKENS, FEW_TOKENS + 1, 40] {
+                let x: Vec<f32> = (0..n_rows * n_in).map(|_| rnd()).collect();
+                let y = pool.install(|| matmul(&w, &x, n_rows)).unwrap();
+                for t in 0..n_rows {
+                    let mut a = vec![0u8; ab];
+                    muser_quant::quantize_activations(vt, &x[t * n_in..(t + 1) * n_in], &mut a)
+                        .unwrap();
+                    for r in 0..n_out {
+                        let want = muser_quant::vec_dot(ty, n_in, &data[r * rb..(r + 1) * rb], &a);
+                        let got = y[t * n_out + r];
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{ty:?} rows {n_rows} t {t} r {r}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

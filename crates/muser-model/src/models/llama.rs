@@ -2,7 +2,7 @@
 //! pre-norm blocks, RoPE NORM on Q and K, grouped-query attention, SwiGLU FFN, and the token
 //! embedding reused as the output matrix when `output.weight` is absent (tied embeddings).
 
-use super::{attend, linear, Prepared, Tensors, WRef};
+use super::{attend, linear, swiglu_ffn, Prepared, Tensors, WRef};
 use crate::backend::{Backend, RopeMode};
 use crate::error::ModelError;
 use crate::info::ModelInfo;
@@ -128,15 +128,8 @@ impl Llama {
             be.add(&mut a, &x);
             drop(x);
             let ffn_inp = a;
-            let mut f = {
-                let h2 = be.rms_norm(&ffn_inp, i.n_embd, eps, Some(&l.ffn_norm));
-                let mut fg = linear(be, g, &l.ffn_gate, None, None, &h2)?;
-                let fu = linear(be, g, &l.ffn_up, None, None, &h2)?;
-                drop(h2);
-                be.swiglu(&mut fg, &fu);
-                drop(fu);
-                linear(be, g, &l.ffn_down, None, None, &fg)?
-            };
+            let h2 = be.rms_norm(&ffn_inp, i.n_embd, eps, Some(&l.ffn_norm));
+            let mut f = swiglu_ffn(be, g, &l.ffn_gate, &l.ffn_up, &l.ffn_down, h2)?;
             be.add(&mut f, &ffn_inp);
             x = f;
         }

@@ -124,6 +124,24 @@ pub struct Prepared {
 }
 
 /// Projection `y = W·x (+ b) (· s)` as llama.cpp's `build_lora_mm` + bias.
+/// The SwiGLU feed-forward block: `down(silu(gate(h)) * up(h))`, each intermediate dropped as
+/// soon as it is used.
+pub fn swiglu_ffn<B: Backend>(
+    be: &B,
+    g: &GgufFile,
+    gate: &WRef,
+    up: &WRef,
+    down: &WRef,
+    h: B::Act,
+) -> Result<B::Act, ModelError> {
+    let mut fg = linear(be, g, gate, None, None, &h)?;
+    let fu = linear(be, g, up, None, None, &h)?;
+    drop(h);
+    be.swiglu(&mut fg, &fu);
+    drop(fu);
+    linear(be, g, down, None, None, &fg)
+}
+
 pub fn linear<B: Backend>(
     be: &B,
     g: &GgufFile,

@@ -12,7 +12,7 @@
 //! The embedding is RMS-normalised without a weight first; the head is
 //! `softcap(logit_scale · Woutput·RMSNorm(x)·output_norm)`.
 
-use super::{attend, linear, Prepared, Tensors, WRef};
+use super::{attend, linear, swiglu_ffn, Prepared, Tensors, WRef};
 use crate::backend::{Backend, RopeMode};
 use crate::error::ModelError;
 use crate::info::ModelInfo;
@@ -162,15 +162,8 @@ impl MuseGlimmer {
             be.add(&mut a, &x);
             drop(x);
             let ffn_inp = a;
-            let mut f = {
-                let h2 = be.rms_norm(&ffn_inp, i.n_embd, eps, Some(&l.ffn_norm));
-                let mut fg = linear(be, g, &l.ffn_gate, None, None, &h2)?;
-                let fu = linear(be, g, &l.ffn_up, None, None, &h2)?;
-                drop(h2);
-                be.swiglu(&mut fg, &fu);
-                drop(fu);
-                linear(be, g, &l.ffn_down, None, None, &fg)?
-            };
+            let h2 = be.rms_norm(&ffn_inp, i.n_embd, eps, Some(&l.ffn_norm));
+            let mut f = swiglu_ffn(be, g, &l.ffn_gate, &l.ffn_up, &l.ffn_down, h2)?;
             be.rms_norm_mut(&mut f, i.n_embd, POST_NORM_EPS, Some(&l.post_ffw_norm));
             be.add(&mut f, &ffn_inp);
             x = f;

@@ -8,24 +8,11 @@ use muser_server::routes::router;
 use muser_server::server::{load, ServeConfig};
 use muser_server::state::SharedState;
 use serde_json::{json, Value};
-use std::path::PathBuf;
 use std::sync::OnceLock;
 use tower::ServiceExt;
 
-fn model_path() -> PathBuf {
-    let dir = std::env::var_os("MUSER_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/muser/models")
-        });
-    let path = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.exists(),
-        "missing test model {} (run scripts/fetch-models.sh)",
-        path.display()
-    );
-    path
-}
+mod common;
+use common::smollm2_path as model_path;
 
 /// Two slots of 256 tokens, no key.
 fn open_state() -> SharedState {

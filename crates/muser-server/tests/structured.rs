@@ -10,25 +10,12 @@ use muser_server::server::{load, ServeConfig};
 use muser_server::state::SharedState;
 use muser_text::Tokenizer;
 use serde_json::{json, Value};
-use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 use tower::ServiceExt;
 
-fn model_path() -> PathBuf {
-    let dir = std::env::var_os("MUSER_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/muser/models")
-        });
-    let path = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.exists(),
-        "missing test model {} (run scripts/fetch-models.sh)",
-        path.display()
-    );
-    path
-}
+mod common;
+use common::smollm2_path as model_path;
 
 fn state() -> SharedState {
     static STATE: OnceLock<SharedState> = OnceLock::new();

@@ -59,18 +59,6 @@ struct Row {
     delta_base: u32,
 }
 
-fn lcg_tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
-    let mut x = seed;
-    (0..n)
-        .map(|_| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((x >> 33) % n_vocab as u64) as u32
-        })
-        .collect()
-}
-
 /// Runs `tokens` from position 0 through the model in chunks; no logits.
 fn prefill(model: &Model, kv: &mut KvCache, tokens: &[u32], chunk: usize) -> anyhow::Result<()> {
     for (i, c) in tokens.chunks(chunk).enumerate() {
@@ -134,7 +122,7 @@ fn best(v: &[f64]) -> f64 {
 
 fn measure(model: &Model, path: &Path, n: u32, args: &Args, scratch: &Path) -> anyhow::Result<Row> {
     let n_vocab = model.info().n_vocab;
-    let prompt = lcg_tokens(n as usize + 1, n_vocab, 0x5eed ^ u64::from(n));
+    let prompt = muser_model::synth::random_tokens(n as usize + 1, n_vocab, 0x5eed ^ u64::from(n));
     let n_ctx = n as usize + 1;
     let mk = || model.new_kv_ubatch(n_ctx, 1, KvType::F16, args.chunk as u32);
 

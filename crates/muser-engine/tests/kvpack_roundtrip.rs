@@ -53,15 +53,7 @@ fn tiny_model(seed: u64) -> Arc<Model> {
 }
 
 fn tokens(n: usize, seed: u64, n_vocab: usize) -> Vec<u32> {
-    let mut x = seed;
-    (0..n)
-        .map(|_| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((x >> 33) % n_vocab as u64) as u32
-        })
-        .collect()
+    muser_model::synth::random_tokens(n, n_vocab, seed)
 }
 
 fn engine(model: &Arc<Model>, n_slots: usize) -> Engine {

@@ -19,16 +19,7 @@ fn tiny_model() -> Model {
 }
 
 fn prompt(n: usize, n_vocab: usize) -> Vec<u32> {
-    // A fixed pseudo-random sequence (LCG), so the test needs no RNG crate.
-    let mut x = 12345u64;
-    (0..n)
-        .map(|_| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((x >> 33) % n_vocab as u64) as u32
-        })
-        .collect()
+    muser_model::synth::random_tokens(n, n_vocab, 12345)
 }
 
 #[test]

@@ -139,6 +139,20 @@ fn use_more_bits(i: usize, n: usize) -> bool {
     i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
 }
 
+/// `n` pseudo-random token ids below `n_vocab` from `seed` (a 64-bit LCG, high bits): the
+/// fixed prompts of synthetic-model tests and benchmarks, which need no tokenizer.
+pub fn random_tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 33) % n_vocab.max(1) as u64) as u32
+        })
+        .collect()
+}
+
 /// The type of one tensor under weight type `wt` (norms are F32).
 pub fn tensor_type(wt: WeightType, spec: &TensorSpec, n_layer: usize) -> GgmlType {
     let wanted = match (wt, spec.role, spec.layer) {

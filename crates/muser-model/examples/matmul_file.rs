@@ -24,7 +24,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         n_out: m,
         data: &w,
     };
-    let y = be.download(&be.matmul(&weight, &be.upload(n, k, x))?);
+    let y = be.download(&be.matmul(&weight, &be.upload(n, k, x)?)?)?;
     let bytes: Vec<u8> = y.iter().flat_map(|v| v.to_le_bytes()).collect();
     std::io::stdout().write_all(&bytes)?;
     Ok(())

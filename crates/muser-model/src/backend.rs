@@ -4,7 +4,7 @@
 //! backend touches no model file.
 
 use crate::error::ModelError;
-use crate::kv::{KvCache, KvPlan};
+use crate::kv::{HostKv, KvCache, KvLayout, KvPlan, KvStore};
 use muser_gguf::GgmlType;
 
 /// A weight matrix `{n_in, n_out}` (ggml order), borrowed from the memory-mapped file: `n_out`
@@ -51,15 +51,41 @@ pub struct AttnInput<'a> {
     pub plan: &'a KvPlan,
 }
 
-/// The operations of a forward pass.
+/// The operations of a forward pass. Every op returns a typed error (a device backend can fail
+/// anywhere; the CPU backend fails only on bad input).
 pub trait Backend: Send + Sync {
     /// Activations: a row-major `[rows × cols]` f32 matrix.
     type Act: Send;
 
+    /// Whether matrices of this type can be multiplied (checked for every matrix at load).
+    fn supports(&self, ty: GgmlType) -> bool;
+    /// Called once per weight matrix when a model is loaded (a device backend uploads it here).
+    fn prepare_weight(&self, _w: &Weight) -> Result<(), ModelError> {
+        Ok(())
+    }
+    /// Storage for a KV cache of `cells[il]` cells per sequence in layer `il`: host memory
+    /// unless the backend keeps K/V on its device.
+    fn new_kv_store(
+        &self,
+        layout: &KvLayout,
+        cells: &[usize],
+        n_seq: usize,
+    ) -> Result<Box<dyn KvStore>, ModelError> {
+        Ok(Box::new(HostKv::new(layout, cells, n_seq)?))
+    }
+    /// Runs a whole forward pass (the CPU backend runs it inside its thread pool).
+    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        f()
+    }
+    /// Compute threads on the host.
+    fn threads(&self) -> usize {
+        1
+    }
+
     /// A matrix from host data (`data.len() == rows * cols`).
-    fn upload(&self, rows: usize, cols: usize, data: Vec<f32>) -> Self::Act;
+    fn upload(&self, rows: usize, cols: usize, data: Vec<f32>) -> Result<Self::Act, ModelError>;
     /// The matrix as host data, row-major.
-    fn download(&self, a: &Self::Act) -> Vec<f32>;
+    fn download(&self, a: &Self::Act) -> Result<Vec<f32>, ModelError>;
     /// `(rows, cols)`.
     fn dims(&self, a: &Self::Act) -> (usize, usize);
 
@@ -70,9 +96,21 @@ pub trait Backend: Send + Sync {
     fn matmul(&self, w: &Weight, x: &Self::Act) -> Result<Self::Act, ModelError>;
     /// RMS norm of every `group`-wide slice of every row (group = cols for a plain norm, head_dim
     /// for a per-head norm), times `weight` (length `group`) when given.
-    fn rms_norm(&self, x: &Self::Act, group: usize, eps: f32, weight: Option<&[f32]>) -> Self::Act;
+    fn rms_norm(
+        &self,
+        x: &Self::Act,
+        group: usize,
+        eps: f32,
+        weight: Option<&[f32]>,
+    ) -> Result<Self::Act, ModelError>;
     /// [`Backend::rms_norm`] in place.
-    fn rms_norm_mut(&self, x: &mut Self::Act, group: usize, eps: f32, weight: Option<&[f32]>);
+    fn rms_norm_mut(
+        &self,
+        x: &mut Self::Act,
+        group: usize,
+        eps: f32,
+        weight: Option<&[f32]>,
+    ) -> Result<(), ModelError>;
     /// Rotate every head of every row in place; row `r` is at position `pos[r]`.
     fn rope(
         &self,
@@ -82,21 +120,21 @@ pub trait Backend: Send + Sync {
         pos: &[u32],
         base: f32,
         mode: RopeMode,
-    );
+    ) -> Result<(), ModelError>;
     /// `x += y`.
-    fn add(&self, x: &mut Self::Act, y: &Self::Act);
+    fn add(&self, x: &mut Self::Act, y: &Self::Act) -> Result<(), ModelError>;
     /// `x += b` for a bias row broadcast over rows.
-    fn add_row(&self, x: &mut Self::Act, b: &[f32]);
+    fn add_row(&self, x: &mut Self::Act, b: &[f32]) -> Result<(), ModelError>;
     /// `x *= sigmoid(gate)`.
-    fn mul_sigmoid(&self, x: &mut Self::Act, gate: &Self::Act);
+    fn mul_sigmoid(&self, x: &mut Self::Act, gate: &Self::Act) -> Result<(), ModelError>;
     /// `gate = silu(gate) * up`.
-    fn swiglu(&self, gate: &mut Self::Act, up: &Self::Act);
+    fn swiglu(&self, gate: &mut Self::Act, up: &Self::Act) -> Result<(), ModelError>;
     /// `x *= s`.
-    fn scale(&self, x: &mut Self::Act, s: f32);
+    fn scale(&self, x: &mut Self::Act, s: f32) -> Result<(), ModelError>;
     /// `x = cap · tanh(x · (1/cap))`.
-    fn softcap(&self, x: &mut Self::Act, cap: f32);
+    fn softcap(&self, x: &mut Self::Act, cap: f32) -> Result<(), ModelError>;
     /// The listed rows, in that order.
-    fn select_rows(&self, x: &Self::Act, rows: &[usize]) -> Self::Act;
+    fn select_rows(&self, x: &Self::Act, rows: &[usize]) -> Result<Self::Act, ModelError>;
     /// Store K and V of the batch into the cache cells of `at.plan`, then attend: for every
     /// token, softmax over the visible cells of its sequence (causal, and the sliding window on
     /// SWA layers). Q is `[tokens × n_head·hd]`, K and V `[tokens × n_head_kv·hd]`; returns

@@ -25,7 +25,7 @@ pub enum ModelError {
         got: Vec<u64>,
         want: Vec<u64>,
     },
-    #[error("tensor {name} has type {ty}, which the CPU backend cannot multiply")]
+    #[error("tensor {name} has type {ty}, which the backend cannot multiply")]
     UnsupportedType { name: String, ty: &'static str },
     #[error("bad batch: {0}")]
     BadBatch(String),
@@ -35,4 +35,6 @@ pub enum ModelError {
     KvFull { seq: u32, n_tokens: usize },
     #[error("quantization kernel: {0}")]
     Quant(String),
+    #[error("device backend: {0}")]
+    Device(String),
 }

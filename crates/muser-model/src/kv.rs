@@ -14,6 +14,7 @@
 //! placement reproduces llama.cpp's accumulation order.
 
 use crate::error::ModelError;
+use std::any::Any;
 use std::ops::Range;
 
 /// Element type of the cache.
@@ -251,25 +252,37 @@ pub struct KvCache {
     layout: KvLayout,
     n_ctx: u32,
     n_ubatch: u32,
-    base_size: u32,
-    swa_size: u32,
     streams: Vec<Stream>,
-    /// Per layer: K and V buffers, `[n_seq][cells][row]`.
-    k: Vec<Vec<u8>>,
-    v: Vec<Vec<u8>>,
+    /// The K and V rows, wherever the backend keeps them.
+    store: Box<dyn KvStore>,
 }
 
 /// Most sequences one pool holds (llama.cpp's `LLAMA_MAX_SEQ`).
 pub const MAX_SEQ: usize = 256;
 
 impl KvCache {
-    /// A pool for `n_seq` sequences of up to `n_ctx` positions each. `n_ubatch` is the largest
-    /// batch one forward pass will place (it sizes the SWA ring, as in llama.cpp).
+    /// A pool for `n_seq` sequences of up to `n_ctx` positions each, stored in host memory.
+    /// `n_ubatch` is the largest batch one forward pass will place (it sizes the SWA ring, as
+    /// in llama.cpp).
     pub fn new(
         layout: KvLayout,
         n_ctx: u32,
         n_seq: usize,
         n_ubatch: u32,
+    ) -> Result<KvCache, ModelError> {
+        KvCache::with_store(layout, n_ctx, n_seq, n_ubatch, |l, cells, n| {
+            Ok(Box::new(HostKv::new(l, cells, n)?))
+        })
+    }
+
+    /// [`KvCache::new`] with the rows kept by `make_store(layout, cells_per_layer, n_seq)`
+    /// (a device backend's memory).
+    pub fn with_store(
+        layout: KvLayout,
+        n_ctx: u32,
+        n_seq: usize,
+        n_ubatch: u32,
+        make_store: impl FnOnce(&KvLayout, &[usize], usize) -> Result<Box<dyn KvStore>, ModelError>,
     ) -> Result<KvCache, ModelError> {
         if n_seq == 0 || n_seq > MAX_SEQ {
             return Err(ModelError::Kv(format!(
@@ -279,28 +292,25 @@ impl KvCache {
         if n_ctx == 0 || n_ubatch == 0 {
             return Err(ModelError::Kv("n_ctx and n_ubatch must be positive".into()));
         }
+        if layout.is_swa.len() != layout.n_layer {
+            return Err(ModelError::Kv(format!(
+                "{} sliding flags for {} layers",
+                layout.is_swa.len(),
+                layout.n_layer
+            )));
+        }
         let base_size = n_ctx;
         let swa_size = if layout.n_swa == 0 {
             0
         } else {
             n_ctx.min(layout.n_swa + n_ubatch).div_ceil(PAD) * PAD
         };
-        let row = layout.row_bytes();
-        let mut k = Vec::with_capacity(layout.n_layer);
-        let mut v = Vec::with_capacity(layout.n_layer);
-        for il in 0..layout.n_layer {
-            let cells = if layout.is_swa[il] {
-                swa_size
-            } else {
-                base_size
-            } as usize;
-            let bytes = cells
-                .checked_mul(row)
-                .and_then(|b| b.checked_mul(n_seq))
-                .ok_or_else(|| ModelError::Kv("cache size overflows".into()))?;
-            k.push(vec![0u8; bytes]);
-            v.push(vec![0u8; bytes]);
-        }
+        let cells: Vec<usize> = layout
+            .is_swa
+            .iter()
+            .map(|&swa| if swa { swa_size } else { base_size } as usize)
+            .collect();
+        let store = make_store(&layout, &cells, n_seq)?;
         let streams = (0..n_seq)
             .map(|_| Stream {
                 base: Cells::new(base_size, 0),
@@ -311,11 +321,8 @@ impl KvCache {
             layout,
             n_ctx,
             n_ubatch,
-            base_size,
-            swa_size,
             streams,
-            k,
-            v,
+            store,
         })
     }
 
@@ -339,7 +346,17 @@ impl KvCache {
 
     /// Bytes held by K and V buffers.
     pub fn bytes(&self) -> usize {
-        self.k.iter().chain(&self.v).map(Vec::len).sum()
+        self.store.bytes()
+    }
+
+    /// Where the K and V rows live.
+    pub fn store(&self) -> &dyn KvStore {
+        &*self.store
+    }
+
+    /// [`KvCache::store`], mutable (a backend writes its batch's rows through it).
+    pub fn store_mut(&mut self) -> &mut dyn KvStore {
+        &mut *self.store
     }
 
     /// The next position of `seq` (one past the largest stored), 0 when empty.
@@ -364,14 +381,6 @@ impl KvCache {
             s.base.clear();
             s.swa.clear();
         }
-    }
-
-    fn cells_per_stream(&self, il: usize) -> usize {
-        (if self.layout.is_swa[il] {
-            self.swa_size
-        } else {
-            self.base_size
-        }) as usize
     }
 
     /// Place the tokens of a batch. `groups` lists, per sequence, its token indices (ascending)
@@ -430,33 +439,14 @@ impl KvCache {
         Ok(plan)
     }
 
-    /// Cell positions (-1 = empty) of `seq`'s sub-cache for layer `il`, first `n_kv` cells.
-    pub(crate) fn cell_pos(&self, seq: u32, il: usize) -> &[i32] {
+    /// Cell positions (-1 = empty) of `seq`'s sub-cache for layer `il`, one per cell.
+    pub fn cell_pos(&self, seq: u32, il: usize) -> &[i32] {
         let s = &self.streams[seq as usize];
         if self.layout.is_swa[il] {
             &s.swa.pos
         } else {
             &s.base.pos
         }
-    }
-
-    /// Byte range of `seq`'s rows in layer `il`'s buffers.
-    fn stream_range(&self, seq: u32, il: usize) -> Range<usize> {
-        let n = self.cells_per_stream(il) * self.layout.row_bytes();
-        let start = seq as usize * n;
-        start..start + n
-    }
-
-    /// K and V rows of `seq` in layer `il`, mutable (for stores) — `[cells][row]`.
-    pub(crate) fn layer_mut(&mut self, seq: u32, il: usize) -> (&mut [u8], &mut [u8]) {
-        let r = self.stream_range(seq, il);
-        (&mut self.k[il][r.clone()], &mut self.v[il][r])
-    }
-
-    /// K and V rows of `seq` in layer `il`.
-    pub(crate) fn layer(&self, seq: u32, il: usize) -> (&[u8], &[u8]) {
-        let r = self.stream_range(seq, il);
-        (&self.k[il][r.clone()], &self.v[il][r])
     }
 
     /// Whether [`KvCache::export`] of `positions` would find every row it needs (a sliding
@@ -488,17 +478,28 @@ impl KvCache {
         for il in 0..self.layout.n_layer {
             let want = layer_positions(&self.layout, il, &positions);
             let cells = self.cell_pos(seq, il);
-            let (k, v) = self.layer(seq, il);
-            let mut lk = Vec::with_capacity(want.len() * row);
-            let mut lv = Vec::with_capacity(want.len() * row);
+            let mut at = Vec::with_capacity(want.len());
             for p in want {
-                let c = cells.iter().position(|&cp| cp == p as i32).ok_or_else(|| {
+                at.push(cells.iter().position(|&cp| cp == p as i32).ok_or_else(|| {
                     ModelError::Kv(format!(
                         "position {p} of seq {seq} is no longer cached in layer {il}"
                     ))
-                })?;
-                lk.extend_from_slice(&k[c * row..(c + 1) * row]);
-                lv.extend_from_slice(&v[c * row..(c + 1) * row]);
+                })?);
+            }
+            // One read of the cells spanned, then the wanted rows in position order.
+            let span = match (at.iter().min(), at.iter().max()) {
+                (Some(&lo), Some(&hi)) => lo..hi + 1,
+                _ => 0..0,
+            };
+            let (mut k, mut v) = (vec![0u8; span.len() * row], vec![0u8; span.len() * row]);
+            self.store
+                .read_rows(il, seq, span.clone(), &mut k, &mut v)?;
+            let mut lk = Vec::with_capacity(at.len() * row);
+            let mut lv = Vec::with_capacity(at.len() * row);
+            for c in at {
+                let r = (c - span.start) * row..(c - span.start + 1) * row;
+                lk.extend_from_slice(&k[r.clone()]);
+                lv.extend_from_slice(&v[r]);
             }
             layers.push(LayerKv { k: lk, v: lv });
         }
@@ -557,15 +558,16 @@ impl KvCache {
                 } else {
                     &plan.base_cell
                 };
-                let (k, v) = self.layer_mut(seq, il);
-                for (t, &pp) in pos.iter().enumerate() {
-                    if !have.contains(&pp) {
-                        continue;
-                    }
-                    let src = (pp - have.start) as usize * row;
-                    let dst = cells[t] as usize * row;
-                    k[dst..dst + row].copy_from_slice(&snap.layers[il].k[src..src + row]);
-                    v[dst..dst + row].copy_from_slice(&snap.layers[il].v[src..src + row]);
+                // (first cell, first source row, rows): consecutive cells in one write.
+                let pairs = pos
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, pp)| have.contains(pp))
+                    .map(|(t, &pp)| (cells[t] as usize, (pp - have.start) as usize));
+                for (dst, src, n) in runs(pairs) {
+                    let r = src * row..(src + n) * row;
+                    let (k, v) = (&snap.layers[il].k[r.clone()], &snap.layers[il].v[r]);
+                    self.store.write_rows(il, seq, dst, k, v)?;
                 }
             }
             p = end;
@@ -581,6 +583,221 @@ impl KvCache {
             )));
         }
         Ok(())
+    }
+}
+
+/// Groups `(cell, row)` pairs into runs `(first cell, first row, length)` where both advance by
+/// one, so a copy of consecutive rows into consecutive cells is one transfer.
+pub fn runs(pairs: impl IntoIterator<Item = (usize, usize)>) -> Vec<(usize, usize, usize)> {
+    let mut out: Vec<(usize, usize, usize)> = Vec::new();
+    for (c, r) in pairs {
+        match out.last_mut() {
+            Some((c0, r0, n)) if *c0 + *n == c && *r0 + *n == r => *n += 1,
+            _ => out.push((c, r, 1)),
+        }
+    }
+    out
+}
+
+/// Storage of the K and V rows of a [`KvCache`]: per layer, `[n_seq][cells][row]` with rows of
+/// [`KvLayout::row_bytes`] (head-major, in the layout's element type), wherever the backend
+/// keeps them. The cache's bookkeeping (which position sits in which cell) stays on the host;
+/// export and import move rows through this trait, so a snapshot is the same from any device.
+/// The backend that made a store downcasts it (`as_any`) to reach its memory directly.
+pub trait KvStore: Send + Sync + Any {
+    /// Copies the rows of `cells` of sequence `seq` in layer `il` into `k_out` and `v_out`
+    /// (each `cells.len()` rows long).
+    fn read_rows(
+        &self,
+        il: usize,
+        seq: u32,
+        cells: Range<usize>,
+        k_out: &mut [u8],
+        v_out: &mut [u8],
+    ) -> Result<(), ModelError>;
+    /// Writes whole rows `k` and `v` (the same length) into consecutive cells from `first_cell`.
+    fn write_rows(
+        &mut self,
+        il: usize,
+        seq: u32,
+        first_cell: usize,
+        k: &[u8],
+        v: &[u8],
+    ) -> Result<(), ModelError>;
+    /// Bytes held by the K and V buffers.
+    fn bytes(&self) -> usize;
+    fn as_any(&self) -> &dyn Any;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+impl std::fmt::Debug for dyn KvStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KvStore({} bytes)", self.bytes())
+    }
+}
+
+/// Where rows live in a `[n_seq][cells][row]` buffer, shared by every store with that layout.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowMap {
+    /// Bytes per row.
+    pub row: usize,
+    /// Cells per sequence, per layer.
+    pub cells: Vec<usize>,
+    pub n_seq: usize,
+}
+
+impl RowMap {
+    /// Checks that the buffers of this shape fit in memory.
+    pub fn new(layout: &KvLayout, cells: &[usize], n_seq: usize) -> Result<RowMap, ModelError> {
+        let map = RowMap {
+            row: layout.row_bytes(),
+            cells: cells.to_vec(),
+            n_seq,
+        };
+        if cells.len() != layout.n_layer {
+            return Err(ModelError::Kv(format!(
+                "{} cell counts for {} layers",
+                cells.len(),
+                layout.n_layer
+            )));
+        }
+        for &c in cells {
+            c.checked_mul(map.row)
+                .and_then(|b| b.checked_mul(n_seq))
+                .and_then(|b| b.checked_mul(2))
+                .ok_or_else(|| ModelError::Kv("cache size overflows".into()))?;
+        }
+        Ok(map)
+    }
+
+    /// Bytes of layer `il`'s K (or V) buffer.
+    pub fn layer_bytes(&self, il: usize) -> usize {
+        self.cells[il] * self.row * self.n_seq
+    }
+
+    /// Byte range of `n` rows from `first_cell` of `seq` in layer `il`'s buffer, checked.
+    pub fn range(
+        &self,
+        il: usize,
+        seq: u32,
+        first_cell: usize,
+        n: usize,
+    ) -> Result<Range<usize>, ModelError> {
+        let cells = *self
+            .cells
+            .get(il)
+            .ok_or_else(|| ModelError::Kv(format!("layer {il} is outside the cache")))?;
+        if seq as usize >= self.n_seq || first_cell > cells || n > cells - first_cell {
+            return Err(ModelError::Kv(format!(
+                "rows {first_cell}..{} of seq {seq} are outside the {cells} cells of layer {il}",
+                first_cell + n
+            )));
+        }
+        let start = (seq as usize * cells + first_cell) * self.row;
+        Ok(start..start + n * self.row)
+    }
+
+    /// The row count of `bytes`, which must be whole rows.
+    pub fn rows_in(&self, bytes: usize) -> Result<usize, ModelError> {
+        if self.row == 0 || !bytes.is_multiple_of(self.row) {
+            return Err(ModelError::Kv(format!(
+                "{bytes} bytes is not a whole number of {}-byte rows",
+                self.row
+            )));
+        }
+        Ok(bytes / self.row)
+    }
+}
+
+/// K and V rows in host memory: per layer one `Vec<u8>` each.
+#[derive(Debug)]
+pub struct HostKv {
+    map: RowMap,
+    k: Vec<Vec<u8>>,
+    v: Vec<Vec<u8>>,
+}
+
+impl HostKv {
+    pub fn new(layout: &KvLayout, cells: &[usize], n_seq: usize) -> Result<HostKv, ModelError> {
+        let map = RowMap::new(layout, cells, n_seq)?;
+        let k = (0..cells.len())
+            .map(|il| vec![0u8; map.layer_bytes(il)])
+            .collect();
+        let v = (0..cells.len())
+            .map(|il| vec![0u8; map.layer_bytes(il)])
+            .collect();
+        Ok(HostKv { map, k, v })
+    }
+
+    fn stream(&self, seq: u32, il: usize) -> Range<usize> {
+        let n = self.map.cells[il] * self.map.row;
+        seq as usize * n..(seq as usize + 1) * n
+    }
+
+    /// K and V rows of `seq` in layer `il` — `[cells][row]`.
+    pub fn layer(&self, seq: u32, il: usize) -> (&[u8], &[u8]) {
+        let r = self.stream(seq, il);
+        (&self.k[il][r.clone()], &self.v[il][r])
+    }
+
+    /// [`HostKv::layer`], mutable (for stores).
+    pub fn layer_mut(&mut self, seq: u32, il: usize) -> (&mut [u8], &mut [u8]) {
+        let r = self.stream(seq, il);
+        (&mut self.k[il][r.clone()], &mut self.v[il][r])
+    }
+}
+
+impl KvStore for HostKv {
+    fn read_rows(
+        &self,
+        il: usize,
+        seq: u32,
+        cells: Range<usize>,
+        k_out: &mut [u8],
+        v_out: &mut [u8],
+    ) -> Result<(), ModelError> {
+        let r = self.map.range(il, seq, cells.start, cells.len())?;
+        if k_out.len() != r.len() || v_out.len() != r.len() {
+            return Err(ModelError::Kv(format!(
+                "read of {} bytes into buffers of {} and {}",
+                r.len(),
+                k_out.len(),
+                v_out.len()
+            )));
+        }
+        k_out.copy_from_slice(&self.k[il][r.clone()]);
+        v_out.copy_from_slice(&self.v[il][r]);
+        Ok(())
+    }
+
+    fn write_rows(
+        &mut self,
+        il: usize,
+        seq: u32,
+        first_cell: usize,
+        k: &[u8],
+        v: &[u8],
+    ) -> Result<(), ModelError> {
+        if k.len() != v.len() {
+            return Err(ModelError::Kv("K and V rows differ in length".into()));
+        }
+        let n = self.map.rows_in(k.len())?;
+        let r = self.map.range(il, seq, first_cell, n)?;
+        self.k[il][r.clone()].copy_from_slice(k);
+        self.v[il][r].copy_from_slice(v);
+        Ok(())
+    }
+
+    fn bytes(&self) -> usize {
+        self.k.iter().chain(&self.v).map(Vec::len).sum()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
     }
 }
 
@@ -609,7 +826,7 @@ mod tests {
     #[test]
     fn base_cells_fill_in_order_and_swa_ring_reuses_old_cells() {
         let mut kv = KvCache::new(layout(), 1024, 1, 8).unwrap();
-        assert_eq!(kv.swa_size, 256);
+        assert_eq!(kv.cell_pos(0, 1).len(), 256);
         fill(&mut kv, 0, 0..300, 1);
         assert_eq!(kv.seq_len(0), 300);
         let base = kv.cell_pos(0, 0);
@@ -642,7 +859,12 @@ mod tests {
         fill(&mut kv, 0, 0..10, 3);
         for il in 0..2 {
             let cells = kv.cell_pos(0, il).to_vec();
-            let (k, v) = kv.layer_mut(0, il);
+            let host = kv
+                .store_mut()
+                .as_any_mut()
+                .downcast_mut::<HostKv>()
+                .unwrap();
+            let (k, v) = host.layer_mut(0, il);
             for (c, &p) in cells.iter().enumerate() {
                 if p >= 0 {
                     k[c * 16..c * 16 + 4].copy_from_slice(&(p as f32).to_le_bytes());
@@ -660,6 +882,118 @@ mod tests {
         assert!(
             kv.import(1, &snap).is_err(),
             "a second import must start at position 10"
+        );
+    }
+
+    #[test]
+    fn runs_merge_consecutive_cells_and_rows() {
+        assert_eq!(
+            runs([(4, 0), (5, 1), (6, 2), (0, 3), (1, 4), (3, 6)]),
+            vec![(4, 0, 3), (0, 3, 2), (3, 6, 1)]
+        );
+        assert!(runs([]).is_empty());
+    }
+
+    #[test]
+    fn host_store_checks_bounds_and_whole_rows() {
+        let l = layout();
+        let mut h = HostKv::new(&l, &[8, 4], 2).unwrap();
+        assert_eq!(h.bytes(), 2 * 2 * (8 + 4) * 16);
+        let row: Vec<u8> = (0..32).collect();
+        h.write_rows(1, 1, 2, &row, &row).unwrap();
+        let (mut k, mut v) = (vec![0u8; 32], vec![0u8; 32]);
+        h.read_rows(1, 1, 2..4, &mut k, &mut v).unwrap();
+        assert_eq!((k.as_slice(), v.as_slice()), (&row[..], &row[..]));
+        // Seq 0 and layer 0 are untouched.
+        h.read_rows(1, 0, 2..4, &mut k, &mut v).unwrap();
+        assert!(k.iter().all(|&b| b == 0));
+        assert!(h.write_rows(1, 1, 3, &row, &row).is_err(), "past the cells");
+        assert!(
+            h.write_rows(1, 2, 0, &row, &row).is_err(),
+            "seq out of range"
+        );
+        assert!(
+            h.write_rows(2, 0, 0, &row, &row).is_err(),
+            "layer out of range"
+        );
+        assert!(
+            h.write_rows(0, 0, 0, &row[..5], &row[..5]).is_err(),
+            "partial row"
+        );
+        assert!(
+            h.read_rows(0, 0, 0..1, &mut k, &mut v).is_err(),
+            "buffer size"
+        );
+    }
+
+    /// A store that keeps rows elsewhere (as a device would): export and import go through
+    /// the trait, so the snapshot equals the host cache's.
+    #[derive(Debug)]
+    struct Boxed(HostKv, usize);
+
+    impl KvStore for Boxed {
+        fn read_rows(
+            &self,
+            il: usize,
+            seq: u32,
+            cells: Range<usize>,
+            k: &mut [u8],
+            v: &mut [u8],
+        ) -> Result<(), ModelError> {
+            self.0.read_rows(il, seq, cells, k, v)
+        }
+        fn write_rows(
+            &mut self,
+            il: usize,
+            seq: u32,
+            first: usize,
+            k: &[u8],
+            v: &[u8],
+        ) -> Result<(), ModelError> {
+            self.1 += 1;
+            self.0.write_rows(il, seq, first, k, v)
+        }
+        fn bytes(&self) -> usize {
+            self.0.bytes()
+        }
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+        fn as_any_mut(&mut self) -> &mut dyn Any {
+            self
+        }
+    }
+
+    #[test]
+    fn snapshot_moves_between_stores() {
+        let mut host = KvCache::new(layout(), 64, 1, 8).unwrap();
+        fill(&mut host, 0, 0..10, 3);
+        let mut x = 1u8;
+        for il in 0..2 {
+            let h = host
+                .store_mut()
+                .as_any_mut()
+                .downcast_mut::<HostKv>()
+                .unwrap();
+            let (k, v) = h.layer_mut(0, il);
+            k.iter_mut().chain(v.iter_mut()).for_each(|b| {
+                x = x.wrapping_mul(31).wrapping_add(7);
+                *b = x;
+            });
+        }
+        let snap = host.export(0, 0..10).unwrap();
+        let mut other = KvCache::with_store(layout(), 64, 2, 8, |l, c, n| {
+            Ok(Box::new(Boxed(HostKv::new(l, c, n)?, 0)))
+        })
+        .unwrap();
+        other.import(1, &snap).unwrap();
+        let writes = other.store().as_any().downcast_ref::<Boxed>().unwrap().1;
+        // Two ubatch steps of consecutive cells: one write per layer per step.
+        assert_eq!(writes, 4);
+        assert_eq!(other.export(1, 0..10).unwrap(), snap);
+        assert_eq!(
+            other.export(1, 6..10).unwrap(),
+            host.export(0, 6..10).unwrap()
         );
     }
 }

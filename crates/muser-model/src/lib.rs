@@ -23,10 +23,10 @@ pub use backend::{AttnInput, Backend, RopeMode, Weight};
 pub use cpu::CpuBackend;
 pub use error::ModelError;
 pub use info::{Arch, ModelInfo};
-pub use kv::{KvCache, KvLayout, KvSnapshot, KvType, LayerKv};
+pub use kv::{HostKv, KvCache, KvLayout, KvSnapshot, KvStore, KvType, LayerKv};
 
 use models::{llama::Llama, muse_glimmer::MuseGlimmer, Prepared, Tensors};
-use muser_gguf::GgufFile;
+use muser_gguf::{GgmlType, GgufFile};
 use std::path::Path;
 
 /// How to load a model.
@@ -103,12 +103,89 @@ enum Net {
     Llama(Llama),
 }
 
-/// A loaded model, ready to run batches on the CPU backend.
+/// A backend with the model code bound to it, behind an object-safe face so that [`Model`]
+/// holds any backend. [`On`] implements it for every [`Backend`] by calling the same model
+/// files with that backend.
+trait Executor: Send + Sync {
+    /// Runs a validated batch; returns the logits and (when asked) the final hidden states of
+    /// the output rows, on the host.
+    #[allow(clippy::too_many_arguments)]
+    fn forward(
+        &self,
+        net: &Net,
+        g: &GgufFile,
+        info: &ModelInfo,
+        kv: &mut KvCache,
+        prep: &Prepared,
+        batch: &Batch,
+    ) -> Result<(Vec<f32>, Vec<f32>), ModelError>;
+    fn threads(&self) -> usize;
+    fn supports(&self, ty: GgmlType) -> bool;
+    fn prepare_weight(&self, w: &Weight) -> Result<(), ModelError>;
+    fn new_kv_store(
+        &self,
+        layout: &KvLayout,
+        cells: &[usize],
+        n_seq: usize,
+    ) -> Result<Box<dyn KvStore>, ModelError>;
+}
+
+/// The model code run on backend `B`.
+struct On<B>(B);
+
+impl<B: Backend> Executor for On<B> {
+    fn forward(
+        &self,
+        net: &Net,
+        g: &GgufFile,
+        i: &ModelInfo,
+        kv: &mut KvCache,
+        prep: &Prepared,
+        batch: &Batch,
+    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+        let be = &self.0;
+        let (tokens, pos) = (&batch.tokens[..], &batch.pos[..]);
+        let (hidden, logits) = be.run(|| match net {
+            Net::MuseGlimmer(m) => m.forward(be, g, i, kv, prep, tokens, pos),
+            Net::Llama(m) => m.forward(be, g, i, kv, prep, tokens, pos),
+        })?;
+        let embeddings = if batch.embeddings {
+            be.download(&hidden)?
+        } else {
+            Vec::new()
+        };
+        Ok((be.download(&logits)?, embeddings))
+    }
+
+    fn threads(&self) -> usize {
+        self.0.threads()
+    }
+
+    fn supports(&self, ty: GgmlType) -> bool {
+        self.0.supports(ty)
+    }
+
+    fn prepare_weight(&self, w: &Weight) -> Result<(), ModelError> {
+        self.0.prepare_weight(w)
+    }
+
+    fn new_kv_store(
+        &self,
+        layout: &KvLayout,
+        cells: &[usize],
+        n_seq: usize,
+    ) -> Result<Box<dyn KvStore>, ModelError> {
+        self.0.new_kv_store(layout, cells, n_seq)
+    }
+}
+
+/// A loaded model, ready to run batches on its backend (the CPU unless loaded with
+/// [`Model::load_with`]).
 pub struct Model {
     gguf: GgufFile,
     info: ModelInfo,
     net: Net,
-    backend: CpuBackend,
+    exec: Box<dyn Executor>,
 }
 
 /// Default largest batch per forward pass (llama.cpp's default `n_ubatch`).
@@ -123,20 +200,46 @@ impl Model {
         Model::from_gguf(gguf, opts)
     }
 
-    /// A model over an already opened file.
+    /// A model over an already opened file, on the CPU backend.
     pub fn from_gguf(gguf: GgufFile, opts: &LoadOptions) -> Result<Model, ModelError> {
+        Model::from_gguf_with(gguf, CpuBackend::new(opts.threads)?)
+    }
+
+    /// [`Model::load`] onto `backend`.
+    pub fn load_with<B: Backend + 'static>(path: &Path, backend: B) -> Result<Model, ModelError> {
+        let gguf = GgufFile::open(path).map_err(|source| ModelError::Open {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Model::from_gguf_with(gguf, backend)
+    }
+
+    /// [`Model::from_gguf`] onto `backend`: every weight matrix is handed to
+    /// [`Backend::prepare_weight`] once here.
+    pub fn from_gguf_with<B: Backend + 'static>(
+        gguf: GgufFile,
+        backend: B,
+    ) -> Result<Model, ModelError> {
+        let exec: Box<dyn Executor> = Box::new(On(backend));
         let info = ModelInfo::from_gguf(&gguf, gguf.file_len())?;
-        let t = Tensors { g: &gguf };
+        let supports = |ty| exec.supports(ty);
+        let t = Tensors::new(&gguf, &supports);
         let net = match info.arch {
             Arch::MuseGlimmer => Net::MuseGlimmer(MuseGlimmer::load(&t, &info)?),
             Arch::Llama => Net::Llama(Llama::load(&t, &info)?),
         };
-        let backend = CpuBackend::new(opts.threads)?;
+        let mut seen = std::collections::HashSet::new();
+        for w in t.mats.borrow().iter() {
+            if seen.insert(w.view(&gguf).name.to_string()) {
+                exec.prepare_weight(&w.view(&gguf))?;
+            }
+        }
+        drop(t);
         Ok(Model {
             gguf,
             info,
             net,
-            backend,
+            exec,
         })
     }
 
@@ -168,7 +271,7 @@ impl Model {
 
     /// Compute threads in use.
     pub fn threads(&self) -> usize {
-        self.backend.threads()
+        self.exec.threads()
     }
 
     /// The cache layout this model needs for element type `dtype`.
@@ -205,7 +308,13 @@ impl Model {
     ) -> Result<KvCache, ModelError> {
         let n_ctx = u32::try_from(n_ctx_per_seq)
             .map_err(|_| ModelError::Kv(format!("n_ctx {n_ctx_per_seq} too large")))?;
-        KvCache::new(self.kv_layout(kv_type), n_ctx, n_seq, n_ubatch)
+        KvCache::with_store(
+            self.kv_layout(kv_type),
+            n_ctx,
+            n_seq,
+            n_ubatch,
+            |l, c, n| self.exec.new_kv_store(l, c, n),
+        )
     }
 
     fn prepare(&self, kv: &mut KvCache, b: &Batch) -> Result<Prepared, ModelError> {
@@ -283,19 +392,12 @@ impl Model {
     /// Run a batch, writing its K/V into `kv`.
     pub fn forward(&self, kv: &mut KvCache, batch: &Batch) -> Result<Output, ModelError> {
         let prep = self.prepare(kv, batch)?;
-        let be = &self.backend;
-        let (g, i) = (&self.gguf, &self.info);
-        let (hidden, logits) = be.run(|| match &self.net {
-            Net::MuseGlimmer(m) => m.forward(be, g, i, kv, &prep, &batch.tokens, &batch.pos),
-            Net::Llama(m) => m.forward(be, g, i, kv, &prep, &batch.tokens, &batch.pos),
-        })?;
+        let (logits, embeddings) = self
+            .exec
+            .forward(&self.net, &self.gguf, &self.info, kv, &prep, batch)?;
         Ok(Output {
-            logits: be.download(&logits),
-            embeddings: if batch.embeddings {
-                be.download(&hidden)
-            } else {
-                Vec::new()
-            },
+            logits,
+            embeddings,
             rows: prep.out_rows,
         })
     }

@@ -13,7 +13,7 @@ mod matmul;
 
 use crate::backend::{AttnInput, Backend, RopeMode, Weight};
 use crate::error::ModelError;
-use crate::kv::KvCache;
+use crate::kv::{HostKv, KvCache};
 use math::fma_fn;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -77,70 +77,6 @@ impl CpuBackend {
             threads,
             rope: Mutex::new(Vec::new()),
         })
-    }
-
-    pub fn threads(&self) -> usize {
-        self.threads
-    }
-
-    /// Whether the CPU backend can multiply weights of this type.
-    pub fn supports(ty: muser_gguf::GgmlType) -> bool {
-        matmul::supported(ty)
-    }
-
-    /// Runs `f` (a whole forward pass) on one of the pool's threads, so that every op inside
-    /// splits its work among the pool directly instead of handing it over from outside. The
-    /// other threads stay awake until `f` returns, taking each op's work as soon as it is
-    /// offered (as ggml's threads spin through a graph): waking a sleeping thread per op costs
-    /// about as long as a decode matmul takes.
-    pub fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        if self.threads == 1 {
-            return self.pool.install(f);
-        }
-        let done = AtomicBool::new(false);
-        let f = Mutex::new(Some(f));
-        let out = Mutex::new(None);
-        self.pool.broadcast(|ctx| {
-            if ctx.index() == 0 {
-                /// Releases the other threads even when `f` panics.
-                struct Done<'a>(&'a AtomicBool);
-                impl Drop for Done<'_> {
-                    fn drop(&mut self) {
-                        self.0.store(true, Ordering::Release);
-                    }
-                }
-                let _done = Done(&done);
-                let f = f.lock().unwrap_or_else(|e| e.into_inner()).take();
-                if let Some(f) = f {
-                    let r = f();
-                    *out.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
-                }
-            } else {
-                let mut idle = 0u32;
-                while !done.load(Ordering::Acquire) {
-                    if rayon::yield_now() == Some(rayon::Yield::Executed) {
-                        idle = 0;
-                    } else {
-                        idle += 1;
-                        // A long serial stretch: fall back to rayon's own idle loop (which
-                        // sleeps and is woken for new work) for the rest of the pass.
-                        if idle > SPIN_IDLE_MAX {
-                            break;
-                        }
-                        // Give the core away now and then: on a busy machine the thread
-                        // doing the work may be waiting for it.
-                        if idle.is_multiple_of(64) {
-                            std::thread::yield_now();
-                        } else {
-                            std::hint::spin_loop();
-                        }
-                    }
-                }
-            }
-        });
-        out.into_inner()
-            .unwrap_or_else(|e| e.into_inner())
-            .expect("thread 0 of the pool ran the forward pass")
     }
 
     /// Calls `f(first_unit, chunk)` on `data` cut into chunks of whole `unit`-element units,
@@ -231,13 +167,81 @@ fn rope_rows(data: &mut [f32], cols: usize, head_dim: usize, n_rot: usize, pos: 
 impl Backend for CpuBackend {
     type Act = Mat;
 
-    fn upload(&self, rows: usize, cols: usize, data: Vec<f32>) -> Mat {
-        debug_assert_eq!(data.len(), rows * cols);
-        Mat { rows, cols, data }
+    fn supports(&self, ty: muser_gguf::GgmlType) -> bool {
+        matmul::supported(ty)
     }
 
-    fn download(&self, a: &Mat) -> Vec<f32> {
-        a.data.clone()
+    fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Runs `f` (a whole forward pass) on one of the pool's threads, so that every op inside
+    /// splits its work among the pool directly instead of handing it over from outside. The
+    /// other threads stay awake until `f` returns, taking each op's work as soon as it is
+    /// offered (as ggml's threads spin through a graph): waking a sleeping thread per op costs
+    /// about as long as a decode matmul takes.
+    fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        if self.threads == 1 {
+            return self.pool.install(f);
+        }
+        let done = AtomicBool::new(false);
+        let f = Mutex::new(Some(f));
+        let out = Mutex::new(None);
+        self.pool.broadcast(|ctx| {
+            if ctx.index() == 0 {
+                /// Releases the other threads even when `f` panics.
+                struct Done<'a>(&'a AtomicBool);
+                impl Drop for Done<'_> {
+                    fn drop(&mut self) {
+                        self.0.store(true, Ordering::Release);
+                    }
+                }
+                let _done = Done(&done);
+                let f = f.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if let Some(f) = f {
+                    let r = f();
+                    *out.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+                }
+            } else {
+                let mut idle = 0u32;
+                while !done.load(Ordering::Acquire) {
+                    if rayon::yield_now() == Some(rayon::Yield::Executed) {
+                        idle = 0;
+                    } else {
+                        idle += 1;
+                        // A long serial stretch: fall back to rayon's own idle loop (which
+                        // sleeps and is woken for new work) for the rest of the pass.
+                        if idle > SPIN_IDLE_MAX {
+                            break;
+                        }
+                        // Give the core away now and then: on a busy machine the thread
+                        // doing the work may be waiting for it.
+                        if idle.is_multiple_of(64) {
+                            std::thread::yield_now();
+                        } else {
+                            std::hint::spin_loop();
+                        }
+                    }
+                }
+            }
+        });
+        out.into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .expect("thread 0 of the pool ran the forward pass")
+    }
+
+    fn upload(&self, rows: usize, cols: usize, data: Vec<f32>) -> Result<Mat, ModelError> {
+        if data.len() != rows * cols {
+            return Err(ModelError::BadBatch(format!(
+                "{} values for a {rows}×{cols} matrix",
+                data.len()
+            )));
+        }
+        Ok(Mat { rows, cols, data })
+    }
+
+    fn download(&self, a: &Mat) -> Result<Vec<f32>, ModelError> {
+        Ok(a.data.clone())
     }
 
     fn dims(&self, a: &Mat) -> (usize, usize) {
@@ -283,16 +287,29 @@ impl Backend for CpuBackend {
         })
     }
 
-    fn rms_norm(&self, x: &Mat, group: usize, eps: f32, weight: Option<&[f32]>) -> Mat {
+    fn rms_norm(
+        &self,
+        x: &Mat,
+        group: usize,
+        eps: f32,
+        weight: Option<&[f32]>,
+    ) -> Result<Mat, ModelError> {
         let mut y = x.clone();
-        self.rms_norm_mut(&mut y, group, eps, weight);
-        y
+        self.rms_norm_mut(&mut y, group, eps, weight)?;
+        Ok(y)
     }
 
-    fn rms_norm_mut(&self, x: &mut Mat, group: usize, eps: f32, weight: Option<&[f32]>) {
+    fn rms_norm_mut(
+        &self,
+        x: &mut Mat,
+        group: usize,
+        eps: f32,
+        weight: Option<&[f32]>,
+    ) -> Result<(), ModelError> {
         self.par_units(&mut x.data, group, |_, c| {
             math::rms_norm_groups(c, group, eps, weight)
         });
+        Ok(())
     }
 
     fn rope(
@@ -303,9 +320,9 @@ impl Backend for CpuBackend {
         pos: &[u32],
         base: f32,
         mode: RopeMode,
-    ) {
+    ) -> Result<(), ModelError> {
         let Some(&max_pos) = pos.iter().max() else {
-            return;
+            return Ok(());
         };
         let table = self.rope_table(base, n_rot, max_pos as usize);
         let cols = x.cols;
@@ -320,33 +337,37 @@ impl Backend for CpuBackend {
                 mode == RopeMode::Neox,
             )
         });
+        Ok(())
     }
 
-    fn add(&self, x: &mut Mat, y: &Mat) {
+    fn add(&self, x: &mut Mat, y: &Mat) -> Result<(), ModelError> {
         self.par_units(&mut x.data, 1, |first, c| {
             c.iter_mut()
                 .zip(&y.data[first..])
                 .for_each(|(a, b)| *a += b)
         });
+        Ok(())
     }
 
-    fn add_row(&self, x: &mut Mat, b: &[f32]) {
+    fn add_row(&self, x: &mut Mat, b: &[f32]) -> Result<(), ModelError> {
         self.par_units(&mut x.data, x.cols, |_, c| {
             for row in c.chunks_exact_mut(b.len()) {
                 row.iter_mut().zip(b).for_each(|(a, b)| *a += b);
             }
         });
+        Ok(())
     }
 
-    fn mul_sigmoid(&self, x: &mut Mat, gate: &Mat) {
+    fn mul_sigmoid(&self, x: &mut Mat, gate: &Mat) -> Result<(), ModelError> {
         self.par_units(&mut x.data, 1, |first, c| {
             c.iter_mut()
                 .zip(&gate.data[first..])
                 .for_each(|(a, &g)| *a *= 1.0 / (1.0 + (-g).exp()))
         });
+        Ok(())
     }
 
-    fn swiglu(&self, gate: &mut Mat, up: &Mat) {
+    fn swiglu(&self, gate: &mut Mat, up: &Mat) -> Result<(), ModelError> {
         // Whole rows: ggml's 16-lane body and libm tail are counted from each row's start.
         let cols = gate.cols;
         self.par_units(&mut gate.data, cols, |first, c| {
@@ -355,29 +376,32 @@ impl Backend for CpuBackend {
                 math::swiglu_fast(g, &up.data[at..at + cols]);
             }
         });
+        Ok(())
     }
 
-    fn scale(&self, x: &mut Mat, s: f32) {
+    fn scale(&self, x: &mut Mat, s: f32) -> Result<(), ModelError> {
         self.par_units(&mut x.data, 1, |_, c| c.iter_mut().for_each(|v| *v *= s));
+        Ok(())
     }
 
-    fn softcap(&self, x: &mut Mat, cap: f32) {
+    fn softcap(&self, x: &mut Mat, cap: f32) -> Result<(), ModelError> {
         let inv = 1.0 / cap;
         self.par_units(&mut x.data, 1, |_, c| {
             c.iter_mut().for_each(|v| *v = (*v * inv).tanh() * cap)
         });
+        Ok(())
     }
 
-    fn select_rows(&self, x: &Mat, rows: &[usize]) -> Mat {
+    fn select_rows(&self, x: &Mat, rows: &[usize]) -> Result<Mat, ModelError> {
         let mut data = Vec::with_capacity(rows.len() * x.cols);
         for &r in rows {
             data.extend_from_slice(x.row(r));
         }
-        Mat {
+        Ok(Mat {
             rows: rows.len(),
             cols: x.cols,
             data,
-        }
+        })
     }
 
     fn attention(
@@ -392,9 +416,15 @@ impl Backend for CpuBackend {
         let il = at.layer;
         let swa = layout.is_swa[il];
         let row = at.n_head_kv * at.head_dim;
+        let not_host = || ModelError::Kv("the CPU backend needs a host KV cache".into());
         // Store this batch's K and V (converted to the cache type) into their cells.
+        let host = kv
+            .store_mut()
+            .as_any_mut()
+            .downcast_mut::<HostKv>()
+            .ok_or_else(not_host)?;
         for (seq, idx) in at.groups {
-            let (kb, vb) = kv.layer_mut(*seq, il);
+            let (kb, vb) = host.layer_mut(*seq, il);
             for &t in idx {
                 let cell = if swa {
                     at.plan.swa_cell[t]
@@ -406,12 +436,17 @@ impl Backend for CpuBackend {
             }
         }
         let kv_ro: &KvCache = kv;
+        let host = kv_ro
+            .store()
+            .as_any()
+            .downcast_ref::<HostKv>()
+            .ok_or_else(not_host)?;
         let mut views = Vec::with_capacity(at.groups.len());
         let mut n_kvs = Vec::with_capacity(at.groups.len());
         for (g, (seq, _)) in at.groups.iter().enumerate() {
             let (_, nb, ns) = at.plan.n_kv[g];
             let n_kv = if swa { ns } else { nb } as usize;
-            let (kb, vb) = kv_ro.layer(*seq, il);
+            let (kb, vb) = host.layer(*seq, il);
             views.push(attention::View {
                 k: kb,
                 v: vb,
@@ -461,17 +496,19 @@ mod tests {
         let pos: Vec<u32> = (0..rows as u32).map(|p| p * 3 + 1).collect();
         let run = |be: &CpuBackend| {
             let mut a = x.clone();
-            be.swiglu(&mut a, &y);
-            let n = be.rms_norm(&a, cols, 1e-6, Some(&w));
-            let mut h = be.rms_norm(&y, hd, 1e-6, Some(&w[..hd]));
-            be.rope(&mut h, hd, hd, &pos, 10_000.0, RopeMode::Norm);
+            be.swiglu(&mut a, &y).unwrap();
+            let n = be.rms_norm(&a, cols, 1e-6, Some(&w)).unwrap();
+            let mut h = be.rms_norm(&y, hd, 1e-6, Some(&w[..hd])).unwrap();
+            be.rope(&mut h, hd, hd, &pos, 10_000.0, RopeMode::Norm)
+                .unwrap();
             let mut g = x.clone();
-            be.rope(&mut g, hd, hd, &pos, 500.0, RopeMode::Neox);
-            be.mul_sigmoid(&mut g, &y);
-            be.add(&mut g, &n);
-            be.add_row(&mut g, &w);
-            be.scale(&mut g, 0.7);
-            be.softcap(&mut g, 3.0);
+            be.rope(&mut g, hd, hd, &pos, 500.0, RopeMode::Neox)
+                .unwrap();
+            be.mul_sigmoid(&mut g, &y).unwrap();
+            be.add(&mut g, &n).unwrap();
+            be.add_row(&mut g, &w).unwrap();
+            be.scale(&mut g, 0.7).unwrap();
+            be.softcap(&mut g, 3.0).unwrap();
             (a, n, h, g)
         };
         let (want, got) = (run(&one), run(&two));

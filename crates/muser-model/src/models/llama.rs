@@ -95,7 +95,7 @@ impl Llama {
         // them at once.
         for (il, l) in self.layers.iter().enumerate() {
             let a = {
-                let h = be.rms_norm(&x, i.n_embd, eps, Some(&l.attn_norm));
+                let h = be.rms_norm(&x, i.n_embd, eps, Some(&l.attn_norm))?;
                 let mut q = linear(be, g, &l.wq, l.bq.as_deref(), None, &h)?;
                 let mut k = linear(be, g, &l.wk, l.bk.as_deref(), None, &h)?;
                 let v = linear(be, g, &l.wv, l.bv.as_deref(), None, &h)?;
@@ -107,7 +107,7 @@ impl Llama {
                     pos,
                     i.rope_base,
                     RopeMode::Norm,
-                );
+                )?;
                 be.rope(
                     &mut k,
                     i.head_dim,
@@ -115,26 +115,26 @@ impl Llama {
                     pos,
                     i.rope_base,
                     RopeMode::Norm,
-                );
+                )?;
                 let a = attend(be, i, kv, prep, pos, il, &q, &k, &v)?;
                 drop((q, k, v));
                 linear(be, g, &l.wo, l.bo.as_deref(), None, &a)?
             };
             let mut a = a;
             if il + 1 == self.layers.len() {
-                a = be.select_rows(&a, &prep.out_rows);
-                x = be.select_rows(&x, &prep.out_rows);
+                a = be.select_rows(&a, &prep.out_rows)?;
+                x = be.select_rows(&x, &prep.out_rows)?;
             }
-            be.add(&mut a, &x);
+            be.add(&mut a, &x)?;
             drop(x);
             let ffn_inp = a;
-            let h2 = be.rms_norm(&ffn_inp, i.n_embd, eps, Some(&l.ffn_norm));
+            let h2 = be.rms_norm(&ffn_inp, i.n_embd, eps, Some(&l.ffn_norm))?;
             let mut f = swiglu_ffn(be, g, &l.ffn_gate, &l.ffn_up, &l.ffn_down, h2)?;
-            be.add(&mut f, &ffn_inp);
+            be.add(&mut f, &ffn_inp)?;
             x = f;
         }
         let mut hidden = x;
-        be.rms_norm_mut(&mut hidden, i.n_embd, eps, Some(&self.output_norm));
+        be.rms_norm_mut(&mut hidden, i.n_embd, eps, Some(&self.output_norm))?;
         let logits = linear(be, g, &self.output, None, None, &hidden)?;
         Ok((hidden, logits))
     }

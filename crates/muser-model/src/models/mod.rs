@@ -6,11 +6,11 @@ pub mod llama;
 pub mod muse_glimmer;
 
 use crate::backend::{AttnInput, Backend, Weight};
-use crate::cpu::CpuBackend;
 use crate::error::ModelError;
 use crate::info::ModelInfo;
 use crate::kv::{KvCache, KvPlan};
 use muser_gguf::{GgmlType, GgufFile, TensorInfo};
+use std::cell::RefCell;
 
 /// A weight matrix in the file: which tensor, and its `{n_in, n_out}` shape.
 #[derive(Clone, Debug)]
@@ -39,14 +39,26 @@ impl WRef {
 /// Tensor lookup for a model being loaded.
 pub struct Tensors<'a> {
     pub g: &'a GgufFile,
+    /// Whether the backend multiplies matrices of a type.
+    pub supports: &'a dyn Fn(GgmlType) -> bool,
+    /// Every matrix handed out so far, for the backend to prepare once.
+    pub mats: RefCell<Vec<WRef>>,
 }
 
-impl Tensors<'_> {
+impl<'a> Tensors<'a> {
+    pub fn new(g: &'a GgufFile, supports: &'a dyn Fn(GgmlType) -> bool) -> Tensors<'a> {
+        Tensors {
+            g,
+            supports,
+            mats: RefCell::new(Vec::new()),
+        }
+    }
+
     fn find(&self, name: &str) -> Option<&TensorInfo> {
         self.g.tensor(name)
     }
 
-    /// A required matrix `{n_in, n_out}` of a type the CPU backend multiplies.
+    /// A required matrix `{n_in, n_out}` of a type the backend multiplies.
     pub fn mat(&self, name: &str, n_in: usize, n_out: usize) -> Result<WRef, ModelError> {
         self.opt_mat(name, n_in, n_out)?
             .ok_or_else(|| ModelError::MissingTensor {
@@ -71,17 +83,19 @@ impl Tensors<'_> {
                 want,
             });
         }
-        if !CpuBackend::supports(t.ty) || t.ty.row_bytes(n_in).is_none() {
+        if !(self.supports)(t.ty) || t.ty.row_bytes(n_in).is_none() {
             return Err(ModelError::UnsupportedType {
                 name: name.to_string(),
                 ty: t.ty.name(),
             });
         }
-        Ok(Some(WRef {
+        let w = WRef {
             info: t.clone(),
             n_in,
             n_out,
-        }))
+        };
+        self.mats.borrow_mut().push(w.clone());
+        Ok(Some(w))
     }
 
     /// A required vector of `n` values (norm weights, biases), as f32.
@@ -137,7 +151,7 @@ pub fn swiglu_ffn<B: Backend>(
     let mut fg = linear(be, g, gate, None, None, &h)?;
     let fu = linear(be, g, up, None, None, &h)?;
     drop(h);
-    be.swiglu(&mut fg, &fu);
+    be.swiglu(&mut fg, &fu)?;
     drop(fu);
     linear(be, g, down, None, None, &fg)
 }
@@ -152,10 +166,10 @@ pub fn linear<B: Backend>(
 ) -> Result<B::Act, ModelError> {
     let mut y = be.matmul(&w.view(g), x)?;
     if let Some(s) = scale {
-        be.scale(&mut y, s);
+        be.scale(&mut y, s)?;
     }
     if let Some(b) = bias {
-        be.add_row(&mut y, b);
+        be.add_row(&mut y, b)?;
     }
     Ok(y)
 }

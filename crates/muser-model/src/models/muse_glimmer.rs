@@ -113,20 +113,20 @@ impl MuseGlimmer {
     ) -> Result<(B::Act, B::Act), ModelError> {
         let eps = i.rms_eps;
         let mut x = be.get_rows(&self.tok_embd.view(g), tokens)?;
-        be.rms_norm_mut(&mut x, i.n_embd, eps, None);
+        be.rms_norm_mut(&mut x, i.n_embd, eps, None)?;
         let mut pos = pos.to_vec();
         // Each intermediate is dropped as soon as it is used, so a large batch holds few of
         // them at once.
         for (il, l) in self.layers.iter().enumerate() {
             let a = {
-                let h = be.rms_norm(&x, i.n_embd, eps, Some(&l.attn_norm));
+                let h = be.rms_norm(&x, i.n_embd, eps, Some(&l.attn_norm))?;
                 let mut q = linear(be, g, &l.wq, l.bq.as_deref(), l.sq, &h)?;
                 let mut k = linear(be, g, &l.wk, l.bk.as_deref(), l.sk, &h)?;
                 let v = linear(be, g, &l.wv, l.bv.as_deref(), l.sv, &h)?;
                 let gate = linear(be, g, &l.wgate, None, None, &h)?;
                 drop(h);
-                be.rms_norm_mut(&mut q, i.head_dim, eps, Some(&l.q_norm));
-                be.rms_norm_mut(&mut k, i.head_dim, eps, Some(&l.k_norm));
+                be.rms_norm_mut(&mut q, i.head_dim, eps, Some(&l.q_norm))?;
+                be.rms_norm_mut(&mut k, i.head_dim, eps, Some(&l.k_norm))?;
                 if i.is_swa[il] {
                     be.rope(
                         &mut q,
@@ -135,7 +135,7 @@ impl MuseGlimmer {
                         &pos,
                         i.rope_base_swa,
                         RopeMode::Norm,
-                    );
+                    )?;
                     be.rope(
                         &mut k,
                         i.head_dim,
@@ -143,37 +143,37 @@ impl MuseGlimmer {
                         &pos,
                         i.rope_base_swa,
                         RopeMode::Norm,
-                    );
+                    )?;
                 }
                 let mut a = attend(be, i, kv, prep, &pos, il, &q, &k, &v)?;
                 drop((q, k, v));
-                be.mul_sigmoid(&mut a, &gate);
+                be.mul_sigmoid(&mut a, &gate)?;
                 drop(gate);
                 linear(be, g, &l.wo, None, l.so, &a)?
             };
             let mut a = a;
-            be.rms_norm_mut(&mut a, i.n_embd, POST_NORM_EPS, Some(&l.post_attn_norm));
+            be.rms_norm_mut(&mut a, i.n_embd, POST_NORM_EPS, Some(&l.post_attn_norm))?;
             if il + 1 == self.layers.len() {
                 // Only the rows that produce outputs go through the last FFN.
-                a = be.select_rows(&a, &prep.out_rows);
-                x = be.select_rows(&x, &prep.out_rows);
+                a = be.select_rows(&a, &prep.out_rows)?;
+                x = be.select_rows(&x, &prep.out_rows)?;
                 pos = prep.out_rows.iter().map(|&r| pos[r]).collect();
             }
-            be.add(&mut a, &x);
+            be.add(&mut a, &x)?;
             drop(x);
             let ffn_inp = a;
-            let h2 = be.rms_norm(&ffn_inp, i.n_embd, eps, Some(&l.ffn_norm));
+            let h2 = be.rms_norm(&ffn_inp, i.n_embd, eps, Some(&l.ffn_norm))?;
             let mut f = swiglu_ffn(be, g, &l.ffn_gate, &l.ffn_up, &l.ffn_down, h2)?;
-            be.rms_norm_mut(&mut f, i.n_embd, POST_NORM_EPS, Some(&l.post_ffw_norm));
-            be.add(&mut f, &ffn_inp);
+            be.rms_norm_mut(&mut f, i.n_embd, POST_NORM_EPS, Some(&l.post_ffw_norm))?;
+            be.add(&mut f, &ffn_inp)?;
             x = f;
         }
         let mut hidden = x;
-        be.rms_norm_mut(&mut hidden, i.n_embd, eps, Some(&self.output_norm));
+        be.rms_norm_mut(&mut hidden, i.n_embd, eps, Some(&self.output_norm))?;
         let mut logits = linear(be, g, &self.output, None, self.output_scale, &hidden)?;
-        be.scale(&mut logits, i.logit_scale);
+        be.scale(&mut logits, i.logit_scale)?;
         if i.softcap != 0.0 {
-            be.softcap(&mut logits, i.softcap);
+            be.softcap(&mut logits, i.softcap)?;
         }
         Ok((hidden, logits))
     }

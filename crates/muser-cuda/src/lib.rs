@@ -10,12 +10,16 @@
 //! - [`runtime::Gpu`]: device, stream, kernels, buffers, cuBLAS.
 //! - [`weights::DevWeight`]: a quantized matrix on the device (Q4_K, Q6_K, Q8_0, NVFP4, F16,
 //!   BF16, F32) with its decode GEMV, its bf16 dequantization for prefill, and row lookup.
+//! - [`backend::CudaBackend`]: muser-model's `Backend` trait on the GPU (per-op kernels in
+//!   `src/ops.cu`), so `Model::load_with(path, CudaBackend::new(0)?)` runs any architecture
+//!   with its KV cache in device memory.
 //! - [`glimmer::CudaGlimmer`]: the muse-glimmer forward pass (decode as one CUDA graph,
 //!   chunked prefill through cuBLAS), with its F16 KV cache.
 //!
 //! Without the feature only [`CudaError`], [`layout`] (weight layouts and kernel names, tested
-//! everywhere) and [`probe`] exist, and `probe` says how to get the backend.
+//! everywhere), the GPU-free parts of [`backend`] and [`probe`] exist, and `probe` says how to get the backend.
 
+pub mod backend;
 mod error;
 pub mod layout;
 pub use error::CudaError;

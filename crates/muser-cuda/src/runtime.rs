@@ -18,6 +18,10 @@ use crate::CudaError;
 /// The kernel source, compiled at start-up for the device's architecture.
 pub const KERNELS_CU: &str = include_str!("kernels.cu");
 
+/// The kernels of [`crate::backend::CudaBackend`]'s per-op path, a second module loaded by
+/// [`Gpu::load_module`] only when that backend starts.
+pub const OPS_CU: &str = include_str!("ops.cu");
+
 type Result<T> = std::result::Result<T, CudaError>;
 
 pub(crate) fn drv_err(e: DriverError) -> CudaError {
@@ -116,6 +120,11 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
 /// Compiles the kernels to PTX for `arch` (e.g. "sm_90"), or reads them from the disk cache
 /// (keyed by source, architecture and NVRTC version). Needs no device, only NVRTC and headers.
 pub fn compile_kernels(arch: &str) -> Result<String> {
+    compile_source(KERNELS_CU, arch)
+}
+
+/// [`compile_kernels`] for any kernel source.
+pub fn compile_source(src: &str, arch: &str) -> Result<String> {
     // SAFETY: probing the library only.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Err(CudaError::LibraryMissing {
@@ -129,7 +138,7 @@ pub fn compile_kernels(arch: &str) -> Result<String> {
     unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
     let version = (major, minor);
     let key = fnv1a(&[
-        KERNELS_CU.as_bytes(),
+        src.as_bytes(),
         arch.as_bytes(),
         format!("{version:?}").as_bytes(),
     ]);
@@ -149,7 +158,7 @@ pub fn compile_kernels(arch: &str) -> Result<String> {
         fmad: Some(true),
         ..Default::default()
     };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNELS_CU, opts).map_err(|e| match e {
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts).map_err(|e| match e {
         cudarc::nvrtc::CompileError::CompileError { log, .. } => {
             CudaError::Compile(log.to_string_lossy().into_owned())
         }
@@ -392,6 +401,26 @@ impl Gpu {
         *self.tuning.lock().unwrap_or_else(|e| e.into_inner()) = t;
     }
 
+    /// Compiles `src` for this device (cached like the main kernels) and adds its kernels
+    /// `names` to the ones [`Self::launch`] finds.
+    pub fn load_module(&mut self, src: &str, names: &[&str]) -> Result<()> {
+        let (major, minor) = self.info.compute_capability;
+        let ptx = compile_source(src, &format!("sm_{major}{minor}"))?;
+        self.ctx.bind_to_thread().map_err(drv_err)?;
+        let module = self.ctx.load_module(Ptx::from_src(ptx)).map_err(drv_err)?;
+        for n in names {
+            let f = module.load_function(n).map_err(drv_err)?;
+            self.funcs.insert(n.to_string(), f);
+        }
+        Ok(())
+    }
+
+    /// Makes the device's context current on the calling thread (every call below does it;
+    /// this is for callers that use raw driver calls).
+    pub fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(drv_err)
+    }
+
     /// Whether a kernel of this name was compiled.
     pub fn has_kernel(&self, name: &str) -> bool {
         self.funcs.contains_key(name)
@@ -428,6 +457,7 @@ impl Gpu {
 
     /// Sets `bytes` bytes at `ptr` to `value` (stream ordered).
     pub fn memset(&self, ptr: u64, value: u8, bytes: usize) -> Result<()> {
+        self.bind()?;
         // SAFETY: the caller passes a range inside one allocation.
         unsafe { drv::memset_d8_async(ptr, value, bytes, self.stream.cu_stream()) }.map_err(drv_err)
     }
@@ -441,6 +471,7 @@ impl Gpu {
                 dst.bytes
             )));
         }
+        self.bind()?;
         // SAFETY: range checked above; we synchronize before `src` can go away.
         unsafe { drv::memcpy_htod_async(dst.ptr + off as u64, src, self.stream.cu_stream()) }
             .map_err(drv_err)?;
@@ -449,6 +480,7 @@ impl Gpu {
 
     /// Copies device data at `src` into `dst` and waits.
     pub fn download<T: Copy>(&self, src: u64, dst: &mut [T]) -> Result<()> {
+        self.bind()?;
         // SAFETY: the caller passes a device range at least as large as dst.
         unsafe { drv::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }.map_err(drv_err)?;
         self.sync()
@@ -456,6 +488,7 @@ impl Gpu {
 
     /// Waits for all work on the stream.
     pub fn sync(&self) -> Result<()> {
+        self.bind()?;
         self.stream.synchronize().map_err(drv_err)
     }
 

@@ -1,0 +1,229 @@
+// Kernels of the per-op CUDA backend (backend.rs): one kernel per `Backend` op, f32 math,
+// written for correctness over speed (the fused fast path is glimmer.rs with kernels.cu).
+// Compiled by NVRTC as a module of its own, so nothing here is shared with kernels.cu.
+//
+// Activations are row-major f32 [rows][cols]. The KV cache of a layer is f16
+// [n_seq][cells][n_head_kv * head_dim], rows head-major, as muser-model's HostKv.
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#define OPS_FULL 0xffffffffu
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
+// Every launch may be a programmatic dependent launch (runtime.rs): wait for the previous
+// kernel before reading its results. A no-op otherwise.
+__device__ __forceinline__ void ops_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Grid-stride loop over [0, n).
+#define OPS_EACH(i, n) \
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (long)gridDim.x * blockDim.x)
+
+__device__ __forceinline__ float ops_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(OPS_FULL, v, o);
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32). `sh` holds 33 floats.
+__device__ float ops_block_sum(float v, float* sh) {
+    v = ops_warp_sum(v);
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    __syncthreads();
+    if (l == 0) sh[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        float t = l < (int)(blockDim.x >> 5) ? sh[l] : 0.f;
+        t = ops_warp_sum(t);
+        if (l == 0) sh[32] = t;
+    }
+    __syncthreads();
+    return sh[32];
+}
+
+extern "C" __global__ void op_add(float* x, const float* y, long n) {
+    ops_wait();
+    OPS_EACH(i, n) x[i] += y[i];
+}
+
+extern "C" __global__ void op_add_row(float* x, const float* b, long n, long cols) {
+    ops_wait();
+    OPS_EACH(i, n) x[i] += b[i % cols];
+}
+
+extern "C" __global__ void op_mul_sigmoid(float* x, const float* g, long n) {
+    ops_wait();
+    OPS_EACH(i, n) x[i] *= 1.f / (1.f + expf(-g[i]));
+}
+
+extern "C" __global__ void op_swiglu(float* g, const float* u, long n) {
+    ops_wait();
+    OPS_EACH(i, n) {
+        const float a = g[i];
+        g[i] = a / (1.f + expf(-a)) * u[i];
+    }
+}
+
+extern "C" __global__ void op_scale(float* x, float s, long n) {
+    ops_wait();
+    OPS_EACH(i, n) x[i] *= s;
+}
+
+extern "C" __global__ void op_softcap(float* x, float cap, long n) {
+    ops_wait();
+    const float inv = 1.f / cap;
+    OPS_EACH(i, n) x[i] = tanhf(x[i] * inv) * cap;
+}
+
+extern "C" __global__ void op_to_bf16(const float* x, __nv_bfloat16* y, long n) {
+    ops_wait();
+    OPS_EACH(i, n) y[i] = __float2bfloat16(x[i]);
+}
+
+// y[r] = x[rows[r]] for n = n_rows * cols values.
+extern "C" __global__ void op_select_rows(const float* x, float* y, const int* rows, long cols, long n) {
+    ops_wait();
+    OPS_EACH(i, n) {
+        const long r = i / cols, c = i - r * cols;
+        y[i] = x[(long)rows[r] * cols + c];
+    }
+}
+
+// One block per `group`-wide slice: y = x / sqrt(mean(x^2) + eps) (* w). x may equal y.
+extern "C" __global__ void op_rms_norm(const float* x, float* y, const float* w, int group, float eps) {
+    ops_wait();
+    __shared__ float sh[33];
+    const long g = blockIdx.x;
+    const float* xr = x + g * group;
+    float* yr = y + g * group;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < group; i += blockDim.x) {
+        const float v = xr[i];
+        ss += v * v;
+    }
+    ss = ops_block_sum(ss, sh);
+    const float sc = 1.f / sqrtf(ss / (float)group + eps);
+    for (int i = threadIdx.x; i < group; i += blockDim.x) {
+        const float v = xr[i] * sc;
+        yr[i] = w ? v * w[i] : v;
+    }
+}
+
+// RoPE in place, one thread per rotated pair. Pair j of a head turns by
+// pos * theta_scale^j (theta_scale = base^(-2/n_rot)); NORM mode rotates (2j, 2j+1), NEOX mode
+// (j, j + n_rot/2). Values past n_rot are left alone.
+extern "C" __global__ void op_rope(float* x, long rows, int cols, int head_dim, int n_rot, const int* pos,
+                                   float theta_scale, int neox) {
+    ops_wait();
+    const int n_head = cols / head_dim, half = n_rot / 2;
+    const long total = rows * n_head * half;
+    OPS_EACH(i, total) {
+        const int j = (int)(i % half);
+        const long rh = i / half;
+        const int h = (int)(rh % n_head);
+        const long r = rh / n_head;
+        const float theta = (float)pos[r] * powf(theta_scale, (float)j);
+        const float c = cosf(theta), s = sinf(theta);
+        float* hp = x + r * cols + (long)h * head_dim;
+        const int a = neox ? j : 2 * j, b = neox ? j + half : 2 * j + 1;
+        const float x0 = hp[a], x1 = hp[b];
+        hp[a] = x0 * c - x1 * s;
+        hp[b] = x0 * s + x1 * c;
+    }
+}
+
+// K and V of n_tok tokens (f32 [n_tok][row]) rounded to f16 into cache rows dst_row[t].
+extern "C" __global__ void op_kv_store(const float* k, const float* v, __half* kc, __half* vc, const int* dst_row,
+                                       int row, long n_tok) {
+    ops_wait();
+    OPS_EACH(i, n_tok * row) {
+        const long t = i / row, e = i - t * row;
+        const long d = (long)dst_row[t] * row + e;
+        kc[d] = __float2half_rn(k[i]);
+        vc[d] = __float2half_rn(v[i]);
+    }
+}
+
+#define OPS_ATT_WARPS 4
+#define OPS_ATT_PER_LANE 16  // head_dim <= 512
+
+// Attention of one (head, token) per block of OPS_ATT_WARPS warps, online softmax in f32.
+// meta holds four int arrays of n_tok entries: kv_base (first cache row of the token's
+// sequence), cp_off (offset of its cell positions in cpos), n_kv (cells to visit), qpos.
+// Cell c is visible iff its position p satisfies 0 <= p <= qpos and, when n_swa > 0,
+// qpos - p < n_swa. Warps take cells in turn and merge at the end. GQA: head h reads KV head
+// h / (n_head / n_head_kv).
+extern "C" __global__ void op_attention(const float* q, const __half* kc, const __half* vc, float* out,
+                                        const int* meta, const int* cpos, long n_tok, int n_head, int n_head_kv,
+                                        int hd, float scale, int n_swa) {
+    ops_wait();
+    __shared__ float sm_m[OPS_ATT_WARPS], sm_l[OPS_ATT_WARPS];
+    __shared__ float sm_acc[OPS_ATT_WARPS * 32 * OPS_ATT_PER_LANE];
+    const long t = blockIdx.y;
+    const int h = blockIdx.x;
+    const int kv_base = meta[t], cp_off = meta[n_tok + t], n_kv = meta[2 * n_tok + t], qpos = meta[3 * n_tok + t];
+    const int hkv = h / (n_head / n_head_kv);
+    const long row = (long)n_head_kv * hd;
+    const float* qh = q + (t * n_head + h) * (long)hd;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+    float qr[OPS_ATT_PER_LANE], acc[OPS_ATT_PER_LANE];
+#pragma unroll
+    for (int i = 0; i < OPS_ATT_PER_LANE; i++) {
+        const int d = lane + 32 * i;
+        qr[i] = d < hd ? qh[d] : 0.f;
+        acc[i] = 0.f;
+    }
+    float m = -INFINITY, l = 0.f;
+    for (int c = warp; c < n_kv; c += OPS_ATT_WARPS) {
+        const int p = cpos[cp_off + c];
+        if (p < 0 || p > qpos || (n_swa > 0 && qpos - p >= n_swa)) continue;
+        const __half* kr = kc + ((long)kv_base + c) * row + (long)hkv * hd;
+        const __half* vr = vc + ((long)kv_base + c) * row + (long)hkv * hd;
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < OPS_ATT_PER_LANE; i++) {
+            const int d = lane + 32 * i;
+            if (d < hd) s += qr[i] * __half2float(kr[d]);
+        }
+        s = ops_warp_sum(s) * scale;
+        const float mn = fmaxf(m, s);
+        const float corr = expf(m - mn);
+        const float pw = expf(s - mn);
+        l = l * corr + pw;
+#pragma unroll
+        for (int i = 0; i < OPS_ATT_PER_LANE; i++) {
+            const int d = lane + 32 * i;
+            if (d < hd) acc[i] = acc[i] * corr + pw * __half2float(vr[d]);
+        }
+        m = mn;
+    }
+    if (lane == 0) {
+        sm_m[warp] = m;
+        sm_l[warp] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < OPS_ATT_PER_LANE; i++) {
+        const int d = lane + 32 * i;
+        if (d < hd) sm_acc[warp * hd + d] = acc[i];
+    }
+    __syncthreads();
+    float big = -INFINITY;
+    for (int w = 0; w < OPS_ATT_WARPS; w++)
+        if (sm_l[w] > 0.f) big = fmaxf(big, sm_m[w]);
+    float total = 0.f;
+    for (int w = 0; w < OPS_ATT_WARPS; w++)
+        if (sm_l[w] > 0.f) total += sm_l[w] * expf(sm_m[w] - big);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.f;
+        for (int w = 0; w < OPS_ATT_WARPS; w++)
+            if (sm_l[w] > 0.f) o += sm_acc[w * hd + d] * expf(sm_m[w] - big);
+        out[(t * n_head + h) * (long)hd + d] = total > 0.f ? o / total : 0.f;
+    }
+}

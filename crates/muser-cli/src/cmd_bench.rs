@@ -12,6 +12,7 @@
 //! weights from the map, and `memcpy` between two 64 MiB buffers (allocated after the peak RSS
 //! reading, which therefore leaves them out).
 
+use crate::device::{self, Device};
 use anyhow::{bail, Context};
 use muser_model::{Batch, KvType, LoadOptions, Model};
 use std::path::PathBuf;
@@ -34,6 +35,9 @@ pub struct Args {
     /// Threads (0 = one per core).
     #[arg(short = 't', long, default_value_t = 0)]
     threads: usize,
+    /// Where the model runs: cpu, or cuda (a muser built with `--features cuda`).
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    device: Device,
     /// KV cache type: f16 or f32.
     #[arg(long, default_value = "f16")]
     kv_type: String,
@@ -107,8 +111,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.repetitions == 0 {
         bail!("--repetitions must be at least 1");
     }
-    let model = Model::load(
+    let model = device::load(
         &args.model,
+        args.device,
         &LoadOptions {
             threads: args.threads,
         },
@@ -151,9 +156,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let peak_rss = peak_rss_bytes();
     // After the RSS reading: the probe's buffers are not the engine's.
     let weight_bytes = model.decode_weight_bytes();
-    let bw = results
-        .iter()
-        .any(|r| r.n_gen > 0)
+    // The host's bandwidth bounds decode only when the weights are read from host memory.
+    let bw = (args.device == Device::Cpu && results.iter().any(|r| r.n_gen > 0))
         .then(|| bandwidth_probe(&model, model.threads()));
 
     let model_name = args
@@ -164,10 +168,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     println!("| --- | ---: | ---: | --- | ---: | --- | ---: | ---: |");
     for r in &results {
         println!(
-            "| {} | {:.2} MiB | {:.2} M | CPU | {} | {} | {} | {:.2} ± {:.2} |",
+            "| {} | {:.2} MiB | {:.2} M | {} | {} | {} | {} | {:.2} ± {:.2} |",
             model_name,
             model_bytes as f64 / (1 << 20) as f64,
             n_params as f64 / 1e6,
+            args.device.name(),
             model.threads(),
             kv_type.name(),
             r.name,
@@ -219,7 +224,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let receipt = format!(
             "{{\n  \"tool\":\"muser bench\",\n  \"command\":{},\n  \"git_commit\":{},\n  \"machine\":{{\"cpu\":{},\"logical_cpus\":{}}},\n  \
              \"model\":{{\"file\":{},\"file_bytes\":{},\"tensor_bytes\":{},\"params\":{},\"arch\":{}}},\n  \
-             \"settings\":{{\"threads\":{},\"kv_type\":{},\"repetitions\":{}}},\n  \"peak_rss_bytes\":{},\n  \
+             \"settings\":{{\"device\":{},\"threads\":{},\"kv_type\":{},\"repetitions\":{}}},\n  \"peak_rss_bytes\":{},\n  \
              \"bandwidth\":{},\n  \"results\":[{}]\n}}\n",
             json_str(&command.join(" ")),
             json_str(&git_commit()),
@@ -230,6 +235,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             model_bytes,
             n_params,
             json_str(info.arch.name()),
+            json_str(args.device.name()),
             model.threads(),
             json_str(kv_type.name()),
             args.repetitions,

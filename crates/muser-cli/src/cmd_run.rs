@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::device::{self, Device};
 use anyhow::{bail, Context};
 use muser_engine::{Engine, EngineConfig, Event, GenerateRequest, SamplingParams, Timings};
 use muser_model::{Arch, LoadOptions, Model};
@@ -39,6 +40,9 @@ pub struct Args {
     /// Compute threads; 0: one per core.
     #[arg(short = 't', long = "threads", default_value_t = 0)]
     threads: usize,
+    /// Where the model runs: cpu, or cuda (a muser built with `--features cuda`).
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    device: Device,
     /// Temperature; 0 or less samples greedily.
     #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     temp: f32,
@@ -93,8 +97,9 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let t0 = Instant::now();
-    let model = Model::load(
+    let model = device::load(
         &args.model,
+        args.device,
         &LoadOptions {
             threads: args.threads,
         },
@@ -103,13 +108,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let tokenizer = load_tokenizer(&model)?.map(Arc::new);
     let info = model.info();
     eprintln!(
-        "muser: loaded {} ({}, {} layers, n_embd {}, vocab {}) in {:.0} ms, {} threads",
+        "muser: loaded {} ({}, {} layers, n_embd {}, vocab {}) in {:.0} ms, {}, {} threads",
         args.model.display(),
         info.arch.name(),
         info.n_layer,
         info.n_embd,
         info.n_vocab,
         t0.elapsed().as_secs_f64() * 1e3,
+        args.device.name(),
         model.threads(),
     );
     let is_muse = info.arch == Arch::MuseGlimmer;

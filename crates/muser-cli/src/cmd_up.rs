@@ -2,7 +2,9 @@
 //! `--model` it fetches the default model (SHA-256 pinned) into the model store first.
 //! Progress goes to stderr; stdout gets exactly one line, once the server is listening.
 
+use crate::device::{self, Device};
 use anyhow::Context;
+use muser_model::LoadOptions;
 use muser_server::auth::check_bind;
 use muser_server::server::{self, ServeConfig};
 use muser_server::store;
@@ -55,6 +57,9 @@ pub struct Args {
     /// Compute threads (default: all cores).
     #[arg(short, long)]
     threads: Option<usize>,
+    /// Where the model runs: cpu, or cuda (a muser built with `--features cuda`).
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    device: Device,
     /// Requests allowed to wait for a slot before the server answers 429.
     #[arg(long, default_value_t = 64)]
     queue: usize,
@@ -94,7 +99,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         cfg.threads = t.max(1);
     }
     let state = with_spinner(&format!("loading {}", model_path.display()), || {
-        server::load(&cfg)
+        let state = match args.device {
+            Device::Cpu => server::load(&cfg)?,
+            device => {
+                let model = device::load(&model_path, device, &LoadOptions::default())?;
+                server::load_with(&cfg, model)?
+            }
+        };
+        anyhow::Ok(state)
     })?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

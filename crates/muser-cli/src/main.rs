@@ -10,6 +10,7 @@ mod cmd_run;
 mod cmd_synth;
 mod cmd_text;
 mod cmd_up;
+mod device;
 
 #[derive(Parser)]
 #[command(

@@ -69,22 +69,29 @@ pub enum StartError {
     PromptCache { path: PathBuf, message: String },
 }
 
-/// Loads everything a server needs.
+/// Loads everything a server needs, the model on the CPU backend.
 pub fn load(cfg: &ServeConfig) -> Result<SharedState, StartError> {
     if !(1..=256).contains(&cfg.n_slots) {
         return Err(StartError::Slots(cfg.n_slots));
     }
-    let model_err = |e: &dyn std::fmt::Display| StartError::Model {
-        path: cfg.model_path.clone(),
-        message: e.to_string(),
-    };
     let model = Model::load(
         &cfg.model_path,
         &LoadOptions {
             threads: cfg.threads,
         },
     )
-    .map_err(|e| model_err(&e))?;
+    .map_err(|e| StartError::Model {
+        path: cfg.model_path.clone(),
+        message: e.to_string(),
+    })?;
+    load_with(cfg, model)
+}
+
+/// [`load`] around a model already loaded from `cfg.model_path` (on any backend).
+pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartError> {
+    if !(1..=256).contains(&cfg.n_slots) {
+        return Err(StartError::Slots(cfg.n_slots));
+    }
     let model = Arc::new(model);
     let gguf = model.gguf();
     let tokenizer =

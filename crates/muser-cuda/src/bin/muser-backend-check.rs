@@ -35,10 +35,11 @@ use serde_json::{json, Value};
 
 type Error = Box<dyn std::error::Error>;
 
-/// Largest relative error (max-abs) that passes: the int8 (decode GEMV) and bf16 (prefill
-/// GEMM) activation roundings put quantized models at a few 1e-2 against the CPU, whose own
-/// activation quantization differs; a wrong op shows as O(1).
-const REL_MAX: f64 = 5e-2;
+/// Largest relative error (max-abs) that passes for quantized weights: the int8 (decode GEMV)
+/// and bf16 (prefill GEMM) activation roundings put tiny random models at 2e-2 to 6e-2
+/// against the CPU, whose own activation quantization differs. A coarse bound; the F32 runs
+/// below are the precise check of everything but those roundings.
+const REL_MAX: f64 = 1e-1;
 
 /// The same bound where both sides compute in f32 (F32 weights, GEMV path only): what is
 /// left is the f16 KV cache and the CPU's f16 attention accumulation.

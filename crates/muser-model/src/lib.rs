@@ -402,3 +402,147 @@ impl Model {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{AttnInput, RopeMode};
+    use crate::cpu::Mat;
+    use crate::synth::{presets::preset, random_tokens, Plan, WeightType};
+    use std::sync::{Arc, Mutex};
+
+    /// The CPU backend seen through another type, recording the weights it is handed at load.
+    struct Wrapped {
+        cpu: CpuBackend,
+        prepared: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl Backend for Wrapped {
+        type Act = Mat;
+        fn supports(&self, ty: GgmlType) -> bool {
+            self.cpu.supports(ty)
+        }
+        fn prepare_weight(&self, w: &Weight) -> Result<(), ModelError> {
+            self.prepared.lock().unwrap().push(w.name.to_string());
+            Ok(())
+        }
+        fn upload(&self, r: usize, c: usize, d: Vec<f32>) -> Result<Mat, ModelError> {
+            self.cpu.upload(r, c, d)
+        }
+        fn download(&self, a: &Mat) -> Result<Vec<f32>, ModelError> {
+            self.cpu.download(a)
+        }
+        fn dims(&self, a: &Mat) -> (usize, usize) {
+            self.cpu.dims(a)
+        }
+        fn get_rows(&self, t: &Weight, ids: &[u32]) -> Result<Mat, ModelError> {
+            self.cpu.get_rows(t, ids)
+        }
+        fn matmul(&self, w: &Weight, x: &Mat) -> Result<Mat, ModelError> {
+            self.cpu.matmul(w, x)
+        }
+        fn rms_norm(
+            &self,
+            x: &Mat,
+            g: usize,
+            eps: f32,
+            w: Option<&[f32]>,
+        ) -> Result<Mat, ModelError> {
+            self.cpu.rms_norm(x, g, eps, w)
+        }
+        fn rms_norm_mut(
+            &self,
+            x: &mut Mat,
+            g: usize,
+            eps: f32,
+            w: Option<&[f32]>,
+        ) -> Result<(), ModelError> {
+            self.cpu.rms_norm_mut(x, g, eps, w)
+        }
+        fn rope(
+            &self,
+            x: &mut Mat,
+            hd: usize,
+            n_rot: usize,
+            pos: &[u32],
+            base: f32,
+            mode: RopeMode,
+        ) -> Result<(), ModelError> {
+            self.cpu.rope(x, hd, n_rot, pos, base, mode)
+        }
+        fn add(&self, x: &mut Mat, y: &Mat) -> Result<(), ModelError> {
+            self.cpu.add(x, y)
+        }
+        fn add_row(&self, x: &mut Mat, b: &[f32]) -> Result<(), ModelError> {
+            self.cpu.add_row(x, b)
+        }
+        fn mul_sigmoid(&self, x: &mut Mat, g: &Mat) -> Result<(), ModelError> {
+            self.cpu.mul_sigmoid(x, g)
+        }
+        fn swiglu(&self, g: &mut Mat, u: &Mat) -> Result<(), ModelError> {
+            self.cpu.swiglu(g, u)
+        }
+        fn scale(&self, x: &mut Mat, s: f32) -> Result<(), ModelError> {
+            self.cpu.scale(x, s)
+        }
+        fn softcap(&self, x: &mut Mat, cap: f32) -> Result<(), ModelError> {
+            self.cpu.softcap(x, cap)
+        }
+        fn select_rows(&self, x: &Mat, rows: &[usize]) -> Result<Mat, ModelError> {
+            self.cpu.select_rows(x, rows)
+        }
+        fn attention(
+            &self,
+            kv: &mut KvCache,
+            at: &AttnInput,
+            q: &Mat,
+            k: &Mat,
+            v: &Mat,
+        ) -> Result<Mat, ModelError> {
+            self.cpu.attention(kv, at, q, k, v)
+        }
+    }
+
+    fn tiny() -> Vec<u8> {
+        Plan::new(preset("tiny").unwrap(), WeightType::Q8_0, 5, None)
+            .write(Vec::new(), &mut |_| {})
+            .unwrap()
+    }
+
+    /// A model over another backend type runs the same model code (same bits), and that
+    /// backend is handed every weight matrix exactly once at load.
+    #[test]
+    fn load_with_any_backend_runs_the_same_code_and_prepares_each_matrix_once() {
+        let bytes = tiny();
+        let cpu = Model::from_gguf(
+            GgufFile::from_bytes(bytes.clone()).unwrap(),
+            &LoadOptions { threads: 1 },
+        )
+        .unwrap();
+        let prepared = Arc::new(Mutex::new(Vec::new()));
+        let wrapped = Wrapped {
+            cpu: CpuBackend::new(1).unwrap(),
+            prepared: prepared.clone(),
+        };
+        let other = Model::from_gguf_with(GgufFile::from_bytes(bytes).unwrap(), wrapped).unwrap();
+        let toks = random_tokens(12, cpu.info().n_vocab, 9);
+        let run = |m: &Model| {
+            let mut kv = m.new_kv(64, 1, KvType::F16).unwrap();
+            m.forward(&mut kv, &Batch::single(0, &toks, 0, false))
+                .unwrap()
+                .logits
+        };
+        assert_eq!(run(&cpu), run(&other));
+        let mut got = prepared.lock().unwrap().clone();
+        got.sort();
+        let mut want: Vec<String> = cpu
+            .gguf()
+            .tensors()
+            .iter()
+            .filter(|t| t.dims.len() == 2)
+            .map(|t| t.name.clone())
+            .collect();
+        want.sort();
+        assert_eq!(got, want);
+    }
+}

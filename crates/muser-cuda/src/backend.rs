@@ -491,6 +491,16 @@ mod dev {
 
         fn get_rows(&self, table: &Weight, ids: &[u32]) -> Result<DevMat> {
             let rb = table.row_bytes();
+            if table.ty.row_bytes(table.n_in) != Some(rb) || rb * table.n_out != table.data.len() {
+                return Err(shape(format!(
+                    "{}: {} bytes for {} rows of {} {} values",
+                    table.name,
+                    table.data.len(),
+                    table.n_out,
+                    table.n_in,
+                    table.ty.name()
+                )));
+            }
             let mut data = vec![0f32; ids.len() * table.n_in];
             for (out, &id) in data.chunks_exact_mut(table.n_in.max(1)).zip(ids) {
                 if id as usize >= table.n_out {

@@ -16,6 +16,8 @@
 #   big               the exact-geometry synthetic muse-glimmer 30B (Q4_K): tg128, pp512,
 #                     pp2048, decode choices ($TUNES), 4 sequences; then tg128 and pp2048 after
 #                     an 8192-token context
+#   dev               a 16-layer model of the exact per-layer geometry: tg128 under $TUNES at
+#                     depth 0 and under $D_TUNES at depth 8192 (decode A/B while developing)
 #   nvfp4             the same geometry in NVFP4 from `muser synth`: tg128, pp512, pp2048
 #   comparator        wait for the llama.cpp build; llama-bench -ngl 99 -fa 1 on the same files
 #                     (depth 0, depth 8192, NVFP4)
@@ -76,7 +78,7 @@ for stage in $stages; do
       [ -f "$small" ] || PYTHONPATH=$(gguf_py) python3 "$carry/synth_muse.py" "$small" --layers 8 --embd 1024 \
         --heads 8 --kv 2 --head-dim 128 --ff 3072 --vocab 8192 --window 32 --ctx 4096
       # chunk 16: the 48-token prompt crosses the 32-token window in three prefill chunks.
-      "$bin" model "$small" --n-ctx 1024 --chunk 16 --pp 64 --tg 64 --reps 2 --cpu-check --slots 4 \
+      "$bin" model "$small" --n-ctx 1024 --chunk 16 --pp 64 --tg 64 --reps 2 --cpu-check --slots 4 --check-len "${CHECK_LEN:-48}" \
         --ring-check --json "$out/gpu-small.json"
       ;;
     gemv)
@@ -89,6 +91,17 @@ for stage in $stages; do
         --tunes "$TUNES" --json "$out/gpu-model-30b.json"
       "$bin" model "$big" --n-ctx 10368 --chunk 2048 --pp 2048 --tg 128 --reps 3 --depth 8192 \
         --ring-check --tunes "${D_TUNES:-}" --json "$out/gpu-model-30b-d8192.json"
+      ;;
+    dev)
+      # A shorter model of the exact per-layer geometry (DEV_LAYERS, default 16: 4 full-attention
+      # layers) for A/B runs of decode choices: per-layer costs as in the 30B, written faster.
+      devm=$work/muse-glimmer-dev-${DEV_LAYERS:-16}l-q4k.gguf
+      [ -f "$devm" ] || PYTHONPATH=$(gguf_py) python3 "$carry/synth_muse.py" "$devm" --layers "${DEV_LAYERS:-16}"
+      ls -l "$devm"
+      "$bin" model "$devm" --n-ctx 4096 --chunk 2048 --pp 512 --tg 128 --reps 3 --check-len 300 \
+        --tunes "$TUNES" --json "$out/gpu-dev.json"
+      "$bin" model "$devm" --n-ctx 10368 --chunk 2048 --pp 2048 --tg 128 --reps 3 --depth 8192 \
+        --tunes "${D_TUNES:-}" --json "$out/gpu-dev-d8192.json"
       ;;
     nvfp4)
       [ -f "$nvfp4" ] || "$carry/muser" synth --preset muse-glimmer-30b --type nvfp4 --seed 7 -o "$nvfp4" 2>&1 | tail -n 2

@@ -541,6 +541,35 @@ impl CudaGlimmer {
         )
     }
 
+    /// `attn_combine_gate`: merges the attention splits of layer `il`, applies the sigmoid gate
+    /// and quantizes into the GEMV activations.
+    fn combine_gate(&self, il: usize, nb: usize, splits: usize) -> Result<()> {
+        let i = &self.info;
+        let s = &self.s;
+        let qa = self.qact();
+        let (nq, nkv) = (i.n_head, i.n_head_kv);
+        let qw = nq * HEAD_DIM;
+        let ld = 2 * qw + 2 * nkv * HEAD_DIM;
+        self.gpu.launch(
+            "attn_combine_gate",
+            (nq as u32, nb as u32, 1),
+            128,
+            &[
+                Arg::P(s.part.ptr()),
+                Arg::I(nq as i32),
+                Arg::I(splits as i32),
+                Arg::P(s.pos.ptr()),
+                Arg::I(self.window(il)),
+                Arg::P(s.y_qkvg.at(4 * (qw + 2 * nkv * HEAD_DIM))),
+                Arg::L(ld as i64),
+                Arg::P(s.hf.ptr()),
+                Arg::P(qa.q),
+                Arg::P(qa.d),
+                Arg::P(qa.s),
+            ],
+        )
+    }
+
     fn window(&self, il: usize) -> i32 {
         if self.info.is_swa[il] {
             self.info.n_swa as i32
@@ -577,8 +606,10 @@ impl CudaGlimmer {
             self.layers[0].qkvg.prefetch(pf),
         )?;
         for (il, l) in self.layers.iter().enumerate() {
-            l.qkvg
-                .gemv(g, nb, self.qact(), s.hf.ptr(), s.y_qkvg.ptr())?;
+            if !tune.attn_only {
+                l.qkvg
+                    .gemv(g, nb, self.qact(), s.hf.ptr(), s.y_qkvg.ptr())?;
+            }
             let qa = self.qact();
             let pf_wo = l.wo.prefetch(pf);
             if tune.gemv_only {
@@ -641,24 +672,10 @@ impl CudaGlimmer {
                         Arg::I(l.ring as i32),
                     ],
                 )?;
-                g.launch(
-                    "attn_combine_gate",
-                    (nq as u32, nb as u32, 1),
-                    128,
-                    &[
-                        Arg::P(s.part.ptr()),
-                        Arg::I(nq as i32),
-                        Arg::I(splits as i32),
-                        Arg::P(s.pos.ptr()),
-                        Arg::I(self.window(il)),
-                        Arg::P(s.y_qkvg.at(4 * (qw + 2 * nkv * HEAD_DIM))),
-                        Arg::L(ld as i64),
-                        Arg::P(s.hf.ptr()),
-                        Arg::P(qa.q),
-                        Arg::P(qa.d),
-                        Arg::P(qa.s),
-                    ],
-                )?;
+                self.combine_gate(il, nb, splits)?;
+            }
+            if tune.attn_only {
+                continue;
             }
             l.wo.gemv(g, nb, qa, s.hf.ptr(), s.y_o.ptr())?;
             self.norm(

@@ -269,88 +269,124 @@ __device__ __forceinline__ void l2_prefetch_range(const u8* p, long bytes) {
 // Q4K_UNROLL super-blocks of loads in flight. Strides are compile-time constants so the loads
 // use immediate offsets from a few running pointers.
 #define Q4K_UNROLL 4
-template <int B, int WPR, int U = Q4K_UNROLL, int L = 0>
+// Blocks loop over row blocks (stride gridDim.x), so the host may launch fewer blocks than row
+// blocks (a persistent grid sized to the GPU); with one block per row block it runs once.
+// RPW rows per warp (group of WPR warps) share each activation load: Q4_K weights are 4.5 bits
+// and int8 activations 8, so with one row the activation reads outweigh the weight reads.
+template <int B, int WPR, int U = Q4K_UNROLL, int L = 0, int RPW = 1>
 __device__ void gemv_q4k(const u8* __restrict__ W, long rows, long cols, Act x, float* __restrict__ y, long ldy) {
     constexpr int STEP = 4 * WPR;
-    __shared__ float red[WPR > 1 ? 4 : 1][B];
+    constexpr int RPB = 4 / WPR * RPW;
+    __shared__ float red[WPR > 1 ? 4 : 1][RPW * B];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nsb = (int)(cols >> 8);
-    const long row = (long)blockIdx.x * (4 / WPR) + warp / WPR;
-    const bool valid = row < rows;
+    const long nblk = (rows + RPB - 1) / RPB;
     const int j = lane & 7, c = j >> 1, h = j & 1;
     const int s_first = (warp % WPR) * 4 + (lane >> 3);
-    const u8* wh = W + ((valid ? row : 0) * nsb + s_first) * 144;
-    const u8* wq = wh + 16 + 16 * j;
     const int ga0 = s_first * 16 + 4 * c + h;
-    const i8* xq = x.q + ga0 * 16;
-    const float* xd = x.d + ga0;
-    const float* xs = x.s + ga0;
     const long xn = x.n, gn = x.n / 16;
     const int sh = 16 * (c & 1);
     const bool clo = c < 2;
-    float acc[B];
+    const long rstride = (long)nsb * 144;
+    bool waited = false;
+    for (long blk = blockIdx.x; blk < nblk; blk += gridDim.x) {
+        const long row = blk * RPB + (warp / WPR) * RPW;
+        const bool valid = row < rows;
+        const u8* wh = W + ((valid ? row : 0) * nsb + s_first) * 144;
+        const u8* wq = wh + 16 + 16 * j;
+        const i8* xq = x.q + ga0 * 16;
+        const float* xd = x.d + ga0;
+        const float* xs = x.s + ga0;
+        float acc[RPW][B];
 #pragma unroll
-    for (int b = 0; b < B; b++) acc[b] = 0.f;
-    for (int s0 = s_first; valid && s0 < nsb; s0 += STEP * U) {
-        uint4 hv[U], qv[U];
+        for (int r = 0; r < RPW; r++)
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            hv[u] = make_uint4(0, 0, 0, 0);
-            qv[u] = hv[u];
-            if (s0 + STEP * u < nsb) {
-                hv[u] = ld_stream<L>(wh + STEP * u * 144);
-                qv[u] = ld_stream<L>(wq + STEP * u * 144);
-            }
-        }
-        // Weights do not depend on the previous kernel: wait for it only after the first loads.
-        if (s0 == s_first) pdl_wait();
+            for (int b = 0; b < B; b++) acc[r][b] = 0.f;
+        for (int s0 = s_first; valid && s0 < nsb; s0 += STEP * U) {
+            uint4 hv[RPW][U], qv[RPW][U];
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            if (s0 + STEP * u < nsb) {
-                const uint4 hd = hv[u];
-                const float d = h2f(hd.x & 0xffff), dmin = h2f(hd.x >> 16);
-                // Scales and mins of sub-blocks 2c and 2c+1 as byte pairs (get_scale_min_k4).
-                const u32 Y = hd.y >> sh, Z = hd.z >> sh, Wd = hd.w >> sh;
-                const u32 aux0 = clo ? (Y & 0x3f3fu) : ((Wd & 0x0f0fu) | ((Y & 0xc0c0u) >> 2));
-                const u32 aux1 = clo ? (Z & 0x3f3fu) : (((Wd >> 4) & 0x0f0fu) | ((Z & 0xc0c0u) >> 2));
-                const int sc1 = aux0 & 0xff, sc2 = (aux0 >> 8) & 0xff;
-                const float m1 = (float)(aux1 & 0xff), m2 = (float)((aux1 >> 8) & 0xff);
-                const uint4 lo = and4(qv[u], 0x0F0F0F0Fu), hi = and4(shr4(qv[u], 4), 0x0F0F0F0Fu);
+            for (int r = 0; r < RPW; r++) {
 #pragma unroll
-                for (int b = 0; b < B; b++) {
-                    const i8* xp = xq + b * xn + STEP * u * 256;
-                    const int4 xa = *(const int4*)xp;
-                    const int4 xb = *(const int4*)(xp + 32);
-                    const long go = b * gn + STEP * u * 16;
-                    const int sa = dot16(lo, xa, 0) * sc1, sb = dot16(hi, xb, 0) * sc2;
-                    acc[b] += d * (xd[go] * (float)sa + xd[go + 2] * (float)sb) - dmin * (m1 * xs[go] + m2 * xs[go + 2]);
+                for (int u = 0; u < U; u++) {
+                    hv[r][u] = make_uint4(0, 0, 0, 0);
+                    qv[r][u] = hv[r][u];
+                    if (s0 + STEP * u < nsb && row + r < rows) {
+                        hv[r][u] = ld_stream<L>(wh + r * rstride + STEP * u * 144);
+                        qv[r][u] = ld_stream<L>(wq + r * rstride + STEP * u * 144);
+                    }
                 }
             }
-        }
-        wh += STEP * U * 144;
-        wq += STEP * U * 144;
-        xq += STEP * U * 256;
-        xd += STEP * U * 16;
-        xs += STEP * U * 16;
-    }
-    if constexpr (WPR == 1) {
+            // Weights do not depend on the previous kernel: wait for it only after the first loads.
+            if (!waited) {
+                pdl_wait();
+                waited = true;
+            }
 #pragma unroll
-        for (int b = 0; b < B; b++) {
-            const float v = warp_sum(acc[b]);
-            if (valid && lane == 0) y[b * ldy + row] = v;
-        }
-    } else {
+            for (int u = 0; u < U; u++) {
+                if (s0 + STEP * u < nsb) {
+                    int4 xa[B], xb[B];
+                    float d0[B], d2[B], s0v[B], s2v[B];
 #pragma unroll
-        for (int b = 0; b < B; b++) {
-            const float v = warp_sum(acc[b]);
-            if (lane == 0) red[warp][b] = v;
-        }
-        __syncthreads();
-        if (valid && warp % WPR == 0 && lane < B) {
-            float v = 0.f;
+                    for (int b = 0; b < B; b++) {
+                        const i8* xp = xq + b * xn + STEP * u * 256;
+                        xa[b] = *(const int4*)xp;
+                        xb[b] = *(const int4*)(xp + 32);
+                        const long go = b * gn + STEP * u * 16;
+                        d0[b] = xd[go];
+                        d2[b] = xd[go + 2];
+                        s0v[b] = xs[go];
+                        s2v[b] = xs[go + 2];
+                    }
 #pragma unroll
-            for (int k = 0; k < WPR; k++) v += red[warp + k][lane];
-            y[lane * ldy + row] = v;
+                    for (int r = 0; r < RPW; r++) {
+                        const uint4 hd = hv[r][u];
+                        const float d = h2f(hd.x & 0xffff), dmin = h2f(hd.x >> 16);
+                        // Scales and mins of sub-blocks 2c and 2c+1 as byte pairs (get_scale_min_k4).
+                        const u32 Y = hd.y >> sh, Z = hd.z >> sh, Wd = hd.w >> sh;
+                        const u32 aux0 = clo ? (Y & 0x3f3fu) : ((Wd & 0x0f0fu) | ((Y & 0xc0c0u) >> 2));
+                        const u32 aux1 = clo ? (Z & 0x3f3fu) : (((Wd >> 4) & 0x0f0fu) | ((Z & 0xc0c0u) >> 2));
+                        const int sc1 = aux0 & 0xff, sc2 = (aux0 >> 8) & 0xff;
+                        const float m1 = (float)(aux1 & 0xff), m2 = (float)((aux1 >> 8) & 0xff);
+                        const uint4 lo = and4(qv[r][u], 0x0F0F0F0Fu), hi = and4(shr4(qv[r][u], 4), 0x0F0F0F0Fu);
+#pragma unroll
+                        for (int b = 0; b < B; b++) {
+                            const int sa = dot16(lo, xa[b], 0) * sc1, sb = dot16(hi, xb[b], 0) * sc2;
+                            acc[r][b] += d * (d0[b] * (float)sa + d2[b] * (float)sb) - dmin * (m1 * s0v[b] + m2 * s2v[b]);
+                        }
+                    }
+                }
+            }
+            wh += STEP * U * 144;
+            wq += STEP * U * 144;
+            xq += STEP * U * 256;
+            xd += STEP * U * 16;
+            xs += STEP * U * 16;
+        }
+        if constexpr (WPR == 1) {
+#pragma unroll
+            for (int r = 0; r < RPW; r++)
+#pragma unroll
+                for (int b = 0; b < B; b++) {
+                    const float v = warp_sum(acc[r][b]);
+                    if (row + r < rows && lane == 0) y[b * ldy + row + r] = v;
+                }
+        } else {
+#pragma unroll
+            for (int r = 0; r < RPW; r++)
+#pragma unroll
+                for (int b = 0; b < B; b++) {
+                    const float v = warp_sum(acc[r][b]);
+                    if (lane == 0) red[warp][r * B + b] = v;
+                }
+            __syncthreads();
+            if (valid && warp % WPR == 0 && lane < RPW * B) {
+                const int r = lane / B, b = lane % B;
+                float v = 0.f;
+#pragma unroll
+                for (int k = 0; k < WPR; k++) v += red[warp + k][lane];
+                if (row + r < rows) y[b * ldy + row + r] = v;
+            }
+            __syncthreads();
         }
     }
 }
@@ -611,9 +647,29 @@ GEMV_ENTRIES(8)
         pdl_trigger();                                                                                      \
         gemv_q4k<B, WPR, U, L>(W, rows, cols, x, y, ldy);                                                   \
     }
+// Two rows per warp (the activations loaded once for both), load hint L2::256B.
+#define Q4K_CFG2(WPR, U, B)                                                                                 \
+    extern "C" __global__ void gemv_q4k_w##WPR##u##U##l1r2_b##B(                                            \
+        const u8* W, const u8* S, long rows, long cols, const i8* xq, const float* xd, const float* xs,      \
+        const float* xf, float* y, long ldy) {                                                              \
+        Act x = {xq, xd, xs, cols};                                                                         \
+        pdl_trigger();                                                                                      \
+        gemv_q4k<B, WPR, U, 1, 2>(W, rows, cols, x, y, ldy);                                                \
+    }
+// Four rows per warp, for the shapes whose loads still fit the registers.
+#define Q4K_CFG4(WPR, U, B)                                                                                 \
+    extern "C" __global__ void gemv_q4k_w##WPR##u##U##l1r4_b##B(                                            \
+        const u8* W, const u8* S, long rows, long cols, const i8* xq, const float* xd, const float* xs,      \
+        const float* xf, float* y, long ldy) {                                                              \
+        Act x = {xq, xd, xs, cols};                                                                         \
+        pdl_trigger();                                                                                      \
+        gemv_q4k<B, WPR, U, 1, 4>(W, rows, cols, x, y, ldy);                                                \
+    }
+#define Q4K_CFGS4(WPR, U) Q4K_CFG4(WPR, U, 1) Q4K_CFG4(WPR, U, 2) Q4K_CFG4(WPR, U, 3) Q4K_CFG4(WPR, U, 4)
 #define Q4K_CFGS(WPR, U)                                                                                    \
     Q4K_CFG(WPR, U, 0, 1) Q4K_CFG(WPR, U, 0, 2) Q4K_CFG(WPR, U, 0, 3) Q4K_CFG(WPR, U, 0, 4)                \
-    Q4K_CFG(WPR, U, 1, 1) Q4K_CFG(WPR, U, 1, 2) Q4K_CFG(WPR, U, 1, 3) Q4K_CFG(WPR, U, 1, 4)
+    Q4K_CFG(WPR, U, 1, 1) Q4K_CFG(WPR, U, 1, 2) Q4K_CFG(WPR, U, 1, 3) Q4K_CFG(WPR, U, 1, 4)                \
+    Q4K_CFG2(WPR, U, 1) Q4K_CFG2(WPR, U, 2) Q4K_CFG2(WPR, U, 3) Q4K_CFG2(WPR, U, 4)
 Q4K_CFGS(1, 1)
 Q4K_CFGS(1, 2)
 Q4K_CFGS(1, 3)
@@ -622,6 +678,27 @@ Q4K_CFGS(1, 7)
 Q4K_CFGS(2, 2)
 Q4K_CFGS(2, 4)
 Q4K_CFGS(4, 5)
+Q4K_CFGS4(1, 4)
+Q4K_CFGS4(2, 4)
+Q4K_CFGS4(4, 5)
+
+// Bandwidth probe (benchmarks only): reads [p, p + bytes) once with the GEMVs' streaming loads,
+// 8 per thread in flight; writes nothing unless the data hashes to a magic value.
+extern "C" __global__ void read_probe(const u8* p, long bytes, u32* sink) {
+    pdl_trigger();
+    pdl_wait();
+    const long n = bytes / 16;
+    const long nth = (long)gridDim.x * blockDim.x;
+    u32 acc = 0;
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += 8 * nth) {
+        uint4 v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) v[u] = i + u * nth < n ? ld_stream<1>(p + 16 * (i + u * nth)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int u = 0; u < 8; u++) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    if (acc == 0x9E3779B9u) sink[0] = acc;
+}
 
 // Quantize f32 activations [B][n] (n a multiple of 16) for the integer GEMV paths.
 extern "C" __global__ void quantize_act(const float* x, long n, long total_groups, i8* q, float* qd, float* qs) {
@@ -847,23 +924,37 @@ extern "C" __global__ void attn_decode(const float* q_f, const __half* kc, const
 extern "C" __global__ void attn_combine_gate(const float* part, int nq, int S, const int* pos, int window,
                                              const float* gate, long ldg, float* out_f, i8* q, float* qd, float* qs) {
     pdl_trigger();
-    pdl_wait();
     const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
     const float* pp = part + ((long)b * nq + h) * S * 130;
     const int p = pos[b];
     const int nk = p - (window > 0 ? max(0, p - window + 1) : 0) + 1;
-    S = min(S, (nk + 63) / 64);  // the splits attn_decode used
-    float M = -INFINITY;
-    for (int s = 0; s < S; s++) M = fmaxf(M, pp[s * 130 + 128]);
-    float L = 0.f, A = 0.f;
-    if (M != -INFINITY) {
-        for (int s = 0; s < S; s++) {
-            const float ms = pp[s * 130 + 128];
-            if (ms == -INFINITY) continue;
-            const float f = __expf(ms - M);
-            L += pp[s * 130 + 129] * f;
-            A += pp[s * 130 + d] * f;
-        }
+    S = min(S, (nk + 63) / 64);  // the splits the attention kernel used
+    pdl_wait();
+    // Thread s reads split s's max and sum (S <= 128 = blockDim.x); every thread then sums its
+    // dimension over the splits with eight loads in flight.
+    __shared__ float fw[128], red[4];
+    const int w = d >> 5, lane = d & 31;
+    const float ms = d < S ? pp[d * 130 + 128] : -INFINITY;
+    const float ls = d < S ? pp[d * 130 + 129] : 0.f;
+    const float mw = warp_max(ms);
+    if (lane == 0) red[w] = mw;
+    __syncthreads();
+    const float M = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+    const float f = (ms == -INFINITY || M == -INFINITY) ? 0.f : __expf(ms - M);
+    fw[d] = f;
+    const float lw = warp_sum(ls * f);
+    __syncthreads();
+    if (lane == 0) red[w] = lw;
+    __syncthreads();
+    const float L = red[0] + red[1] + red[2] + red[3];
+    float A = 0.f;
+    for (int s0 = 0; s0 < S; s0 += 8) {
+        float av[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) av[u] = s0 + u < S ? pp[(s0 + u) * 130 + d] : 0.f;
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            if (s0 + u < S) A += av[u] * fw[s0 + u];
     }
     const float gt = gate[(long)b * ldg + h * 128 + d];
     const float v = (L > 0.f ? A / L : 0.f) * (1.f / (1.f + __expf(-gt)));
@@ -974,16 +1065,22 @@ extern "C" __global__ void attn_decode_fused(const float* qkv, long ld, int nq, 
         }
     }
     const long stride = (long)nkv * 128;
-    // Four keys per warp per step, their loads issued together (the loop is latency-bound).
-    for (int j = k0 + w; j < k1; j += 16) {
-        uint2 kr[4], vr[4];
+    // Four keys per warp per step, their loads issued together, and the next step's loads
+    // issued before this step's arithmetic (the loop is latency-bound).
+    uint2 kr[4], vr[4];
+    auto load4 = [&](int j, uint2* kd, uint2* vd) {
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             const int jj = min(j + 4 * u, k1 - 1);
             const long jr = ring > 0 ? jj % ring : jj;
-            kr[u] = *(const uint2*)(kc + jr * stride + g * 128 + 4 * lane);
-            vr[u] = *(const uint2*)(vc + jr * stride + g * 128 + 4 * lane);
+            kd[u] = *(const uint2*)(kc + jr * stride + g * 128 + 4 * lane);
+            vd[u] = *(const uint2*)(vc + jr * stride + g * 128 + 4 * lane);
         }
+    };
+    if (k0 + w < k1) load4(k0 + w, kr, vr);
+    for (int j = k0 + w; j < k1; j += 16) {
+        uint2 kn[4], vn[4];
+        if (j + 16 < k1) load4(j + 16, kn, vn);
         float sv[4];
         float mx = m;
 #pragma unroll
@@ -1008,6 +1105,11 @@ extern "C" __global__ void attn_decode_fused(const float* qkv, long ld, int nq, 
             acc[3] += pe * vb.y;
         }
         m = mx;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            kr[u] = kn[u];
+            vr[u] = vn[u];
+        }
     }
     __shared__ float sm[4], sl[4], sa[4][128];
     __shared__ unsigned last;
@@ -1045,18 +1147,31 @@ extern "C" __global__ void attn_decode_fused(const float* qkv, long ld, int nq, 
         __syncthreads();
         if (!last) return;
         __threadfence();
-        M = -INFINITY;
-        for (int s2 = 0; s2 < used; s2++) M = fmaxf(M, __ldcg(base + s2 * 130 + 128));
-        L = 0.f;
+        // Merge: thread s reads split s's max and sum (used <= S <= 128 = blockDim.x), the
+        // block reduces them, then every thread sums its dimension over the splits with eight
+        // loads in flight.
+        __shared__ float fw[128], red[4];
+        const float ms = d < used ? __ldcg(base + d * 130 + 128) : -INFINITY;
+        const float ls = d < used ? __ldcg(base + d * 130 + 129) : 0.f;
+        float mw = warp_max(ms);
+        if (lane == 0) red[w] = mw;
+        __syncthreads();
+        M = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+        const float f = (ms == -INFINITY || M == -INFINITY) ? 0.f : __expf(ms - M);
+        fw[d] = f;
+        const float lw = warp_sum(ls * f);
+        __syncthreads();
+        if (lane == 0) red[w] = lw;
+        __syncthreads();
+        L = red[0] + red[1] + red[2] + red[3];
         A = 0.f;
-        if (M != -INFINITY) {
-            for (int s2 = 0; s2 < used; s2++) {
-                const float ms = __ldcg(base + s2 * 130 + 128);
-                if (ms == -INFINITY) continue;
-                const float f = __expf(ms - M);
-                L += __ldcg(base + s2 * 130 + 129) * f;
-                A += __ldcg(base + s2 * 130 + d) * f;
-            }
+        for (int s0 = 0; s0 < used; s0 += 8) {
+            float av[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) av[u] = s0 + u < used ? __ldcg(base + (s0 + u) * 130 + d) : 0.f;
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (s0 + u < used) A += av[u] * fw[s0 + u];
         }
     }
     const float gt = row[(long)(nq + 2 * nkv) * 128 + h * 128 + d];

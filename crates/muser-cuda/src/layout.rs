@@ -172,8 +172,38 @@ pub fn q4k_kernel(w: u32, u: u32, hint: u32, batch: usize) -> String {
     format!("gemv_q4k_w{w}u{u}l{hint}_b{batch}")
 }
 
+/// Name of a shaped Q4_K GEMV kernel that takes two rows per warp (load hint L2::256B).
+pub fn q4k_kernel_r2(w: u32, u: u32, batch: usize) -> String {
+    format!("gemv_q4k_w{w}u{u}l1r2_b{batch}")
+}
+
+/// Shapes instantiated with four rows per warp.
+pub const Q4K_R4_SHAPES: [(u32, u32); 3] = [(1, 4), (2, 4), (4, 5)];
+
+/// The four-rows-per-warp shape that covers a row of `nsb` super-blocks in the fewest passes,
+/// then with the fewest idle lanes.
+pub fn q4k_shape_r4(nsb: usize) -> (u32, u32) {
+    let mut best = Q4K_R4_SHAPES[0];
+    let mut best_key = (usize::MAX, usize::MAX);
+    for &(w, u) in &Q4K_R4_SHAPES {
+        let cover = 4 * (w * u) as usize;
+        let passes = nsb.div_ceil(cover).max(1);
+        let key = (passes, passes * cover - nsb);
+        if key < best_key {
+            best_key = key;
+            best = (w, u);
+        }
+    }
+    best
+}
+
+/// Name of a shaped Q4_K GEMV kernel that takes four rows per warp (load hint L2::256B).
+pub fn q4k_kernel_r4(w: u32, u: u32, batch: usize) -> String {
+    format!("gemv_q4k_w{w}u{u}l1r4_b{batch}")
+}
+
 /// Kernels other than the GEMVs.
-pub const OTHER_KERNELS: [&str; 12] = [
+pub const OTHER_KERNELS: [&str; 13] = [
     "dequant_bf16",
     "get_rows",
     "quantize_act",
@@ -186,6 +216,7 @@ pub const OTHER_KERNELS: [&str; 12] = [
     "gate_heads_bf16",
     "swiglu",
     "logits_argmax",
+    "read_probe",
 ];
 
 /// Every kernel the backend loads from kernels.cu.
@@ -204,7 +235,15 @@ pub fn kernel_names() -> Vec<String> {
             names.push(format!("gemv_{}_b{b}", t.kernel()));
         }
     }
+    for (w, u) in Q4K_R4_SHAPES {
+        for b in 1..=Q4K_SHAPE_MAX_BATCH {
+            names.push(q4k_kernel_r4(w, u, b));
+        }
+    }
     for (w, u) in Q4K_SHAPES {
+        for b in 1..=Q4K_SHAPE_MAX_BATCH {
+            names.push(q4k_kernel_r2(w, u, b));
+        }
         for hint in 0..2 {
             for b in 1..=Q4K_SHAPE_MAX_BATCH {
                 names.push(q4k_kernel(w, u, hint, b));
@@ -304,6 +343,14 @@ mod tests {
                 let (u, _) = r.split_once('l').unwrap_or_default();
                 src.contains(&format!("Q4K_CFGS({w}, {u})"))
             });
+            let r4 = name
+                .strip_suffix(|c: char| c.is_ascii_digit())
+                .is_some_and(|n| {
+                    n.strip_prefix("gemv_q4k_w")
+                        .and_then(|r| r.strip_suffix("l1r4_b"))
+                        .and_then(|r| r.split_once('u'))
+                        .is_some_and(|(w, u)| src.contains(&format!("Q4K_CFGS4({w}, {u})")))
+                });
             let gemv = name
                 .strip_prefix("gemv_")
                 .and_then(|r| r.rsplit_once("_b"))
@@ -313,7 +360,7 @@ mod tests {
                 })
                 .unwrap_or(false);
             assert!(
-                src.contains(&plain) || gemv || shaped,
+                src.contains(&plain) || gemv || shaped || r4,
                 "kernel {name} not found in kernels.cu"
             );
         }

@@ -220,6 +220,12 @@ pub struct Tuning {
     /// Diagnostics only (wrong results): a decode step runs its GEMVs and nothing between
     /// them, to time the matrix streaming alone.
     pub gemv_only: bool,
+    /// Diagnostics only (wrong results): a decode step runs only the attention kernels.
+    pub attn_only: bool,
+    /// Rows per warp of the shaped Q4_K GEMVs (1, 2 or 4; they share each activation load;
+    /// with 4 the shape is `layout::q4k_shape_r4`'s). 0: 2 (measured best for one sequence on
+    /// the H200; the same for every batch size keeps batched tokens equal to single ones).
+    pub rows_per_warp: u32,
 }
 
 impl Default for Tuning {
@@ -231,13 +237,16 @@ impl Default for Tuning {
             fused_attn: true,
             attn_splits: 32,
             gemv_only: false,
+            attn_only: false,
+            rows_per_warp: 0,
         }
     }
 }
 
 impl Tuning {
     /// Applies `key=value` pairs separated by commas: `q4k=legacy|tuned|W,U`, `l2=0|1`,
-    /// `pf=MB`, `fattn=0|1`, `splits=N`, `gemvonly=0|1`.
+    /// `pf=MB`, `fattn=0|1`, `splits=N`, `gemvonly=0|1`, `attnonly=0|1`,
+    /// `rpw=0|1|2|4`.
     pub fn parse(mut self, spec: &str) -> Result<Tuning> {
         let bad = || CudaError::Shape(format!("tuning '{spec}'"));
         for kv in spec.split([',', ' ']).filter(|s| !s.is_empty()) {
@@ -260,6 +269,8 @@ impl Tuning {
                 "pf" => self.prefetch_mb = v.parse().map_err(|_| bad())?,
                 "fattn" => self.fused_attn = v == "1",
                 "gemvonly" => self.gemv_only = v == "1",
+                "rpw" => self.rows_per_warp = v.parse::<u32>().map_err(|_| bad())?.min(4),
+                "attnonly" => self.attn_only = v == "1",
                 "splits" => self.attn_splits = v.parse::<u32>().map_err(|_| bad())?.clamp(1, 128),
                 _ => return Err(bad()),
             }
@@ -478,6 +489,16 @@ impl Gpu {
         self.sync()
     }
 
+    /// Copies `bytes` from device address `src` to `dst` on the stream (ordered with launches).
+    pub fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the caller passes ranges inside live allocations of at least `bytes`.
+        unsafe { drv::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }.map_err(drv_err)
+    }
+
     /// Copies device data at `src` into `dst` and waits.
     pub fn download<T: Copy>(&self, src: u64, dst: &mut [T]) -> Result<()> {
         self.bind()?;
@@ -593,6 +614,48 @@ impl Gpu {
                 k as i32,
                 x as *const c_void,
                 blas_sys::cudaDataType::CUDA_R_16BF,
+                k as i32,
+                &beta as *const f32 as *const c_void,
+                y as *mut c_void,
+                blas_sys::cudaDataType::CUDA_R_32F,
+                ldy as i32,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(blas_err)
+    }
+
+    /// `y[n][m] (row stride ldy) = x[n][k] · w[m][k]ᵀ` in f32 throughout (no TF32: the
+    /// per-op backend's exact mode reproduces the CPU's sums up to their order).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_f32(
+        &self,
+        y: u64,
+        ldy: usize,
+        x: u64,
+        w: u64,
+        n: usize,
+        m: usize,
+        k: usize,
+    ) -> Result<()> {
+        self.bind()?;
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // SAFETY: shapes come from the weights and activations sized for them.
+        unsafe {
+            blas::gemm_ex(
+                *self.blas.handle(),
+                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                m as i32,
+                n as i32,
+                k as i32,
+                &alpha as *const f32 as *const c_void,
+                w as *const c_void,
+                blas_sys::cudaDataType::CUDA_R_32F,
+                k as i32,
+                x as *const c_void,
+                blas_sys::cudaDataType::CUDA_R_32F,
                 k as i32,
                 &beta as *const f32 as *const c_void,
                 y as *mut c_void,

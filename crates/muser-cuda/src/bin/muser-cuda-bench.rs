@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use muser_cuda::glimmer::{CudaGlimmer, GpuOptions};
-use muser_cuda::runtime::{Gpu, Tuning};
+use muser_cuda::runtime::{Arg, Gpu, Tuning};
 use muser_cuda::weights::{quantize_act, DevWeight, QAct, WType};
 use muser_cuda::CudaError;
 use muser_gguf::{GgmlType, GgufFile};
@@ -239,6 +239,11 @@ fn cmd_check(json_out: Option<PathBuf>) -> Result<bool, CudaError> {
         "q4k=2x2",
         "q4k=2x4",
         "q4k=4x5",
+        "rpw=1",
+        "rpw=2",
+        "rpw=2,q4k=4x5",
+        "rpw=2,q4k=1x4",
+        "rpw=4",
     ] {
         println!("Q4_K GEMV shape {spec}:");
         gpu.set_tuning(base.parse(spec)?);
@@ -273,6 +278,8 @@ struct ModelArgs {
     slots: usize,
     /// Also load the model with full-length sliding-layer caches and compare with the rings.
     ring_check: bool,
+    /// Tokens of the prefill-vs-decode consistency prompt (more than 64 exercise split merges).
+    check_len: usize,
     tunes: Vec<(String, String)>,
 }
 
@@ -360,19 +367,25 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
         |n: usize| -> Vec<u32> { (0..n).map(|_| (rng.next() % vocab) as u32).collect() };
 
     // Consistency: the prefill path (bf16 GEMMs, cuBLAS attention) against token-by-token
-    // decode (int8 GEMVs, flash-decoding) on the same 48 tokens.
-    let prompt = tokens(48);
+    // decode (int8 GEMVs, flash-decoding) on the same `--check-len` tokens.
+    let prompt = tokens(a.check_len);
     let (lp, tp) = m.prefill(&prompt, 0)?;
     let base = m.gpu().tuning();
     let want: Vec<f64> = lp.iter().map(|&v| v as f64).collect();
     let mut ld = Vec::new();
     let mut td = 0;
     let mut unfused = json!(null);
-    for fused in [false, true] {
-        m.gpu().set_tuning(Tuning {
-            fused_attn: fused,
-            ..base
-        });
+    for (name, tune) in [
+        (
+            "three-kernel",
+            Tuning {
+                fused_attn: false,
+                ..base
+            },
+        ),
+        ("default", base),
+    ] {
+        m.gpu().set_tuning(tune);
         for (k, &tok) in prompt.iter().enumerate() {
             let (l, t) = m.decode(tok, k)?;
             ld = l;
@@ -380,10 +393,9 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
         }
         let e = rel_err(&ld, &want);
         println!(
-            "consistency ({} attention): prefill vs decode logits rel err {e:.2e}, argmax {tp} vs {td}",
-            if fused { "fused" } else { "three-kernel" }
+            "consistency ({name} attention): prefill vs decode logits rel err {e:.2e}, argmax {tp} vs {td}"
         );
-        if !fused {
+        if name == "three-kernel" {
             unfused = json!({"rel_err": e, "argmax_equal": tp == td});
         }
     }
@@ -705,6 +717,41 @@ fn cmd_gemv(tunes: Vec<(String, String)>, json_out: Option<PathBuf>) -> Result<b
         }
     }
     gpu.set_tuning(base);
+    // The same matrices read by a plain streaming kernel: what the GEMVs could reach.
+    let sink = gpu.alloc_zeroed(16)?;
+    for blocks_per_sm in [4u32, 8, 16] {
+        for (name, _rows, _cols, bytes, ws) in &mats {
+            let grid = blocks_per_sm * gpu.info().sm_count.max(1) as u32;
+            gpu.begin_capture()?;
+            let mut r = Ok(());
+            for w in ws {
+                r = r.and(gpu.launch(
+                    "read_probe",
+                    (grid, 1, 1),
+                    256,
+                    &[Arg::P(w.ptr()), Arg::L(*bytes as i64), Arg::P(sink.ptr())],
+                ));
+            }
+            let graph = gpu.end_capture();
+            r?;
+            let graph = graph?;
+            let sec = time_median(&gpu, 5, || {
+                graph
+                    .launch()
+                    .map_err(|e| CudaError::Driver(format!("{e:?}")))
+            })?;
+            let per = sec / ws.len() as f64;
+            let tbs = *bytes as f64 / per / 1e12;
+            println!(
+                "read-probe {blocks_per_sm:>2}/SM {name:<8} {:>7.1} us  {tbs:.2} TB/s",
+                per * 1e6
+            );
+            rows_json.push(
+                json!({"tune": format!("read-probe-{blocks_per_sm}"), "matrix": name,
+                "bytes": bytes, "us": per * 1e6, "tb_per_s": tbs}),
+            );
+        }
+    }
     if let Some(p) = json_out {
         let doc =
             json!({"kind": "cuda-gemv-bench", "device": gpu.info().name, "results": rows_json});
@@ -714,7 +761,7 @@ fn cmd_gemv(tunes: Vec<(String, String)>, json_out: Option<PathBuf>) -> Result<b
 }
 
 fn usage() -> ! {
-    eprintln!("usage: muser-cuda-bench check [--json OUT] | gemv [--tunes T] [--json OUT] | model MODEL.gguf [--n-ctx N] [--chunk N] [--pp 512,2048] [--tg 128] [--reps 3] [--json OUT] [--cpu-check] [--depth D] [--slots N] [--tunes 'name:spec;...']");
+    eprintln!("usage: muser-cuda-bench check [--json OUT] | gemv [--tunes T] [--json OUT] | model MODEL.gguf [--n-ctx N] [--chunk N] [--pp 512,2048] [--tg 128] [--reps 3] [--json OUT] [--cpu-check] [--depth D] [--slots N] [--check-len N] [--ring-check] [--tunes 'name:spec;...']");
     std::process::exit(2)
 }
 
@@ -753,6 +800,7 @@ fn main() {
                 depth: num("--depth", 0),
                 slots: num("--slots", 1),
                 ring_check: args.iter().any(|a| a == "--ring-check"),
+                check_len: num("--check-len", 48).max(1),
                 tunes,
             })
         }

@@ -32,11 +32,41 @@ pub fn load(path: &Path, device: Device, opts: &LoadOptions) -> anyhow::Result<M
     Ok(model)
 }
 
+/// Share of device memory the exact precision's f32 weights may take.
+#[cfg(feature = "cuda")]
+const EXACT_SHARE: f64 = 0.4;
+
+/// The CUDA backend's precision for a model of `n_weights` values on a device of `mem` bytes:
+/// exact (the CPU's numerics, f32 weights) when they fit in [`EXACT_SHARE`] of it, else fast
+/// (quantized weights on the device).
+#[cfg(feature = "cuda")]
+fn precision_for(n_weights: u64, mem: usize) -> muser_cuda::backend::Precision {
+    use muser_cuda::backend::Precision;
+    if (4 * n_weights) as f64 <= EXACT_SHARE * mem as f64 {
+        Precision::Exact
+    } else {
+        Precision::Fast
+    }
+}
+
 #[cfg(feature = "cuda")]
 fn load_cuda(path: &Path) -> anyhow::Result<Model> {
     use anyhow::Context;
-    let backend = muser_cuda::backend::CudaBackend::new(0).context("starting the CUDA backend")?;
-    Ok(Model::load_with(path, backend)?)
+    use muser_cuda::backend::CudaBackend;
+    let g =
+        muser_gguf::GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let n: u64 = g.tensors().iter().map(|t| t.n_elements()).sum();
+    let mut backend = CudaBackend::new(0).context("starting the CUDA backend")?;
+    let mem = backend.gpu().info().total_mem;
+    let precision = precision_for(n, mem);
+    backend.set_precision(precision)?;
+    eprintln!(
+        "CUDA backend: {} precision ({:.2} G weights, {:.0} GiB device memory)",
+        format!("{precision:?}").to_lowercase(),
+        n as f64 / 1e9,
+        mem as f64 / (1u64 << 30) as f64
+    );
+    Ok(Model::from_gguf_with(g, backend)?)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -45,6 +75,22 @@ fn load_cuda(_path: &Path) -> anyhow::Result<Model> {
         "--device cuda: this muser was built without CUDA support; rebuild it with \
          `cargo build --release -p muser-cli --features cuda`"
     )
+}
+
+#[cfg(all(test, feature = "cuda"))]
+mod cuda_tests {
+    use super::*;
+    use muser_cuda::backend::Precision;
+
+    #[test]
+    fn exact_precision_while_f32_weights_fit() {
+        let gib = 1usize << 30;
+        // SmolLM2 (135 M values) and a 1 B model on a 24 GiB card: exact.
+        assert_eq!(precision_for(135_000_000, 24 * gib), Precision::Exact);
+        assert_eq!(precision_for(1_000_000_000, 24 * gib), Precision::Exact);
+        // Muse Glimmer (27.85 G values) on an H200: 111 GB of f32 is too much.
+        assert_eq!(precision_for(27_854_794_240, 141 * gib), Precision::Fast);
+    }
 }
 
 #[cfg(all(test, not(feature = "cuda")))]

@@ -18,7 +18,7 @@ use muser_model::backend::AttnInput;
 use muser_model::{KvCache, ModelError};
 
 /// Kernels of `ops.cu`, loaded as a second module when a [`CudaBackend`] starts.
-pub const OPS_KERNELS: [&str; 12] = [
+pub const OPS_KERNELS: [&str; 13] = [
     "op_add",
     "op_add_row",
     "op_mul_sigmoid",
@@ -31,7 +31,97 @@ pub const OPS_KERNELS: [&str; 12] = [
     "op_rope",
     "op_kv_store",
     "op_attention",
+    "op_fakequant",
 ];
+
+/// How the per-op backend multiplies by a weight matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// The CPU engine's numerics: weights dequantized exactly once (f32 on the device) and
+    /// activations rounded as the CPU quantizes them for that weight type (Q8_K, Q8_0, Q8_1,
+    /// F16, BF16), then f32 products: logits agree with the CPU's up to summation order.
+    /// Needs 4 bytes per weight of device memory.
+    #[default]
+    Exact,
+    /// Weights in their quantized form; small batches through the int8 decode GEMVs (16-value
+    /// activation blocks), larger ones through bf16 cuBLAS. About 1e-2 from the CPU.
+    Fast,
+}
+
+/// The `op_fakequant` kind that rounds activations as the CPU does before multiplying by a
+/// weight of type `ty` (0: no rounding).
+pub fn fakequant_kind(ty: muser_gguf::GgmlType) -> i32 {
+    use muser_gguf::GgmlType as T;
+    match muser_quant::vec_dot_type(ty) {
+        T::F16 => 1,
+        T::BF16 => 2,
+        T::Q8_0 => 3,
+        T::Q8_1 => 4,
+        T::Q8_K => 5,
+        _ => 0,
+    }
+}
+
+/// What `op_fakequant` computes, on the host: `x` rounded in place as the CPU rounds
+/// activations (`kind` as for [`fakequant_kind`]). The kernel is this loop, one block per
+/// thread; the tests check it against muser-quant's quantizer and dequantizer.
+pub fn fakequant_reference(kind: i32, x: &mut [f32]) {
+    fakequant_reference_sums(kind, x, None)
+}
+
+/// [`fakequant_reference`], also giving each Q8_1 block's stored sum (`f16(d · Σq)`).
+pub fn fakequant_reference_sums(kind: i32, x: &mut [f32], mut sums: Option<&mut Vec<f32>>) {
+    use half::{bf16, f16};
+    match kind {
+        1 => x.iter_mut().for_each(|v| *v = f16::from_f32(*v).to_f32()),
+        2 => x.iter_mut().for_each(|v| *v = bf16::from_f32(*v).to_f32()),
+        3..=5 => {
+            for b in x.chunks_mut(fakequant_block(kind)) {
+                let (mut amax, mut maxv) = (0f32, 0f32);
+                for &v in b.iter() {
+                    if v.abs() > amax {
+                        amax = v.abs();
+                        maxv = v;
+                    }
+                }
+                if kind == 5 {
+                    if amax == 0.0 {
+                        b.fill(0.0);
+                        continue;
+                    }
+                    let iscale = -127.0 / maxv;
+                    let d = 1.0 / iscale;
+                    for v in b.iter_mut() {
+                        *v = d * ((iscale * *v).round_ties_even() as i32).min(127) as f32;
+                    }
+                } else {
+                    let d32 = amax / 127.0;
+                    let d = f16::from_f32(d32).to_f32();
+                    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+                    let mut sum = 0i32;
+                    for v in b.iter_mut() {
+                        let q = ((*v * id).round_ties_even() as i32).clamp(-128, 127);
+                        sum += q;
+                        *v = d * q as f32;
+                    }
+                    if let Some(s) = sums.as_deref_mut() {
+                        s.push(f16::from_f32(d32 * sum as f32).to_f32());
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Values per block of an `op_fakequant` kind.
+pub fn fakequant_block(kind: i32) -> usize {
+    match kind {
+        3 | 4 => 32,
+        5 => 256,
+        _ => 1,
+    }
+}
 
 /// Largest head size the attention kernel holds in registers (`OPS_ATT_PER_LANE` · 32).
 pub const MAX_HEAD_DIM: usize = 512;
@@ -48,6 +138,9 @@ pub struct AttnMeta {
     pub meta: Vec<i32>,
     /// Cell positions (-1 = empty) of every sequence in the batch, `n_kv` each.
     pub cpos: Vec<i32>,
+    /// Per token: how many query rows its sequence has in the batch (the CPU picks its
+    /// attention kernel, and so its rounding, by that).
+    pub seq_rows: Vec<i32>,
 }
 
 fn to_i32(v: usize, what: &str) -> Result<i32, ModelError> {
@@ -67,6 +160,7 @@ pub fn attn_meta(kv: &KvCache, at: &AttnInput) -> Result<AttnMeta, ModelError> {
     let mut dst_row = vec![0i32; n_tok];
     let mut meta = vec![0i32; 4 * n_tok];
     let mut cpos = Vec::new();
+    let mut seq_rows = vec![0i32; n_tok];
     if at.plan.n_kv.len() != at.groups.len()
         || at.plan.base_cell.len() != n_tok
         || at.plan.swa_cell.len() != n_tok
@@ -102,13 +196,47 @@ pub fn attn_meta(kv: &KvCache, at: &AttnInput) -> Result<AttnMeta, ModelError> {
             meta[n_tok + t] = to_i32(off, "cell offset")?;
             meta[2 * n_tok + t] = to_i32(n_kv, "cell count")?;
             meta[3 * n_tok + t] = to_i32(at.pos[t] as usize, "position")?;
+            seq_rows[t] = to_i32(idx.len(), "query rows")?;
         }
     }
     Ok(AttnMeta {
         dst_row,
         meta,
         cpos,
+        seq_rows,
     })
+}
+
+/// Q4_1 and Q5_1 (blocks of 32 with an f16 scale at byte 0 and an f16 min at byte 2),
+/// whose dot product with Q8_1 activations adds `min · s` per block, `s` the activation
+/// block's stored f16 sum: exact precision keeps the `d·q` part and the mins apart.
+pub fn has_mins(ty: muser_gguf::GgmlType) -> bool {
+    matches!(ty, muser_gguf::GgmlType::Q4_1 | muser_gguf::GgmlType::Q5_1)
+}
+
+/// For a weight with mins: every row's `d·q` values (the mins zeroed) as f32 bytes, and the
+/// mins `[n_out][n_in / 32]` as f32 bytes.
+pub fn split_mins(w: &muser_model::Weight) -> Result<(Vec<u8>, Vec<u8>), ModelError> {
+    let rb = w.row_bytes();
+    let nb = w.n_in / 32;
+    let bb = rb / nb.max(1);
+    let mut row = vec![0f32; w.n_in];
+    let mut scaled = Vec::with_capacity(4 * w.n_in * w.n_out);
+    let mut mins = Vec::with_capacity(4 * nb * w.n_out);
+    let mut raw = vec![0u8; rb];
+    for r in 0..w.n_out {
+        raw.copy_from_slice(&w.data[r * rb..(r + 1) * rb]);
+        for b in 0..nb {
+            let m = u16::from_le_bytes([raw[b * bb + 2], raw[b * bb + 3]]);
+            mins.extend(muser_quant::fp::f16_bits_to_f32(m).to_le_bytes());
+            raw[b * bb + 2] = 0;
+            raw[b * bb + 3] = 0;
+        }
+        muser_quant::dequantize_row(w.ty, &raw, &mut row)
+            .map_err(|e| ModelError::Quant(format!("{}: {e}", w.name)))?;
+        scaled.extend(row.iter().flat_map(|v| v.to_le_bytes()));
+    }
+    Ok((scaled, mins))
 }
 
 /// Blocks for a grid-stride kernel over `n` values with 256-thread blocks.
@@ -121,7 +249,7 @@ pub use dev::{CudaBackend, CudaKv, DevMat};
 
 #[cfg(feature = "cuda")]
 mod dev {
-    use super::{attn_meta, grid_1d, MAX_HEAD_DIM, OPS_KERNELS};
+    use super::{attn_meta, grid_1d, has_mins, split_mins, Precision, MAX_HEAD_DIM, OPS_KERNELS};
     use crate::runtime::{Arg, DevBuf, Gpu, MAX_GEMV_BATCH, OPS_CU};
     use crate::weights::{quantize_act, DevWeight, QAct, WType};
     use crate::CudaError;
@@ -258,8 +386,12 @@ mod dev {
     /// Muser's [`Backend`] on one CUDA device.
     pub struct CudaBackend {
         gpu: Arc<Gpu>,
+        precision: Precision,
         /// Weight matrices by (data address, length).
         weights: Mutex<HashMap<(usize, usize), Arc<DevWeight>>>,
+        /// Exact precision, weights with mins (Q4_1, Q5_1): the mins `[n_out][n_in / 32]` in
+        /// f32, by the weight's key (the matrix itself holds the `d·q` part).
+        mins: Mutex<HashMap<(usize, usize), Arc<DevBuf>>>,
         /// Norm weights and biases by (address, length).
         vecs: Mutex<HashMap<(usize, usize), Arc<DevVec>>>,
     }
@@ -282,13 +414,23 @@ mod dev {
     }
 
     impl CudaBackend {
-        /// Opens device `ordinal`, compiles (or loads from the cache) the kernels.
+        /// Opens device `ordinal`, compiles (or loads from the cache) the kernels; exact mode.
         pub fn new(ordinal: usize) -> std::result::Result<CudaBackend, CudaError> {
+            CudaBackend::with_precision(ordinal, Precision::Exact)
+        }
+
+        /// [`CudaBackend::new`] with a choice of [`Precision`].
+        pub fn with_precision(
+            ordinal: usize,
+            precision: Precision,
+        ) -> std::result::Result<CudaBackend, CudaError> {
             let mut gpu = Gpu::new(ordinal)?;
             gpu.load_module(OPS_CU, &OPS_KERNELS)?;
             Ok(CudaBackend {
                 gpu: Arc::new(gpu),
+                precision,
                 weights: Mutex::new(HashMap::new()),
+                mins: Mutex::new(HashMap::new()),
                 vecs: Mutex::new(HashMap::new()),
             })
         }
@@ -296,6 +438,23 @@ mod dev {
         /// The device.
         pub fn gpu(&self) -> &Gpu {
             &self.gpu
+        }
+
+        /// How matmuls are computed.
+        pub fn precision(&self) -> Precision {
+            self.precision
+        }
+
+        /// Changes the precision; only before the first weight is uploaded (the weights'
+        /// device form depends on it).
+        pub fn set_precision(&mut self, precision: Precision) -> Result<()> {
+            if precision != self.precision && self.weight_bytes() > 0 {
+                return Err(ModelError::Device(
+                    "the precision is fixed once weights are on the device".into(),
+                ));
+            }
+            self.precision = precision;
+            Ok(())
         }
 
         /// Bytes of weights uploaded so far.
@@ -325,11 +484,24 @@ mod dev {
                     w.ty.name()
                 )));
             }
-            let uploaded = match WType::from_ggml(w.ty.id())
+            let native = WType::from_ggml(w.ty.id())
                 .filter(|t| w.n_in.is_multiple_of(t.col_multiple()))
-            {
+                .filter(|_| self.precision == Precision::Fast);
+            let uploaded = match native {
                 Some(ty) => DevWeight::upload(&self.gpu, ty, w.n_in, &[w.data]),
-                // A type without a CUDA kernel: exact f32 rows from the host dequantizer.
+                // Exact mode with mins: the d·q part here, the mins beside it.
+                None if self.precision == Precision::Exact && has_mins(w.ty) => {
+                    let (scaled, mins) = split_mins(w)?;
+                    let buf = self.gpu.alloc(mins.len())?;
+                    self.gpu.upload(&buf, 0, &mins)?;
+                    self.mins
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(key, Arc::new(buf));
+                    DevWeight::upload(&self.gpu, WType::F32, w.n_in, &[&scaled])
+                }
+                // Exact mode, or a type without a CUDA kernel: exact f32 rows from the host
+                // dequantizer (the CPU's own).
                 None => {
                     let f = dequantize_all(w)?;
                     DevWeight::upload(&self.gpu, WType::F32, w.n_in, &[&f])
@@ -424,6 +596,79 @@ mod dev {
             quantize_act(&self.gpu, x.ptr(), k, n, qa)?;
             dw.gemv(&self.gpu, n, qa, 0, y.ptr(), dw.rows)?;
             // The scratch is freed on return; wait until the GEMV has read it.
+            self.gpu.sync()?;
+            Ok(())
+        }
+
+        /// Exact mode: `x` rounded as the CPU rounds activations for weights of type `ty`,
+        /// times the f32 weight `dw`.
+        fn matmul_exact(
+            &self,
+            ty: GgmlType,
+            dw: &DevWeight,
+            mins: Option<&DevBuf>,
+            x: &DevMat,
+            y: &DevMat,
+        ) -> Result<()> {
+            let (n, k, m) = (x.rows, x.cols, dw.rows);
+            if dw.ty != WType::F32 {
+                return Err(ModelError::Device("exact mode holds weights in f32".into()));
+            }
+            let kind = super::fakequant_kind(ty);
+            let qk = super::fakequant_block(kind);
+            if !k.is_multiple_of(qk) {
+                return Err(shape(format!(
+                    "{k} columns are not whole activation blocks of {qk}"
+                )));
+            }
+            let xr = self.alloc_mat(n, k)?;
+            self.gpu.copy(xr.ptr(), x.ptr(), 4 * n * k)?;
+            // Q8_1 activations: each block's stored sum, for the weight's mins.
+            let sums = match mins {
+                Some(_) if kind == 4 => Some(self.alloc_mat(n, k / 32)?),
+                Some(_) => {
+                    return Err(ModelError::Device(format!(
+                        "{ty:?}: mins without Q8_1 activations"
+                    )))
+                }
+                None => None,
+            };
+            if kind != 0 {
+                let work = if qk > 1 { n * (k / qk) } else { n * k };
+                self.gpu.launch(
+                    "op_fakequant",
+                    (grid_1d(work), 1, 1),
+                    256,
+                    &[
+                        Arg::P(xr.ptr()),
+                        Arg::L(n as i64),
+                        Arg::L(k as i64),
+                        Arg::I(kind),
+                        Arg::P(sums.as_ref().map_or(0, |s| s.ptr())),
+                    ],
+                )?;
+            }
+            if n <= MAX_GEMV_BATCH {
+                dw.gemv(
+                    &self.gpu,
+                    n,
+                    QAct { q: 0, d: 0, s: 0 },
+                    xr.ptr(),
+                    y.ptr(),
+                    dw.rows,
+                )?;
+            } else {
+                self.gpu.gemm_f32(y.ptr(), m, xr.ptr(), dw.ptr(), n, m, k)?;
+            }
+            if let (Some(mb), Some(sx)) = (mins, &sums) {
+                // y += sums · minsᵀ: the min of each weight block times the activation block's sum.
+                let ym = self.alloc_mat(n, m)?;
+                self.gpu
+                    .gemm_f32(ym.ptr(), m, sx.ptr(), mb.ptr(), n, m, k / 32)?;
+                self.each("op_add", n * m, &[Arg::P(y.ptr()), Arg::P(ym.ptr())])?;
+                self.gpu.sync()?;
+            }
+            // The rounded copy is freed on return; wait until the product has read it.
             self.gpu.sync()?;
             Ok(())
         }
@@ -526,6 +771,17 @@ mod dev {
             let dw = self.weight(w)?;
             let y = self.alloc_mat(x.rows, w.n_out)?;
             if x.rows == 0 {
+                return Ok(y);
+            }
+            if self.precision == Precision::Exact {
+                let key = (w.data.as_ptr() as usize, w.data.len());
+                let mins = self
+                    .mins
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&key)
+                    .cloned();
+                self.matmul_exact(w.ty, &dw, mins.as_deref(), x, &y)?;
                 return Ok(y);
             }
             if x.rows <= MAX_GEMV_BATCH {
@@ -742,6 +998,13 @@ mod dev {
             let dst = self.ints(&m.dst_row)?;
             let meta = self.ints(&m.meta)?;
             let cpos = self.ints(&m.cpos)?;
+            let seq_rows = self.ints(&m.seq_rows)?;
+            // Exact precision follows the CPU's attention rounding for short query runs.
+            let rows_ptr = if self.precision == Precision::Exact {
+                seq_rows.ptr()
+            } else {
+                0
+            };
             self.gpu.launch(
                 "op_kv_store",
                 (grid_1d(n_tok * row), 1, 1),
@@ -777,6 +1040,7 @@ mod dev {
                     Arg::I(hd as i32),
                     Arg::F(at.scale),
                     Arg::I(n_swa as i32),
+                    Arg::P(rows_ptr),
                 ],
             )?;
             self.gpu.sync()?;
@@ -832,7 +1096,156 @@ mod dev {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use muser_gguf::GgmlType;
     use muser_model::kv::KvPlan;
+
+    /// Exact precision's matmul, computed on the host the way the GPU does it (activations
+    /// rounded by `fakequant_reference`, weights dequantized by muser-quant, f32 sums), agrees
+    /// with the CPU backend's matmul for one row and for batches, in every weight type.
+    #[test]
+    fn exact_matmul_math_equals_the_cpu_backend() {
+        use muser_model::{Backend, CpuBackend, Weight};
+        let cpu = CpuBackend::new(1).unwrap();
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            ((state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32
+        };
+        let (n_in, n_out) = (512usize, 64usize);
+        for ty in [
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_1,
+            GgmlType::NVFP4,
+            GgmlType::F16,
+        ] {
+            let wf: Vec<f32> = (0..n_in * n_out).map(|_| next()).collect();
+            let rb = muser_quant::row_size(ty, n_in).unwrap();
+            let mut data = vec![0u8; rb * n_out];
+            for (src, dst) in wf.chunks(n_in).zip(data.chunks_mut(rb)) {
+                muser_quant::quantize_row(ty, src, dst).unwrap();
+            }
+            let w = Weight {
+                name: "w",
+                ty,
+                n_in,
+                n_out,
+                data: &data,
+            };
+            let f32s = |b: &[u8]| -> Vec<f32> {
+                b.chunks(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect()
+            };
+            // As the GPU holds it: f32 rows, and for Q4_1/Q5_1 the d·q part and the mins.
+            let (wd, mins) = if has_mins(ty) {
+                let (scaled, mins) = split_mins(&w).unwrap();
+                (f32s(&scaled), Some(f32s(&mins)))
+            } else {
+                let mut wd = vec![0f32; n_in * n_out];
+                for (src, dst) in data.chunks(rb).zip(wd.chunks_mut(n_in)) {
+                    muser_quant::dequantize_row(ty, src, dst).unwrap();
+                }
+                (wd, None)
+            };
+            for n in [1usize, 6, 64] {
+                let x: Vec<f32> = (0..n * n_in).map(|_| next() * 3.0).collect();
+                let want = cpu
+                    .download(
+                        &cpu.matmul(&w, &cpu.upload(n, n_in, x.clone()).unwrap())
+                            .unwrap(),
+                    )
+                    .unwrap();
+                let mut xr = x.clone();
+                let mut sums = Vec::new();
+                fakequant_reference_sums(fakequant_kind(ty), &mut xr, Some(&mut sums));
+                let nb = n_in / 32;
+                let mut worst = 0f64;
+                for t in 0..n {
+                    for o in 0..n_out {
+                        let mut got: f64 = (0..n_in)
+                            .map(|i| xr[t * n_in + i] as f64 * wd[o * n_in + i] as f64)
+                            .sum();
+                        if let Some(m) = &mins {
+                            got += (0..nb)
+                                .map(|b| m[o * nb + b] as f64 * sums[t * nb + b] as f64)
+                                .sum::<f64>();
+                        }
+                        let w = want[t * n_out + o] as f64;
+                        worst = worst.max((got - w).abs() / (1.0 + w.abs()));
+                    }
+                }
+                assert!(worst < 5e-5, "{ty:?} n {n}: worst {worst:.2e}");
+            }
+        }
+    }
+
+    /// Exact precision's activation rounding is the CPU's: quantized by muser-quant's
+    /// activation quantizer and dequantized, value for value, for every rounding kind.
+    #[test]
+    fn fakequant_equals_the_cpu_activation_quantizer() {
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            ((state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32
+        };
+        for (wt, kind) in [
+            (GgmlType::Q4_0, 3),
+            (GgmlType::NVFP4, 3),
+            (GgmlType::Q4_1, 4),
+            (GgmlType::Q4_K, 5),
+            (GgmlType::Q6_K, 5),
+            (GgmlType::F16, 1),
+            (GgmlType::BF16, 2),
+            (GgmlType::F32, 0),
+        ] {
+            assert_eq!(fakequant_kind(wt), kind, "{wt:?}");
+            for scale in [1e-3f32, 1.0, 37.5] {
+                let mut x: Vec<f32> = (0..1024).map(|_| next() * scale).collect();
+                // A block of zeros, a block with a repeated extreme, exact halves.
+                x[256..512].fill(0.0);
+                x[512] = -2.0 * scale;
+                x[513] = 2.0 * scale;
+                x[600] = 0.5;
+                let want: Vec<f32> = match kind {
+                    0 => x.clone(),
+                    1 | 2 => x
+                        .iter()
+                        .map(|&v| {
+                            if kind == 1 {
+                                half::f16::from_f32(v).to_f32()
+                            } else {
+                                half::bf16::from_f32(v).to_f32()
+                            }
+                        })
+                        .collect(),
+                    _ => {
+                        let vdt = muser_quant::vec_dot_type(wt);
+                        let bytes = muser_quant::row_size(vdt, x.len()).unwrap();
+                        let mut q = vec![0u8; bytes];
+                        muser_quant::quantize_activations(vdt, &x, &mut q).unwrap();
+                        let mut d = vec![0f32; x.len()];
+                        muser_quant::dequantize_row(vdt, &q, &mut d).unwrap();
+                        d
+                    }
+                };
+                let mut got = x.clone();
+                fakequant_reference(kind, &mut got);
+                assert_eq!(
+                    got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{wt:?} scale {scale}"
+                );
+            }
+        }
+    }
     use muser_model::{KvLayout, KvSnapshot, KvType, LayerKv};
 
     /// Seq 1 holds positions 0..3 of a two-layer cache (full, sliding); a fourth token at

@@ -159,9 +159,13 @@ extern "C" __global__ void op_kv_store(const float* k, const float* v, __half* k
 // Cell c is visible iff its position p satisfies 0 <= p <= qpos and, when n_swa > 0,
 // qpos - p < n_swa. Warps take cells in turn and merge at the end. GQA: head h reads KV head
 // h / (n_head / n_head_kv).
+// With `seq_rows` (exact precision) a token whose sequence has fewer than 64 query rows in the
+// batch takes the CPU's one-chunk numerics instead: one warp visits the cells in index order,
+// Q rounded to f16, the V accumulator kept in f16 (rounded after every scale and
+// multiply-add), the result scaled by 1/sum, as ggml's CPU flash attention does for such rows.
 extern "C" __global__ void op_attention(const float* q, const __half* kc, const __half* vc, float* out,
                                         const int* meta, const int* cpos, long n_tok, int n_head, int n_head_kv,
-                                        int hd, float scale, int n_swa) {
+                                        int hd, float scale, int n_swa, const int* seq_rows) {
     ops_wait();
     __shared__ float sm_m[OPS_ATT_WARPS], sm_l[OPS_ATT_WARPS];
     __shared__ float sm_acc[OPS_ATT_WARPS * 32 * OPS_ATT_PER_LANE];
@@ -172,6 +176,53 @@ extern "C" __global__ void op_attention(const float* q, const __half* kc, const 
     const long row = (long)n_head_kv * hd;
     const float* qh = q + (t * n_head + h) * (long)hd;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (seq_rows && seq_rows[t] < 64) {
+        if (warp != 0) return;
+        float qr[OPS_ATT_PER_LANE];
+        __half acc[OPS_ATT_PER_LANE];
+#pragma unroll
+        for (int i = 0; i < OPS_ATT_PER_LANE; i++) {
+            const int d = lane + 32 * i;
+            qr[i] = d < hd ? __half2float(__float2half_rn(qh[d])) : 0.f;
+            acc[i] = __float2half_rn(0.f);
+        }
+        float m = -INFINITY, l = 0.f;
+        for (int c = 0; c < n_kv; c++) {
+            const int p = cpos[cp_off + c];
+            if (p < 0 || p > qpos || (n_swa > 0 && qpos - p >= n_swa)) continue;
+            const __half* kr = kc + ((long)kv_base + c) * row + (long)hkv * hd;
+            const __half* vr = vc + ((long)kv_base + c) * row + (long)hkv * hd;
+            float s = 0.f;
+#pragma unroll
+            for (int i = 0; i < OPS_ATT_PER_LANE; i++) {
+                const int d = lane + 32 * i;
+                if (d < hd) s += qr[i] * __half2float(kr[d]);
+            }
+            s = ops_warp_sum(s) * scale;
+            float ms = 1.f, vs = 1.f;
+            if (s > m) {
+                ms = expf(m - s);
+                m = s;
+#pragma unroll
+                for (int i = 0; i < OPS_ATT_PER_LANE; i++) acc[i] = __float2half_rn(__half2float(acc[i]) * ms);
+            } else {
+                vs = expf(s - m);
+            }
+#pragma unroll
+            for (int i = 0; i < OPS_ATT_PER_LANE; i++) {
+                const int d = lane + 32 * i;
+                if (d < hd) acc[i] = __float2half_rn(__fmaf_rn(__half2float(vr[d]), vs, __half2float(acc[i])));
+            }
+            l = l * ms + vs;
+        }
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+        for (int i = 0; i < OPS_ATT_PER_LANE; i++) {
+            const int d = lane + 32 * i;
+            if (d < hd) out[(t * n_head + h) * (long)hd + d] = __half2float(acc[i]) * inv;
+        }
+        return;
+    }
 
     float qr[OPS_ATT_PER_LANE], acc[OPS_ATT_PER_LANE];
 #pragma unroll
@@ -225,5 +276,56 @@ extern "C" __global__ void op_attention(const float* q, const __half* kc, const 
         for (int w = 0; w < OPS_ATT_WARPS; w++)
             if (sm_l[w] > 0.f) o += sm_acc[w * hd + d] * expf(sm_m[w] - big);
         out[(t * n_head + h) * (long)hd + d] = total > 0.f ? o / total : 0.f;
+    }
+}
+
+// The CPU engine's activation rounding before a matmul, in place (exact mode): each row of
+// x [rows][cols] becomes the values the CPU's quantized activations stand for, so that a
+// float product with the exactly dequantized weights gives the CPU's sums up to their order.
+// kind: 1 F16, 2 BF16 (round to nearest even), 3 Q8_0 and 4 Q8_1 (ggml's AVX quantizer:
+// d = amax/127 kept as f16, q = round-half-even(x·127/amax)), 5 Q8_K (the reference quantizer:
+// iscale = -127/max of the first largest magnitude, q = nearest_int(iscale·x) ≤ 127, d =
+// 1/iscale as f32). One thread per block of 32 (256 for Q8_K) values; cols a multiple of it.
+// With `sums` (kind 4), each block's stored sum f16(d·Σq) goes to sums [rows][cols / 32]: the
+// Q4_1/Q5_1 dot product multiplies it by the weight block's min.
+extern "C" __global__ void op_fakequant(float* x, long rows, long cols, int kind, float* sums) {
+    ops_wait();
+    if (kind == 1 || kind == 2) {
+        OPS_EACH(i, rows * cols) {
+            x[i] = kind == 1 ? __half2float(__float2half_rn(x[i])) : __bfloat162float(__float2bfloat16_rn(x[i]));
+        }
+        return;
+    }
+    const long qk = kind == 5 ? 256 : 32;
+    OPS_EACH(blk, rows * (cols / qk)) {
+        float* v = x + blk * qk;
+        float amax = 0.f, maxv = 0.f;
+        for (int l = 0; l < qk; l++) {
+            const float a = fabsf(v[l]);
+            if (a > amax) {
+                amax = a;
+                maxv = v[l];
+            }
+        }
+        if (kind == 5) {
+            if (amax == 0.f) {
+                for (int l = 0; l < qk; l++) v[l] = 0.f;
+                continue;
+            }
+            const float iscale = -127.f / maxv;
+            const float d = 1.f / iscale;
+            for (int l = 0; l < qk; l++) v[l] = d * (float)min(__float2int_rn(iscale * v[l]), 127);
+        } else {
+            const float d32 = amax / 127.f;
+            const float d = __half2float(__float2half_rn(d32));
+            const float id = amax != 0.f ? 127.f / amax : 0.f;
+            int sum = 0;
+            for (int l = 0; l < qk; l++) {
+                const int q = max(-128, min(127, __float2int_rn(v[l] * id)));
+                sum += q;
+                v[l] = d * (float)q;
+            }
+            if (sums) sums[blk] = __half2float(__float2half_rn(d32 * (float)sum));
+        }
     }
 }

@@ -3,12 +3,17 @@
 //!
 //!   muser-backend-check [MODEL.gguf ...] [--synth DIR] [--types q4_k,q8_0,...]
 //!                       [--prompt TEXT] [--prompt-len N] [--tokens N] [--chunk N]
-//!                       [--n-ctx N] [--json OUT]
+//!                       [--n-ctx N] [--cpu-threads N] [--json OUT]
+//!
+//! The CPU side runs on `--cpu-threads` threads (default 1): ggml's CPU attention splits a
+//! decode row's cells between threads once there are 512 of them, and with one thread that
+//! split is the single ordered pass the exact precision follows.
 //!
 //! For every model (the files given, plus with `--synth DIR` small synthetic muse-glimmer
-//! files written there: one per weight type, one of the `tiny-array` geometry, and both
-//! geometries in F32 run through the f32 GEMV path only), loads it on the CPU and on CUDA and
-//! checks:
+//! files written there: one per weight type and one of the `tiny-array` geometry), loads it on
+//! the CPU and on CUDA and checks, for the CUDA backend's exact precision (the CPU's activation
+//! rounding, f32 products; the files given and every synthetic type) and its fast precision
+//! (quantized weights, int8 GEMVs and bf16 GEMMs; synthetic types with a CUDA layout):
 //! - `logits`: last-position logits after the prompt (prefill in `--chunk`-token batches,
 //!   through the bf16 GEMM path; relative error = max|a-b| / max|a|);
 //! - `greedy`: `--tokens` greedy tokens decoded by each (GEMV path), counted while equal;
@@ -20,29 +25,37 @@
 //!
 //! Prompts: the model's tokenizer encodes `--prompt`; models without one (synthetic) get
 //! `--prompt-len` fixed pseudo-random tokens (long enough by default to wrap the sliding-window
-//! ring). A model passes when every relative error is below its bound ([`REL_MAX`], or
-//! [`REL_MAX_EXACT`] for the F32 runs). Prints one line per model, writes a JSON receipt with
-//! `--json`, exits 1 on a failure.
+//! ring). A model passes when every relative error is below its bound: with float weights in
+//! exact precision [`REL_MAX_EXACT`] and every greedy token equal, with quantized weights
+//! [`REL_MAX`] (the floor any reordering of the CPU's own sums reaches on these random models),
+//! in fast precision [`REL_MAX_FAST`]. Prints one line
+//! per model, writes a JSON receipt with `--json`, exits 1 on a failure.
 //! Any error (CUDA, model, I/O) is reported for its model, never a panic.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use muser_cuda::backend::CudaBackend;
+use muser_cuda::backend::{CudaBackend, Precision};
 use muser_model::synth::{presets::preset, random_tokens, Plan, WeightType};
 use muser_model::{Batch, KvSnapshot, KvType, LoadOptions, Model};
 use serde_json::{json, Value};
 
 type Error = Box<dyn std::error::Error>;
 
-/// Largest relative error (max-abs) that passes for quantized weights: the int8 (decode GEMV)
-/// and bf16 (prefill GEMM) activation roundings put tiny random models at 2e-2 to 6e-2
-/// against the CPU, whose own activation quantization differs. A coarse bound; the F32 runs
-/// below are the precise check of everything but those roundings.
-const REL_MAX: f64 = 1e-1;
+/// Largest relative error (max-abs) that passes with quantized weights. Any two orders of the
+/// same f32 sums put these random tiny models about 1e-2 to 3e-2 apart: a last-bit difference
+/// moves an activation across an int8 rounding boundary now and then, and the random weights
+/// amplify it. `tests/exact_emulation.rs` measures that floor on the host (the CPU backend
+/// against itself with only the matmul's summation order changed); both precisions land on it.
+const REL_MAX: f64 = 5e-2;
 
-/// The same bound where both sides compute in f32 (F32 weights, GEMV path only): what is
-/// left is the f16 KV cache and the CPU's f16 attention accumulation.
+/// The bound in fast precision, whose int8 activations in 16-value blocks (not the CPU's
+/// Q8_K/Q8_0/Q8_1) and bf16 prefill GEMMs add their own rounding to that floor.
+const REL_MAX_FAST: f64 = 1e-1;
+
+/// The bound with float weights (F32, F16) in exact precision, where no int8 rounding
+/// amplifies: what is left is the order of f32 sums, the GPU's own norm/RoPE/softmax
+/// arithmetic and the f16 KV cache. Every greedy token must also agree.
 const REL_MAX_EXACT: f64 = 5e-3;
 
 /// A model to check, with the prefill batch size and bound for it.
@@ -50,7 +63,20 @@ struct Target {
     label: String,
     path: PathBuf,
     chunk: usize,
-    rel_max: f64,
+    precision: Precision,
+    /// Float weights (F32, F16): no activation quantization on either side, so exact
+    /// precision stays within [`REL_MAX_EXACT`] over whole runs.
+    float_weights: bool,
+}
+
+impl Target {
+    fn rel_max(&self) -> f64 {
+        match self.precision {
+            Precision::Exact if self.float_weights => REL_MAX_EXACT,
+            Precision::Exact => REL_MAX,
+            Precision::Fast => REL_MAX_FAST,
+        }
+    }
 }
 
 struct Args {
@@ -59,6 +85,7 @@ struct Args {
     prompt_len: usize,
     tokens: usize,
     n_ctx: usize,
+    cpu_threads: usize,
 }
 
 /// ‖a-b‖ / ‖a‖ (infinite when any value is not finite or the lengths differ).
@@ -159,10 +186,15 @@ fn prefill(
 }
 
 fn check_model(t: &Target, a: &Args) -> Result<(Value, bool), Error> {
-    let (path, chunk, rel_max) = (&t.path, t.chunk, t.rel_max);
-    let cpu = Model::load(path, &LoadOptions::default())?;
+    let (path, chunk, rel_max) = (&t.path, t.chunk, t.rel_max());
+    let cpu = Model::load(
+        path,
+        &LoadOptions {
+            threads: a.cpu_threads,
+        },
+    )?;
     let s = Instant::now();
-    let gpu = Model::load_with(path, CudaBackend::new(0)?)?;
+    let gpu = Model::load_with(path, CudaBackend::with_precision(0, t.precision)?)?;
     let load_s = s.elapsed().as_secs_f64();
     let p = prompt(&cpu, a)?;
     let n = p.len();
@@ -243,9 +275,13 @@ fn check_model(t: &Target, a: &Args) -> Result<(Value, bool), Error> {
     let (mc, mg) = (cpu.forward(&mut kc, &b)?, gpu.forward(&mut kg, &b)?);
     let mixed_err = rel_err(&mc.logits, &mg.logits);
 
-    let pass = [logits_err, step_err, kv_rel, import_err, mixed_err]
-        .iter()
-        .all(|&e| e < rel_max);
+    // Exact precision with float weights: whole runs agree, every greedy token. Otherwise
+    // the quantized-weight floor (see REL_MAX).
+    let all_tokens = !(t.precision == Precision::Exact && t.float_weights) || same == a.tokens;
+    let pass = all_tokens
+        && [logits_err, step_err, kv_rel, import_err, mixed_err]
+            .iter()
+            .all(|&e| e < rel_max);
     let v = json!({
         "prompt_tokens": n, "n_ctx": a.n_ctx, "chunk": chunk,
         "load_s": load_s, "prefill_cpu_s": cpu_s, "prefill_gpu_s": gpu_s,
@@ -253,38 +289,48 @@ fn check_model(t: &Target, a: &Args) -> Result<(Value, bool), Error> {
         "greedy_tokens": a.tokens, "greedy_same": same, "decode_max_rel_err": step_err,
         "kv_max_abs_diff": kv_abs, "kv_max_abs": kv_max, "kv_rel": kv_rel,
         "import_rel_err": import_err, "mixed_rel_err": mixed_err,
+        "precision": format!("{:?}", t.precision).to_lowercase(),
         "rel_max": rel_max, "pass": pass,
     });
     Ok((v, pass))
 }
 
 /// Writes the small synthetic models into `dir` (kept when already there): the `tiny`
-/// geometry in each of `types` and `tiny-array` in Q4_K, prefilled in `chunk`-token batches;
-/// then both geometries in F32 prefilled 8 tokens at a time, where both backends compute in
-/// f32 and the bound is [`REL_MAX_EXACT`].
+/// geometry in each of `types` and `tiny-array` in Q4_K, prefilled in `chunk`-token batches,
+/// each checked in exact precision, and in fast precision where the type has a CUDA layout.
 fn synth_models(dir: &Path, types: &str, chunk: usize) -> Result<Vec<Target>, Error> {
     std::fs::create_dir_all(dir)?;
     let mut out = Vec::new();
-    let mut want: Vec<(&str, &str, usize, f64)> = types
+    let mut want: Vec<(&str, &str)> = types
         .split(',')
         .filter(|t| !t.is_empty())
-        .map(|t| ("tiny", t, chunk, REL_MAX))
+        .map(|t| ("tiny", t))
         .collect();
-    want.push(("tiny-array", "q4_k", chunk, REL_MAX));
-    want.push(("tiny", "f32", 8, REL_MAX_EXACT));
-    want.push(("tiny-array", "f32", 8, REL_MAX_EXACT));
-    for (geom, ty, chunk, rel_max) in want {
+    want.push(("tiny-array", "q4_k"));
+    for (geom, ty) in want {
         let wt = WeightType::from_name(ty)?;
         let path = dir.join(format!("synth-{geom}-{}.gguf", wt.name()));
         if !path.is_file() {
             Plan::new(preset(geom)?, wt, 7, None).write_file(&path, &mut |_| {})?;
         }
-        out.push(Target {
-            label: format!("{geom} {} chunk {chunk}", wt.name()),
-            path,
-            chunk,
-            rel_max,
-        });
+        let native = !matches!(ty, "f32" | "q4_0");
+        let float_weights = matches!(ty, "f32" | "f16");
+        for precision in [Precision::Exact, Precision::Fast] {
+            if precision == Precision::Fast && !native {
+                continue;
+            }
+            out.push(Target {
+                label: format!(
+                    "{geom} {} chunk {chunk} {}",
+                    wt.name(),
+                    format!("{precision:?}").to_lowercase()
+                ),
+                path: path.clone(),
+                chunk,
+                precision,
+                float_weights,
+            });
+        }
     }
     Ok(out)
 }
@@ -292,7 +338,8 @@ fn synth_models(dir: &Path, types: &str, chunk: usize) -> Result<Vec<Target>, Er
 fn usage() -> ! {
     eprintln!(
         "usage: muser-backend-check [MODEL.gguf ...] [--synth DIR] [--types q4_k,q8_0,...] \
-         [--prompt TEXT] [--prompt-len N] [--tokens N] [--chunk N] [--n-ctx N] [--json OUT]"
+         [--prompt TEXT] [--prompt-len N] [--tokens N] [--chunk N] [--n-ctx N] [--cpu-threads N] \
+         [--json OUT]"
     );
     std::process::exit(2)
 }
@@ -306,7 +353,7 @@ fn main() {
         let arg = argv[i].as_str();
         match arg {
             "--synth" | "--types" | "--prompt" | "--prompt-len" | "--tokens" | "--chunk"
-            | "--n-ctx" | "--json" => {
+            | "--n-ctx" | "--json" | "--cpu-threads" => {
                 let v = argv.get(i + 1).cloned().unwrap_or_else(|| usage());
                 opts.insert(arg, v);
                 i += 2;
@@ -329,14 +376,15 @@ fn main() {
             label: m.clone(),
             path: PathBuf::from(m),
             chunk,
-            rel_max: REL_MAX,
+            precision: Precision::Exact,
+            float_weights: false,
         })
         .collect();
     if let Some(dir) = opts.get("--synth") {
         let types = opts
             .get("--types")
             .cloned()
-            .unwrap_or_else(|| "q4_k,q4_k_m,q6_k,q8_0,nvfp4,f16,q4_0".into());
+            .unwrap_or_else(|| "q4_k,q4_k_m,q6_k,q8_0,nvfp4,f16,q4_0,f32".into());
         match synth_models(Path::new(dir), &types, chunk) {
             Ok(m) => models.extend(m),
             Err(e) => {
@@ -354,8 +402,9 @@ fn main() {
             "The history of the printing press begins in the fifteenth century, when".into()
         }),
         prompt_len: num("--prompt-len", 300).max(1),
-        tokens: num("--tokens", 32).max(1),
+        tokens: num("--tokens", 128).max(1),
         n_ctx: num("--n-ctx", 512),
+        cpu_threads: num("--cpu-threads", 1),
     };
     let device = muser_cuda::probe().unwrap_or_else(|e| format!("no device: {e}"));
     println!("device: {device}");

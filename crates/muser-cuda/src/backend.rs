@@ -250,7 +250,7 @@ pub use dev::{CudaBackend, CudaKv, DevMat};
 #[cfg(feature = "cuda")]
 mod dev {
     use super::{attn_meta, grid_1d, has_mins, split_mins, Precision, MAX_HEAD_DIM, OPS_KERNELS};
-    use crate::runtime::{Arg, DevBuf, Gpu, MAX_GEMV_BATCH, OPS_CU};
+    use crate::runtime::{Arg, DevBuf, GemmIn, Gpu, MAX_GEMV_BATCH, OPS_CU};
     use crate::weights::{quantize_act, DevWeight, QAct, WType};
     use crate::CudaError;
     use muser_gguf::GgmlType;
@@ -658,13 +658,14 @@ mod dev {
                     dw.rows,
                 )?;
             } else {
-                self.gpu.gemm_f32(y.ptr(), m, xr.ptr(), dw.ptr(), n, m, k)?;
+                self.gpu
+                    .gemm(y.ptr(), m, xr.ptr(), dw.ptr(), (n, m, k), GemmIn::F32)?;
             }
             if let (Some(mb), Some(sx)) = (mins, &sums) {
                 // y += sums · minsᵀ: the min of each weight block times the activation block's sum.
                 let ym = self.alloc_mat(n, m)?;
                 self.gpu
-                    .gemm_f32(ym.ptr(), m, sx.ptr(), mb.ptr(), n, m, k / 32)?;
+                    .gemm(ym.ptr(), m, sx.ptr(), mb.ptr(), (n, m, k / 32), GemmIn::F32)?;
                 self.each("op_add", n * m, &[Arg::P(y.ptr()), Arg::P(ym.ptr())])?;
                 self.gpu.sync()?;
             }

@@ -9,62 +9,8 @@
 // Activations for the integer GEMV paths are quantized per 16 values:
 //   xq int8 [B][n], xd f32 [B][n/16] (scale), xs f32 [B][n/16] (scale * sum of quants).
 
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-
-typedef unsigned char u8;
-typedef signed char i8;
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef unsigned long long u64;
-typedef __nv_bfloat16 bf16;
-
-#define FULL 0xffffffffu
-#ifndef INFINITY
-#define INFINITY __int_as_float(0x7f800000)
-#endif
-
-// Programmatic dependent launch (sm_90+): a kernel lets the next one start early
-// (launch_dependents) and waits for the previous one before touching its results (wait).
-// Both are no-ops when the launch did not ask for it.
-__device__ __forceinline__ void pdl_trigger() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_wait() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
-    return v;
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
-    return v;
-}
-
-// Sum over the block (blockDim.x a multiple of 32, at most 1024). `sh` holds 33 floats.
-__device__ float block_sum(float v, float* sh) {
-    v = warp_sum(v);
-    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-    __syncthreads();
-    if (l == 0) sh[w] = v;
-    __syncthreads();
-    if (w == 0) {
-        float t = l < (int)(blockDim.x >> 5) ? sh[l] : 0.f;
-        t = warp_sum(t);
-        if (l == 0) sh[32] = t;
-    }
-    __syncthreads();
-    return sh[32];
-}
+// The shared prelude (common.cuh: types, warp and block sums, programmatic-launch waits) is
+// prepended by runtime.rs.
 
 __device__ __forceinline__ float h2f(u16 bits) { return __half2float(__ushort_as_half(bits)); }
 
@@ -639,32 +585,18 @@ GEMV_ENTRIES(8)
 // Q4_K GEMV with an explicit shape: WPR warps per row (4 / WPR rows per 128-thread block), U
 // super-blocks of loads in flight per lane group, L the load hint. The host picks the shape
 // that covers a row in one pass (weights.rs). Instantiated for batches 1-4.
-#define Q4K_CFG(WPR, U, L, B)                                                                               \
-    extern "C" __global__ void gemv_q4k_w##WPR##u##U##l##L##_b##B(                                          \
-        const u8* W, const u8* S, long rows, long cols, const i8* xq, const float* xd, const float* xs,      \
-        const float* xf, float* y, long ldy) {                                                              \
+#define Q4K_ENTRY(NAME, WPR, U, L, RPW, B)                                                                  \
+    extern "C" __global__ void NAME(const u8* W, const u8* S, long rows, long cols, const i8* xq,          \
+                                    const float* xd, const float* xs, const float* xf, float* y, long ldy) { \
         Act x = {xq, xd, xs, cols};                                                                         \
         pdl_trigger();                                                                                      \
-        gemv_q4k<B, WPR, U, L>(W, rows, cols, x, y, ldy);                                                   \
+        gemv_q4k<B, WPR, U, L, RPW>(W, rows, cols, x, y, ldy);                                              \
     }
-// Two rows per warp (the activations loaded once for both), load hint L2::256B.
-#define Q4K_CFG2(WPR, U, B)                                                                                 \
-    extern "C" __global__ void gemv_q4k_w##WPR##u##U##l1r2_b##B(                                            \
-        const u8* W, const u8* S, long rows, long cols, const i8* xq, const float* xd, const float* xs,      \
-        const float* xf, float* y, long ldy) {                                                              \
-        Act x = {xq, xd, xs, cols};                                                                         \
-        pdl_trigger();                                                                                      \
-        gemv_q4k<B, WPR, U, 1, 2>(W, rows, cols, x, y, ldy);                                                \
-    }
-// Four rows per warp, for the shapes whose loads still fit the registers.
-#define Q4K_CFG4(WPR, U, B)                                                                                 \
-    extern "C" __global__ void gemv_q4k_w##WPR##u##U##l1r4_b##B(                                            \
-        const u8* W, const u8* S, long rows, long cols, const i8* xq, const float* xd, const float* xs,      \
-        const float* xf, float* y, long ldy) {                                                              \
-        Act x = {xq, xd, xs, cols};                                                                         \
-        pdl_trigger();                                                                                      \
-        gemv_q4k<B, WPR, U, 1, 4>(W, rows, cols, x, y, ldy);                                                \
-    }
+#define Q4K_CFG(WPR, U, L, B) Q4K_ENTRY(gemv_q4k_w##WPR##u##U##l##L##_b##B, WPR, U, L, 1, B)
+// Two and four rows per warp (the activations loaded once for all of them), hint L2::256B;
+// four only for the shapes whose loads still fit the registers.
+#define Q4K_CFG2(WPR, U, B) Q4K_ENTRY(gemv_q4k_w##WPR##u##U##l1r2_b##B, WPR, U, 1, 2, B)
+#define Q4K_CFG4(WPR, U, B) Q4K_ENTRY(gemv_q4k_w##WPR##u##U##l1r4_b##B, WPR, U, 1, 4, B)
 #define Q4K_CFGS4(WPR, U) Q4K_CFG4(WPR, U, 1) Q4K_CFG4(WPR, U, 2) Q4K_CFG4(WPR, U, 3) Q4K_CFG4(WPR, U, 4)
 #define Q4K_CFGS(WPR, U)                                                                                    \
     Q4K_CFG(WPR, U, 0, 1) Q4K_CFG(WPR, U, 0, 2) Q4K_CFG(WPR, U, 0, 3) Q4K_CFG(WPR, U, 0, 4)                \
@@ -919,6 +851,37 @@ extern "C" __global__ void attn_decode(const float* q_f, const __half* kc, const
     if (d == 0) { o[128] = M; o[129] = L; }
 }
 
+// Merges `used` flash-decoding splits of one (sequence, head) at `base` ([split][130]: acc[128],
+// max, sum), for a 128-thread block, thread d owning dimension d: thread s reads split s's max
+// and sum (used <= 128), the block reduces them, then each thread sums its dimension over the
+// splits with eight loads in flight. Every thread of the block must call it.
+__device__ void merge_splits(const float* base, int used, int d, float& M, float& L, float& A) {
+    __shared__ float fw[128], red[4];
+    const int w = d >> 5, lane = d & 31;
+    const float ms = d < used ? __ldcg(base + d * 130 + 128) : -INFINITY;
+    const float ls = d < used ? __ldcg(base + d * 130 + 129) : 0.f;
+    const float mw = warp_max(ms);
+    if (lane == 0) red[w] = mw;
+    __syncthreads();
+    M = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+    const float f = (ms == -INFINITY || M == -INFINITY) ? 0.f : __expf(ms - M);
+    fw[d] = f;
+    const float lw = warp_sum(ls * f);
+    __syncthreads();
+    if (lane == 0) red[w] = lw;
+    __syncthreads();
+    L = red[0] + red[1] + red[2] + red[3];
+    A = 0.f;
+    for (int s0 = 0; s0 < used; s0 += 8) {
+        float av[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) av[u] = s0 + u < used ? __ldcg(base + (s0 + u) * 130 + d) : 0.f;
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            if (s0 + u < used) A += av[u] * fw[s0 + u];
+    }
+}
+
 // Merge the splits, apply the sigmoid gate, write f32 (out_f [B][nq*128]) and/or quantized.
 // grid (nq, B), block 128. gate rows [B][ldg].
 extern "C" __global__ void attn_combine_gate(const float* part, int nq, int S, const int* pos, int window,
@@ -930,32 +893,8 @@ extern "C" __global__ void attn_combine_gate(const float* part, int nq, int S, c
     const int nk = p - (window > 0 ? max(0, p - window + 1) : 0) + 1;
     S = min(S, (nk + 63) / 64);  // the splits the attention kernel used
     pdl_wait();
-    // Thread s reads split s's max and sum (S <= 128 = blockDim.x); every thread then sums its
-    // dimension over the splits with eight loads in flight.
-    __shared__ float fw[128], red[4];
-    const int w = d >> 5, lane = d & 31;
-    const float ms = d < S ? pp[d * 130 + 128] : -INFINITY;
-    const float ls = d < S ? pp[d * 130 + 129] : 0.f;
-    const float mw = warp_max(ms);
-    if (lane == 0) red[w] = mw;
-    __syncthreads();
-    const float M = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
-    const float f = (ms == -INFINITY || M == -INFINITY) ? 0.f : __expf(ms - M);
-    fw[d] = f;
-    const float lw = warp_sum(ls * f);
-    __syncthreads();
-    if (lane == 0) red[w] = lw;
-    __syncthreads();
-    const float L = red[0] + red[1] + red[2] + red[3];
-    float A = 0.f;
-    for (int s0 = 0; s0 < S; s0 += 8) {
-        float av[8];
-#pragma unroll
-        for (int u = 0; u < 8; u++) av[u] = s0 + u < S ? pp[(s0 + u) * 130 + d] : 0.f;
-#pragma unroll
-        for (int u = 0; u < 8; u++)
-            if (s0 + u < S) A += av[u] * fw[s0 + u];
-    }
+    float M, L, A;
+    merge_splits(pp, S, d, M, L, A);
     const float gt = gate[(long)b * ldg + h * 128 + d];
     const float v = (L > 0.f ? A / L : 0.f) * (1.f / (1.f + __expf(-gt)));
     const long n = (long)nq * 128;
@@ -1147,32 +1086,7 @@ extern "C" __global__ void attn_decode_fused(const float* qkv, long ld, int nq, 
         __syncthreads();
         if (!last) return;
         __threadfence();
-        // Merge: thread s reads split s's max and sum (used <= S <= 128 = blockDim.x), the
-        // block reduces them, then every thread sums its dimension over the splits with eight
-        // loads in flight.
-        __shared__ float fw[128], red[4];
-        const float ms = d < used ? __ldcg(base + d * 130 + 128) : -INFINITY;
-        const float ls = d < used ? __ldcg(base + d * 130 + 129) : 0.f;
-        float mw = warp_max(ms);
-        if (lane == 0) red[w] = mw;
-        __syncthreads();
-        M = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
-        const float f = (ms == -INFINITY || M == -INFINITY) ? 0.f : __expf(ms - M);
-        fw[d] = f;
-        const float lw = warp_sum(ls * f);
-        __syncthreads();
-        if (lane == 0) red[w] = lw;
-        __syncthreads();
-        L = red[0] + red[1] + red[2] + red[3];
-        A = 0.f;
-        for (int s0 = 0; s0 < used; s0 += 8) {
-            float av[8];
-#pragma unroll
-            for (int u = 0; u < 8; u++) av[u] = s0 + u < used ? __ldcg(base + (s0 + u) * 130 + d) : 0.f;
-#pragma unroll
-            for (int u = 0; u < 8; u++)
-                if (s0 + u < used) A += av[u] * fw[s0 + u];
-        }
+        merge_splits(base, used, d, M, L, A);
     }
     const float gt = row[(long)(nq + 2 * nkv) * 128 + h * 128 + d];
     const float v = (L > 0.f ? A / L : 0.f) * (1.f / (1.f + __expf(-gt)));

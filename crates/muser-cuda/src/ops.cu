@@ -1,69 +1,31 @@
 // Kernels of the per-op CUDA backend (backend.rs): one kernel per `Backend` op, f32 math,
 // written for correctness over speed (the fused fast path is glimmer.rs with kernels.cu).
-// Compiled by NVRTC as a module of its own, so nothing here is shared with kernels.cu.
+// Compiled by NVRTC as a module of its own; only the prelude (common.cuh) is shared with kernels.cu.
 //
 // Activations are row-major f32 [rows][cols]. The KV cache of a layer is f16
 // [n_seq][cells][n_head_kv * head_dim], rows head-major, as muser-model's HostKv.
-
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-
-#define OPS_FULL 0xffffffffu
-#ifndef INFINITY
-#define INFINITY __int_as_float(0x7f800000)
-#endif
-
-// Every launch may be a programmatic dependent launch (runtime.rs): wait for the previous
-// kernel before reading its results. A no-op otherwise.
-__device__ __forceinline__ void ops_wait() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
 
 // Grid-stride loop over [0, n).
 #define OPS_EACH(i, n) \
     for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (long)gridDim.x * blockDim.x)
 
-__device__ __forceinline__ float ops_warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(OPS_FULL, v, o);
-    return v;
-}
-
-// Sum over the block (blockDim.x a multiple of 32). `sh` holds 33 floats.
-__device__ float ops_block_sum(float v, float* sh) {
-    v = ops_warp_sum(v);
-    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-    __syncthreads();
-    if (l == 0) sh[w] = v;
-    __syncthreads();
-    if (w == 0) {
-        float t = l < (int)(blockDim.x >> 5) ? sh[l] : 0.f;
-        t = ops_warp_sum(t);
-        if (l == 0) sh[32] = t;
-    }
-    __syncthreads();
-    return sh[32];
-}
-
 extern "C" __global__ void op_add(float* x, const float* y, long n) {
-    ops_wait();
+    pdl_wait();
     OPS_EACH(i, n) x[i] += y[i];
 }
 
 extern "C" __global__ void op_add_row(float* x, const float* b, long n, long cols) {
-    ops_wait();
+    pdl_wait();
     OPS_EACH(i, n) x[i] += b[i % cols];
 }
 
 extern "C" __global__ void op_mul_sigmoid(float* x, const float* g, long n) {
-    ops_wait();
+    pdl_wait();
     OPS_EACH(i, n) x[i] *= 1.f / (1.f + expf(-g[i]));
 }
 
 extern "C" __global__ void op_swiglu(float* g, const float* u, long n) {
-    ops_wait();
+    pdl_wait();
     OPS_EACH(i, n) {
         const float a = g[i];
         g[i] = a / (1.f + expf(-a)) * u[i];
@@ -71,24 +33,24 @@ extern "C" __global__ void op_swiglu(float* g, const float* u, long n) {
 }
 
 extern "C" __global__ void op_scale(float* x, float s, long n) {
-    ops_wait();
+    pdl_wait();
     OPS_EACH(i, n) x[i] *= s;
 }
 
 extern "C" __global__ void op_softcap(float* x, float cap, long n) {
-    ops_wait();
+    pdl_wait();
     const float inv = 1.f / cap;
     OPS_EACH(i, n) x[i] = tanhf(x[i] * inv) * cap;
 }
 
 extern "C" __global__ void op_to_bf16(const float* x, __nv_bfloat16* y, long n) {
-    ops_wait();
+    pdl_wait();
     OPS_EACH(i, n) y[i] = __float2bfloat16(x[i]);
 }
 
 // y[r] = x[rows[r]] for n = n_rows * cols values.
 extern "C" __global__ void op_select_rows(const float* x, float* y, const int* rows, long cols, long n) {
-    ops_wait();
+    pdl_wait();
     OPS_EACH(i, n) {
         const long r = i / cols, c = i - r * cols;
         y[i] = x[(long)rows[r] * cols + c];
@@ -97,7 +59,7 @@ extern "C" __global__ void op_select_rows(const float* x, float* y, const int* r
 
 // One block per `group`-wide slice: y = x / sqrt(mean(x^2) + eps) (* w). x may equal y.
 extern "C" __global__ void op_rms_norm(const float* x, float* y, const float* w, int group, float eps) {
-    ops_wait();
+    pdl_wait();
     __shared__ float sh[33];
     const long g = blockIdx.x;
     const float* xr = x + g * group;
@@ -107,7 +69,7 @@ extern "C" __global__ void op_rms_norm(const float* x, float* y, const float* w,
         const float v = xr[i];
         ss += v * v;
     }
-    ss = ops_block_sum(ss, sh);
+    ss = block_sum(ss, sh);
     const float sc = 1.f / sqrtf(ss / (float)group + eps);
     for (int i = threadIdx.x; i < group; i += blockDim.x) {
         const float v = xr[i] * sc;
@@ -120,7 +82,7 @@ extern "C" __global__ void op_rms_norm(const float* x, float* y, const float* w,
 // (j, j + n_rot/2). Values past n_rot are left alone.
 extern "C" __global__ void op_rope(float* x, long rows, int cols, int head_dim, int n_rot, const int* pos,
                                    float theta_scale, int neox) {
-    ops_wait();
+    pdl_wait();
     const int n_head = cols / head_dim, half = n_rot / 2;
     const long total = rows * n_head * half;
     OPS_EACH(i, total) {
@@ -141,7 +103,7 @@ extern "C" __global__ void op_rope(float* x, long rows, int cols, int head_dim, 
 // K and V of n_tok tokens (f32 [n_tok][row]) rounded to f16 into cache rows dst_row[t].
 extern "C" __global__ void op_kv_store(const float* k, const float* v, __half* kc, __half* vc, const int* dst_row,
                                        int row, long n_tok) {
-    ops_wait();
+    pdl_wait();
     OPS_EACH(i, n_tok * row) {
         const long t = i / row, e = i - t * row;
         const long d = (long)dst_row[t] * row + e;
@@ -159,6 +121,23 @@ extern "C" __global__ void op_kv_store(const float* k, const float* v, __half* k
 // Cell c is visible iff its position p satisfies 0 <= p <= qpos and, when n_swa > 0,
 // qpos - p < n_swa. Warps take cells in turn and merge at the end. GQA: head h reads KV head
 // h / (n_head / n_head_kv).
+// Whether a cell at position p (-1: empty) is visible to a query at qpos: causal, and within
+// the sliding window when n_swa > 0.
+__device__ __forceinline__ bool att_visible(int p, int qpos, int n_swa) {
+    return p >= 0 && p <= qpos && (n_swa == 0 || qpos - p < n_swa);
+}
+
+// q·k over the warp (lane holds dims lane + 32i of q in qr), unscaled.
+__device__ __forceinline__ float att_score(const float* qr, const __half* kr, int hd, int lane) {
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < OPS_ATT_PER_LANE; i++) {
+        const int d = lane + 32 * i;
+        if (d < hd) s += qr[i] * __half2float(kr[d]);
+    }
+    return warp_sum(s);
+}
+
 // With `seq_rows` (exact precision) a token whose sequence has fewer than 64 query rows in the
 // batch takes the CPU's one-chunk numerics instead: one warp visits the cells in index order,
 // Q rounded to f16, the V accumulator kept in f16 (rounded after every scale and
@@ -166,7 +145,7 @@ extern "C" __global__ void op_kv_store(const float* k, const float* v, __half* k
 extern "C" __global__ void op_attention(const float* q, const __half* kc, const __half* vc, float* out,
                                         const int* meta, const int* cpos, long n_tok, int n_head, int n_head_kv,
                                         int hd, float scale, int n_swa, const int* seq_rows) {
-    ops_wait();
+    pdl_wait();
     __shared__ float sm_m[OPS_ATT_WARPS], sm_l[OPS_ATT_WARPS];
     __shared__ float sm_acc[OPS_ATT_WARPS * 32 * OPS_ATT_PER_LANE];
     const long t = blockIdx.y;
@@ -188,17 +167,10 @@ extern "C" __global__ void op_attention(const float* q, const __half* kc, const 
         }
         float m = -INFINITY, l = 0.f;
         for (int c = 0; c < n_kv; c++) {
-            const int p = cpos[cp_off + c];
-            if (p < 0 || p > qpos || (n_swa > 0 && qpos - p >= n_swa)) continue;
-            const __half* kr = kc + ((long)kv_base + c) * row + (long)hkv * hd;
-            const __half* vr = vc + ((long)kv_base + c) * row + (long)hkv * hd;
-            float s = 0.f;
-#pragma unroll
-            for (int i = 0; i < OPS_ATT_PER_LANE; i++) {
-                const int d = lane + 32 * i;
-                if (d < hd) s += qr[i] * __half2float(kr[d]);
-            }
-            s = ops_warp_sum(s) * scale;
+            if (!att_visible(cpos[cp_off + c], qpos, n_swa)) continue;
+            const long off = ((long)kv_base + c) * row + (long)hkv * hd;
+            const __half* vr = vc + off;
+            const float s = att_score(qr, kc + off, hd, lane) * scale;
             float ms = 1.f, vs = 1.f;
             if (s > m) {
                 ms = expf(m - s);
@@ -233,17 +205,10 @@ extern "C" __global__ void op_attention(const float* q, const __half* kc, const 
     }
     float m = -INFINITY, l = 0.f;
     for (int c = warp; c < n_kv; c += OPS_ATT_WARPS) {
-        const int p = cpos[cp_off + c];
-        if (p < 0 || p > qpos || (n_swa > 0 && qpos - p >= n_swa)) continue;
-        const __half* kr = kc + ((long)kv_base + c) * row + (long)hkv * hd;
-        const __half* vr = vc + ((long)kv_base + c) * row + (long)hkv * hd;
-        float s = 0.f;
-#pragma unroll
-        for (int i = 0; i < OPS_ATT_PER_LANE; i++) {
-            const int d = lane + 32 * i;
-            if (d < hd) s += qr[i] * __half2float(kr[d]);
-        }
-        s = ops_warp_sum(s) * scale;
+        if (!att_visible(cpos[cp_off + c], qpos, n_swa)) continue;
+        const long off = ((long)kv_base + c) * row + (long)hkv * hd;
+        const __half* vr = vc + off;
+        const float s = att_score(qr, kc + off, hd, lane) * scale;
         const float mn = fmaxf(m, s);
         const float corr = expf(m - mn);
         const float pw = expf(s - mn);
@@ -289,7 +254,7 @@ extern "C" __global__ void op_attention(const float* q, const __half* kc, const 
 // With `sums` (kind 4), each block's stored sum f16(d·Σq) goes to sums [rows][cols / 32]: the
 // Q4_1/Q5_1 dot product multiplies it by the weight block's min.
 extern "C" __global__ void op_fakequant(float* x, long rows, long cols, int kind, float* sums) {
-    ops_wait();
+    pdl_wait();
     if (kind == 1 || kind == 2) {
         OPS_EACH(i, rows * cols) {
             x[i] = kind == 1 ? __half2float(__float2half_rn(x[i])) : __bfloat162float(__float2bfloat16_rn(x[i]));

@@ -123,8 +123,13 @@ pub fn compile_kernels(arch: &str) -> Result<String> {
     compile_source(KERNELS_CU, arch)
 }
 
-/// [`compile_kernels`] for any kernel source.
+/// The prelude every module starts with (types, warp and block sums, programmatic-launch waits).
+pub const COMMON_CUH: &str = include_str!("common.cuh");
+
+/// [`compile_kernels`] for any kernel source (compiled after [`COMMON_CUH`]).
 pub fn compile_source(src: &str, arch: &str) -> Result<String> {
+    let full = format!("{COMMON_CUH}\n{src}");
+    let src = full.as_str();
     // SAFETY: probing the library only.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Err(CudaError::LibraryMissing {
@@ -277,6 +282,13 @@ impl Tuning {
         }
         Ok(self)
     }
+}
+
+/// Element type of a GEMM's inputs ([`Gpu::gemm`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmIn {
+    Bf16,
+    F32,
 }
 
 /// One kernel argument.
@@ -598,50 +610,28 @@ impl Gpu {
         m: usize,
         k: usize,
     ) -> Result<()> {
-        let (alpha, beta) = (1.0f32, 0.0f32);
-        // SAFETY: shapes come from the weights and scratch buffers sized for them.
-        unsafe {
-            blas::gemm_ex(
-                *self.blas.handle(),
-                blas_sys::cublasOperation_t::CUBLAS_OP_T,
-                blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                m as i32,
-                n as i32,
-                k as i32,
-                &alpha as *const f32 as *const c_void,
-                w as *const c_void,
-                blas_sys::cudaDataType::CUDA_R_16BF,
-                k as i32,
-                x as *const c_void,
-                blas_sys::cudaDataType::CUDA_R_16BF,
-                k as i32,
-                &beta as *const f32 as *const c_void,
-                y as *mut c_void,
-                blas_sys::cudaDataType::CUDA_R_32F,
-                ldy as i32,
-                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        }
-        .map_err(blas_err)
+        self.gemm(y, ldy, x, w, (n, m, k), GemmIn::Bf16)
     }
 
-    /// `y[n][m] (row stride ldy) = x[n][k] · w[m][k]ᵀ` in f32 throughout (no TF32: the
-    /// per-op backend's exact mode reproduces the CPU's sums up to their order).
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemm_f32(
+    /// Row-major `y[n][m] (f32) = x[n][k] · w[m][k]^T` with `x` and `w` both `ty`, f32
+    /// accumulation (no TF32: with `GemmIn::F32` the products are the f32 ones the per-op
+    /// backend's exact precision needs).
+    pub fn gemm(
         &self,
         y: u64,
         ldy: usize,
         x: u64,
         w: u64,
-        n: usize,
-        m: usize,
-        k: usize,
+        (n, m, k): (usize, usize, usize),
+        ty: GemmIn,
     ) -> Result<()> {
+        let ty = match ty {
+            GemmIn::Bf16 => blas_sys::cudaDataType::CUDA_R_16BF,
+            GemmIn::F32 => blas_sys::cudaDataType::CUDA_R_32F,
+        };
         self.bind()?;
         let (alpha, beta) = (1.0f32, 0.0f32);
-        // SAFETY: shapes come from the weights and activations sized for them.
+        // SAFETY: shapes come from the weights and buffers sized for them.
         unsafe {
             blas::gemm_ex(
                 *self.blas.handle(),
@@ -652,10 +642,10 @@ impl Gpu {
                 k as i32,
                 &alpha as *const f32 as *const c_void,
                 w as *const c_void,
-                blas_sys::cudaDataType::CUDA_R_32F,
+                ty,
                 k as i32,
                 x as *const c_void,
-                blas_sys::cudaDataType::CUDA_R_32F,
+                ty,
                 k as i32,
                 &beta as *const f32 as *const c_void,
                 y as *mut c_void,

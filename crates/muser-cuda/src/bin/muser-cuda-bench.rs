@@ -311,6 +311,26 @@ fn time_median(
     Ok(median(v))
 }
 
+/// Seconds per matrix of `launch` run once on each of `ws` (captured as one graph, median of
+/// 5 replays): copies of one matrix, so the timing streams from memory rather than L2.
+fn time_per_matrix(
+    gpu: &Gpu,
+    ws: &[DevWeight],
+    mut launch: impl FnMut(&DevWeight) -> Result<(), CudaError>,
+) -> Result<f64, CudaError> {
+    gpu.begin_capture()?;
+    let r = ws.iter().try_for_each(&mut launch);
+    let graph = gpu.end_capture();
+    r?;
+    let graph = graph?;
+    let sec = time_median(gpu, 5, || {
+        graph
+            .launch()
+            .map_err(|e| CudaError::Driver(format!("{e:?}")))
+    })?;
+    Ok(sec / ws.len().max(1) as f64)
+}
+
 /// Logits of the last prompt token from the CPU backend (the numerics reference).
 fn cpu_logits(path: &std::path::Path, prompt: &[u32]) -> Result<Vec<f32>, CudaError> {
     use muser_model::{Batch, KvType, LoadOptions, Model};
@@ -690,20 +710,9 @@ fn cmd_gemv(tunes: Vec<(String, String)>, json_out: Option<PathBuf>) -> Result<b
         gpu.set_tuning(tu);
         for batch in [1usize, 4] {
             for (name, _rows, _cols, bytes, ws) in &mats {
-                gpu.begin_capture()?;
-                let mut r = Ok(());
-                for w in ws {
-                    r = r.and(w.gemv(&gpu, batch, qa, xd.ptr(), y.ptr(), w.rows));
-                }
-                let graph = gpu.end_capture();
-                r?;
-                let graph = graph?;
-                let sec = time_median(&gpu, 5, || {
-                    graph
-                        .launch()
-                        .map_err(|e| CudaError::Driver(format!("{e:?}")))
+                let per = time_per_matrix(&gpu, ws, |w| {
+                    w.gemv(&gpu, batch, qa, xd.ptr(), y.ptr(), w.rows)
                 })?;
-                let per = sec / ws.len() as f64;
                 let tbs = *bytes as f64 / per / 1e12;
                 println!(
                     "gemv {tname:<10} B={batch} {name:<8} {:>7.1} us  {tbs:.2} TB/s",
@@ -722,25 +731,14 @@ fn cmd_gemv(tunes: Vec<(String, String)>, json_out: Option<PathBuf>) -> Result<b
     for blocks_per_sm in [4u32, 8, 16] {
         for (name, _rows, _cols, bytes, ws) in &mats {
             let grid = blocks_per_sm * gpu.info().sm_count.max(1) as u32;
-            gpu.begin_capture()?;
-            let mut r = Ok(());
-            for w in ws {
-                r = r.and(gpu.launch(
+            let per = time_per_matrix(&gpu, ws, |w| {
+                gpu.launch(
                     "read_probe",
                     (grid, 1, 1),
                     256,
                     &[Arg::P(w.ptr()), Arg::L(*bytes as i64), Arg::P(sink.ptr())],
-                ));
-            }
-            let graph = gpu.end_capture();
-            r?;
-            let graph = graph?;
-            let sec = time_median(&gpu, 5, || {
-                graph
-                    .launch()
-                    .map_err(|e| CudaError::Driver(format!("{e:?}")))
+                )
             })?;
-            let per = sec / ws.len() as f64;
             let tbs = *bytes as f64 / per / 1e12;
             println!(
                 "read-probe {blocks_per_sm:>2}/SM {name:<8} {:>7.1} us  {tbs:.2} TB/s",

@@ -256,6 +256,40 @@ pub fn kernel_names() -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Both modules compile with NVRTC for sm_90 and hold every kernel the Rust side loads.
+    /// Needs NVRTC and the CUDA headers, no GPU: `scripts/cuda-compile-check.sh` sets them up
+    /// and `MUSER_NVRTC_CHECK=1`; without it the test says so and passes.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn kernels_compile_with_nvrtc() {
+        use crate::runtime::{compile_source, KERNELS_CU, OPS_CU};
+        if std::env::var_os("MUSER_NVRTC_CHECK").is_none() {
+            eprintln!("not compiled: run scripts/cuda-compile-check.sh");
+            return;
+        }
+        let ops: Vec<String> = crate::backend::OPS_KERNELS
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        for (src, names) in [(KERNELS_CU, kernel_names()), (OPS_CU, ops)] {
+            let ptx = match compile_source(src, "sm_90") {
+                Ok(p) => p,
+                Err(e) => panic!("{e}"),
+            };
+            for n in &names {
+                assert!(
+                    ptx.contains(&format!(".entry {n}(")),
+                    "kernel {n} missing from the PTX"
+                );
+            }
+            eprintln!(
+                "{} kernels compiled ({} bytes of PTX)",
+                names.len(),
+                ptx.len()
+            );
+        }
+    }
     use muser_gguf::GgmlType;
 
     const ALL: [WType; 7] = [

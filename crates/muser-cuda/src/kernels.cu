@@ -851,6 +851,26 @@ extern "C" __global__ void attn_decode(const float* q_f, const __half* kc, const
     if (d == 0) { o[128] = M; o[129] = L; }
 }
 
+// One value of a head's attention output (thread d of a 128-thread block holds dimension d):
+// to f32 and/or quantized in 16-value groups (int8, scale, scale·Σq) for the next GEMV.
+__device__ __forceinline__ void store_head_out(float v, long idx, float* out_f, i8* q, float* qd, float* qs) {
+    if (out_f) out_f[idx] = v;
+    if (!q) return;
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL, amax, o, 16));
+    const float dd = amax / 127.f;
+    const int qi = dd > 0.f ? __float2int_rn(v / dd) : 0;
+    int sum = qi;
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL, sum, o, 16);
+    q[idx] = (i8)qi;
+    if ((idx & 15) == 0) {
+        qd[idx / 16] = dd;
+        qs[idx / 16] = dd * (float)sum;
+    }
+}
+
 // Merges `used` flash-decoding splits of one (sequence, head) at `base` ([split][130]: acc[128],
 // max, sum), for a 128-thread block, thread d owning dimension d: thread s reads split s's max
 // and sum (used <= 128), the block reduces them, then each thread sums its dimension over the
@@ -897,24 +917,7 @@ extern "C" __global__ void attn_combine_gate(const float* part, int nq, int S, c
     merge_splits(pp, S, d, M, L, A);
     const float gt = gate[(long)b * ldg + h * 128 + d];
     const float v = (L > 0.f ? A / L : 0.f) * (1.f / (1.f + __expf(-gt)));
-    const long n = (long)nq * 128;
-    const long idx = (long)b * n + h * 128 + d;
-    if (out_f) out_f[idx] = v;
-    if (q) {
-        float amax = fabsf(v);
-#pragma unroll
-        for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL, amax, o, 16));
-        const float dd = amax / 127.f;
-        const int qi = dd > 0.f ? __float2int_rn(v / dd) : 0;
-        int sum = qi;
-#pragma unroll
-        for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL, sum, o, 16);
-        q[idx] = (i8)qi;
-        if ((d & 15) == 0) {
-            qd[idx / 16] = dd;
-            qs[idx / 16] = dd * (float)sum;
-        }
-    }
+    store_head_out(v, (long)b * nq * 128 + h * 128 + d, out_f, q, qd, qs);
 }
 
 // Decode attention in one kernel: per-head Q/K RMSNorm and RoPE of the new token (recomputed
@@ -1090,24 +1093,7 @@ extern "C" __global__ void attn_decode_fused(const float* qkv, long ld, int nq, 
     }
     const float gt = row[(long)(nq + 2 * nkv) * 128 + h * 128 + d];
     const float v = (L > 0.f ? A / L : 0.f) * (1.f / (1.f + __expf(-gt)));
-    const long n = (long)nq * 128;
-    const long idx = (long)b * n + h * 128 + d;
-    if (out_f) out_f[idx] = v;
-    if (q) {
-        float amax = fabsf(v);
-#pragma unroll
-        for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL, amax, o, 16));
-        const float dd = amax / 127.f;
-        const int qi = dd > 0.f ? __float2int_rn(v / dd) : 0;
-        int sum = qi;
-#pragma unroll
-        for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL, sum, o, 16);
-        q[idx] = (i8)qi;
-        if ((d & 15) == 0) {
-            qd[idx / 16] = dd;
-            qs[idx / 16] = dd * (float)sum;
-        }
-    }
+    store_head_out(v, (long)b * nq * 128 + h * 128 + d, out_f, q, qd, qs);
 }
 
 // Prefill attention pieces (scores from cuBLAS). S rows: [2 * 16 * n] x nk laid out per KV group g

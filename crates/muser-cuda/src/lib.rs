@@ -21,6 +21,7 @@
 
 pub mod backend;
 mod error;
+mod exact;
 pub mod layout;
 pub use error::CudaError;
 

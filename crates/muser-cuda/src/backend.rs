@@ -2,10 +2,12 @@
 //! model files (`models/llama.rs`, `models/muse_glimmer.rs`) run on the GPU unchanged.
 //!
 //! - Activations ([`DevMat`]) are f32 `[rows × cols]` device buffers.
-//! - Weight matrices are uploaded once ([`Backend::prepare_weight`]) into this crate's device
-//!   layouts ([`DevWeight`]); a matmul of up to [`MAX_GEMV_BATCH`] rows quantizes the
-//!   activations and runs the decode GEMV, larger ones dequantize the weight to bf16 and call
-//!   cuBLAS.
+//! - Weight matrices are uploaded once ([`Backend::prepare_weight`]). In exact [`Precision`]
+//!   (the default) they are dequantized exactly to f32 and each matmul first rounds the
+//!   activations as the CPU does for that weight type (`op_fakequant`, see `exact.rs`), then
+//!   multiplies in f32 (GEMV up to [`MAX_GEMV_BATCH`] rows, cuBLAS above). In fast precision
+//!   they stay in this crate's quantized layouts ([`DevWeight`]): up to [`MAX_GEMV_BATCH`] rows
+//!   through the int8 decode GEMVs, larger batches through bf16 cuBLAS.
 //! - The KV cache ([`CudaKv`]) is f16 in device memory with the host cache's layout
 //!   (`[n_seq][cells][row]` per layer), so snapshots and kvpack packs are the same as the CPU's.
 //! - Element-wise ops, norms, RoPE and attention are the simple f32 kernels of `ops.cu`.

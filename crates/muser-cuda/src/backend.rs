@@ -137,7 +137,7 @@ pub use dev::{CudaBackend, CudaKv, DevMat};
 mod dev {
     use super::{attn_meta, grid_1d, has_mins, split_mins, Precision, MAX_HEAD_DIM, OPS_KERNELS};
     use crate::runtime::{Arg, DevBuf, GemmIn, Gpu, MAX_GEMV_BATCH, OPS_CU};
-    use crate::weights::{quantize_act, DevWeight, QAct, WType};
+    use crate::weights::{DevWeight, QAct, QActBufs, WType};
     use crate::CudaError;
     use muser_gguf::GgmlType;
     use muser_model::backend::{AttnInput, RopeMode};
@@ -471,16 +471,8 @@ mod dev {
                     dw.rows,
                 )?);
             }
-            let q = self.gpu.alloc(n * k)?;
-            let d = self.gpu.alloc(4 * n * k / 16)?;
-            let s = self.gpu.alloc(4 * n * k / 16)?;
-            let qa = QAct {
-                q: q.ptr(),
-                d: d.ptr(),
-                s: s.ptr(),
-            };
-            quantize_act(&self.gpu, x.ptr(), k, n, qa)?;
-            dw.gemv(&self.gpu, n, qa, 0, y.ptr(), dw.rows)?;
+            let qa = QActBufs::quantize(&self.gpu, x.ptr(), k, n)?;
+            dw.gemv(&self.gpu, n, qa.act(), 0, y.ptr(), dw.rows)?;
             // The scratch is freed on return; wait until the GEMV has read it.
             self.gpu.sync()?;
             Ok(())

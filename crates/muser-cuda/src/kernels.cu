@@ -719,6 +719,27 @@ extern "C" __global__ void norm_fused(float* x, const float* y, const float* w_p
     if (q) quant16(v, q + r * n + 16 * g, qd + r * (n / 16) + g, qs + r * (n / 16) + g);
 }
 
+// One 128-wide head held by a warp (lane: dims 4·lane .. 4·lane+3): RMSNorm times `nw`, then
+// NORM RoPE (adjacent pairs) at position p when `rope`.
+__device__ __forceinline__ void head_norm_rope(float* v, const float* nw, float eps, int rope, int p,
+                                               float theta_scale, int lane) {
+    const float ss = warp_sum(v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3]);
+    const float s = 1.0f / sqrtf(ss / 128.f + eps);
+#pragma unroll
+    for (int i = 0; i < 4; i++) v[i] = v[i] * s * nw[4 * lane + i];
+    if (!rope) return;
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const int i = 2 * lane + k;  // pair index
+        const float theta = (float)p * powf(theta_scale, (float)i);
+        float sn, cs;
+        sincosf(theta, &sn, &cs);
+        const float a = v[2 * k], b = v[2 * k + 1];
+        v[2 * k] = a * cs - b * sn;
+        v[2 * k + 1] = a * sn + b * cs;
+    }
+}
+
 // Per-head RMSNorm of q and k, NORM RoPE (adjacent pairs) when `rope`, K/V into the cache.
 // qkv rows [T][ld]: q heads at 0, k heads at nq*128, v heads at (nq+nkv)*128. head_dim 128.
 // grid (T, nq + 2 nkv), block 32. q goes to q_f [T][nq][128] f32 and/or q_h [nq][T][128] f16.
@@ -751,25 +772,7 @@ extern "C" __global__ void qk_norm_rope_store(const float* qkv, long ld, int nq,
     const float4 v4 = *(const float4*)(qkv + (long)t * ld + (long)head * 128 + 4 * lane);
     float v[4] = {v4.x, v4.y, v4.z, v4.w};
     const bool is_q = head < nq, is_k = !is_q && head < nq + nkv;
-    if (is_q || is_k) {
-        const float ss = warp_sum(v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3]);
-        const float s = 1.0f / sqrtf(ss / 128.f + eps);
-        const float* nw = is_q ? qn_w : kn_w;
-#pragma unroll
-        for (int i = 0; i < 4; i++) v[i] = v[i] * s * nw[4 * lane + i];
-        if (rope) {
-#pragma unroll
-            for (int k = 0; k < 2; k++) {
-                const int i = 2 * lane + k;  // pair index
-                const float theta = (float)p * powf(theta_scale, (float)i);
-                float sn, cs;
-                sincosf(theta, &sn, &cs);
-                const float a = v[2 * k], b = v[2 * k + 1];
-                v[2 * k] = a * cs - b * sn;
-                v[2 * k + 1] = a * sn + b * cs;
-            }
-        }
-    }
+    if (is_q || is_k) head_norm_rope(v, is_q ? qn_w : kn_w, eps, rope, p, theta_scale, lane);
     if (is_q) {
         if (q_f) *(float4*)(q_f + ((long)t * nq + head) * 128 + 4 * lane) = make_float4(v[0], v[1], v[2], v[3]);
         if (q_h) {
@@ -957,22 +960,7 @@ extern "C" __global__ void attn_decode_fused(const float* qkv, long ld, int nq, 
     auto norm_rope = [&](const float* src, const float* nw, float* v) {
         const float4 v4 = *(const float4*)(src + 4 * lane);
         v[0] = v4.x; v[1] = v4.y; v[2] = v4.z; v[3] = v4.w;
-        const float ss = warp_sum(v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3]);
-        const float sc = 1.0f / sqrtf(ss / 128.f + eps);
-#pragma unroll
-        for (int i = 0; i < 4; i++) v[i] = v[i] * sc * nw[4 * lane + i];
-        if (rope) {
-#pragma unroll
-            for (int k = 0; k < 2; k++) {
-                const int i = 2 * lane + k;
-                const float theta = (float)p * powf(theta_scale, (float)i);
-                float sn, cs;
-                sincosf(theta, &sn, &cs);
-                const float a = v[2 * k], c = v[2 * k + 1];
-                v[2 * k] = a * cs - c * sn;
-                v[2 * k + 1] = a * sn + c * cs;
-            }
-        }
+        head_norm_rope(v, nw, eps, rope, p, theta_scale, lane);
     };
     float qv[4];
     norm_rope(row + (long)h * 128, qn_w, qv);

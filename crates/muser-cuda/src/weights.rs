@@ -210,6 +210,42 @@ impl DevWeight {
 }
 
 /// Quantizes `batch` rows of `n` f32 activations at `x` into `qa`.
+/// Device buffers holding quantized activations for `batch` rows of `n` values, owned.
+pub struct QActBufs {
+    q: DevBuf,
+    d: DevBuf,
+    s: DevBuf,
+}
+
+impl QActBufs {
+    /// Buffers for `batch` rows of `n` values (`n` a multiple of 16).
+    pub fn alloc(gpu: &Gpu, n: usize, batch: usize) -> Result<QActBufs> {
+        let groups = batch * n / 16;
+        Ok(QActBufs {
+            q: gpu.alloc(batch * n)?,
+            d: gpu.alloc(4 * groups)?,
+            s: gpu.alloc(4 * groups)?,
+        })
+    }
+
+    /// The buffers as the GEMV kernels take them.
+    pub fn act(&self) -> QAct {
+        QAct {
+            q: self.q.ptr(),
+            d: self.d.ptr(),
+            s: self.s.ptr(),
+        }
+    }
+
+    /// Allocates buffers for `x` (`batch` rows of `n` f32 values at device address `x`) and
+    /// enqueues its quantization into them.
+    pub fn quantize(gpu: &Gpu, x: u64, n: usize, batch: usize) -> Result<QActBufs> {
+        let b = QActBufs::alloc(gpu, n, batch)?;
+        quantize_act(gpu, x, n, batch, b.act())?;
+        Ok(b)
+    }
+}
+
 pub fn quantize_act(gpu: &Gpu, x: u64, n: usize, batch: usize, qa: QAct) -> Result<()> {
     let groups = batch * n / 16;
     gpu.launch(

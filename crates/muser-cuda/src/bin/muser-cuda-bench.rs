@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use muser_cuda::glimmer::{CudaGlimmer, GpuOptions};
 use muser_cuda::runtime::{Arg, Gpu, Tuning};
-use muser_cuda::weights::{quantize_act, DevWeight, QAct, WType};
+use muser_cuda::weights::{DevWeight, QActBufs, WType};
 use muser_cuda::CudaError;
 use muser_gguf::{GgmlType, GgufFile};
 use serde_json::{json, Value};
@@ -108,15 +108,8 @@ fn check_type(
     };
     let xd = gpu.alloc(4 * x.len())?;
     gpu.upload(&xd, 0, &x)?;
-    let q = gpu.alloc(x.len())?;
-    let qd = gpu.alloc(4 * x.len() / 16)?;
-    let qs = gpu.alloc(4 * x.len() / 16)?;
-    let qa = QAct {
-        q: q.ptr(),
-        d: qd.ptr(),
-        s: qs.ptr(),
-    };
-    quantize_act(gpu, xd.ptr(), cols, bmax, qa)?;
+    let qbufs = QActBufs::quantize(gpu, xd.ptr(), cols, bmax)?;
+    let qa = qbufs.act();
     let y = gpu.alloc(4 * bmax * rows)?;
     let mut ok = true;
     for batch in [1usize, 3, 8] {
@@ -691,15 +684,8 @@ fn cmd_gemv(tunes: Vec<(String, String)>, json_out: Option<PathBuf>) -> Result<b
     let x: Vec<f32> = (0..bmax * maxc).map(|_| rng.normal()).collect();
     let xd = gpu.alloc(4 * x.len())?;
     gpu.upload(&xd, 0, &x)?;
-    let q = gpu.alloc(x.len())?;
-    let qd = gpu.alloc(4 * x.len() / 16)?;
-    let qs = gpu.alloc(4 * x.len() / 16)?;
-    let qa = QAct {
-        q: q.ptr(),
-        d: qd.ptr(),
-        s: qs.ptr(),
-    };
-    quantize_act(&gpu, xd.ptr(), maxc, bmax, qa)?;
+    let qbufs = QActBufs::quantize(&gpu, xd.ptr(), maxc, bmax)?;
+    let qa = qbufs.act();
     let y = gpu.alloc(4 * bmax * 39936)?;
     let mut tunes = tunes;
     if tunes.is_empty() {

@@ -211,15 +211,9 @@ mod dev {
             k_out: &mut [u8],
             v_out: &mut [u8],
         ) -> Result<()> {
-            let r = self.map.range(il, seq, cells.start, cells.len())?;
-            if k_out.len() != r.len() || v_out.len() != r.len() {
-                return Err(ModelError::Kv(format!(
-                    "read of {} bytes into buffers of {} and {}",
-                    r.len(),
-                    k_out.len(),
-                    v_out.len()
-                )));
-            }
+            let r = self
+                .map
+                .read_range(il, seq, &cells, k_out.len(), v_out.len())?;
             if r.is_empty() {
                 return Ok(());
             }
@@ -236,11 +230,9 @@ mod dev {
             k: &[u8],
             v: &[u8],
         ) -> Result<()> {
-            if k.len() != v.len() {
-                return Err(ModelError::Kv("K and V rows differ in length".into()));
-            }
-            let n = self.map.rows_in(k.len())?;
-            let r = self.map.range(il, seq, first_cell, n)?;
+            let r = self
+                .map
+                .write_range(il, seq, first_cell, k.len(), v.len())?;
             if r.is_empty() {
                 return Ok(());
             }

@@ -698,6 +698,42 @@ impl RowMap {
     }
 
     /// The row count of `bytes`, which must be whole rows.
+    /// The byte range a [`KvStore::read_rows`] of `cells` reads, checked against the output
+    /// buffers' lengths (`k_len`, `v_len`).
+    pub fn read_range(
+        &self,
+        il: usize,
+        seq: u32,
+        cells: &Range<usize>,
+        k_len: usize,
+        v_len: usize,
+    ) -> Result<Range<usize>, ModelError> {
+        let r = self.range(il, seq, cells.start, cells.len())?;
+        if k_len != r.len() || v_len != r.len() {
+            return Err(ModelError::Kv(format!(
+                "read of {} bytes into buffers of {k_len} and {v_len}",
+                r.len()
+            )));
+        }
+        Ok(r)
+    }
+
+    /// The byte range a [`KvStore::write_rows`] from `first_cell` writes, for K and V rows of
+    /// `k_len` and `v_len` bytes (equal, whole rows).
+    pub fn write_range(
+        &self,
+        il: usize,
+        seq: u32,
+        first_cell: usize,
+        k_len: usize,
+        v_len: usize,
+    ) -> Result<Range<usize>, ModelError> {
+        if k_len != v_len {
+            return Err(ModelError::Kv("K and V rows differ in length".into()));
+        }
+        self.range(il, seq, first_cell, self.rows_in(k_len)?)
+    }
+
     pub fn rows_in(&self, bytes: usize) -> Result<usize, ModelError> {
         if self.row == 0 || !bytes.is_multiple_of(self.row) {
             return Err(ModelError::Kv(format!(
@@ -756,15 +792,9 @@ impl KvStore for HostKv {
         k_out: &mut [u8],
         v_out: &mut [u8],
     ) -> Result<(), ModelError> {
-        let r = self.map.range(il, seq, cells.start, cells.len())?;
-        if k_out.len() != r.len() || v_out.len() != r.len() {
-            return Err(ModelError::Kv(format!(
-                "read of {} bytes into buffers of {} and {}",
-                r.len(),
-                k_out.len(),
-                v_out.len()
-            )));
-        }
+        let r = self
+            .map
+            .read_range(il, seq, &cells, k_out.len(), v_out.len())?;
         k_out.copy_from_slice(&self.k[il][r.clone()]);
         v_out.copy_from_slice(&self.v[il][r]);
         Ok(())
@@ -778,11 +808,9 @@ impl KvStore for HostKv {
         k: &[u8],
         v: &[u8],
     ) -> Result<(), ModelError> {
-        if k.len() != v.len() {
-            return Err(ModelError::Kv("K and V rows differ in length".into()));
-        }
-        let n = self.map.rows_in(k.len())?;
-        let r = self.map.range(il, seq, first_cell, n)?;
+        let r = self
+            .map
+            .write_range(il, seq, first_cell, k.len(), v.len())?;
         self.k[il][r.clone()].copy_from_slice(k);
         self.v[il][r].copy_from_slice(v);
         Ok(())

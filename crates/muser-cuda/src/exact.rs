@@ -132,6 +132,16 @@ mod tests {
     use super::*;
     use muser_gguf::GgmlType;
 
+    /// Uniform values in [-1, 1) from a xorshift generator.
+    fn uniform(mut state: u64) -> impl FnMut() -> f32 {
+        move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            ((state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32
+        }
+    }
+
     /// Exact precision's matmul, computed on the host the way the GPU does it (activations
     /// rounded by `fakequant_reference`, weights dequantized by muser-quant, f32 sums), agrees
     /// with the CPU backend's matmul for one row and for batches, in every weight type.
@@ -139,13 +149,7 @@ mod tests {
     fn exact_matmul_math_equals_the_cpu_backend() {
         use muser_model::{Backend, CpuBackend, Weight};
         let cpu = CpuBackend::new(1).unwrap();
-        let mut state = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            ((state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32
-        };
+        let mut next = uniform(0x9E37_79B9_7F4A_7C15u64);
         let (n_in, n_out) = (512usize, 64usize);
         for ty in [
             GgmlType::Q4_K,
@@ -222,13 +226,7 @@ mod tests {
     /// activation quantizer and dequantized, value for value, for every rounding kind.
     #[test]
     fn fakequant_equals_the_cpu_activation_quantizer() {
-        let mut state = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            ((state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32
-        };
+        let mut next = uniform(0x2545_F491_4F6C_DD1Du64);
         for (wt, kind) in [
             (GgmlType::Q4_0, 3),
             (GgmlType::NVFP4, 3),

@@ -790,6 +790,31 @@ extern "C" __global__ void qk_norm_rope_store(const float* qkv, long ld, int nq,
 }
 
 // ---------------------------------------------------------------------------------------------
+// Merges the four warps of a 128-thread flash-decoding block, each with its running max `m`,
+// sum `l` and four dimensions per lane in `acc`: thread d gets dimension d's combined max M,
+// sum L and accumulator A. Every thread of the block must call it.
+__device__ void merge_warps(float m, float l, const float* acc, float& M, float& L, float& A) {
+    __shared__ float sm[4], sl[4], sa[4][128];
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, d = threadIdx.x;
+    if (lane == 0) { sm[w] = m; sl[w] = l; }
+#pragma unroll
+    for (int i = 0; i < 4; i++) sa[w][4 * lane + i] = acc[i];
+    __syncthreads();
+    M = fmaxf(fmaxf(sm[0], sm[1]), fmaxf(sm[2], sm[3]));
+    L = 0.f;
+    A = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if (sm[i] != -INFINITY) {
+                const float f = __expf(sm[i] - M);
+                L += sl[i] * f;
+                A += sa[i][d] * f;
+            }
+        }
+    }
+}
+
 // Decode attention (flash-decoding). q_f [B][nq][128] f32, caches [n_ctx][nkv*128] f16,
 // pos[b] = position of the query. Keys in [lo, pos] with lo = pos - window + 1 for SWA.
 // grid (nq, B, S), block 128. part [B][nq][S][130]: acc[128], max, sum.
@@ -831,24 +856,9 @@ extern "C" __global__ void attn_decode(const float* q_f, const __half* kc, const
         acc[3] = acc[3] * corr + pe * vb.y;
         m = mn;
     }
-    __shared__ float sm[4], sl[4], sa[4][128];
-    if (lane == 0) { sm[w] = m; sl[w] = l; }
-#pragma unroll
-    for (int i = 0; i < 4; i++) sa[w][4 * lane + i] = acc[i];
-    __syncthreads();
     const int d = threadIdx.x;
-    float M = fmaxf(fmaxf(sm[0], sm[1]), fmaxf(sm[2], sm[3]));
-    float L = 0.f, A = 0.f;
-    if (M != -INFINITY) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            if (sm[i] != -INFINITY) {
-                const float f = __expf(sm[i] - M);
-                L += sl[i] * f;
-                A += sa[i][d] * f;
-            }
-        }
-    }
+    float M, L, A;
+    merge_warps(m, l, acc, M, L, A);
     float* o = part + (((long)b * nq + h) * S + sp) * 130;
     o[d] = A;
     if (d == 0) { o[128] = M; o[129] = L; }
@@ -1041,25 +1051,10 @@ extern "C" __global__ void attn_decode_fused(const float* qkv, long ld, int nq, 
             vr[u] = vn[u];
         }
     }
-    __shared__ float sm[4], sl[4], sa[4][128];
     __shared__ unsigned last;
-    if (lane == 0) { sm[w] = m; sl[w] = l; }
-#pragma unroll
-    for (int i = 0; i < 4; i++) sa[w][4 * lane + i] = acc[i];
-    __syncthreads();
     const int d = threadIdx.x;
-    float M = fmaxf(fmaxf(sm[0], sm[1]), fmaxf(sm[2], sm[3]));
-    float L = 0.f, A = 0.f;
-    if (M != -INFINITY) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            if (sm[i] != -INFINITY) {
-                const float f = __expf(sm[i] - M);
-                L += sl[i] * f;
-                A += sa[i][d] * f;
-            }
-        }
-    }
+    float M, L, A;
+    merge_warps(m, l, acc, M, L, A);
     float* base = part + ((long)b * nq + h) * S * 130;
     if (used == 1) {
         // One split: nothing to merge.

@@ -2,8 +2,8 @@
 //! pre-norm blocks, RoPE NORM on Q and K, grouped-query attention, SwiGLU FFN, and the token
 //! embedding reused as the output matrix when `output.weight` is absent (tied embeddings).
 
-use super::{attend, linear, swiglu_ffn, Prepared, Tensors, WRef};
-use crate::backend::{Backend, RopeMode};
+use super::{attend, linear, rope_qk, swiglu_ffn, Prepared, Tensors, WRef};
+use crate::backend::Backend;
 use crate::error::ModelError;
 use crate::info::ModelInfo;
 use crate::kv::KvCache;
@@ -100,22 +100,7 @@ impl Llama {
                 let mut k = linear(be, g, &l.wk, l.bk.as_deref(), None, &h)?;
                 let v = linear(be, g, &l.wv, l.bv.as_deref(), None, &h)?;
                 drop(h);
-                be.rope(
-                    &mut q,
-                    i.head_dim,
-                    i.n_rot,
-                    pos,
-                    i.rope_base,
-                    RopeMode::Norm,
-                )?;
-                be.rope(
-                    &mut k,
-                    i.head_dim,
-                    i.n_rot,
-                    pos,
-                    i.rope_base,
-                    RopeMode::Norm,
-                )?;
+                rope_qk(be, i, &mut q, &mut k, pos, i.rope_base)?;
                 let a = attend(be, i, kv, prep, pos, il, &q, &k, &v)?;
                 drop((q, k, v));
                 linear(be, g, &l.wo, l.bo.as_deref(), None, &a)?

@@ -5,7 +5,7 @@
 pub mod llama;
 pub mod muse_glimmer;
 
-use crate::backend::{AttnInput, Backend, Weight};
+use crate::backend::{AttnInput, Backend, RopeMode, Weight};
 use crate::error::ModelError;
 use crate::info::ModelInfo;
 use crate::kv::{KvCache, KvPlan};
@@ -198,4 +198,18 @@ pub fn attend<B: Backend>(
         plan: &prep.plan,
     };
     be.attention(kv, &at, q, k, v)
+}
+
+/// NORM RoPE of the query and key rows (heads of `i.head_dim`, `i.n_rot` rotated dims) at
+/// positions `pos` with frequency base `base`.
+pub fn rope_qk<B: Backend>(
+    be: &B,
+    i: &ModelInfo,
+    q: &mut B::Act,
+    k: &mut B::Act,
+    pos: &[u32],
+    base: f32,
+) -> Result<(), ModelError> {
+    be.rope(q, i.head_dim, i.n_rot, pos, base, RopeMode::Norm)?;
+    be.rope(k, i.head_dim, i.n_rot, pos, base, RopeMode::Norm)
 }

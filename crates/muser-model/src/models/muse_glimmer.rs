@@ -12,8 +12,8 @@
 //! The embedding is RMS-normalised without a weight first; the head is
 //! `softcap(logit_scale · Woutput·RMSNorm(x)·output_norm)`.
 
-use super::{attend, linear, swiglu_ffn, Prepared, Tensors, WRef};
-use crate::backend::{Backend, RopeMode};
+use super::{attend, linear, rope_qk, swiglu_ffn, Prepared, Tensors, WRef};
+use crate::backend::Backend;
 use crate::error::ModelError;
 use crate::info::ModelInfo;
 use crate::kv::KvCache;
@@ -128,22 +128,7 @@ impl MuseGlimmer {
                 be.rms_norm_mut(&mut q, i.head_dim, eps, Some(&l.q_norm))?;
                 be.rms_norm_mut(&mut k, i.head_dim, eps, Some(&l.k_norm))?;
                 if i.is_swa[il] {
-                    be.rope(
-                        &mut q,
-                        i.head_dim,
-                        i.n_rot,
-                        &pos,
-                        i.rope_base_swa,
-                        RopeMode::Norm,
-                    )?;
-                    be.rope(
-                        &mut k,
-                        i.head_dim,
-                        i.n_rot,
-                        &pos,
-                        i.rope_base_swa,
-                        RopeMode::Norm,
-                    )?;
+                    rope_qk(be, i, &mut q, &mut k, &pos, i.rope_base_swa)?;
                 }
                 let mut a = attend(be, i, kv, prep, &pos, il, &q, &k, &v)?;
                 drop((q, k, v));

@@ -543,16 +543,7 @@ impl CudaGlimmer {
 
     /// `attn_combine_gate`: merges the attention splits of layer `il`, applies the sigmoid gate
     /// and quantizes into the GEMV activations.
-    /// `kmin` is the fewest keys per split the attention kernel used; with `skip_single` a
-    /// step that used one split is left alone (`attn_decode_gqa` finished it).
-    fn combine_gate(
-        &self,
-        il: usize,
-        nb: usize,
-        splits: usize,
-        kmin: usize,
-        skip_single: bool,
-    ) -> Result<()> {
+    fn combine_gate(&self, il: usize, nb: usize, splits: usize) -> Result<()> {
         let i = &self.info;
         let s = &self.s;
         let qa = self.qact();
@@ -567,8 +558,6 @@ impl CudaGlimmer {
                 Arg::P(s.part.ptr()),
                 Arg::I(nq as i32),
                 Arg::I(splits as i32),
-                Arg::I(kmin as i32),
-                Arg::I(skip_single as i32),
                 Arg::P(s.pos.ptr()),
                 Arg::I(self.window(il)),
                 Arg::P(s.y_qkvg.at(4 * (qw + 2 * nkv * HEAD_DIM))),
@@ -629,49 +618,7 @@ impl CudaGlimmer {
                 l.down.gemv(g, nb, qa, s.hf.ptr(), s.y_d.ptr())?;
                 continue;
             }
-            if tune.gqa_attn && nq % nkv == 0 && nq / nkv <= 16 {
-                let kmin = tune.gqa_min_keys as usize;
-                g.launch(
-                    "attn_decode_gqa",
-                    (nkv as u32, nb as u32, splits as u32),
-                    128,
-                    &[
-                        Arg::P(s.y_qkvg.ptr()),
-                        Arg::L(ld as i64),
-                        Arg::I(nq as i32),
-                        Arg::I(nkv as i32),
-                        Arg::P(l.q_norm.ptr()),
-                        Arg::P(l.k_norm.ptr()),
-                        Arg::F(i.rms_eps),
-                        Arg::P(s.pos.ptr()),
-                        Arg::I(i.is_swa[il] as i32),
-                        Arg::F(self.theta_scale()),
-                        Arg::P(l.k_cache.ptr()),
-                        Arg::P(l.v_cache.ptr()),
-                        Arg::L(self.slot_stride(l) as i64),
-                        Arg::I(self.window(il)),
-                        Arg::F(i.attn_scale),
-                        Arg::P(s.part.ptr()),
-                        Arg::I(splits as i32),
-                        Arg::I(kmin as i32),
-                        Arg::P(if tune.gqa_last_block {
-                            s.attn_cnt.ptr()
-                        } else {
-                            0
-                        }),
-                        Arg::P(s.hf.ptr()),
-                        Arg::P(qa.q),
-                        Arg::P(qa.d),
-                        Arg::P(qa.s),
-                        Arg::P(pf_wo.0),
-                        Arg::L(pf_wo.1),
-                        Arg::I(l.ring as i32),
-                    ],
-                )?;
-                if !tune.gqa_last_block {
-                    self.combine_gate(il, nb, splits, kmin, true)?;
-                }
-            } else if tune.fused_attn {
+            if tune.fused_attn {
                 g.launch(
                     "attn_decode_fused",
                     (nq as u32, nb as u32, splits as u32),
@@ -725,7 +672,7 @@ impl CudaGlimmer {
                         Arg::I(l.ring as i32),
                     ],
                 )?;
-                self.combine_gate(il, nb, splits, 64, false)?;
+                self.combine_gate(il, nb, splits)?;
             }
             if tune.attn_only {
                 continue;

@@ -231,15 +231,6 @@ pub struct Tuning {
     /// with 4 the shape is `layout::q4k_shape_r4`'s). 0: 2 (measured best for one sequence on
     /// the H200; the same for every batch size keeps batched tokens equal to single ones).
     pub rows_per_warp: u32,
-    /// Decode attention with tensor cores over each KV group (`attn_decode_gqa`: every cached
-    /// key and value read once per group, not once per query head) when the group has at most
-    /// 16 heads; otherwise the per-head fused kernel.
-    pub gqa_attn: bool,
-    /// Fewest keys a split of `attn_decode_gqa` takes.
-    pub gqa_min_keys: u32,
-    /// With several splits, the last `attn_decode_gqa` block of a group merges them (no
-    /// `attn_combine_gate` launch).
-    pub gqa_last_block: bool,
 }
 
 impl Default for Tuning {
@@ -253,9 +244,6 @@ impl Default for Tuning {
             gemv_only: false,
             attn_only: false,
             rows_per_warp: 0,
-            gqa_attn: false,
-            gqa_min_keys: 64,
-            gqa_last_block: false,
         }
     }
 }
@@ -263,7 +251,7 @@ impl Default for Tuning {
 impl Tuning {
     /// Applies `key=value` pairs separated by commas: `q4k=legacy|tuned|W,U`, `l2=0|1`,
     /// `pf=MB`, `fattn=0|1`, `splits=N`, `gemvonly=0|1`, `attnonly=0|1`,
-    /// `rpw=0|1|2|4`, `gqa=0|1`, `gqamin=N`, `gqalast=0|1`.
+    /// `rpw=0|1|2|4`.
     pub fn parse(mut self, spec: &str) -> Result<Tuning> {
         let bad = || CudaError::Shape(format!("tuning '{spec}'"));
         for kv in spec.split([',', ' ']).filter(|s| !s.is_empty()) {
@@ -288,11 +276,6 @@ impl Tuning {
                 "gemvonly" => self.gemv_only = v == "1",
                 "rpw" => self.rows_per_warp = v.parse::<u32>().map_err(|_| bad())?.min(4),
                 "attnonly" => self.attn_only = v == "1",
-                "gqa" => self.gqa_attn = v == "1",
-                "gqalast" => self.gqa_last_block = v == "1",
-                "gqamin" => {
-                    self.gqa_min_keys = v.parse::<u32>().map_err(|_| bad())?.clamp(16, 1 << 20)
-                }
                 "splits" => self.attn_splits = v.parse::<u32>().map_err(|_| bad())?.clamp(1, 128),
                 _ => return Err(bad()),
             }

@@ -819,8 +819,8 @@ __device__ void merge_warps(float m, float l, const float* acc, float& M, float&
 // pos[b] = position of the query. Keys in [lo, pos] with lo = pos - window + 1 for SWA.
 // grid (nq, B, S), block 128. part [B][nq][S][130]: acc[128], max, sum.
 extern "C" __global__ void attn_decode(const float* q_f, const __half* kc, const __half* vc, const int* pos, int nq,
-                                       int nkv, int window, float scale, float* part, int S, long slot_stride,
-                                       int ring) {
+                                       int nkv, int window, float scale, float* part, int S, int kmin,
+                                       long slot_stride, int ring) {
     pdl_trigger();
     pdl_wait();
     const int h = blockIdx.x, b = blockIdx.y, sp = blockIdx.z;
@@ -830,7 +830,7 @@ extern "C" __global__ void attn_decode(const float* q_f, const __half* kc, const
     const int p = pos[b];
     const int lo = window > 0 ? max(0, p - window + 1) : 0;
     const int nk = p - lo + 1;
-    const int used = min(S, (nk + 63) / 64);  // splits of at least 64 keys
+    const int used = min(S, (nk + kmin - 1) / kmin);  // splits of at least kmin keys
     if (sp >= used) return;
     const int chunk = (nk + used - 1) / used;
     const int k0 = lo + sp * chunk, k1 = min(p + 1, k0 + chunk);
@@ -930,14 +930,14 @@ __device__ void merge_splits(const float* base, int used, int d, float& M, float
 
 // Merge the splits, apply the sigmoid gate, write f32 (out_f [B][nq*128]) and/or quantized.
 // grid (nq, B), block 128. gate rows [B][ldg].
-extern "C" __global__ void attn_combine_gate(const float* part, int nq, int S, const int* pos, int window,
+extern "C" __global__ void attn_combine_gate(const float* part, int nq, int S, int kmin, const int* pos, int window,
                                              const float* gate, long ldg, float* out_f, i8* q, float* qd, float* qs) {
     pdl_trigger();
     const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
     const float* pp = part + ((long)b * nq + h) * S * 130;
     const int p = pos[b];
     const int nk = p - (window > 0 ? max(0, p - window + 1) : 0) + 1;
-    const int used = min(S, (nk + 63) / 64);  // the splits the attention kernel used
+    const int used = min(S, (nk + kmin - 1) / kmin);  // the splits the attention kernel used
     pdl_wait();
     S = used;
     const float gt = gate[(long)b * ldg + h * 128 + d];
@@ -957,7 +957,7 @@ extern "C" __global__ void attn_combine_gate(const float* part, int nq, int S, c
 extern "C" __global__ void attn_decode_fused(const float* qkv, long ld, int nq, int nkv, const float* qn_w,
                                              const float* kn_w, float eps, const int* pos, int rope,
                                              float theta_scale, __half* kc, __half* vc, long slot_stride,
-                                             int window, float scale, float* part, int S, unsigned* cnt,
+                                             int window, float scale, float* part, int S, int kmin, unsigned* cnt,
                                              float* out_f, i8* q, float* qd, float* qs, const u8* pf,
                                              long pf_bytes, int ring) {
     pdl_trigger();
@@ -970,7 +970,7 @@ extern "C" __global__ void attn_decode_fused(const float* qkv, long ld, int nq, 
     const int p = pos[b];
     const int lo = window > 0 ? max(0, p - window + 1) : 0;
     const int nk = p - lo + 1;                 // keys including the new one
-    const int used = min(S, (nk + 63) / 64);  // splits of at least 64 keys
+    const int used = min(S, (nk + kmin - 1) / kmin);  // splits of at least kmin keys
     if (sp >= used) return;
     const int ncache = nk - 1;                 // cached keys [lo, p)
     const int chunk = (ncache + used - 1) / used;

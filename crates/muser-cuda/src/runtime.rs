@@ -219,9 +219,11 @@ pub struct Tuning {
     /// One attention kernel per layer (Q/K norm, RoPE, cache store, flash-decoding, merge,
     /// gate) instead of three.
     pub fused_attn: bool,
-    /// Flash-decoding splits per (head, sequence) (at most 128; each split takes at least 64
-    /// keys, so short contexts use fewer).
+    /// Flash-decoding splits per (head, sequence) (at most 128; each split takes at least
+    /// `attn_min_keys` keys, so short contexts use fewer).
     pub attn_splits: u32,
+    /// Fewest keys a flash-decoding split takes (short contexts use fewer splits).
+    pub attn_min_keys: u32,
     /// Diagnostics only (wrong results): a decode step runs its GEMVs and nothing between
     /// them, to time the matrix streaming alone.
     pub gemv_only: bool,
@@ -241,6 +243,7 @@ impl Default for Tuning {
             prefetch_mb: 0.0,
             fused_attn: true,
             attn_splits: 32,
+            attn_min_keys: 64,
             gemv_only: false,
             attn_only: false,
             rows_per_warp: 0,
@@ -251,7 +254,7 @@ impl Default for Tuning {
 impl Tuning {
     /// Applies `key=value` pairs separated by commas: `q4k=legacy|tuned|W,U`, `l2=0|1`,
     /// `pf=MB`, `fattn=0|1`, `splits=N`, `gemvonly=0|1`, `attnonly=0|1`,
-    /// `rpw=0|1|2|4`.
+    /// `rpw=0|1|2|4`, `kmin=N`.
     pub fn parse(mut self, spec: &str) -> Result<Tuning> {
         let bad = || CudaError::Shape(format!("tuning '{spec}'"));
         for kv in spec.split([',', ' ']).filter(|s| !s.is_empty()) {
@@ -276,6 +279,9 @@ impl Tuning {
                 "gemvonly" => self.gemv_only = v == "1",
                 "rpw" => self.rows_per_warp = v.parse::<u32>().map_err(|_| bad())?.min(4),
                 "attnonly" => self.attn_only = v == "1",
+                "kmin" => {
+                    self.attn_min_keys = v.parse::<u32>().map_err(|_| bad())?.clamp(16, 1 << 20)
+                }
                 "splits" => self.attn_splits = v.parse::<u32>().map_err(|_| bad())?.clamp(1, 128),
                 _ => return Err(bad()),
             }

@@ -898,8 +898,9 @@ __device__ __forceinline__ unsigned arrive_acq_rel(unsigned* cnt) {
 
 // Merges `used` flash-decoding splits of one (sequence, head) at `base` ([split][130]: acc[128],
 // max, sum), for a 128-thread block, thread d owning dimension d: thread s reads split s's max
-// and sum (used <= 128), the block reduces them, then each thread sums its dimension over the
-// splits with eight loads in flight. Every thread of the block must call it.
+// and sum (used <= 128) while every thread reads its dimension of the first 32 splits, all in
+// one round trip; the block reduces the maxima and sums, and each thread sums its dimension in
+// split order. Every thread of the block must call it.
 __device__ void merge_splits(const float* base, int used, int d, float& M, float& L, float& A) {
     __shared__ float fw[128], red[4];
     const int w = d >> 5, lane = d & 31;
@@ -939,10 +940,9 @@ extern "C" __global__ void attn_combine_gate(const float* part, int nq, int S, i
     const int nk = p - (window > 0 ? max(0, p - window + 1) : 0) + 1;
     const int used = min(S, (nk + kmin - 1) / kmin);  // the splits the attention kernel used
     pdl_wait();
-    S = used;
     const float gt = gate[(long)b * ldg + h * 128 + d];
     float M, L, A;
-    merge_splits(pp, S, d, M, L, A);
+    merge_splits(pp, used, d, M, L, A);
     const float v = (L > 0.f ? A / L : 0.f) * (1.f / (1.f + __expf(-gt)));
     store_head_out(v, (long)b * nq * 128 + h * 128 + d, out_f, q, qd, qs);
 }

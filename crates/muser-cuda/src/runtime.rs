@@ -743,3 +743,31 @@ impl Gpu {
             .map_err(drv_err)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Tuning;
+
+    #[test]
+    fn tuning_specs_parse_and_bad_ones_are_errors() {
+        let t = Tuning::default()
+            .parse("splits=16,kmin=128,rpw=1,fattn=0")
+            .unwrap();
+        assert_eq!(
+            (
+                t.attn_splits,
+                t.attn_min_keys,
+                t.rows_per_warp,
+                t.fused_attn
+            ),
+            (16, 128, 1, false)
+        );
+        // Clamped to what the kernels handle.
+        let t = Tuning::default().parse("splits=999,kmin=1").unwrap();
+        assert_eq!((t.attn_splits, t.attn_min_keys), (128, 16));
+        assert_eq!(Tuning::default().parse("").unwrap(), Tuning::default());
+        for bad in ["kmin", "kmin=x", "nosuch=1", "q4k=1"] {
+            assert!(Tuning::default().parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,4 +1,5 @@
-//! `muser bench`: llama-bench-style throughput of the CPU engine.
+//! `muser bench`: llama-bench-style throughput of the engine (`--device cpu|cuda`), or of
+//! Muse Glimmer's fused CUDA forward (`--device cuda --fused`, see `fused.rs`).
 //!
 //! For each repetition: `pp<N>` decodes N random tokens as one batch into an empty cache (N
 //! must fit one batch, as llama-bench's default `-ub 512`), `tg<M>` generates M tokens one at a
@@ -14,7 +15,8 @@
 
 use crate::device::{self, Device};
 use anyhow::{bail, Context};
-use muser_model::{Batch, KvType, LoadOptions, Model};
+use muser_gguf::GgufFile;
+use muser_model::{Batch, KvType, LoadOptions, Model, ModelInfo};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -41,6 +43,10 @@ pub struct Args {
     /// KV cache type: f16 or f32.
     #[arg(long, default_value = "f16")]
     kv_type: String,
+    /// With `--device cuda`: run muse-glimmer through muser-cuda's fused forward (the path of
+    /// the CUDA benchmark tables) instead of the engine's model on the CUDA backend. F16 KV.
+    #[arg(long)]
+    fused: bool,
     /// Write a JSON receipt here.
     #[arg(short = 'o', long)]
     output: Option<PathBuf>,
@@ -81,6 +87,119 @@ impl Tokens {
     }
 }
 
+/// What the tests run on.
+enum Engine {
+    /// The engine's model, on any device.
+    Model(Box<Model>, KvType),
+    /// Muse Glimmer's fused CUDA forward.
+    #[cfg(feature = "cuda")]
+    Fused(Box<crate::fused::FusedBench>),
+}
+
+impl Engine {
+    fn load(args: &Args, kv_type: KvType) -> anyhow::Result<Engine> {
+        if args.fused {
+            if args.device != Device::Cuda {
+                bail!("--fused runs on the GPU: add --device cuda");
+            }
+            if kv_type != KvType::F16 {
+                bail!("--fused keeps an f16 KV cache (--kv-type f16)");
+            }
+            return Engine::load_fused(args);
+        }
+        let model = device::load(
+            &args.model,
+            args.device,
+            &LoadOptions {
+                threads: args.threads,
+            },
+        )
+        .with_context(|| format!("loading {}", args.model.display()))?;
+        Ok(Engine::Model(Box::new(model), kv_type))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn load_fused(args: &Args) -> anyhow::Result<Engine> {
+        let b = crate::fused::FusedBench::load(&args.model, args.n_prompt, args.n_gen)
+            .with_context(|| format!("loading {}", args.model.display()))?;
+        Ok(Engine::Fused(Box::new(b)))
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn load_fused(_args: &Args) -> anyhow::Result<Engine> {
+        bail!(
+            "--fused: this muser was built without CUDA support; rebuild it with \
+             `cargo build --release -p muser-cli --features cuda`"
+        )
+    }
+
+    fn info(&self) -> &ModelInfo {
+        match self {
+            Engine::Model(m, _) => m.info(),
+            #[cfg(feature = "cuda")]
+            Engine::Fused(f) => f.info(),
+        }
+    }
+
+    fn gguf(&self) -> &GgufFile {
+        match self {
+            Engine::Model(m, _) => m.gguf(),
+            #[cfg(feature = "cuda")]
+            Engine::Fused(f) => f.gguf(),
+        }
+    }
+
+    /// Host threads of the forward pass (0 for the fused GPU path, which uses none).
+    fn threads(&self) -> usize {
+        match self {
+            Engine::Model(m, _) => m.threads(),
+            #[cfg(feature = "cuda")]
+            Engine::Fused(_) => 0,
+        }
+    }
+
+    fn decode_weight_bytes(&self) -> u64 {
+        match self {
+            Engine::Model(m, _) => m.decode_weight_bytes(),
+            #[cfg(feature = "cuda")]
+            Engine::Fused(f) => f.decode_weight_bytes(),
+        }
+    }
+
+    fn kv_name(&self) -> &'static str {
+        match self {
+            Engine::Model(_, kv) => kv.name(),
+            #[cfg(feature = "cuda")]
+            Engine::Fused(_) => KvType::F16.name(),
+        }
+    }
+
+    /// One `pp n` test: n random tokens as one batch into an empty cache; tokens per second.
+    fn prefill(&mut self, n: usize, rng: &mut Tokens) -> anyhow::Result<f64> {
+        match self {
+            Engine::Model(m, kv) => prefill(m, n, rng, *kv),
+            #[cfg(feature = "cuda")]
+            Engine::Fused(f) => {
+                let n_vocab = f.info().n_vocab;
+                let tokens: Vec<u32> = (0..n).map(|_| rng.next(n_vocab)).collect();
+                f.prefill(&tokens)
+            }
+        }
+    }
+
+    /// One `tg n` test from an empty cache; tokens per second.
+    fn generate(&mut self, n: usize, rng: &mut Tokens) -> anyhow::Result<f64> {
+        match self {
+            Engine::Model(m, kv) => generate(m, n, rng, *kv),
+            #[cfg(feature = "cuda")]
+            Engine::Fused(f) => {
+                let token = rng.next(f.info().n_vocab);
+                f.generate(token, n)
+            }
+        }
+    }
+}
+
 fn prefill(model: &Model, n: usize, rng: &mut Tokens, kv_type: KvType) -> anyhow::Result<f64> {
     let n_vocab = model.info().n_vocab;
     let mut kv = model.new_kv_ubatch(n.max(1), 1, kv_type, n.max(1) as u32)?;
@@ -111,24 +230,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.repetitions == 0 {
         bail!("--repetitions must be at least 1");
     }
-    let model = device::load(
-        &args.model,
-        args.device,
-        &LoadOptions {
-            threads: args.threads,
-        },
-    )
-    .with_context(|| format!("loading {}", args.model.display()))?;
-    let info = model.info().clone();
-    let n_params: u64 = model.gguf().tensors().iter().map(|t| t.n_elements()).sum();
-    let model_bytes: u64 = model.gguf().tensors().iter().map(|t| t.size as u64).sum();
+    let mut engine = Engine::load(&args, kv_type)?;
+    let info = engine.info().clone();
+    let n_params: u64 = engine.gguf().tensors().iter().map(|t| t.n_elements()).sum();
+    let model_bytes: u64 = engine.gguf().tensors().iter().map(|t| t.size as u64).sum();
     let mut rng = Tokens(42);
 
     // Warm-up, as llama-bench does: page the weights in and start the threads.
     if args.n_prompt > 0 {
-        prefill(&model, args.n_prompt.min(32), &mut rng, kv_type)?;
+        engine.prefill(args.n_prompt.min(32), &mut rng)?;
     }
-    generate(&model, 1, &mut rng, kv_type)?;
+    engine.generate(1, &mut rng)?;
 
     let mut results = Vec::new();
     for (name, n_prompt, n_gen) in [
@@ -141,9 +253,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let mut samples_ts = Vec::with_capacity(args.repetitions);
         for _ in 0..args.repetitions {
             samples_ts.push(if n_prompt > 0 {
-                prefill(&model, n_prompt, &mut rng, kv_type)?
+                engine.prefill(n_prompt, &mut rng)?
             } else {
-                generate(&model, n_gen, &mut rng, kv_type)?
+                engine.generate(n_gen, &mut rng)?
             });
         }
         results.push(TestResult {
@@ -155,10 +267,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let peak_rss = peak_rss_bytes();
     // After the RSS reading: the probe's buffers are not the engine's.
-    let weight_bytes = model.decode_weight_bytes();
+    let weight_bytes = engine.decode_weight_bytes();
     // The host's bandwidth bounds decode only when the weights are read from host memory.
-    let bw = (args.device == Device::Cpu && results.iter().any(|r| r.n_gen > 0))
-        .then(|| bandwidth_probe(&model, model.threads()));
+    let bw = match &engine {
+        Engine::Model(m, _)
+            if args.device == Device::Cpu && results.iter().any(|r| r.n_gen > 0) =>
+        {
+            Some(bandwidth_probe(m, m.threads()))
+        }
+        _ => None,
+    };
+    let backend = if args.fused {
+        "cuda-fused"
+    } else {
+        args.device.name()
+    };
 
     let model_name = args
         .model
@@ -172,9 +295,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             model_name,
             model_bytes as f64 / (1 << 20) as f64,
             n_params as f64 / 1e6,
-            args.device.name(),
-            model.threads(),
-            kv_type.name(),
+            backend,
+            engine.threads(),
+            engine.kv_name(),
             r.name,
             r.mean(),
             r.sd()
@@ -190,7 +313,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "decode {name}: {:.1} MB of weights per token → {gb_s:.2} GB/s; this machine ({} threads): \
              read {:.2} GB/s, copy {:.2} GB/s (read + write) → {:.0}% of read, {:.0}% of copy bandwidth",
             weight_bytes as f64 / 1e6,
-            model.threads(),
+            engine.threads(),
             bw.read_gb_s,
             bw.copy_gb_s,
             100.0 * gb_s / bw.read_gb_s,
@@ -235,9 +358,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             model_bytes,
             n_params,
             json_str(info.arch.name()),
-            json_str(args.device.name()),
-            model.threads(),
-            json_str(kv_type.name()),
+            json_str(backend),
+            engine.threads(),
+            json_str(engine.kv_name()),
             args.repetitions,
             peak_rss.map_or("null".to_string(), |b| b.to_string()),
             match (&decode, &bw) {
@@ -249,7 +372,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     bw.read_gb_s,
                     bw.copy_gb_s,
                     PROBE_BYTES,
-                    model.threads(),
+                    engine.threads(),
                     gb_s / bw.read_gb_s,
                     gb_s / bw.copy_gb_s
                 ),
@@ -408,4 +531,37 @@ fn peak_rss_bytes() -> Option<u64> {
     let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn load_err(argv: &[&str]) -> String {
+        let cli = Cli::try_parse_from(argv).expect("arguments parse");
+        match Engine::load(&cli.args, KvType::F16) {
+            Ok(_) => panic!("{argv:?} loaded a model"),
+            Err(e) => format!("{e:#}"),
+        }
+    }
+
+    #[test]
+    fn fused_needs_the_cuda_device() {
+        let e = load_err(&["bench", "-m", "no-such.gguf", "--fused"]);
+        assert!(e.contains("--device cuda"), "{e}");
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn fused_without_the_feature_names_it() {
+        let e = load_err(&["bench", "-m", "no-such.gguf", "--fused", "--device", "cuda"]);
+        assert!(e.contains("--features cuda"), "{e}");
+    }
 }

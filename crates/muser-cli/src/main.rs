@@ -11,6 +11,8 @@ mod cmd_synth;
 mod cmd_text;
 mod cmd_up;
 mod device;
+#[cfg(feature = "cuda")]
+mod fused;
 
 #[derive(Parser)]
 #[command(

@@ -24,6 +24,29 @@ type Result<T> = std::result::Result<T, CudaError>;
 const MAX_ATTN_SPLITS: usize = 128;
 const HEAD_DIM: usize = 128;
 
+/// Bytes of one `Tail` (kernels.cu): kind, pad, n, eps_post, eps, then eight pointers.
+const TAIL_BYTES: usize = 88;
+/// GEMV tails per layer: the norm after `wo`, SwiGLU after gate+up, the norm after `down`.
+const TAILS_PER_LAYER: usize = 3;
+/// Counters before the SwiGLU tail's per-group counters (the norm tails use the first).
+const TAIL_CNT_NORM: usize = 16;
+/// Largest `n_embd` the norm tail takes (kernels.cu: 16 values × 128 threads × TAIL_IT).
+const TAIL_MAX_EMBD: usize = 16 * 128 * 4;
+
+/// One GEMV epilogue as kernels.cu's `struct Tail` lays it out.
+#[allow(clippy::too_many_arguments)]
+fn tail_record(kind: i32, n: usize, eps_post: f32, eps: f32, ptrs: [u64; 8]) -> [u8; TAIL_BYTES] {
+    let mut b = [0u8; TAIL_BYTES];
+    b[0..4].copy_from_slice(&kind.to_le_bytes());
+    b[8..16].copy_from_slice(&(n as i64).to_le_bytes());
+    b[16..20].copy_from_slice(&eps_post.to_le_bytes());
+    b[20..24].copy_from_slice(&eps.to_le_bytes());
+    for (k, p) in ptrs.iter().enumerate() {
+        b[24 + 8 * k..32 + 8 * k].copy_from_slice(&p.to_le_bytes());
+    }
+    b
+}
+
 /// A linear layer made of row blocks that may differ in type (e.g. Q6_K V rows beside Q4_K
 /// Q rows); consecutive blocks of one type share one matrix.
 struct Linear {
@@ -129,6 +152,13 @@ impl Linear {
         self.segs.iter().map(|(w, _)| w.device_bytes()).sum()
     }
 
+    /// The decode GEMV reads f32 activations (float weights) rather than int8 ones.
+    fn reads_f32(&self) -> bool {
+        self.segs
+            .iter()
+            .any(|(w, _)| matches!(w.ty, WType::F32 | WType::F16 | WType::BF16))
+    }
+
     /// (address, bytes) of the first `mb` megabytes of the weights, for an L2 prefetch hint.
     fn prefetch(&self, mb: f32) -> (u64, i64) {
         let Some((w, _)) = self.segs.first() else {
@@ -144,8 +174,27 @@ impl Linear {
 
     /// Decode: `y[b][0..rows]` (row stride `rows`) for `batch` activation rows.
     fn gemv(&self, gpu: &Gpu, batch: usize, qa: QAct, xf: u64, y: u64) -> Result<()> {
+        self.gemv_tail(gpu, batch, qa, xf, y, 0)
+    }
+
+    /// [`Self::gemv`] whose one matrix runs the epilogue at device address `tail` (0: none).
+    /// Tails read the GEMV's whole output, so only a one-matrix layer takes one.
+    fn gemv_tail(
+        &self,
+        gpu: &Gpu,
+        batch: usize,
+        qa: QAct,
+        xf: u64,
+        y: u64,
+        tail: u64,
+    ) -> Result<()> {
+        if tail != 0 && self.segs.len() != 1 {
+            return Err(CudaError::Shape(
+                "a GEMV tail needs a one-matrix layer".into(),
+            ));
+        }
         for (w, off) in &self.segs {
-            w.gemv(gpu, batch, qa, xf, y + 4 * *off as u64, self.rows)?;
+            w.gemv_tail(gpu, batch, qa, xf, y + 4 * *off as u64, self.rows, tail)?;
         }
         Ok(())
     }
@@ -203,6 +252,15 @@ struct Scratch {
     part: DevBuf,
     /// Per-(sequence, head) split counters of the fused attention kernel (zero between launches).
     attn_cnt: DevBuf,
+    /// SwiGLU tail output (the down GEMV's int8 activations), apart from `q8`, which the
+    /// gate+up GEMV is still reading while the first groups finish.
+    q8b: DevBuf,
+    q8bd: DevBuf,
+    q8bs: DevBuf,
+    /// GEMV tail counters (zero between launches): the norm tails', then one per SwiGLU group.
+    tail_cnt: DevBuf,
+    /// `TAILS_PER_LAYER` tail records per layer (see `build_tails`).
+    tails: DevBuf,
     y_o: DevBuf,
     y_gu: DevBuf,
     y_d: DevBuf,
@@ -377,7 +435,7 @@ impl CudaGlimmer {
                 })
                 .sum::<usize>();
         let s = Self::scratch(&gpu, &info, &opts)?;
-        Ok(CudaGlimmer {
+        let m = CudaGlimmer {
             gpu,
             info,
             opts,
@@ -388,7 +446,97 @@ impl CudaGlimmer {
             layers,
             s,
             weight_bytes,
-        })
+        };
+        m.build_tails()?;
+        Ok(m)
+    }
+
+    /// Writes the GEMV tail records (kernels.cu `struct Tail`) for every layer: after `wo`
+    /// the post-attention norm, residual and FFN norm; after gate+up SwiGLU into `q8b`; after
+    /// `down` the post-FFN norm, residual and the next layer's (or the output) norm.
+    fn build_tails(&self) -> Result<()> {
+        let (i, s) = (&self.info, &self.s);
+        let cnt = s.tail_cnt.ptr();
+        let mut host = Vec::with_capacity(TAIL_BYTES * TAILS_PER_LAYER * self.layers.len());
+        let out_f = |next: &Linear| if next.reads_f32() { s.hf.ptr() } else { 0 };
+        for (il, l) in self.layers.iter().enumerate() {
+            let (next_norm, next_lin) = match self.layers.get(il + 1) {
+                Some(n) => (n.attn_norm.ptr(), &n.qkvg),
+                None => (self.output_norm.ptr(), &self.output),
+            };
+            let (q, qd, qs) = (s.q8.ptr(), s.q8d.ptr(), s.q8s.ptr());
+            host.extend_from_slice(&tail_record(
+                1,
+                i.n_embd,
+                1e-8,
+                i.rms_eps,
+                [
+                    s.x.ptr(),
+                    l.post_attn_norm.ptr(),
+                    l.ffn_norm.ptr(),
+                    out_f(&l.gate_up),
+                    q,
+                    qd,
+                    qs,
+                    cnt,
+                ],
+            ));
+            host.extend_from_slice(&tail_record(
+                2,
+                i.n_ff,
+                0.0,
+                0.0,
+                [
+                    0,
+                    0,
+                    0,
+                    0,
+                    s.q8b.ptr(),
+                    s.q8bd.ptr(),
+                    s.q8bs.ptr(),
+                    s.tail_cnt.at(4 * TAIL_CNT_NORM),
+                ],
+            ));
+            host.extend_from_slice(&tail_record(
+                1,
+                i.n_embd,
+                1e-8,
+                i.rms_eps,
+                [
+                    s.x.ptr(),
+                    l.post_ffw_norm.ptr(),
+                    next_norm,
+                    out_f(next_lin),
+                    q,
+                    qd,
+                    qs,
+                    cnt,
+                ],
+            ));
+        }
+        self.gpu.upload(&s.tails, 0, &host)
+    }
+
+    /// Device address of layer `il`'s tail `site` (0: after wo, 1: SwiGLU, 2: after down),
+    /// or 0 when the tuning or the layer's shapes leave that site to its own kernel.
+    fn tail(&self, il: usize, site: usize) -> u64 {
+        let t = self.gpu.tuning();
+        let l = &self.layers[il];
+        let on = match site {
+            0 => t.norm_tail && l.wo.segs.len() == 1,
+            1 => {
+                t.swiglu_tail
+                    && l.gu_il
+                    && l.gate_up.segs.len() == 1
+                    && !l.gate_up.reads_f32()
+                    && !l.down.reads_f32()
+            }
+            _ => t.norm_tail && l.down.segs.len() == 1,
+        };
+        if !on || (site != 1 && self.info.n_embd > TAIL_MAX_EMBD) {
+            return 0;
+        }
+        self.s.tails.at(TAIL_BYTES * (TAILS_PER_LAYER * il + site))
     }
 
     fn scratch(gpu: &Gpu, i: &ModelInfo, o: &GpuOptions) -> Result<Scratch> {
@@ -412,6 +560,11 @@ impl CudaGlimmer {
             q_f: gpu.alloc(4 * t * qw)?,
             part: gpu.alloc(4 * ns * i.n_head * MAX_ATTN_SPLITS * 130)?,
             attn_cnt: gpu.alloc_zeroed(4 * ns * i.n_head)?,
+            q8b: gpu.alloc(ns * f)?,
+            q8bd: gpu.alloc(4 * ns * f / 16)?,
+            q8bs: gpu.alloc(4 * ns * f / 16)?,
+            tail_cnt: gpu.alloc_zeroed(4 * (TAIL_CNT_NORM + f / 16))?,
+            tails: gpu.alloc(TAIL_BYTES * TAILS_PER_LAYER * i.n_layer.max(1))?,
             y_o: gpu.alloc(4 * t * e)?,
             y_gu: gpu.alloc(4 * t * 2 * f)?,
             y_d: gpu.alloc(4 * t * e)?,
@@ -680,52 +833,70 @@ impl CudaGlimmer {
             if tune.attn_only {
                 continue;
             }
-            l.wo.gemv(g, nb, qa, s.hf.ptr(), s.y_o.ptr())?;
-            self.norm(
-                nb,
-                s.x.ptr(),
-                Some((s.y_o.ptr(), l.post_attn_norm.ptr(), 1e-8)),
-                l.ffn_norm.ptr(),
-                s.hf.ptr(),
-                0,
-                true,
-                l.gate_up.prefetch(pf),
-            )?;
-            l.gate_up.gemv(g, nb, qa, s.hf.ptr(), s.y_gu.ptr())?;
-            let pf_down = l.down.prefetch(pf);
-            g.launch(
-                "swiglu",
-                ((nb * i.n_ff / 16).div_ceil(64) as u32, 1, 1),
-                64,
-                &[
-                    Arg::P(s.y_gu.ptr()),
-                    Arg::L(i.n_ff as i64),
-                    Arg::L(nb as i64),
-                    Arg::P(s.hf.ptr()),
-                    Arg::P(0),
-                    Arg::P(qa.q),
-                    Arg::P(qa.d),
-                    Arg::P(qa.s),
-                    Arg::P(pf_down.0),
-                    Arg::L(pf_down.1),
-                    Arg::I(l.gu_il as i32),
-                ],
-            )?;
-            l.down.gemv(g, nb, qa, s.hf.ptr(), s.y_d.ptr())?;
-            let (next, pf_next) = match self.layers.get(il + 1) {
-                Some(n) => (n.attn_norm.ptr(), n.qkvg.prefetch(pf)),
-                None => (self.output_norm.ptr(), self.output.prefetch(pf)),
+            let t_wo = self.tail(il, 0);
+            l.wo.gemv_tail(g, nb, qa, s.hf.ptr(), s.y_o.ptr(), t_wo)?;
+            if t_wo == 0 {
+                self.norm(
+                    nb,
+                    s.x.ptr(),
+                    Some((s.y_o.ptr(), l.post_attn_norm.ptr(), 1e-8)),
+                    l.ffn_norm.ptr(),
+                    s.hf.ptr(),
+                    0,
+                    true,
+                    l.gate_up.prefetch(pf),
+                )?;
+            }
+            let t_gu = self.tail(il, 1);
+            l.gate_up
+                .gemv_tail(g, nb, qa, s.hf.ptr(), s.y_gu.ptr(), t_gu)?;
+            let qa_down = if t_gu != 0 {
+                QAct {
+                    q: s.q8b.ptr(),
+                    d: s.q8bd.ptr(),
+                    s: s.q8bs.ptr(),
+                }
+            } else {
+                let pf_down = l.down.prefetch(pf);
+                g.launch(
+                    "swiglu",
+                    ((nb * i.n_ff / 16).div_ceil(64) as u32, 1, 1),
+                    64,
+                    &[
+                        Arg::P(s.y_gu.ptr()),
+                        Arg::L(i.n_ff as i64),
+                        Arg::L(nb as i64),
+                        Arg::P(s.hf.ptr()),
+                        Arg::P(0),
+                        Arg::P(qa.q),
+                        Arg::P(qa.d),
+                        Arg::P(qa.s),
+                        Arg::P(pf_down.0),
+                        Arg::L(pf_down.1),
+                        Arg::I(l.gu_il as i32),
+                    ],
+                )?;
+                qa
             };
-            self.norm(
-                nb,
-                s.x.ptr(),
-                Some((s.y_d.ptr(), l.post_ffw_norm.ptr(), 1e-8)),
-                next,
-                s.hf.ptr(),
-                0,
-                true,
-                pf_next,
-            )?;
+            let t_down = self.tail(il, 2);
+            l.down
+                .gemv_tail(g, nb, qa_down, s.hf.ptr(), s.y_d.ptr(), t_down)?;
+            if t_down == 0 {
+                let (next, pf_next) = match self.layers.get(il + 1) {
+                    Some(n) => (n.attn_norm.ptr(), n.qkvg.prefetch(pf)),
+                    None => (self.output_norm.ptr(), self.output.prefetch(pf)),
+                };
+                self.norm(
+                    nb,
+                    s.x.ptr(),
+                    Some((s.y_d.ptr(), l.post_ffw_norm.ptr(), 1e-8)),
+                    next,
+                    s.hf.ptr(),
+                    0,
+                    true,
+                    pf_next,
+                )?;
+            }
         }
         self.output
             .gemv(g, nb, self.qact(), s.hf.ptr(), s.logits.ptr())?;

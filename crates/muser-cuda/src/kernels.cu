@@ -535,42 +535,279 @@ __device__ void gemv_float(int ty, const u8* __restrict__ W, long rows, long col
     }
 }
 
+__device__ __forceinline__ void load16(const float* p, float* v) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float4 t = *(const float4*)(p + 4 * k);
+        v[4 * k] = t.x; v[4 * k + 1] = t.y; v[4 * k + 2] = t.z; v[4 * k + 3] = t.w;
+    }
+}
+__device__ __forceinline__ void store16(float* p, const float* v) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) *(float4*)(p + 4 * k) = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+}
+
+// Split blocks that finish a reduction together: after __syncthreads (which orders the block's
+// partial stores before this thread's), one thread increments the counter with a GPU-scope
+// acquire-release atomic and gets the previous count. The release publishes the block's
+// partials to whichever block arrives last; that block's acquire, shared through the next
+// __syncthreads, makes every other block's partials visible to its L2 (ld.cg) loads. Cheaper
+// than two sequentially consistent fences (__threadfence: membar.gl, which also empties L1).
+__device__ __forceinline__ unsigned arrive_acq_rel(unsigned* cnt) {
+    unsigned prev;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(cnt) : "memory");
+    return prev;
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMV epilogues ("tails"): the work the next small kernel would do, done inside the GEMV by
+// the blocks that finish last, so the decode step has one kernel boundary less per tail.
+// The host builds one Tail per (layer, site) in device memory (glimmer.rs: TAIL_BYTES, field
+// offsets side by side); a null pointer means no tail.
+//   kind 1 (norm): the last block of the grid does what norm_fused does with y the GEMV's
+//     output: x += RMSNorm(y, eps_post) * w_post, then RMSNorm(x, eps) * w -> out_f and/or
+//     quantized (q, qd, qs). It emulates norm_fused's thread layout (one virtual thread per 16
+//     values, the same warp and block sums), so the results are bit-identical to it.
+//   kind 2 (swiglu): rows interleaved in groups of 16 gate and 16 up rows; the last block to
+//     finish a group's 32 rows computes silu(gate) * up for the group and quantizes it, the
+//     same arithmetic as the swiglu kernel (bit-identical).
+// Every block arrives on a counter with arrive_acq_rel after its outputs are stored; the last
+// one resets the counter for the next launch. One block per row block (no persistent loop).
+struct Tail {
+    int kind;
+    int pad;
+    long n;
+    float eps_post;
+    float eps;
+    float* x;
+    const float* w_post;
+    const float* w;
+    float* out_f;
+    i8* q;
+    float* qd;
+    float* qs;
+    u32* cnt;
+};
+
+__device__ __forceinline__ void load16cg(const float* p, float* v) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float4 t = __ldcg((const float4*)(p + 4 * k));
+        v[4 * k] = t.x; v[4 * k + 1] = t.y; v[4 * k + 2] = t.z; v[4 * k + 3] = t.w;
+    }
+}
+
+// Before the GEMV's main loop: block 0 asks L2 for the lines the norm tail will read (the
+// constant norm weights and the residual rows), so the tail's loads hit L2.
+template <int B>
+__device__ __forceinline__ void tail_prefetch(const Tail* t) {
+    if (!t || blockIdx.x != 0) return;
+    const Tail tl = *t;
+    if (tl.kind != 1) return;
+    const long lines = tl.n / 32;  // 128-byte lines per vector
+    for (long i = threadIdx.x; i < (2 + B) * lines; i += blockDim.x) {
+        const long v = i / lines, o = (i % lines) * 32;
+        const float* p = v == 0 ? tl.w_post + o : v == 1 ? tl.w + o : tl.x + (v - 2) * tl.n + o;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+    }
+}
+
+// Norm tail: the block emulates norm_fused's ceil(n/16 / 32) warps of virtual threads, thread
+// tid taking virtual threads tid, tid + blockDim, ... (at most TAIL_IT of them: n <= 16 * 128 *
+// TAIL_IT for a 128-thread block; the host checks).
+#define TAIL_IT 4
+template <int B>
+__device__ void tail_norm(const Tail& t, const float* __restrict__ y, long ldy) {
+    __shared__ float sh[33];
+    const long n = t.n;
+    const int ng = (int)(n >> 4), tid = threadIdx.x, lane = tid & 31, wr = tid >> 5, nw = blockDim.x >> 5;
+    const int nvw = (ng + 31) >> 5;
+    for (int b = 0; b < B; b++) {
+        const float* yr = y + b * ldy;
+        float* xr = t.x + b * n;
+        // RMS of y.
+#pragma unroll
+        for (int it = 0; it < TAIL_IT; it++) {
+            const int g = it * blockDim.x + tid;
+            float ss = 0.f;
+            if (g < ng) {
+                float v[16];
+                load16cg(yr + 16 * g, v);
+#pragma unroll
+                for (int k = 0; k < 16; k++) ss += v[k] * v[k];
+            }
+            ss = warp_sum(ss);
+            if (lane == 0 && it * nw + wr < nvw) sh[it * nw + wr] = ss;
+        }
+        __syncthreads();
+        if (wr == 0) {
+            float s = lane < nvw ? sh[lane] : 0.f;
+            s = warp_sum(s);
+            if (lane == 0) sh[32] = s;
+        }
+        __syncthreads();
+        const float sy = 1.0f / sqrtf(sh[32] / (float)n + t.eps_post);
+        __syncthreads();
+        // Residual, and the RMS of the new x (two groups of loads in flight per thread: the
+        // tail must not need more registers than the GEMV's main loop).
+#pragma unroll 2
+        for (int it = 0; it < TAIL_IT; it++) {
+            const int g = it * blockDim.x + tid;
+            float ss = 0.f;
+            if (g < ng) {
+                float xv[16], yv[16], wp[16];
+                load16cg(yr + 16 * g, yv);
+                load16cg(xr + 16 * g, xv);
+                load16cg(t.w_post + 16 * g, wp);
+#pragma unroll
+                for (int k = 0; k < 16; k++) xv[k] += yv[k] * sy * wp[k];
+                store16(xr + 16 * g, xv);
+#pragma unroll
+                for (int k = 0; k < 16; k++) ss += xv[k] * xv[k];
+            }
+            ss = warp_sum(ss);
+            if (lane == 0 && it * nw + wr < nvw) sh[it * nw + wr] = ss;
+        }
+        __syncthreads();
+        if (wr == 0) {
+            float s = lane < nvw ? sh[lane] : 0.f;
+            s = warp_sum(s);
+            if (lane == 0) sh[32] = s;
+        }
+        __syncthreads();
+        const float sx = 1.0f / sqrtf(sh[32] / (float)n + t.eps);
+        __syncthreads();
+#pragma unroll 2
+        for (int it = 0; it < TAIL_IT; it++) {
+            const int g = it * blockDim.x + tid;
+            if (g >= ng) continue;
+            float xv[16], wv[16];
+            load16(xr + 16 * g, xv);  // this thread's own stores above
+            load16cg(t.w + 16 * g, wv);
+#pragma unroll
+            for (int k = 0; k < 16; k++) xv[k] = xv[k] * sx * wv[k];
+            if (t.out_f) store16(t.out_f + b * n + 16 * g, xv);
+            if (t.q) quant16(xv, t.q + b * n + 16 * g, t.qd + b * (n / 16) + g, t.qs + b * (n / 16) + g);
+        }
+    }
+}
+
+// SwiGLU tail for the group of 32 interleaved rows this block finished last; 16 * B threads,
+// a half-warp per sequence, lane k of it on value k of the group.
+template <int B>
+__device__ void tail_swiglu(const Tail& t, const float* __restrict__ y, long ldy, long grp) {
+    const int i = threadIdx.x;
+    if (i >= 16 * B) return;
+    const int b = i >> 4, k = i & 15;
+    const long F = t.n;
+    const float g = __ldcg(y + b * ldy + 32 * grp + k), u = __ldcg(y + b * ldy + 32 * grp + 16 + k);
+    const float v = g / (1.f + __expf(-g)) * u;
+    if (t.out_f) t.out_f[b * F + 16 * grp + k] = v;
+    if (!t.q) return;
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL, amax, o, 16));
+    const float d = amax / 127.f;
+    const float id = d > 0.f ? 1.f / d : 0.f;
+    const int qi = __float2int_rn(v * id);
+    int sum = qi;
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(FULL, sum, o, 16);
+    t.q[b * F + 16 * grp + k] = (i8)qi;
+    if (k == 0) {
+        t.qd[b * (F / 16) + grp] = d;
+        t.qs[b * (F / 16) + grp] = d * (float)sum;
+    }
+}
+
+// After the GEMV (every thread of the block, RPB rows per block): arrive, and run the tail in
+// the block that finished last.
+template <int B>
+__device__ void gemv_tail(const Tail* tp, const float* y, long ldy, int rpb) {
+    if (!tp) return;
+    __shared__ u32 s_last;
+    __shared__ long s_grp;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int kind = tp->kind;
+        long grp = 0;
+        u32 need = gridDim.x;
+        if (kind == 2) {
+            grp = ((long)blockIdx.x * rpb) >> 5;
+            need = rpb >= 32 ? 1u : (u32)(32 / rpb);
+        }
+        u32* cnt = tp->cnt + grp;
+        const u32 prev = arrive_acq_rel(cnt);
+        s_last = prev + 1 == need;
+        s_grp = grp;
+        if (s_last) *cnt = 0;
+    }
+    __syncthreads();
+    if (!s_last) return;
+    const Tail t = *tp;
+    if (t.kind == 1)
+        tail_norm<B>(t, y, ldy);
+    else if (t.kind == 2)
+        tail_swiglu<B>(t, y, ldy, s_grp);
+}
+
+#define GEMV_SIG(NAME)                                                                                        \
+    extern "C" __global__ void NAME(const u8* W, const u8* S, long rows, long cols, const i8* xq, const float* xd, \
+                                    const float* xs, const float* xf, float* y, long ldy, const Tail* tail)
 #define GEMV_ENTRIES(B)                                                                                       \
-    extern "C" __global__ void gemv_q4k_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,    \
-                                             const float* xd, const float* xs, const float* xf, float* y, long ldy) {   \
+    GEMV_SIG(gemv_q4k_b##B) {                                                                                 \
         Act x = {xq, xd, xs, cols};                                                                           \
         pdl_trigger();                                                                                        \
+        tail_prefetch<B>(tail);                                                                               \
         if ((cols >> 8) >= 48)                                                                                \
             gemv_q4k<B, 4>(W, rows, cols, x, y, ldy);                                                         \
         else                                                                                                  \
             gemv_q4k<B, 2>(W, rows, cols, x, y, ldy);                                                         \
+        gemv_tail<B>(tail, y, ldy, (cols >> 8) >= 48 ? 1 : 2);                                                \
     }                                                                                                         \
-    extern "C" __global__ void gemv_q6k_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,    \
-                                             const float* xd, const float* xs, const float* xf, float* y, long ldy) {   \
+    GEMV_SIG(gemv_q6k_b##B) {                                                                                 \
         Act x = {xq, xd, xs, cols};                                                                           \
-        pdl_trigger(); pdl_wait(); gemv_q6k<B>(W, rows, cols, x, y, ldy);                                                                     \
+        pdl_trigger();                                                                                        \
+        tail_prefetch<B>(tail);                                                                               \
+        pdl_wait();                                                                                           \
+        gemv_q6k<B>(W, rows, cols, x, y, ldy);                                                                \
+        gemv_tail<B>(tail, y, ldy, 4);                                                                        \
     }                                                                                                         \
-    extern "C" __global__ void gemv_q80_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,    \
-                                             const float* xd, const float* xs, const float* xf, float* y, long ldy) {   \
+    GEMV_SIG(gemv_q80_b##B) {                                                                                 \
         Act x = {xq, xd, xs, cols};                                                                           \
-        pdl_trigger(); pdl_wait(); gemv_q80<B>(W, S, rows, cols, x, y, ldy);                                                                  \
+        pdl_trigger();                                                                                        \
+        tail_prefetch<B>(tail);                                                                               \
+        pdl_wait();                                                                                           \
+        gemv_q80<B>(W, S, rows, cols, x, y, ldy);                                                             \
+        gemv_tail<B>(tail, y, ldy, 4);                                                                        \
     }                                                                                                         \
-    extern "C" __global__ void gemv_nvfp4_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,  \
-                                               const float* xd, const float* xs, const float* xf, float* y, long ldy) { \
+    GEMV_SIG(gemv_nvfp4_b##B) {                                                                               \
         Act x = {xq, xd, xs, cols};                                                                           \
-        pdl_trigger(); gemv_nvfp4<B>(W, S, rows, cols, x, y, ldy);                                                                \
+        pdl_trigger();                                                                                        \
+        tail_prefetch<B>(tail);                                                                               \
+        gemv_nvfp4<B>(W, S, rows, cols, x, y, ldy);                                                           \
+        gemv_tail<B>(tail, y, ldy, 4);                                                                        \
     }                                                                                                         \
-    extern "C" __global__ void gemv_f16_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,    \
-                                             const float* xd, const float* xs, const float* xf, float* y, long ldy) {   \
-        pdl_trigger(); pdl_wait(); gemv_float<B>(1, W, rows, cols, xf, y, ldy);                                                               \
+    GEMV_SIG(gemv_f16_b##B) {                                                                                 \
+        pdl_trigger();                                                                                        \
+        tail_prefetch<B>(tail);                                                                               \
+        pdl_wait();                                                                                           \
+        gemv_float<B>(1, W, rows, cols, xf, y, ldy);                                                          \
+        gemv_tail<B>(tail, y, ldy, 4);                                                                        \
     }                                                                                                         \
-    extern "C" __global__ void gemv_bf16_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,   \
-                                              const float* xd, const float* xs, const float* xf, float* y, long ldy) {  \
-        pdl_trigger(); pdl_wait(); gemv_float<B>(30, W, rows, cols, xf, y, ldy);                                                              \
+    GEMV_SIG(gemv_bf16_b##B) {                                                                                \
+        pdl_trigger();                                                                                        \
+        tail_prefetch<B>(tail);                                                                               \
+        pdl_wait();                                                                                           \
+        gemv_float<B>(30, W, rows, cols, xf, y, ldy);                                                         \
+        gemv_tail<B>(tail, y, ldy, 4);                                                                        \
     }                                                                                                         \
-    extern "C" __global__ void gemv_f32_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,    \
-                                             const float* xd, const float* xs, const float* xf, float* y, long ldy) {   \
-        pdl_trigger(); pdl_wait(); gemv_float<B>(0, W, rows, cols, xf, y, ldy);                                                               \
+    GEMV_SIG(gemv_f32_b##B) {                                                                                 \
+        pdl_trigger();                                                                                        \
+        tail_prefetch<B>(tail);                                                                               \
+        pdl_wait();                                                                                           \
+        gemv_float<B>(0, W, rows, cols, xf, y, ldy);                                                          \
+        gemv_tail<B>(tail, y, ldy, 4);                                                                        \
     }
 
 GEMV_ENTRIES(1)
@@ -586,11 +823,12 @@ GEMV_ENTRIES(8)
 // super-blocks of loads in flight per lane group, L the load hint. The host picks the shape
 // that covers a row in one pass (weights.rs). Instantiated for batches 1-4.
 #define Q4K_ENTRY(NAME, WPR, U, L, RPW, B)                                                                  \
-    extern "C" __global__ void NAME(const u8* W, const u8* S, long rows, long cols, const i8* xq,          \
-                                    const float* xd, const float* xs, const float* xf, float* y, long ldy) { \
+    GEMV_SIG(NAME) {                                                                                        \
         Act x = {xq, xd, xs, cols};                                                                         \
         pdl_trigger();                                                                                      \
+        tail_prefetch<B>(tail);                                                                             \
         gemv_q4k<B, WPR, U, L, RPW>(W, rows, cols, x, y, ldy);                                              \
+        gemv_tail<B>(tail, y, ldy, 4 / WPR * RPW);                                                          \
     }
 #define Q4K_CFG(WPR, U, L, B) Q4K_ENTRY(gemv_q4k_w##WPR##u##U##l##L##_b##B, WPR, U, L, 1, B)
 // Two and four rows per warp (the activations loaded once for all of them), hint L2::256B;
@@ -649,18 +887,6 @@ extern "C" __global__ void quantize_act(const float* x, long n, long total_group
 //   if y:  x += RMSNorm(y, eps_post) * w_post          (post-norm and residual)
 //   out = RMSNorm(x, eps) * w  (w may be null)  -> f32 out_f, bf16 out_b, quantized (q, qd, qs)
 // Each output pointer may be null; out_f may alias x.
-__device__ __forceinline__ void load16(const float* p, float* v) {
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const float4 t = *(const float4*)(p + 4 * k);
-        v[4 * k] = t.x; v[4 * k + 1] = t.y; v[4 * k + 2] = t.z; v[4 * k + 3] = t.w;
-    }
-}
-__device__ __forceinline__ void store16(float* p, const float* v) {
-#pragma unroll
-    for (int k = 0; k < 4; k++) *(float4*)(p + 4 * k) = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
-}
-
 extern "C" __global__ void norm_fused(float* x, const float* y, const float* w_post, float eps_post, const float* w,
                                       float eps, long n, float* out_f, bf16* out_b, i8* q, float* qd, float* qs,
                                       const u8* pf, long pf_bytes) {
@@ -882,18 +1108,6 @@ __device__ __forceinline__ void store_head_out(float v, long idx, float* out_f, 
         qd[idx / 16] = dd;
         qs[idx / 16] = dd * (float)sum;
     }
-}
-
-// Split blocks that finish a reduction together: after __syncthreads (which orders the block's
-// partial stores before this thread's), one thread increments the counter with a GPU-scope
-// acquire-release atomic and gets the previous count. The release publishes the block's
-// partials to whichever block arrives last; that block's acquire, shared through the next
-// __syncthreads, makes every other block's partials visible to its L2 (ld.cg) loads. Cheaper
-// than two sequentially consistent fences (__threadfence: membar.gl, which also empties L1).
-__device__ __forceinline__ unsigned arrive_acq_rel(unsigned* cnt) {
-    unsigned prev;
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(cnt) : "memory");
-    return prev;
 }
 
 // Merges `used` flash-decoding splits of one (sequence, head) at `base` ([split][130]: acc[128],

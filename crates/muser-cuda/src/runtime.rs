@@ -233,6 +233,12 @@ pub struct Tuning {
     /// with 4 the shape is `layout::q4k_shape_r4`'s). 0: 2 (measured best for one sequence on
     /// the H200; the same for every batch size keeps batched tokens equal to single ones).
     pub rows_per_warp: u32,
+    /// The RMSNorms after `wo` and `down` (post-norm, residual, next norm, quantization) run
+    /// in the GEMV's last block instead of their own kernel.
+    pub norm_tail: bool,
+    /// SwiGLU and its quantization run in the gate+up GEMV, per group of 16 outputs in the
+    /// block that finishes the group last, instead of their own kernel.
+    pub swiglu_tail: bool,
 }
 
 impl Default for Tuning {
@@ -247,6 +253,8 @@ impl Default for Tuning {
             gemv_only: false,
             attn_only: false,
             rows_per_warp: 0,
+            norm_tail: false,
+            swiglu_tail: false,
         }
     }
 }
@@ -254,7 +262,7 @@ impl Default for Tuning {
 impl Tuning {
     /// Applies `key=value` pairs separated by commas: `q4k=legacy|tuned|W,U`, `l2=0|1`,
     /// `pf=MB`, `fattn=0|1`, `splits=N`, `gemvonly=0|1`, `attnonly=0|1`,
-    /// `rpw=0|1|2|4`, `kmin=N`.
+    /// `rpw=0|1|2|4`, `kmin=N`, `ntail=0|1`, `stail=0|1`.
     pub fn parse(mut self, spec: &str) -> Result<Tuning> {
         let bad = || CudaError::Shape(format!("tuning '{spec}'"));
         for kv in spec.split([',', ' ']).filter(|s| !s.is_empty()) {
@@ -279,6 +287,8 @@ impl Tuning {
                 "gemvonly" => self.gemv_only = v == "1",
                 "rpw" => self.rows_per_warp = v.parse::<u32>().map_err(|_| bad())?.min(4),
                 "attnonly" => self.attn_only = v == "1",
+                "ntail" => self.norm_tail = v == "1",
+                "stail" => self.swiglu_tail = v == "1",
                 "kmin" => {
                     self.attn_min_keys = v.parse::<u32>().map_err(|_| bad())?.clamp(16, 1 << 20)
                 }
@@ -765,6 +775,11 @@ mod tests {
         // Clamped to what the kernels handle.
         let t = Tuning::default().parse("splits=999,kmin=1").unwrap();
         assert_eq!((t.attn_splits, t.attn_min_keys), (128, 16));
+        let d = Tuning::default();
+        let t = d.parse("ntail=1,stail=1").unwrap();
+        assert!(t.norm_tail && t.swiglu_tail);
+        let t = t.parse("ntail=0,stail=0").unwrap();
+        assert!(!t.norm_tail && !t.swiglu_tail);
         assert_eq!(Tuning::default().parse("").unwrap(), Tuning::default());
         for bad in ["kmin", "kmin=x", "nosuch=1", "q4k=1"] {
             assert!(Tuning::default().parse(bad).is_err(), "{bad}");

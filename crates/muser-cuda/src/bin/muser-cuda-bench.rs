@@ -513,8 +513,9 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
     let replay = m.generate(&graph, prompt[0], d, 1)?;
     let graph_ok = replay.first() == Some(&step0);
     println!("graph replay matches a plain decode step: {graph_ok}");
-    // Reference continuation for the tunings below (same start, default choices).
+    // Reference continuation and logits for the tunings below (same start, default choices).
     let ref_tokens = m.generate(&graph, t[0], d, 32)?;
+    let (ref_logits, _) = m.decode(t[0], d)?;
     drop(graph);
 
     // Other decode choices, same context.
@@ -534,13 +535,20 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
         })?;
         let tps = a.tg as f64 / sec;
         let same = m.generate(&gr, t[0], d, 32)? == ref_tokens;
+        // One plain step's logits against the default's (0 when a choice is bit-exact).
+        let (lg, _) = m.decode(t[0], d)?;
+        let diff = lg
+            .iter()
+            .zip(&ref_logits)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
         println!(
-            "tune {name:<12} tg{}: {tps:.1} tok/s ({:.3} ms/token, weights at {:.2} TB/s)  [{spec}] same 32 tokens: {same}",
+            "tune {name:<12} tg{}: {tps:.1} tok/s ({:.3} ms/token, weights at {:.2} TB/s)  [{spec}] same 32 tokens: {same}, logits max |diff| {diff:.3e}",
             a.tg,
             1e3 * sec / a.tg as f64,
             wbytes as f64 * tps / 1e12
         );
-        tune_rows.push(json!({"name": name, "spec": spec, "tok_per_s": tps, "ms_per_token": 1e3 * sec / a.tg as f64, "same_32_tokens_as_default": same}));
+        tune_rows.push(json!({"name": name, "spec": spec, "tok_per_s": tps, "ms_per_token": 1e3 * sec / a.tg as f64, "same_32_tokens_as_default": same, "logits_max_abs_diff": diff}));
         m.gpu().set_tuning(base);
     }
 

@@ -24,29 +24,6 @@ type Result<T> = std::result::Result<T, CudaError>;
 const MAX_ATTN_SPLITS: usize = 128;
 const HEAD_DIM: usize = 128;
 
-/// Bytes of one `Tail` (kernels.cu): kind, pad, n, eps_post, eps, then eight pointers.
-const TAIL_BYTES: usize = 88;
-/// GEMV tails per layer: the norm after `wo`, SwiGLU after gate+up, the norm after `down`.
-const TAILS_PER_LAYER: usize = 3;
-/// Counters before the SwiGLU tail's per-group counters (the norm tails use the first).
-const TAIL_CNT_NORM: usize = 16;
-/// Largest `n_embd` the norm tail takes (kernels.cu: 16 values × 128 threads × TAIL_IT).
-const TAIL_MAX_EMBD: usize = 16 * 128 * 4;
-
-/// One GEMV epilogue as kernels.cu's `struct Tail` lays it out.
-#[allow(clippy::too_many_arguments)]
-fn tail_record(kind: i32, n: usize, eps_post: f32, eps: f32, ptrs: [u64; 8]) -> [u8; TAIL_BYTES] {
-    let mut b = [0u8; TAIL_BYTES];
-    b[0..4].copy_from_slice(&kind.to_le_bytes());
-    b[8..16].copy_from_slice(&(n as i64).to_le_bytes());
-    b[16..20].copy_from_slice(&eps_post.to_le_bytes());
-    b[20..24].copy_from_slice(&eps.to_le_bytes());
-    for (k, p) in ptrs.iter().enumerate() {
-        b[24 + 8 * k..32 + 8 * k].copy_from_slice(&p.to_le_bytes());
-    }
-    b
-}
-
 /// A linear layer made of row blocks that may differ in type (e.g. Q6_K V rows beside Q4_K
 /// Q rows); consecutive blocks of one type share one matrix.
 struct Linear {
@@ -152,13 +129,6 @@ impl Linear {
         self.segs.iter().map(|(w, _)| w.device_bytes()).sum()
     }
 
-    /// The decode GEMV reads f32 activations (float weights) rather than int8 ones.
-    fn reads_f32(&self) -> bool {
-        self.segs
-            .iter()
-            .any(|(w, _)| matches!(w.ty, WType::F32 | WType::F16 | WType::BF16))
-    }
-
     /// (address, bytes) of the first `mb` megabytes of the weights, for an L2 prefetch hint.
     fn prefetch(&self, mb: f32) -> (u64, i64) {
         let Some((w, _)) = self.segs.first() else {
@@ -174,27 +144,8 @@ impl Linear {
 
     /// Decode: `y[b][0..rows]` (row stride `rows`) for `batch` activation rows.
     fn gemv(&self, gpu: &Gpu, batch: usize, qa: QAct, xf: u64, y: u64) -> Result<()> {
-        self.gemv_tail(gpu, batch, qa, xf, y, 0)
-    }
-
-    /// [`Self::gemv`] whose one matrix runs the epilogue at device address `tail` (0: none).
-    /// Tails read the GEMV's whole output, so only a one-matrix layer takes one.
-    fn gemv_tail(
-        &self,
-        gpu: &Gpu,
-        batch: usize,
-        qa: QAct,
-        xf: u64,
-        y: u64,
-        tail: u64,
-    ) -> Result<()> {
-        if tail != 0 && self.segs.len() != 1 {
-            return Err(CudaError::Shape(
-                "a GEMV tail needs a one-matrix layer".into(),
-            ));
-        }
         for (w, off) in &self.segs {
-            w.gemv_tail(gpu, batch, qa, xf, y + 4 * *off as u64, self.rows, tail)?;
+            w.gemv(gpu, batch, qa, xf, y + 4 * *off as u64, self.rows)?;
         }
         Ok(())
     }
@@ -252,15 +203,8 @@ struct Scratch {
     part: DevBuf,
     /// Per-(sequence, head) split counters of the fused attention kernel (zero between launches).
     attn_cnt: DevBuf,
-    /// SwiGLU tail output (the down GEMV's int8 activations), apart from `q8`, which the
-    /// gate+up GEMV is still reading while the first groups finish.
-    q8b: DevBuf,
-    q8bd: DevBuf,
-    q8bs: DevBuf,
-    /// GEMV tail counters (zero between launches): the norm tails', then one per SwiGLU group.
-    tail_cnt: DevBuf,
-    /// `TAILS_PER_LAYER` tail records per layer (see `build_tails`).
-    tails: DevBuf,
+    /// The residual stream between a layer's two norms when they run in slices (decode).
+    x2: DevBuf,
     y_o: DevBuf,
     y_gu: DevBuf,
     y_d: DevBuf,
@@ -435,7 +379,7 @@ impl CudaGlimmer {
                 })
                 .sum::<usize>();
         let s = Self::scratch(&gpu, &info, &opts)?;
-        let m = CudaGlimmer {
+        Ok(CudaGlimmer {
             gpu,
             info,
             opts,
@@ -446,97 +390,7 @@ impl CudaGlimmer {
             layers,
             s,
             weight_bytes,
-        };
-        m.build_tails()?;
-        Ok(m)
-    }
-
-    /// Writes the GEMV tail records (kernels.cu `struct Tail`) for every layer: after `wo`
-    /// the post-attention norm, residual and FFN norm; after gate+up SwiGLU into `q8b`; after
-    /// `down` the post-FFN norm, residual and the next layer's (or the output) norm.
-    fn build_tails(&self) -> Result<()> {
-        let (i, s) = (&self.info, &self.s);
-        let cnt = s.tail_cnt.ptr();
-        let mut host = Vec::with_capacity(TAIL_BYTES * TAILS_PER_LAYER * self.layers.len());
-        let out_f = |next: &Linear| if next.reads_f32() { s.hf.ptr() } else { 0 };
-        for (il, l) in self.layers.iter().enumerate() {
-            let (next_norm, next_lin) = match self.layers.get(il + 1) {
-                Some(n) => (n.attn_norm.ptr(), &n.qkvg),
-                None => (self.output_norm.ptr(), &self.output),
-            };
-            let (q, qd, qs) = (s.q8.ptr(), s.q8d.ptr(), s.q8s.ptr());
-            host.extend_from_slice(&tail_record(
-                1,
-                i.n_embd,
-                1e-8,
-                i.rms_eps,
-                [
-                    s.x.ptr(),
-                    l.post_attn_norm.ptr(),
-                    l.ffn_norm.ptr(),
-                    out_f(&l.gate_up),
-                    q,
-                    qd,
-                    qs,
-                    cnt,
-                ],
-            ));
-            host.extend_from_slice(&tail_record(
-                2,
-                i.n_ff,
-                0.0,
-                0.0,
-                [
-                    0,
-                    0,
-                    0,
-                    0,
-                    s.q8b.ptr(),
-                    s.q8bd.ptr(),
-                    s.q8bs.ptr(),
-                    s.tail_cnt.at(4 * TAIL_CNT_NORM),
-                ],
-            ));
-            host.extend_from_slice(&tail_record(
-                1,
-                i.n_embd,
-                1e-8,
-                i.rms_eps,
-                [
-                    s.x.ptr(),
-                    l.post_ffw_norm.ptr(),
-                    next_norm,
-                    out_f(next_lin),
-                    q,
-                    qd,
-                    qs,
-                    cnt,
-                ],
-            ));
-        }
-        self.gpu.upload(&s.tails, 0, &host)
-    }
-
-    /// Device address of layer `il`'s tail `site` (0: after wo, 1: SwiGLU, 2: after down),
-    /// or 0 when the tuning or the layer's shapes leave that site to its own kernel.
-    fn tail(&self, il: usize, site: usize) -> u64 {
-        let t = self.gpu.tuning();
-        let l = &self.layers[il];
-        let on = match site {
-            0 => t.norm_tail && l.wo.segs.len() == 1,
-            1 => {
-                t.swiglu_tail
-                    && l.gu_il
-                    && l.gate_up.segs.len() == 1
-                    && !l.gate_up.reads_f32()
-                    && !l.down.reads_f32()
-            }
-            _ => t.norm_tail && l.down.segs.len() == 1,
-        };
-        if !on || (site != 1 && self.info.n_embd > TAIL_MAX_EMBD) {
-            return 0;
-        }
-        self.s.tails.at(TAIL_BYTES * (TAILS_PER_LAYER * il + site))
+        })
     }
 
     fn scratch(gpu: &Gpu, i: &ModelInfo, o: &GpuOptions) -> Result<Scratch> {
@@ -560,11 +414,7 @@ impl CudaGlimmer {
             q_f: gpu.alloc(4 * t * qw)?,
             part: gpu.alloc(4 * ns * i.n_head * MAX_ATTN_SPLITS * 130)?,
             attn_cnt: gpu.alloc_zeroed(4 * ns * i.n_head)?,
-            q8b: gpu.alloc(ns * f)?,
-            q8bd: gpu.alloc(4 * ns * f / 16)?,
-            q8bs: gpu.alloc(4 * ns * f / 16)?,
-            tail_cnt: gpu.alloc_zeroed(4 * (TAIL_CNT_NORM + f / 16))?,
-            tails: gpu.alloc(TAIL_BYTES * TAILS_PER_LAYER * i.n_layer.max(1))?,
+            x2: gpu.alloc(4 * ns * e)?,
             y_o: gpu.alloc(4 * t * e)?,
             y_gu: gpu.alloc(4 * t * 2 * f)?,
             y_d: gpu.alloc(4 * t * e)?,
@@ -617,12 +467,35 @@ impl CudaGlimmer {
         quant: bool,
         pf: (u64, i64),
     ) -> Result<()> {
+        self.norm_to(rows, x, (0, 1), post, w, out_f, out_b, quant, pf)
+    }
+
+    /// [`Self::norm`] writing the new x to `to.0` (0: in place) in `to.1` row slices (more
+    /// than one only with a separate destination, see kernels.cu).
+    #[allow(clippy::too_many_arguments)]
+    fn norm_to(
+        &self,
+        rows: usize,
+        x: u64,
+        to: (u64, u32),
+        post: Option<(u64, u64, f32)>,
+        w: u64,
+        out_f: u64,
+        out_b: u64,
+        quant: bool,
+        pf: (u64, i64),
+    ) -> Result<()> {
         let (y, wp, ep) = post.unwrap_or((0, 0, 0.0));
         let qa = self.qact();
         let (q, qd, qs) = if quant { (qa.q, qa.d, qa.s) } else { (0, 0, 0) };
+        let slices = if to.0 == 0 || to.0 == x || out_f == x {
+            1
+        } else {
+            to.1.clamp(1, 32)
+        };
         self.gpu.launch(
             "norm_fused",
-            (rows as u32, 1, 1),
+            (rows as u32, slices, 1),
             (self.info.n_embd / 16).next_multiple_of(32) as u32,
             &[
                 Arg::P(x),
@@ -639,6 +512,7 @@ impl CudaGlimmer {
                 Arg::P(qs),
                 Arg::P(pf.0),
                 Arg::L(pf.1),
+                Arg::P(to.0),
             ],
         )
     }
@@ -773,9 +647,14 @@ impl CudaGlimmer {
                 continue;
             }
             if tune.fused_attn {
+                // Query heads per block: they share one KV group's key and value loads.
+                let (kernel, hpb) = match tune.attn_heads_per_block {
+                    2 if (nq / nkv) % 2 == 0 => ("attn_decode_fused_h2", 2),
+                    _ => ("attn_decode_fused", 1),
+                };
                 g.launch(
-                    "attn_decode_fused",
-                    (nq as u32, nb as u32, splits as u32),
+                    kernel,
+                    ((nq / hpb) as u32, nb as u32, splits as u32),
                     128,
                     &[
                         Arg::P(s.y_qkvg.ptr()),
@@ -833,12 +712,18 @@ impl CudaGlimmer {
             if tune.attn_only {
                 continue;
             }
-            let t_wo = self.tail(il, 0);
-            l.wo.gemv_tail(g, nb, qa, s.hf.ptr(), s.y_o.ptr(), t_wo)?;
-            if t_wo == 0 {
-                self.norm(
+            l.wo.gemv(g, nb, qa, s.hf.ptr(), s.y_o.ptr())?;
+            // With sliced norms the residual moves to x2 and back within the layer.
+            let (xa, xb) = if tune.norm_slices > 1 {
+                (s.x.ptr(), s.x2.ptr())
+            } else {
+                (s.x.ptr(), s.x.ptr())
+            };
+            if !tune.skip_norm {
+                self.norm_to(
                     nb,
-                    s.x.ptr(),
+                    xa,
+                    (xb, tune.norm_slices),
                     Some((s.y_o.ptr(), l.post_attn_norm.ptr(), 1e-8)),
                     l.ffn_norm.ptr(),
                     s.hf.ptr(),
@@ -847,21 +732,14 @@ impl CudaGlimmer {
                     l.gate_up.prefetch(pf),
                 )?;
             }
-            let t_gu = self.tail(il, 1);
-            l.gate_up
-                .gemv_tail(g, nb, qa, s.hf.ptr(), s.y_gu.ptr(), t_gu)?;
-            let qa_down = if t_gu != 0 {
-                QAct {
-                    q: s.q8b.ptr(),
-                    d: s.q8bd.ptr(),
-                    s: s.q8bs.ptr(),
-                }
-            } else {
-                let pf_down = l.down.prefetch(pf);
+            l.gate_up.gemv(g, nb, qa, s.hf.ptr(), s.y_gu.ptr())?;
+            let pf_down = l.down.prefetch(pf);
+            let swb = tune.swiglu_block.clamp(32, 1024).next_multiple_of(32) as usize;
+            if !tune.skip_swiglu {
                 g.launch(
                     "swiglu",
-                    ((nb * i.n_ff / 16).div_ceil(64) as u32, 1, 1),
-                    64,
+                    ((nb * i.n_ff / 16).div_ceil(swb) as u32, 1, 1),
+                    swb as u32,
                     &[
                         Arg::P(s.y_gu.ptr()),
                         Arg::L(i.n_ff as i64),
@@ -876,27 +754,26 @@ impl CudaGlimmer {
                         Arg::I(l.gu_il as i32),
                     ],
                 )?;
-                qa
-            };
-            let t_down = self.tail(il, 2);
-            l.down
-                .gemv_tail(g, nb, qa_down, s.hf.ptr(), s.y_d.ptr(), t_down)?;
-            if t_down == 0 {
-                let (next, pf_next) = match self.layers.get(il + 1) {
-                    Some(n) => (n.attn_norm.ptr(), n.qkvg.prefetch(pf)),
-                    None => (self.output_norm.ptr(), self.output.prefetch(pf)),
-                };
-                self.norm(
-                    nb,
-                    s.x.ptr(),
-                    Some((s.y_d.ptr(), l.post_ffw_norm.ptr(), 1e-8)),
-                    next,
-                    s.hf.ptr(),
-                    0,
-                    true,
-                    pf_next,
-                )?;
             }
+            l.down.gemv(g, nb, qa, s.hf.ptr(), s.y_d.ptr())?;
+            let (next, pf_next) = match self.layers.get(il + 1) {
+                Some(n) => (n.attn_norm.ptr(), n.qkvg.prefetch(pf)),
+                None => (self.output_norm.ptr(), self.output.prefetch(pf)),
+            };
+            if tune.skip_norm {
+                continue;
+            }
+            self.norm_to(
+                nb,
+                xb,
+                (xa, tune.norm_slices),
+                Some((s.y_d.ptr(), l.post_ffw_norm.ptr(), 1e-8)),
+                next,
+                s.hf.ptr(),
+                0,
+                true,
+                pf_next,
+            )?;
         }
         self.output
             .gemv(g, nb, self.qact(), s.hf.ptr(), s.logits.ptr())?;

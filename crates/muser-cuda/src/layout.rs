@@ -203,7 +203,7 @@ pub fn q4k_kernel_r4(w: u32, u: u32, batch: usize) -> String {
 }
 
 /// Kernels other than the GEMVs.
-pub const OTHER_KERNELS: [&str; 13] = [
+pub const OTHER_KERNELS: [&str; 14] = [
     "dequant_bf16",
     "get_rows",
     "quantize_act",
@@ -212,6 +212,7 @@ pub const OTHER_KERNELS: [&str; 13] = [
     "attn_decode",
     "attn_combine_gate",
     "attn_decode_fused",
+    "attn_decode_fused_h2",
     "softmax_mask",
     "gate_heads_bf16",
     "swiglu",

@@ -233,12 +233,19 @@ pub struct Tuning {
     /// with 4 the shape is `layout::q4k_shape_r4`'s). 0: 2 (measured best for one sequence on
     /// the H200; the same for every batch size keeps batched tokens equal to single ones).
     pub rows_per_warp: u32,
-    /// The RMSNorms after `wo` and `down` (post-norm, residual, next norm, quantization) run
-    /// in the GEMV's last block instead of their own kernel.
-    pub norm_tail: bool,
-    /// SwiGLU and its quantization run in the gate+up GEMV, per group of 16 outputs in the
-    /// block that finishes the group last, instead of their own kernel.
-    pub swiglu_tail: bool,
+    /// Blocks per row of a decode step's two per-layer norms: each computes the row's sums
+    /// and writes a slice (1: one block per row, in place). 8 measured best on the H200 (4 to
+    /// 13 alike); the results are bit-identical for every count.
+    pub norm_slices: u32,
+    /// Threads per block of the decode SwiGLU kernel (16 values per thread).
+    pub swiglu_block: u32,
+    /// Query heads per block of the fused decode attention (1 or 2; they share each key and
+    /// value load of their KV group).
+    pub attn_heads_per_block: u32,
+    /// Diagnostics only (wrong results): the per-layer norms are skipped.
+    pub skip_norm: bool,
+    /// Diagnostics only (wrong results): the SwiGLU kernel is skipped.
+    pub skip_swiglu: bool,
 }
 
 impl Default for Tuning {
@@ -253,8 +260,11 @@ impl Default for Tuning {
             gemv_only: false,
             attn_only: false,
             rows_per_warp: 0,
-            norm_tail: false,
-            swiglu_tail: false,
+            norm_slices: 8,
+            swiglu_block: 64,
+            attn_heads_per_block: 1,
+            skip_norm: false,
+            skip_swiglu: false,
         }
     }
 }
@@ -262,7 +272,7 @@ impl Default for Tuning {
 impl Tuning {
     /// Applies `key=value` pairs separated by commas: `q4k=legacy|tuned|W,U`, `l2=0|1`,
     /// `pf=MB`, `fattn=0|1`, `splits=N`, `gemvonly=0|1`, `attnonly=0|1`,
-    /// `rpw=0|1|2|4`, `kmin=N`, `ntail=0|1`, `stail=0|1`.
+    /// `rpw=0|1|2|4`, `kmin=N`, `nsl=N`, `swb=N`, `ahpb=1|2`, `skipnorm=0|1`, `skipswiglu=0|1`.
     pub fn parse(mut self, spec: &str) -> Result<Tuning> {
         let bad = || CudaError::Shape(format!("tuning '{spec}'"));
         for kv in spec.split([',', ' ']).filter(|s| !s.is_empty()) {
@@ -287,8 +297,17 @@ impl Tuning {
                 "gemvonly" => self.gemv_only = v == "1",
                 "rpw" => self.rows_per_warp = v.parse::<u32>().map_err(|_| bad())?.min(4),
                 "attnonly" => self.attn_only = v == "1",
-                "ntail" => self.norm_tail = v == "1",
-                "stail" => self.swiglu_tail = v == "1",
+                "nsl" => self.norm_slices = v.parse::<u32>().map_err(|_| bad())?.clamp(1, 32),
+                "swb" => self.swiglu_block = v.parse::<u32>().map_err(|_| bad())?.clamp(32, 1024),
+                "ahpb" => {
+                    self.attn_heads_per_block = match v {
+                        "1" => 1,
+                        "2" => 2,
+                        _ => return Err(bad()),
+                    }
+                }
+                "skipnorm" => self.skip_norm = v == "1",
+                "skipswiglu" => self.skip_swiglu = v == "1",
                 "kmin" => {
                     self.attn_min_keys = v.parse::<u32>().map_err(|_| bad())?.clamp(16, 1 << 20)
                 }
@@ -775,13 +794,17 @@ mod tests {
         // Clamped to what the kernels handle.
         let t = Tuning::default().parse("splits=999,kmin=1").unwrap();
         assert_eq!((t.attn_splits, t.attn_min_keys), (128, 16));
-        let d = Tuning::default();
-        let t = d.parse("ntail=1,stail=1").unwrap();
-        assert!(t.norm_tail && t.swiglu_tail);
-        let t = t.parse("ntail=0,stail=0").unwrap();
-        assert!(!t.norm_tail && !t.swiglu_tail);
+        let t = Tuning::default()
+            .parse("nsl=1,ahpb=2,swb=128,skipnorm=1,skipswiglu=1")
+            .unwrap();
+        assert_eq!(
+            (t.norm_slices, t.attn_heads_per_block, t.swiglu_block),
+            (1, 2, 128)
+        );
+        assert!(t.skip_norm && t.skip_swiglu);
+        assert_eq!(Tuning::default().norm_slices, 8);
         assert_eq!(Tuning::default().parse("").unwrap(), Tuning::default());
-        for bad in ["kmin", "kmin=x", "nosuch=1", "q4k=1"] {
+        for bad in ["kmin", "kmin=x", "nosuch=1", "q4k=1", "ahpb=3", "nsl=x"] {
             assert!(Tuning::default().parse(bad).is_err(), "{bad}");
         }
     }

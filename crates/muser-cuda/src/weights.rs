@@ -109,22 +109,6 @@ impl DevWeight {
         y: u64,
         ldy: usize,
     ) -> Result<()> {
-        self.gemv_tail(gpu, batch, qa, xf, y, ldy, 0)
-    }
-
-    /// [`Self::gemv`] with an epilogue: `tail` is the device address of a `Tail` (kernels.cu;
-    /// built by glimmer.rs) that the blocks finishing last run, or 0 for none.
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemv_tail(
-        &self,
-        gpu: &Gpu,
-        batch: usize,
-        qa: QAct,
-        xf: u64,
-        y: u64,
-        ldy: usize,
-        tail: u64,
-    ) -> Result<()> {
         if batch == 0 || batch > MAX_GEMV_BATCH {
             return Err(CudaError::Shape(format!(
                 "GEMV batch {batch} (1..={MAX_GEMV_BATCH})"
@@ -184,7 +168,6 @@ impl DevWeight {
                 Arg::P(xf),
                 Arg::P(y),
                 Arg::L(ldy as i64),
-                Arg::P(tail),
             ],
         )
     }

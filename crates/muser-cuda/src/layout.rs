@@ -212,7 +212,7 @@ pub const OTHER_KERNELS: [&str; 14] = [
     "attn_decode",
     "attn_combine_gate",
     "attn_decode_fused",
-    "attn_decode_fused_h2",
+    "attn_decode_fused_k8",
     "softmax_mask",
     "gate_heads_bf16",
     "swiglu",

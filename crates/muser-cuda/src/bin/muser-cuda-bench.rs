@@ -435,7 +435,19 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
         let (l1, t1) = m.prefill(&long, 0)?;
         let (l2, t2) = full.prefill(&long, 0)?;
         let ep = rel_err(&l1, &l2.iter().map(|&v| v as f64).collect::<Vec<_>>());
+        // An argmax that differs is a near-tie when the two candidates' logits are closer
+        // than the two runs' largest logit difference (rounding, not a wrong row, chose).
+        let tie = |a: &[f32], b: &[f32], n1: u32, n2: u32| {
+            let diff = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            (a[n1 as usize] - a[n2 as usize]).abs() <= 2.0 * diff
+        };
         let mut same = t1 == t2;
+        let mut flips = usize::from(t1 != t2);
+        let mut flips_tied = t1 == t2 || tie(&l1, &l2, t1, t2);
         let mut worst = 0f64;
         let mut tok = t1;
         for k in 0..40 {
@@ -445,18 +457,24 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
                 &a1,
                 &a2.iter().map(|&v| v as f64).collect::<Vec<_>>(),
             ));
-            same &= n1 == n2;
+            if n1 != n2 {
+                same = false;
+                flips += 1;
+                flips_tied &= tie(&a1, &a2, n1, n2);
+            }
             tok = n1;
         }
         // Not bit-equal: with a ring, a window that wraps is multiplied in two cuBLAS calls,
         // whose rounding differs; the int8 and bf16 roundings downstream amplify that to the
-        // size of the prefill-vs-decode differences. A wrong row would change tokens.
-        ring_ok = same && ep < 2e-2 && worst < 2e-2;
+        // size of the prefill-vs-decode differences (both runs are fed the same tokens). A
+        // wrong row would show as a large error or an argmax change that is not a near-tie.
+        ring_ok = flips_tied && ep < 2e-2 && worst < 2e-2;
         println!(
-            "sliding-window rings vs full caches: {nlong}-token prompt logits rel err {ep:.2e}, 40 decode steps max rel err {worst:.2e}, same tokens {same}"
+            "sliding-window rings vs full caches: {nlong}-token prompt logits rel err {ep:.2e}, 40 decode steps max rel err {worst:.2e}, same tokens {same} ({flips} argmax changes, all near-ties: {flips_tied})"
         );
         ring_json = json!({"prompt_tokens": nlong, "prefill_rel_err": ep, "decode_steps": 40,
-            "decode_max_rel_err": worst, "same_tokens": same, "pass": ring_ok});
+            "decode_max_rel_err": worst, "same_tokens": same, "argmax_changes": flips,
+            "argmax_changes_near_ties": flips_tied, "pass": ring_ok});
     }
     let mut cpu = json!(null);
     if a.cpu_check {

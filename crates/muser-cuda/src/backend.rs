@@ -464,9 +464,8 @@ mod dev {
                 )?);
             }
             let qa = QActBufs::quantize(&self.gpu, x.ptr(), k, n)?;
+            // The scratch is freed on return, in stream order after the GEMV (DevBuf).
             dw.gemv(&self.gpu, n, qa.act(), 0, y.ptr(), dw.rows)?;
-            // The scratch is freed on return; wait until the GEMV has read it.
-            self.gpu.sync()?;
             Ok(())
         }
 
@@ -537,10 +536,8 @@ mod dev {
                 self.gpu
                     .gemm(ym.ptr(), m, sx.ptr(), mb.ptr(), (n, m, k / 32), GemmIn::F32)?;
                 self.each("op_add", n * m, &[Arg::P(y.ptr()), Arg::P(ym.ptr())])?;
-                self.gpu.sync()?;
             }
-            // The rounded copy is freed on return; wait until the product has read it.
-            self.gpu.sync()?;
+            // The rounded copy is freed on return, in stream order after the product.
             Ok(())
         }
 
@@ -552,7 +549,6 @@ mod dev {
             self.each("op_to_bf16", n * k, &[Arg::P(x.ptr()), Arg::P(xb.ptr())])?;
             self.gpu
                 .gemm_bf16(y.ptr(), m, xb.ptr(), wb.ptr(), n, m, k)?;
-            self.gpu.sync()?;
             Ok(())
         }
     }
@@ -730,7 +726,6 @@ mod dev {
                     Arg::I(i32::from(mode == RopeMode::Neox)),
                 ],
             )?;
-            self.gpu.sync()?;
             Ok(())
         }
 
@@ -812,7 +807,6 @@ mod dev {
                     Arg::L(y.len() as i64),
                 ],
             )?;
-            self.gpu.sync()?;
             Ok(y)
         }
 
@@ -914,7 +908,6 @@ mod dev {
                     Arg::P(rows_ptr),
                 ],
             )?;
-            self.gpu.sync()?;
             Ok(out)
         }
     }

@@ -336,11 +336,14 @@ pub enum Arg {
     F(f32),
 }
 
-/// A device allocation, freed on drop.
+/// A device allocation, stream-ordered on the [`Gpu`]'s stream: it may be used by work
+/// enqueued on that stream, and dropping it frees it after all work enqueued before the drop
+/// (so a temporary can be dropped right after the kernels that read it are launched).
 pub struct DevBuf {
     ptr: u64,
     bytes: usize,
     ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
 }
 
 impl DevBuf {
@@ -366,8 +369,9 @@ impl DevBuf {
 impl Drop for DevBuf {
     fn drop(&mut self) {
         if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: ptr came from malloc_sync and is freed once.
-            let _ = unsafe { drv::free_sync(self.ptr) };
+            // SAFETY: ptr came from malloc_async on this stream and is freed once, in stream
+            // order: after every launch that was enqueued while the buffer was alive.
+            let _ = unsafe { drv::free_async(self.ptr, self.stream.cu_stream()) };
         }
     }
 }
@@ -428,6 +432,20 @@ impl Gpu {
             funcs.insert(n, f);
         }
         let stream = ctx.new_stream().map_err(drv_err)?;
+        // Buffers come from the device's stream-ordered pool (DevBuf); keep freed memory in
+        // the pool instead of returning it to the driver at every synchronization, so the
+        // per-op backend's temporaries are recycled without a driver allocation each time.
+        // SAFETY: the device handle is the context's own; the attribute takes a u64.
+        unsafe {
+            let pool = drv::device::get_default_mem_pool(ctx.cu_device()).map_err(drv_err)?;
+            let mut keep = u64::MAX;
+            drv::mem_pool::set_attribute(
+                pool,
+                drv_sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                &mut keep as *mut u64 as *mut std::ffi::c_void,
+            )
+            .map_err(drv_err)?;
+        }
         let blas = CudaBlas::new(stream.clone()).map_err(blas_err)?;
         let pdl = cc.0 >= 9 && std::env::var("MUSER_CUDA_PDL").map_or(true, |v| v != "0");
         let tuning = match std::env::var("MUSER_CUDA_TUNE") {
@@ -486,20 +504,22 @@ impl Gpu {
         &self.info
     }
 
-    /// Allocates `bytes` of device memory (uninitialised).
+    /// Allocates `bytes` of device memory (uninitialised), in stream order (see [`DevBuf`]).
     pub fn alloc(&self, bytes: usize) -> Result<DevBuf> {
         self.ctx.bind_to_thread().map_err(drv_err)?;
-        // SAFETY: plain device allocation.
-        let ptr = unsafe { drv::malloc_sync(bytes.max(256)) }.map_err(|e| {
-            CudaError::Driver(format!(
-                "allocating {:.1} MiB: {e:?}",
-                bytes as f64 / 1048576.0
-            ))
-        })?;
+        // SAFETY: stream-ordered allocation on our stream, used only through it.
+        let ptr =
+            unsafe { drv::malloc_async(self.stream.cu_stream(), bytes.max(256)) }.map_err(|e| {
+                CudaError::Driver(format!(
+                    "allocating {:.1} MiB: {e:?}",
+                    bytes as f64 / 1048576.0
+                ))
+            })?;
         Ok(DevBuf {
             ptr,
             bytes,
             ctx: self.ctx.clone(),
+            stream: self.stream.clone(),
         })
     }
 
@@ -517,7 +537,9 @@ impl Gpu {
         unsafe { drv::memset_d8_async(ptr, value, bytes, self.stream.cu_stream()) }.map_err(drv_err)
     }
 
-    /// Copies host data to `dst + off` and waits for the copy.
+    /// Copies host data to `dst + off`, in stream order. `src` is pageable memory (no Muser
+    /// buffer is pinned), which the driver stages before the call returns, so the caller may
+    /// drop or reuse it at once; the device copy lands before any later work on the stream.
     pub fn upload<T: Copy>(&self, dst: &DevBuf, off: usize, src: &[T]) -> Result<()> {
         let n = std::mem::size_of_val(src);
         if off + n > dst.bytes {
@@ -527,10 +549,9 @@ impl Gpu {
             )));
         }
         self.bind()?;
-        // SAFETY: range checked above; we synchronize before `src` can go away.
+        // SAFETY: range checked above; a pageable source is staged before the call returns.
         unsafe { drv::memcpy_htod_async(dst.ptr + off as u64, src, self.stream.cu_stream()) }
-            .map_err(drv_err)?;
-        self.sync()
+            .map_err(drv_err)
     }
 
     /// Copies `bytes` from device address `src` to `dst` on the stream (ordered with launches).

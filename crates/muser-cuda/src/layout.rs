@@ -366,8 +366,9 @@ mod tests {
         }
     }
 
-    /// Every kernel the runtime loads is defined in kernels.cu (an extern "C" function or a
-    /// GEMV_ENTRIES instance), so a renamed kernel fails here rather than on the GPU.
+    /// Every kernel the runtime loads is defined in kernels.cu (an extern "C" function, a
+    /// GEMV_ENTRIES / Q4_K shape instance or an ATTN_FUSED_ENTRY), so a renamed kernel fails
+    /// here rather than on the GPU.
     #[test]
     fn kernel_names_exist_in_the_source() {
         let src = include_str!("kernels.cu");
@@ -394,8 +395,9 @@ mod tests {
                         && src.contains(&format!("GEMV_ENTRIES({b})"))
                 })
                 .unwrap_or(false);
+            let attn = src.contains(&format!("ATTN_FUSED_ENTRY({name},"));
             assert!(
-                src.contains(&plain) || gemv || shaped || r4,
+                src.contains(&plain) || gemv || shaped || r4 || attn,
                 "kernel {name} not found in kernels.cu"
             );
         }

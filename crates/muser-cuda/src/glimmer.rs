@@ -488,11 +488,7 @@ impl CudaGlimmer {
         let (y, wp, ep) = post.unwrap_or((0, 0, 0.0));
         let qa = self.qact();
         let (q, qd, qs) = if quant { (qa.q, qa.d, qa.s) } else { (0, 0, 0) };
-        let slices = if to.0 == 0 || to.0 == x || out_f == x {
-            1
-        } else {
-            to.1.clamp(1, 32)
-        };
+        let slices = crate::compare::norm_slices(x, to.0, out_f, to.1);
         self.gpu.launch(
             "norm_fused",
             (rows as u32, slices, 1),

@@ -20,6 +20,7 @@
 //! everywhere), the GPU-free parts of [`backend`] and [`probe`] exist, and `probe` says how to get the backend.
 
 pub mod backend;
+pub mod compare;
 mod error;
 mod exact;
 pub mod layout;

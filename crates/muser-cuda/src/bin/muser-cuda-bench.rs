@@ -437,14 +437,7 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
         let ep = rel_err(&l1, &l2.iter().map(|&v| v as f64).collect::<Vec<_>>());
         // An argmax that differs is a near-tie when the two candidates' logits are closer
         // than the two runs' largest logit difference (rounding, not a wrong row, chose).
-        let tie = |a: &[f32], b: &[f32], n1: u32, n2: u32| {
-            let diff = a
-                .iter()
-                .zip(b)
-                .map(|(x, y)| (x - y).abs())
-                .fold(0f32, f32::max);
-            (a[n1 as usize] - a[n2 as usize]).abs() <= 2.0 * diff
-        };
+        let tie = muser_cuda::compare::near_tie;
         let mut same = t1 == t2;
         let mut flips = usize::from(t1 != t2);
         let mut flips_tied = t1 == t2 || tie(&l1, &l2, t1, t2);

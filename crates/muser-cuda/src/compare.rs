@@ -1,0 +1,63 @@
+//! Comparisons of two runs' outputs for the GPU checks (`muser-cuda-bench`), and the rule that
+//! decides how many blocks a decode norm may use. Plain host code, tested without a GPU.
+
+/// Blocks per row for `norm_fused` (kernels.cu) that reads the residual at `x` and writes the
+/// new one to `x_out` (0: in place) and the normalized row to `out_f`, when `want` are asked
+/// for. Every block of a row reads the whole row, so more than one block is safe only when no
+/// block writes where another reads: not in place, and `out_f` not aliasing `x`.
+pub fn norm_slices(x: u64, x_out: u64, out_f: u64, want: u32) -> u32 {
+    if x_out == 0 || x_out == x || out_f == x {
+        1
+    } else {
+        want.clamp(1, 32)
+    }
+}
+
+/// Whether the greedy choices `n1` (from logits `a`) and `n2` (from `b`) of two runs that
+/// should agree up to rounding differ only by rounding: the two candidates' logits in `a` are
+/// closer than twice the runs' largest logit difference. A wrong row or a wrong cache entry
+/// moves logits far more than that.
+pub fn near_tie(a: &[f32], b: &[f32], n1: u32, n2: u32) -> bool {
+    if n1 == n2 {
+        return true;
+    }
+    let (Some(&x1), Some(&x2)) = (a.get(n1 as usize), a.get(n2 as usize)) else {
+        return false;
+    };
+    let diff = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    (x1 - x2).abs() <= 2.0 * diff
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn norm_slices_only_when_no_block_overwrites_what_another_reads() {
+        let (x, x2, hf) = (0x1000, 0x2000, 0x3000);
+        assert_eq!(norm_slices(x, 0, hf, 8), 1, "in place (no destination)");
+        assert_eq!(norm_slices(x, x, hf, 8), 1, "in place (destination is x)");
+        assert_eq!(norm_slices(x, x2, x, 8), 1, "the output aliases x");
+        assert_eq!(norm_slices(x, x2, hf, 8), 8);
+        assert_eq!(norm_slices(x, x2, 0, 0), 1);
+        assert_eq!(norm_slices(x, x2, hf, 99), 32);
+    }
+
+    #[test]
+    fn near_ties_are_told_from_real_disagreements() {
+        let a = [1.0, 5.00, 4.99, 0.0];
+        let b = [1.0, 4.98, 4.995, 0.0];
+        // Rounding moved 0.02 and the candidates were 0.01 apart: a tie.
+        assert!(near_tie(&a, &b, 1, 2));
+        // The same choice is never a problem.
+        assert!(near_tie(&a, &b, 1, 1));
+        // Candidates 5.0 apart with runs 0.02 apart: a real disagreement.
+        assert!(!near_tie(&a, &b, 1, 3));
+        // An index past the logits is not a tie.
+        assert!(!near_tie(&a, &b, 1, 9));
+    }
+}

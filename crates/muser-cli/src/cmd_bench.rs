@@ -16,7 +16,7 @@
 use crate::device::{self, Device};
 use anyhow::{bail, Context};
 use muser_gguf::GgufFile;
-use muser_model::{Batch, KvType, LoadOptions, Model, ModelInfo};
+use muser_model::{Batch, KvType, Model, ModelInfo};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -107,14 +107,7 @@ impl Engine {
             }
             return Engine::load_fused(args);
         }
-        let model = device::load(
-            &args.model,
-            args.device,
-            &LoadOptions {
-                threads: args.threads,
-            },
-        )
-        .with_context(|| format!("loading {}", args.model.display()))?;
+        let model = device::load(&args.model, args.device, args.threads)?;
         Ok(Engine::Model(Box::new(model), kv_type))
     }
 

@@ -20,7 +20,7 @@ use std::time::Instant;
 use crate::device::{self, Device};
 use anyhow::{bail, Context};
 use muser_engine::{Engine, EngineConfig, Event, GenerateRequest, SamplingParams, Timings};
-use muser_model::{Arch, LoadOptions, Model};
+use muser_model::{Arch, Model};
 use muser_text::Tokenizer;
 
 #[derive(clap::Args)]
@@ -97,14 +97,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let t0 = Instant::now();
-    let model = device::load(
-        &args.model,
-        args.device,
-        &LoadOptions {
-            threads: args.threads,
-        },
-    )
-    .with_context(|| format!("loading {}", args.model.display()))?;
+    let model = device::load(&args.model, args.device, args.threads)?;
     let tokenizer = load_tokenizer(&model)?.map(Arc::new);
     let info = model.info();
     eprintln!(

@@ -102,7 +102,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let state = match args.device {
             Device::Cpu => server::load(&cfg)?,
             device => {
-                let model = device::load(&model_path, device, &LoadOptions::default())?;
+                let model = device::load(&model_path, device, LoadOptions::default().threads)?;
                 server::load_with(&cfg, model)?
             }
         };

@@ -1,5 +1,6 @@
 //! `--device cpu|cuda`: which backend a command loads the model onto.
 
+use anyhow::Context;
 use muser_model::{LoadOptions, Model};
 use std::path::Path;
 
@@ -23,13 +24,14 @@ impl Device {
     }
 }
 
-/// Loads `path` onto `device`.
-pub fn load(path: &Path, device: Device, opts: &LoadOptions) -> anyhow::Result<Model> {
+/// Loads `path` onto `device` with `threads` CPU threads (0: one per core); an error names
+/// the file.
+pub fn load(path: &Path, device: Device, threads: usize) -> anyhow::Result<Model> {
     let model = match device {
-        Device::Cpu => Model::load(path, opts)?,
-        Device::Cuda => load_cuda(path)?,
+        Device::Cpu => Model::load(path, &LoadOptions { threads }).map_err(anyhow::Error::from),
+        Device::Cuda => load_cuda(path),
     };
-    Ok(model)
+    model.with_context(|| format!("loading {}", path.display()))
 }
 
 /// Share of device memory the exact precision's f32 weights may take.
@@ -51,7 +53,6 @@ fn precision_for(n_weights: u64, mem: usize) -> muser_cuda::backend::Precision {
 
 #[cfg(feature = "cuda")]
 fn load_cuda(path: &Path) -> anyhow::Result<Model> {
-    use anyhow::Context;
     use muser_cuda::backend::CudaBackend;
     let g =
         muser_gguf::GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?;
@@ -99,10 +100,10 @@ mod tests {
 
     #[test]
     fn cuda_without_the_feature_names_it() {
-        let opts = LoadOptions::default();
-        let Err(e) = load(Path::new("unused.gguf"), Device::Cuda, &opts) else {
+        let Err(e) = load(Path::new("unused.gguf"), Device::Cuda, 0) else {
             panic!("--device cuda loaded a model without the cuda feature");
         };
         assert!(format!("{e:#}").contains("--features cuda"), "{e:#}");
+        assert!(format!("{e:#}").contains("loading unused.gguf"), "{e:#}");
     }
 }

@@ -513,6 +513,39 @@ impl CudaGlimmer {
         )
     }
 
+    /// `swiglu` (kernels.cu) over `rows` rows of layer `l`'s gate+up output: to f32 and/or bf16
+    /// (`out`: addresses, 0 for none) and/or int8 activations, `block` threads per block.
+    fn swiglu(
+        &self,
+        l: &Layer,
+        rows: usize,
+        block: usize,
+        out: (u64, u64),
+        quant: Option<QAct>,
+        pf: (u64, i64),
+    ) -> Result<()> {
+        let f = self.info.n_ff;
+        let qa = quant.unwrap_or(QAct { q: 0, d: 0, s: 0 });
+        self.gpu.launch(
+            "swiglu",
+            ((rows * f / 16).div_ceil(block) as u32, 1, 1),
+            block as u32,
+            &[
+                Arg::P(self.s.y_gu.ptr()),
+                Arg::L(f as i64),
+                Arg::L(rows as i64),
+                Arg::P(out.0),
+                Arg::P(out.1),
+                Arg::P(qa.q),
+                Arg::P(qa.d),
+                Arg::P(qa.s),
+                Arg::P(pf.0),
+                Arg::L(pf.1),
+                Arg::I(l.gu_il as i32),
+            ],
+        )
+    }
+
     /// Halves between two sequences' caches in layer `l`.
     fn slot_stride(&self, l: &Layer) -> usize {
         l.cache_rows * self.info.n_head_kv * HEAD_DIM
@@ -731,24 +764,7 @@ impl CudaGlimmer {
             l.gate_up.gemv(g, nb, qa, s.hf.ptr(), s.y_gu.ptr())?;
             let pf_down = l.down.prefetch(pf);
             if !tune.skip_swiglu {
-                g.launch(
-                    "swiglu",
-                    ((nb * i.n_ff / 16).div_ceil(64) as u32, 1, 1),
-                    64,
-                    &[
-                        Arg::P(s.y_gu.ptr()),
-                        Arg::L(i.n_ff as i64),
-                        Arg::L(nb as i64),
-                        Arg::P(s.hf.ptr()),
-                        Arg::P(0),
-                        Arg::P(qa.q),
-                        Arg::P(qa.d),
-                        Arg::P(qa.s),
-                        Arg::P(pf_down.0),
-                        Arg::L(pf_down.1),
-                        Arg::I(l.gu_il as i32),
-                    ],
-                )?;
+                self.swiglu(l, nb, 64, (s.hf.ptr(), 0), Some(qa), pf_down)?;
             }
             l.down.gemv(g, nb, qa, s.hf.ptr(), s.y_d.ptr())?;
             let (next, pf_next) = match self.layers.get(il + 1) {
@@ -1073,24 +1089,7 @@ impl CudaGlimmer {
             )?;
             l.gate_up
                 .gemm(g, t, s.hb.ptr(), s.y_gu.ptr(), s.wbuf.ptr())?;
-            g.launch(
-                "swiglu",
-                ((t * i.n_ff / 16).div_ceil(256) as u32, 1, 1),
-                256,
-                &[
-                    Arg::P(s.y_gu.ptr()),
-                    Arg::L(i.n_ff as i64),
-                    Arg::L(t as i64),
-                    Arg::P(0),
-                    Arg::P(s.hb.ptr()),
-                    Arg::P(0),
-                    Arg::P(0),
-                    Arg::P(0),
-                    Arg::P(0),
-                    Arg::L(0),
-                    Arg::I(l.gu_il as i32),
-                ],
-            )?;
+            self.swiglu(l, t, 256, (0, s.hb.ptr()), None, (0, 0))?;
             l.down.gemm(g, t, s.hb.ptr(), s.y_d.ptr(), s.wbuf.ptr())?;
             let last = il + 1 == self.layers.len();
             let next = if last {

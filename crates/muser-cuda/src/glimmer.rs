@@ -455,25 +455,10 @@ impl CudaGlimmer {
     }
 
     /// `norm_fused` (see kernels.cu): optional post-norm + residual into x, then the norm of x.
+    /// The new x goes to `to.0` (0: in place) in `to.1` row slices (more than one only with a
+    /// separate destination, see `compare::norm_slices`).
     #[allow(clippy::too_many_arguments)]
     fn norm(
-        &self,
-        rows: usize,
-        x: u64,
-        post: Option<(u64, u64, f32)>,
-        w: u64,
-        out_f: u64,
-        out_b: u64,
-        quant: bool,
-        pf: (u64, i64),
-    ) -> Result<()> {
-        self.norm_to(rows, x, (0, 1), post, w, out_f, out_b, quant, pf)
-    }
-
-    /// [`Self::norm`] writing the new x to `to.0` (0: in place) in `to.1` row slices (more
-    /// than one only with a separate destination, see kernels.cu).
-    #[allow(clippy::too_many_arguments)]
-    fn norm_to(
         &self,
         rows: usize,
         x: u64,
@@ -651,10 +636,11 @@ impl CudaGlimmer {
         let ld = 2 * qw + 2 * nkv * HEAD_DIM;
         self.tok_embd.get_rows(g, s.tokens.ptr(), nb, s.x.ptr())?;
         // Embedding RMSNorm (no weight), in place.
-        self.norm(nb, s.x.ptr(), None, 0, s.x.ptr(), 0, false, (0, 0))?;
+        self.norm(nb, s.x.ptr(), (0, 1), None, 0, s.x.ptr(), 0, false, (0, 0))?;
         self.norm(
             nb,
             s.x.ptr(),
+            (0, 1),
             None,
             self.layers[0].attn_norm.ptr(),
             s.hf.ptr(),
@@ -749,7 +735,7 @@ impl CudaGlimmer {
                 (s.x.ptr(), s.x.ptr())
             };
             if !tune.skip_norm {
-                self.norm_to(
+                self.norm(
                     nb,
                     xa,
                     (xb, tune.norm_slices),
@@ -774,7 +760,7 @@ impl CudaGlimmer {
             if tune.skip_norm {
                 continue;
             }
-            self.norm_to(
+            self.norm(
                 nb,
                 xb,
                 (xa, tune.norm_slices),
@@ -968,10 +954,11 @@ impl CudaGlimmer {
         g.upload(&s.tokens, 0, &ids)?;
         g.upload(&s.pos, 0, &poss)?;
         self.tok_embd.get_rows(g, s.tokens.ptr(), t, s.x.ptr())?;
-        self.norm(t, s.x.ptr(), None, 0, s.x.ptr(), 0, false, (0, 0))?;
+        self.norm(t, s.x.ptr(), (0, 1), None, 0, s.x.ptr(), 0, false, (0, 0))?;
         self.norm(
             t,
             s.x.ptr(),
+            (0, 1),
             None,
             self.layers[0].attn_norm.ptr(),
             0,
@@ -1080,6 +1067,7 @@ impl CudaGlimmer {
             self.norm(
                 t,
                 s.x.ptr(),
+                (0, 1),
                 Some((s.y_o.ptr(), l.post_attn_norm.ptr(), 1e-8)),
                 l.ffn_norm.ptr(),
                 0,
@@ -1100,6 +1088,7 @@ impl CudaGlimmer {
             self.norm(
                 t,
                 s.x.ptr(),
+                (0, 1),
                 Some((s.y_d.ptr(), l.post_ffw_norm.ptr(), 1e-8)),
                 next,
                 0,
@@ -1113,6 +1102,7 @@ impl CudaGlimmer {
         self.norm(
             1,
             xl,
+            (0, 1),
             None,
             self.output_norm.ptr(),
             s.hf.ptr(),

@@ -14,6 +14,7 @@
 use muser_gguf::GgufFile;
 use muser_model::{Arch, ModelInfo};
 
+pub use crate::layout::{sample_params, sample_uniform, Sampling};
 use crate::runtime::{Arg, DevBuf, Gpu};
 use crate::weights::{DevWeight, QAct, WType};
 use crate::CudaError;
@@ -212,6 +213,8 @@ struct Scratch {
     tokens: DevBuf,
     pos: DevBuf,
     history: DevBuf,
+    /// Per-sequence `SampleParams` (kernels.cu), zero (greedy) until set.
+    sample: DevBuf,
     // prefill
     hb: DevBuf,
     q_h: DevBuf,
@@ -257,6 +260,8 @@ pub struct CudaGlimmer {
     layers: Vec<Layer>,
     s: Scratch,
     weight_bytes: usize,
+    /// Per-sequence sampling choices as uploaded to `Scratch::sample` (None: greedy).
+    sampling: std::sync::Mutex<Vec<Option<Sampling>>>,
 }
 
 fn norm_vec(gpu: &Gpu, g: &GgufFile, name: &str, n: usize) -> Result<DevBuf> {
@@ -390,6 +395,7 @@ impl CudaGlimmer {
             layers,
             s,
             weight_bytes,
+            sampling: std::sync::Mutex::new(vec![None; opts.n_seq]),
         })
     }
 
@@ -422,6 +428,7 @@ impl CudaGlimmer {
             tokens: gpu.alloc_zeroed(4 * t)?,
             pos: gpu.alloc_zeroed(4 * t)?,
             history: gpu.alloc_zeroed(4 * (o.n_ctx + 1) * ns)?,
+            sample: gpu.alloc_zeroed(16 * ns)?,
             hb: gpu.alloc(2 * t * widest)?,
             q_h: gpu.alloc(2 * t * qw)?,
             scores: gpu.alloc(4 * i.n_head * t * o.n_ctx)?,
@@ -777,23 +784,60 @@ impl CudaGlimmer {
         self.finish_logits(nb, advance)
     }
 
+    /// Sets how sequence `seq` picks its tokens from the next decode step on (None: greedy).
+    /// A captured decode graph keeps the kernel it was captured with (greedy argmax, or the
+    /// sampler once any sequence samples), so capture after choosing; the parameters
+    /// themselves live in device memory and may change between replays.
+    pub fn set_sampling(&self, seq: usize, s: Option<Sampling>) -> Result<()> {
+        if seq >= self.opts.n_seq {
+            return Err(CudaError::Shape(format!(
+                "sequence {seq} of {}",
+                self.opts.n_seq
+            )));
+        }
+        if let Some(s) = s {
+            if !s.temp.is_finite() {
+                return Err(CudaError::Shape(format!("sampling temperature {}", s.temp)));
+            }
+        }
+        self.gpu
+            .upload(&self.s.sample, 16 * seq, &sample_params(s))?;
+        self.sampling.lock().unwrap_or_else(|e| e.into_inner())[seq] = s;
+        Ok(())
+    }
+
+    fn samples(&self) -> bool {
+        self.sampling
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|s| s.is_some_and(|s| s.temp > 0.0 && s.top_k != 1))
+    }
+
     fn finish_logits(&self, nb: usize, advance: bool) -> Result<()> {
-        self.gpu.launch(
-            "logits_argmax",
-            (nb as u32, 1, 1),
-            1024,
-            &[
-                Arg::P(self.s.logits.ptr()),
-                Arg::L(self.info.n_vocab as i64),
-                Arg::F(self.logit_scale),
-                Arg::F(self.info.softcap),
-                Arg::P(self.s.tokens.ptr()),
-                Arg::P(self.s.pos.ptr()),
-                Arg::P(self.s.history.ptr()),
-                Arg::I(self.opts.n_ctx as i32 + 1),
-                Arg::I(advance as i32),
-            ],
-        )
+        let sample = self.samples();
+        let mut args = vec![
+            Arg::P(self.s.logits.ptr()),
+            Arg::L(self.info.n_vocab as i64),
+            Arg::F(self.logit_scale),
+            Arg::F(self.info.softcap),
+        ];
+        if sample {
+            args.push(Arg::P(self.s.sample.ptr()));
+        }
+        args.extend([
+            Arg::P(self.s.tokens.ptr()),
+            Arg::P(self.s.pos.ptr()),
+            Arg::P(self.s.history.ptr()),
+            Arg::I(self.opts.n_ctx as i32 + 1),
+            Arg::I(advance as i32),
+        ]);
+        let kernel = if sample {
+            "logits_sample"
+        } else {
+            "logits_argmax"
+        };
+        self.gpu.launch(kernel, (nb as u32, 1, 1), 1024, &args)
     }
 
     fn check_pos(&self, pos: usize, n: usize) -> Result<()> {

@@ -1276,6 +1276,167 @@ extern "C" __global__ void swiglu(const float* gu, long F, long T, float* out_f,
     if (q) quant16(v, q + t * F + 16 * g, qd + t * ng + g, qs + t * ng + g);
 }
 
+// Sampling parameters of one sequence (glimmer.rs writes them; 16 bytes).
+struct SampleParams {
+    float temp;
+    int top_k;
+    unsigned long long seed;
+};
+
+// Order-preserving key of a float: larger floats give larger unsigned keys.
+__device__ __forceinline__ u32 order_key(float v) {
+    const u32 u = __float_as_uint(v);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// A uniform draw in [0, 1) (24 bits) from a counter-based hash of (seed, position): splitmix64,
+// the same function as glimmer.rs's `sample_uniform`, so a draw can be checked on the host.
+__device__ __forceinline__ float sample_uniform(unsigned long long seed, int pos) {
+    unsigned long long z = seed ^ ((unsigned long long)(u32)pos * 0x9E3779B97F4A7C15ull);
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (float)(z >> 40) * (1.0f / 16777216.0f);
+}
+
+// Logit scale and softcap in place, then a sampled token per row: temperature, top-k (0: the
+// whole vocabulary; values tied with the k-th largest are all kept), and a draw from
+// sample_uniform(seed, pos). temp <= 0 or top_k == 1 is greedy (lowest index wins ties, as in
+// logits_argmax). grid B, block 1024 (at most 1024). Thread t owns the contiguous indices
+// [t·C, t·C + C), so sums in index order are the threads' sums in thread order: one thread scans
+// them, which makes the draw reproducible. The k-th largest value is found by a radix select
+// on order_key (four passes of 8 bits). Token, history and position as in logits_argmax.
+extern "C" __global__ void logits_sample(float* logits, long V, float scale, float cap, const SampleParams* sp,
+                                         int* tokens, int* pos, int* history, int hist_len, int advance) {
+    pdl_trigger();
+    pdl_wait();
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    __shared__ u32 hist[256];
+    __shared__ float csum[1024];
+    __shared__ u32 s_prefix, s_need;
+    __shared__ int s_owner, s_tok;
+    __shared__ float s_base, s_target, s_max;
+    const int b = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
+    float* lr = logits + (long)b * V;
+    const SampleParams P = sp[b];
+    const int p = pos[b];
+    const long C = (V + nt - 1) / nt;
+    const long j0 = (long)tid * C, j1 = min(V, j0 + C);
+    float best = -INFINITY;
+    int bi = 0x7fffffff;
+    for (long j = j0; j < j1; j++) {
+        float v = lr[j] * scale;
+        if (cap > 0.f) v = cap * tanhf(v / cap);
+        lr[j] = v;
+        if (v > best) { best = v; bi = (int)j; }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(FULL, best, o);
+        const int oi = __shfl_xor_sync(FULL, bi, o);
+        if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+    }
+    const int w = tid >> 5, l = tid & 31;
+    if (l == 0) { sv[w] = best; si[w] = bi; }
+    __syncthreads();
+    if (w == 0) {
+        best = l < (nt >> 5) ? sv[l] : -INFINITY;
+        bi = l < (nt >> 5) ? si[l] : 0x7fffffff;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(FULL, best, o);
+            const int oi = __shfl_xor_sync(FULL, bi, o);
+            if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+        }
+        if (l == 0) { s_tok = bi; s_max = best; }
+    }
+    __syncthreads();
+    if (P.temp > 0.f && P.top_k != 1) {
+        // The key of the k-th largest value (0: keep every value).
+        u32 thr = 0;
+        if (P.top_k > 0 && P.top_k < V) {
+            u32 prefix = 0, need = (u32)P.top_k;
+            for (int shift = 24; shift >= 0; shift -= 8) {
+                for (int i = tid; i < 256; i += nt) hist[i] = 0;
+                __syncthreads();
+                const u32 hmask = shift == 24 ? 0u : (0xFFFFFFFFu << (shift + 8));
+                for (long j = j0; j < j1; j++) {
+                    const u32 key = order_key(lr[j]);
+                    if ((key & hmask) == (prefix & hmask)) atomicAdd(&hist[(key >> shift) & 255], 1u);
+                }
+                __syncthreads();
+                if (tid == 0) {
+                    u32 acc = 0;
+                    int d = 255;
+                    for (; d > 0; d--) {
+                        if (acc + hist[d] >= need) break;
+                        acc += hist[d];
+                    }
+                    s_prefix = prefix | ((u32)d << shift);
+                    s_need = need - acc;
+                }
+                __syncthreads();
+                prefix = s_prefix;
+                need = s_need;
+            }
+            thr = prefix;
+        }
+        const float M = s_max, it = 1.f / P.temp;
+        float acc = 0.f;
+        for (long j = j0; j < j1; j++) {
+            const float v = lr[j];
+            if (order_key(v) >= thr) acc += expf((v - M) * it);
+        }
+        csum[tid] = acc;
+        __syncthreads();
+        if (tid == 0) {
+            float tot = 0.f;
+            for (int t = 0; t < nt; t++) {
+                const float c = csum[t];
+                csum[t] = tot;  // exclusive prefix
+                tot += c;
+            }
+            const float target = sample_uniform(P.seed, p) * tot;
+            // The first thread whose range carries the target; rounding past the total falls
+            // to the last thread with any weight.
+            int owner = -1, last = 0;
+            for (int t = 0; t < nt; t++) {
+                const float hi = t + 1 < nt ? csum[t + 1] : tot;
+                if (hi > csum[t]) last = t;
+                if (owner < 0 && hi > target && hi > csum[t]) owner = t;
+            }
+            s_owner = owner < 0 ? last : owner;
+            s_base = csum[s_owner];
+            s_target = target;
+        }
+        __syncthreads();
+        if (tid == s_owner) {
+            float run = s_base;
+            int tok = -1;
+            for (long j = j0; j < j1; j++) {
+                const float v = lr[j];
+                if (order_key(v) < thr) continue;
+                tok = (int)j;
+                run += expf((v - M) * it);
+                if (run > s_target) break;
+            }
+            if (tok >= 0) s_tok = tok;
+        }
+        __syncthreads();
+    }
+    if (tid == 0) {
+        const int t = s_tok;
+        tokens[b] = t;
+        if (advance) {
+            const int np = p + 1;
+            if (np < hist_len) history[(long)b * hist_len + np] = t;
+            pos[b] = np;
+        }
+    }
+}
+
 // Logit scale and softcap in place, then greedy argmax per row (lowest index wins ties).
 // The chosen token goes to tokens[b]; history[b * hist_len + pos[b] + 1] = token; pos[b] += 1
 // when advance != 0 (decode loops replayed from a CUDA graph). grid B, block 1024.

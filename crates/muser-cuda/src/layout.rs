@@ -203,7 +203,7 @@ pub fn q4k_kernel_r4(w: u32, u: u32, batch: usize) -> String {
 }
 
 /// Kernels other than the GEMVs.
-pub const OTHER_KERNELS: [&str; 14] = [
+pub const OTHER_KERNELS: [&str; 15] = [
     "dequant_bf16",
     "get_rows",
     "quantize_act",
@@ -217,6 +217,7 @@ pub const OTHER_KERNELS: [&str; 14] = [
     "gate_heads_bf16",
     "swiglu",
     "logits_argmax",
+    "logits_sample",
     "read_probe",
 ];
 
@@ -254,9 +255,64 @@ pub fn kernel_names() -> Vec<String> {
     names
 }
 
+/// How a decode step of the fused path picks a sequence's next token on the GPU
+/// (`logits_sample` in kernels.cu; `glimmer::CudaGlimmer::set_sampling`): softmax at temperature `temp` over the `top_k` largest logits (0: all), drawn
+/// with [`sample_uniform`]`(seed, position)`. Sequences without one are greedy.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampling {
+    /// Softmax temperature (0 or less: greedy).
+    pub temp: f32,
+    /// Logits kept (0: the whole vocabulary; 1: greedy). Values tied with the k-th are kept.
+    pub top_k: u32,
+    /// Seed of the draws; the draw of a step depends on the seed and the position only.
+    pub seed: u64,
+}
+
+/// The draw in [0, 1) that `logits_sample` makes for `seed` at position `pos` (splitmix64,
+/// 24 bits), for checks on the host.
+pub fn sample_uniform(seed: u64, pos: i32) -> f32 {
+    let mut z = seed ^ (pos as u32 as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 40) as f32 * (1.0 / 16_777_216.0)
+}
+
+/// A sequence's [`Sampling`] as kernels.cu's `SampleParams` (16 bytes).
+pub fn sample_params(s: Option<Sampling>) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    if let Some(s) = s {
+        b[0..4].copy_from_slice(&s.temp.to_le_bytes());
+        b[4..8].copy_from_slice(&(s.top_k.min(i32::MAX as u32) as i32).to_le_bytes());
+        b[8..16].copy_from_slice(&s.seed.to_le_bytes());
+    }
+    b
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sample_draws_are_uniform_reproducible_and_laid_out_for_the_kernel() {
+        let d: Vec<f32> = (0..4000).map(|p| sample_uniform(42, p)).collect();
+        assert!(d.iter().all(|&u| (0.0..1.0).contains(&u)));
+        let mean = d.iter().sum::<f32>() / d.len() as f32;
+        assert!((mean - 0.5).abs() < 0.02, "mean {mean}");
+        assert_eq!(sample_uniform(42, 7), sample_uniform(42, 7));
+        assert_ne!(sample_uniform(42, 7), sample_uniform(43, 7));
+        assert_ne!(sample_uniform(42, 7), sample_uniform(42, 8));
+        let b = sample_params(Some(Sampling {
+            temp: 0.5,
+            top_k: 40,
+            seed: 0x0102_0304_0506_0708,
+        }));
+        assert_eq!(f32::from_le_bytes([b[0], b[1], b[2], b[3]]), 0.5);
+        assert_eq!(i32::from_le_bytes([b[4], b[5], b[6], b[7]]), 40);
+        assert_eq!(b[8..16], 0x0102_0304_0506_0708u64.to_le_bytes());
+        assert_eq!(sample_params(None), [0u8; 16], "greedy is all zeros");
+    }
 
     /// Both modules compile with NVRTC for sm_90 and hold every kernel the Rust side loads.
     /// Needs NVRTC and the CUDA headers, no GPU: `scripts/cuda-compile-check.sh` sets them up

@@ -13,6 +13,8 @@
 //!       (llama-bench -d D). --slots N also checks N-sequence decode against one sequence at a
 //!       time and times aggregate generation; --tunes times tgN under other decode choices
 //!       (runtime::Tuning specs).
+//!   muser-cuda-bench check-sampling [--json OUT]
+//!       only the GPU sampler's checks (part of `check`).
 //!   muser-cuda-bench gemv [--tunes ...] [--json OUT]
 //!       Q4_K decode GEMVs alone on Muse Glimmer's shapes (random valid blocks, copies past the
 //!       L2 size), per tuning: microseconds and TB/s.
@@ -244,11 +246,145 @@ fn cmd_check(json_out: Option<PathBuf>) -> Result<bool, CudaError> {
         ok &= check_type(&gpu, WType::Q4K, 301, 19968, &mut rng, &mut results)?;
     }
     gpu.set_tuning(base);
+    ok &= check_sampling(&gpu, &mut rng, &mut results)?;
     if let Some(p) = json_out {
         let doc = json!({"kind": "cuda-kernel-checks", "device": gpu.info().name, "all_pass": ok, "results": results});
         std::fs::write(p, serde_json::to_string_pretty(&doc).unwrap_or_default())?;
     }
     println!("checks: {}", if ok { "all passed" } else { "FAILURES" });
+    Ok(ok)
+}
+
+/// `logits_sample` on random logits against the host: the kernel's token must be greedy's
+/// argmax when greedy, else a kept logit (among the top k) whose span of the index-order
+/// cumulative softmax (f64 on the host, over the logits the kernel scaled and capped) holds the
+/// draw `sample_uniform(seed, pos)`, up to f32 rounding. Also checks the position advance.
+fn check_sampling(gpu: &Gpu, rng: &mut Rng, results: &mut Vec<Value>) -> Result<bool, CudaError> {
+    use muser_cuda::glimmer::{sample_params, sample_uniform, Sampling};
+    let cases: [(usize, f32, u32); 7] = [
+        (202_048, 0.0, 40),
+        (202_048, 0.8, 1),
+        (202_048, 0.8, 40),
+        (202_048, 1.0, 0),
+        (202_048, 0.3, 256),
+        (1_000, 1.5, 7),
+        (50, 2.0, 50),
+    ];
+    let mut ok = true;
+    for (ci, &(v, temp, top_k)) in cases.iter().enumerate() {
+        let nb = 4;
+        let hist_len = 64;
+        let mut logits = vec![0f32; nb * v];
+        for x in logits.iter_mut() {
+            *x = 3.0 * rng.normal();
+        }
+        let samp: Vec<Sampling> = (0..nb)
+            .map(|b| Sampling {
+                temp,
+                top_k,
+                seed: rng.next() ^ b as u64,
+            })
+            .collect();
+        let pos: Vec<i32> = (0..nb).map(|b| 5 + 7 * b as i32 + ci as i32).collect();
+        let params: Vec<u8> = samp.iter().flat_map(|s| sample_params(Some(*s))).collect();
+        let dl = gpu.alloc(4 * logits.len())?;
+        let dp = gpu.alloc(params.len())?;
+        let dt = gpu.alloc(4 * nb)?;
+        let dpos = gpu.alloc(4 * nb)?;
+        let dh = gpu.alloc_zeroed(4 * nb * hist_len)?;
+        gpu.upload(&dl, 0, &logits)?;
+        gpu.upload(&dp, 0, &params)?;
+        gpu.upload(&dpos, 0, &pos)?;
+        let (scale, cap) = (0.2f32, 20.0f32);
+        gpu.launch(
+            "logits_sample",
+            (nb as u32, 1, 1),
+            1024,
+            &[
+                Arg::P(dl.ptr()),
+                Arg::L(v as i64),
+                Arg::F(scale),
+                Arg::F(cap),
+                Arg::P(dp.ptr()),
+                Arg::P(dt.ptr()),
+                Arg::P(dpos.ptr()),
+                Arg::P(dh.ptr()),
+                Arg::I(hist_len as i32),
+                Arg::I(1),
+            ],
+        )?;
+        let mut scaled = vec![0f32; nb * v];
+        let mut toks = vec![0i32; nb];
+        let mut pos2 = vec![0i32; nb];
+        let mut hist = vec![0i32; nb * hist_len];
+        gpu.download(dl.ptr(), &mut scaled)?;
+        gpu.download(dt.ptr(), &mut toks)?;
+        gpu.download(dpos.ptr(), &mut pos2)?;
+        gpu.download(dh.ptr(), &mut hist)?;
+        let mut case_ok = true;
+        let mut detail = Vec::new();
+        for b in 0..nb {
+            let row = &scaled[b * v..(b + 1) * v];
+            let tok = toks[b];
+            let advanced = pos2[b] == pos[b] + 1 && hist[b * hist_len + pos2[b] as usize] == tok;
+            // Scale and cap as the kernel does them (f32; tanh may differ in the last bit).
+            let cap_err = logits[b * v..(b + 1) * v]
+                .iter()
+                .zip(row)
+                .map(|(&x, &y)| {
+                    let want = cap * (x * scale / cap).tanh();
+                    (want - y).abs()
+                })
+                .fold(0f32, f32::max);
+            let argmax = row
+                .iter()
+                .enumerate()
+                .fold((0usize, f32::NEG_INFINITY), |acc, (i, &x)| {
+                    if x > acc.1 {
+                        (i, x)
+                    } else {
+                        acc
+                    }
+                })
+                .0;
+            let good = if temp <= 0.0 || top_k == 1 {
+                tok as usize == argmax
+            } else {
+                let mut sorted = row.to_vec();
+                sorted.sort_by(|a, b| b.total_cmp(a));
+                let thr = if top_k == 0 || top_k as usize >= v {
+                    f32::NEG_INFINITY
+                } else {
+                    sorted[top_k as usize - 1]
+                };
+                let m = sorted[0] as f64;
+                let w: Vec<f64> = row
+                    .iter()
+                    .map(|&x| {
+                        if x >= thr {
+                            ((x as f64 - m) / temp as f64).exp()
+                        } else {
+                            0.0
+                        }
+                    })
+                    .collect();
+                let total: f64 = w.iter().sum();
+                let target = sample_uniform(samp[b].seed, pos[b]) as f64 * total;
+                let t = tok as usize;
+                let before: f64 = w[..t.min(v)].iter().sum();
+                let tol = 2e-5 * total;
+                t < v && w[t] > 0.0 && before <= target + tol && before + w[t] >= target - tol
+            };
+            case_ok &= good && advanced && cap_err < 1e-4;
+            detail.push(json!({"token": tok, "argmax": argmax, "good": good, "advanced": advanced, "cap_max_abs_err": cap_err}));
+        }
+        println!(
+            "logits_sample V={v} temp={temp} top_k={top_k}: {}",
+            if case_ok { "ok" } else { "FAIL" }
+        );
+        results.push(json!({"kernel": "logits_sample", "vocab": v, "temp": temp, "top_k": top_k, "pass": case_ok, "sequences": detail}));
+        ok &= case_ok;
+    }
     Ok(ok)
 }
 
@@ -782,6 +918,16 @@ fn main() {
     let tunes = parse_tunes(&flag("--tunes").unwrap_or_default());
     let r = match args.first().map(String::as_str) {
         Some("check") => cmd_check(json_out),
+        Some("check-sampling") => Gpu::new(0).and_then(|gpu| {
+            let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+            let mut results = Vec::new();
+            let ok = check_sampling(&gpu, &mut rng, &mut results)?;
+            if let Some(p) = json_out {
+                let doc = json!({"kind": "cuda-sampling-checks", "device": gpu.info().name, "all_pass": ok, "results": results});
+                std::fs::write(p, serde_json::to_string_pretty(&doc).unwrap_or_default())?;
+            }
+            Ok(ok)
+        }),
         Some("gemv") => cmd_gemv(tunes, json_out),
         Some("model") => {
             let path = args.get(1).map(PathBuf::from).unwrap_or_else(|| usage());

@@ -1276,6 +1276,26 @@ extern "C" __global__ void swiglu(const float* gu, long F, long T, float* out_f,
     if (q) quant16(v, q + t * F + 16 * g, qd + t * ng + g, qs + t * ng + g);
 }
 
+// Argmax of (value, index) pairs over a warp, then over the block (lowest index among equal
+// values); every thread of the block gets the result. sv, si: 32 entries of shared memory.
+__device__ __forceinline__ void warp_argmax(float& best, int& bi) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(FULL, best, o);
+        const int oi = __shfl_xor_sync(FULL, bi, o);
+        if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+    }
+}
+__device__ void block_argmax(float& best, int& bi, float* sv, int* si) {
+    warp_argmax(best, bi);
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = (int)(blockDim.x >> 5);
+    if (l == 0) { sv[w] = best; si[w] = bi; }
+    __syncthreads();
+    best = l < nw ? sv[l] : -INFINITY;
+    bi = l < nw ? si[l] : 0x7fffffff;
+    warp_argmax(best, bi);
+}
+
 // Sampling parameters of one sequence (glimmer.rs writes them; 16 bytes).
 struct SampleParams {
     float temp;
@@ -1332,26 +1352,8 @@ extern "C" __global__ void logits_sample(float* logits, long V, float scale, flo
         lr[j] = v;
         if (v > best) { best = v; bi = (int)j; }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(FULL, best, o);
-        const int oi = __shfl_xor_sync(FULL, bi, o);
-        if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
-    }
-    const int w = tid >> 5, l = tid & 31;
-    if (l == 0) { sv[w] = best; si[w] = bi; }
-    __syncthreads();
-    if (w == 0) {
-        best = l < (nt >> 5) ? sv[l] : -INFINITY;
-        bi = l < (nt >> 5) ? si[l] : 0x7fffffff;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(FULL, best, o);
-            const int oi = __shfl_xor_sync(FULL, bi, o);
-            if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
-        }
-        if (l == 0) { s_tok = bi; s_max = best; }
-    }
+    block_argmax(best, bi, sv, si);
+    if (tid == 0) { s_tok = bi; s_max = best; }
     __syncthreads();
     if (P.temp > 0.f && P.top_k != 1) {
         // The key of the k-th largest value (0: keep every value).
@@ -1456,31 +1458,13 @@ extern "C" __global__ void logits_argmax(float* logits, long V, float scale, flo
         lr[j] = v;
         if (v > best) { best = v; bi = (int)j; }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(FULL, best, o);
-        const int oi = __shfl_xor_sync(FULL, bi, o);
-        if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
-    }
-    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-    if (l == 0) { sv[w] = best; si[w] = bi; }
-    __syncthreads();
-    if (w == 0) {
-        best = l < (int)(blockDim.x >> 5) ? sv[l] : -INFINITY;
-        bi = l < (int)(blockDim.x >> 5) ? si[l] : 0x7fffffff;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(FULL, best, o);
-            const int oi = __shfl_xor_sync(FULL, bi, o);
-            if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
-        }
-        if (l == 0) {
-            tokens[b] = bi;
-            if (advance) {
-                const int p = pos[b] + 1;
-                if (p < hist_len) history[(long)b * hist_len + p] = bi;
-                pos[b] = p;
-            }
+    block_argmax(best, bi, sv, si);
+    if (threadIdx.x == 0) {
+        tokens[b] = bi;
+        if (advance) {
+            const int p = pos[b] + 1;
+            if (p < hist_len) history[(long)b * hist_len + p] = bi;
+            pos[b] = p;
         }
     }
 }

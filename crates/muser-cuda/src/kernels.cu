@@ -986,13 +986,12 @@ __device__ __forceinline__ void warp_sum_k(const float* p, float* out) {
     for (int u = 0; u < K; u++) out[u] = __shfl_sync(FULL, v[0], u * (32 / K));
 }
 
-// H query heads of one KV group per block (blockIdx.x: heads H·x .. H·x + H - 1): each cached
-// key and value is loaded once for the H heads, so the L2 reads shrink H-fold; each head's
-// arithmetic is the same sequence as with H = 1 (bit-identical). Only H = 1 is instantiated:
-// on the H200 (16-layer model) H = 2 was 1-2% slower at depth 0 and, once a warp keeps eight
-// keys in flight (K = 8), at depth 8192 too, and H = 4 slower at both. The loop is bound by
-// load latency more than by L2 bytes, which is what K addresses.
-template <int H, int K>
+// The fused decode attention of one (query head, sequence, split), K cached keys per warp per
+// step. Sharing each key load among 2 or 4 heads of a KV group (16x fewer L2 bytes at most) was
+// measured on the H200 and dropped (commit 84642e3 has it): 1-2% slower at depth 0 and, with
+// K = 8, at depth 8192 too; the loop is bound by load latency more than by L2 bytes, which is
+// what K addresses.
+template <int K>
 __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int nq, int nkv, const float* qn_w,
                                                 const float* kn_w, float eps, const int* pos, int rope,
                                                 float theta_scale, __half* kc, __half* vc, long slot_stride,
@@ -1001,7 +1000,7 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
                                                 const u8* pf, long pf_bytes, int ring) {
     pdl_trigger();
     l2_prefetch_range(pf, pf_bytes);
-    const int h0 = blockIdx.x * H, b = blockIdx.y, sp = blockIdx.z;
+    const int h = blockIdx.x, b = blockIdx.y, sp = blockIdx.z;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     // Positions are written only at the end of the previous step (or by the host), so the
     // splits this step needs are known before waiting: the others leave at once instead of
@@ -1014,14 +1013,14 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
     const int ncache = nk - 1;                 // cached keys [lo, p)
     const int chunk = (ncache + used - 1) / used;
     const int k0 = lo + sp * chunk, k1 = min(p, k0 + chunk);
-    const int grp = nq / nkv, g = h0 / grp;
+    const int grp = nq / nkv, g = h / grp;
     kc += (long)b * slot_stride;
     vc += (long)b * slot_stride;
     const long stride = (long)nkv * 128;
     // K keys per warp per step (keys j + 4u), their loads issued together, and the next
     // step's loads issued before this step's arithmetic (the loop is latency-bound).
     uint2 kr[K], vr[K];
-    auto load4 = [&](int j, uint2* kd, uint2* vd) {
+    auto load_keys = [&](int j, uint2* kd, uint2* vd) {
 #pragma unroll
         for (int u = 0; u < K; u++) {
             const int jj = min(j + 4 * u, k1 - 1);
@@ -1033,7 +1032,7 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
     // The first keys are cached rows below p, written by earlier steps (a graph replay or
     // a stream-ordered prefill ago), never by the kernel this one waits on: load them before
     // waiting, so their latency overlaps the projection's tail.
-    if (k0 + w < k1) load4(k0 + w, kr, vr);
+    if (k0 + w < k1) load_keys(k0 + w, kr, vr);
     pdl_wait();
     const float* row = qkv + (long)b * ld;
     // q (and, for the new key, k) normalized and rotated: lane holds dims 4*lane .. 4*lane+3.
@@ -1042,19 +1041,13 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
         v[0] = v4.x; v[1] = v4.y; v[2] = v4.z; v[3] = v4.w;
         head_norm_rope(v, nw, eps, rope, p, theta_scale, lane);
     };
-    // The gate values of this thread's output dimension, needed last, requested first.
-    float gt[H], qv[H][4], m[H], l[H], acc[H][4];
+    // The gate value of this thread's output dimension, needed last, requested first.
+    const float gt = row[(long)(nq + 2 * nkv) * 128 + h * 128 + threadIdx.x];
+    float qv[4];
+    norm_rope(row + (long)h * 128, qn_w, qv);
 #pragma unroll
-    for (int hh = 0; hh < H; hh++) {
-        gt[hh] = row[(long)(nq + 2 * nkv) * 128 + (h0 + hh) * 128 + threadIdx.x];
-        norm_rope(row + (long)(h0 + hh) * 128, qn_w, qv[hh]);
-#pragma unroll
-        for (int i = 0; i < 4; i++) qv[hh][i] *= scale;
-        m[hh] = -INFINITY;
-        l[hh] = 0.f;
-#pragma unroll
-        for (int i = 0; i < 4; i++) acc[hh][i] = 0.f;
-    }
+    for (int i = 0; i < 4; i++) qv[i] *= scale;
+    float m = -INFINITY, l = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
     const bool owner = sp == 0 && w == 0;  // this warp also takes the new key
     if (owner) {
         float kv[4];
@@ -1066,14 +1059,10 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
         for (int i = 0; i < 4; i++) kv[i] = __half2float(__float2half(kv[i]));
         v4 = make_float4(__half2float(__float2half(v4.x)), __half2float(__float2half(v4.y)),
                          __half2float(__float2half(v4.z)), __half2float(__float2half(v4.w)));
-#pragma unroll
-        for (int hh = 0; hh < H; hh++) {
-            const float s0 = warp_sum(qv[hh][0] * kv[0] + qv[hh][1] * kv[1] + qv[hh][2] * kv[2] + qv[hh][3] * kv[3]);
-            m[hh] = s0;
-            l[hh] = 1.f;
-            acc[hh][0] = v4.x; acc[hh][1] = v4.y; acc[hh][2] = v4.z; acc[hh][3] = v4.w;
-        }
-        if (h0 % grp == 0) {
+        m = warp_sum(qv[0] * kv[0] + qv[1] * kv[1] + qv[2] * kv[2] + qv[3] * kv[3]);
+        l = 1.f;
+        acc[0] = v4.x; acc[1] = v4.y; acc[2] = v4.z; acc[3] = v4.w;
+        if (h % grp == 0) {
             // The group's first head stores the new K/V for later steps (this launch reads
             // cached keys below p only).
             const long o = (long)(ring > 0 ? p % ring : p) * nkv * 128 + g * 128 + 4 * lane;
@@ -1087,7 +1076,7 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
     }
     for (int j = k0 + w; j < k1; j += 4 * K) {
         uint2 kn[K], vn[K];
-        if (j + 4 * K < k1) load4(j + 4 * K, kn, vn);
+        if (j + 4 * K < k1) load_keys(j + 4 * K, kn, vn);
         float2 ka[K], kb[K], va[K], vb[K];
 #pragma unroll
         for (int u = 0; u < K; u++) {
@@ -1096,35 +1085,32 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
             va[u] = __half22float2(*(const __half2*)&vr[u].x);
             vb[u] = __half22float2(*(const __half2*)&vr[u].y);
         }
+        float sv[K];
+        float mx = m;
+        float pd[K];
 #pragma unroll
-        for (int hh = 0; hh < H; hh++) {
-            float sv[K];
-            float mx = m[hh];
-            float pd[K];
+        for (int u = 0; u < K; u++)
+            pd[u] = qv[0] * ka[u].x + qv[1] * ka[u].y + qv[2] * kb[u].x + qv[3] * kb[u].y;
+        warp_sum_k<K>(pd, sv);
 #pragma unroll
-            for (int u = 0; u < K; u++)
-                pd[u] = qv[hh][0] * ka[u].x + qv[hh][1] * ka[u].y + qv[hh][2] * kb[u].x + qv[hh][3] * kb[u].y;
-            warp_sum_k<K>(pd, sv);
-#pragma unroll
-            for (int u = 0; u < K; u++) {
-                if (j + 4 * u >= k1) sv[u] = -INFINITY;
-                mx = fmaxf(mx, sv[u]);
-            }
-            const float corr = __expf(m[hh] - mx);
-            l[hh] *= corr;
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[hh][i] *= corr;
-#pragma unroll
-            for (int u = 0; u < K; u++) {
-                const float pe = j + 4 * u < k1 ? __expf(sv[u] - mx) : 0.f;
-                l[hh] += pe;
-                acc[hh][0] += pe * va[u].x;
-                acc[hh][1] += pe * va[u].y;
-                acc[hh][2] += pe * vb[u].x;
-                acc[hh][3] += pe * vb[u].y;
-            }
-            m[hh] = mx;
+        for (int u = 0; u < K; u++) {
+            if (j + 4 * u >= k1) sv[u] = -INFINITY;
+            mx = fmaxf(mx, sv[u]);
         }
+        const float corr = __expf(m - mx);
+        l *= corr;
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[i] *= corr;
+#pragma unroll
+        for (int u = 0; u < K; u++) {
+            const float pe = j + 4 * u < k1 ? __expf(sv[u] - mx) : 0.f;
+            l += pe;
+            acc[0] += pe * va[u].x;
+            acc[1] += pe * va[u].y;
+            acc[2] += pe * vb[u].x;
+            acc[3] += pe * vb[u].y;
+        }
+        m = mx;
 #pragma unroll
         for (int u = 0; u < K; u++) {
             kr[u] = kn[u];
@@ -1133,51 +1119,37 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
     }
     __shared__ unsigned last;
     const int d = threadIdx.x;
-    float M[H], L[H], A[H];
-#pragma unroll
-    for (int hh = 0; hh < H; hh++) {
-        if (hh > 0) __syncthreads();  // merge_warps reuses its shared arrays
-        merge_warps(m[hh], l[hh], acc[hh], M[hh], L[hh], A[hh]);
-    }
+    float M, L, A;
+    merge_warps(m, l, acc, M, L, A);
     if (used > 1) {
-#pragma unroll
-        for (int hh = 0; hh < H; hh++) {
-            float* o = part + (((long)b * nq + h0 + hh) * S + sp) * 130;
-            o[d] = A[hh];
-            if (d == 0) { o[128] = M[hh]; o[129] = L[hh]; }
-        }
+        float* o = part + (((long)b * nq + h) * S + sp) * 130;
+        o[d] = A;
+        if (d == 0) { o[128] = M; o[129] = L; }
         __syncthreads();
         if (d == 0) {
-            const unsigned prev = arrive_acq_rel(cnt + (long)b * nq + h0);
+            const unsigned prev = arrive_acq_rel(cnt + (long)b * nq + h);
             last = prev == (unsigned)(used - 1);
-            if (last) cnt[(long)b * nq + h0] = 0;
+            if (last) cnt[(long)b * nq + h] = 0;
         }
         __syncthreads();
         if (!last) return;
-#pragma unroll
-        for (int hh = 0; hh < H; hh++) {
-            if (hh > 0) __syncthreads();  // merge_splits reuses its shared arrays
-            merge_splits(part + ((long)b * nq + h0 + hh) * S * 130, used, d, M[hh], L[hh], A[hh]);
-        }
+        merge_splits(part + ((long)b * nq + h) * S * 130, used, d, M, L, A);
     }
-#pragma unroll
-    for (int hh = 0; hh < H; hh++) {
-        const float v = (L[hh] > 0.f ? A[hh] / L[hh] : 0.f) * (1.f / (1.f + __expf(-gt[hh])));
-        store_head_out(v, (long)b * nq * 128 + (h0 + hh) * 128 + d, out_f, q, qd, qs);
-    }
+    const float v = (L > 0.f ? A / L : 0.f) * (1.f / (1.f + __expf(-gt)));
+    store_head_out(v, (long)b * nq * 128 + h * 128 + d, out_f, q, qd, qs);
 }
 
-#define ATTN_FUSED_ENTRY(NAME, H, K)                                                                            \
+#define ATTN_FUSED_ENTRY(NAME, K)                                                                               \
     extern "C" __global__ void NAME(const float* qkv, long ld, int nq, int nkv, const float* qn_w,            \
                                     const float* kn_w, float eps, const int* pos, int rope, float theta_scale, \
                                     __half* kc, __half* vc, long slot_stride, int window, float scale,        \
                                     float* part, int S, int kmin, unsigned* cnt, float* out_f, i8* q,         \
                                     float* qd, float* qs, const u8* pf, long pf_bytes, int ring) {            \
-        attn_fused_body<H, K>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride,    \
+        attn_fused_body<K>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride,    \
                            window, scale, part, S, kmin, cnt, out_f, q, qd, qs, pf, pf_bytes, ring);          \
     }
-ATTN_FUSED_ENTRY(attn_decode_fused, 1, 4)
-ATTN_FUSED_ENTRY(attn_decode_fused_k8, 1, 8)
+ATTN_FUSED_ENTRY(attn_decode_fused, 4)
+ATTN_FUSED_ENTRY(attn_decode_fused_k8, 8)
 
 // Prefill attention pieces (scores from cuBLAS). S rows: [2 * 16 * n] x nk laid out per KV group g
 // as rows (h_local, t). Query t is at position p0 + t, key j at position k_lo + j.

@@ -204,7 +204,8 @@ struct Scratch {
     part: DevBuf,
     /// Per-(sequence, head) split counters of the fused attention kernel (zero between launches).
     attn_cnt: DevBuf,
-    /// The residual stream between a layer's two norms when they run in slices (decode).
+    /// The residual stream between a layer's two norms (decode), so that no norm updates it in
+    /// place and the norms may run in slices.
     x2: DevBuf,
     y_o: DevBuf,
     y_gu: DevBuf,
@@ -735,12 +736,8 @@ impl CudaGlimmer {
                 continue;
             }
             l.wo.gemv(g, nb, qa, s.hf.ptr(), s.y_o.ptr())?;
-            // With sliced norms the residual moves to x2 and back within the layer.
-            let (xa, xb) = if tune.norm_slices > 1 {
-                (s.x.ptr(), s.x2.ptr())
-            } else {
-                (s.x.ptr(), s.x.ptr())
-            };
+            // The residual moves to x2 and back within the layer, so the norms may run in slices.
+            let (xa, xb) = (s.x.ptr(), s.x2.ptr());
             if !tune.skip_norm {
                 self.norm(
                     nb,

@@ -234,7 +234,7 @@ pub struct Tuning {
     /// the H200; the same for every batch size keeps batched tokens equal to single ones).
     pub rows_per_warp: u32,
     /// Blocks per row of a decode step's two per-layer norms: each computes the row's sums
-    /// and writes a slice (1: one block per row, in place). 8 measured best on the H200 (4 to
+    /// and writes a slice (1: one block per row). 8 measured best on the H200 (4 to
     /// 13 alike); the results are bit-identical for every count.
     pub norm_slices: u32,
     /// Cached keys each warp of the fused decode attention takes per step (4 or 8; their

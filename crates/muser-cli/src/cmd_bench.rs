@@ -120,10 +120,7 @@ impl Engine {
 
     #[cfg(not(feature = "cuda"))]
     fn load_fused(_args: &Args) -> anyhow::Result<Engine> {
-        bail!(
-            "--fused: this muser was built without CUDA support; rebuild it with \
-             `cargo build --release -p muser-cli --features cuda`"
-        )
+        Err(device::cuda_not_built("--fused"))
     }
 
     fn info(&self) -> &ModelInfo {

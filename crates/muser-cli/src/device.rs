@@ -72,8 +72,14 @@ fn load_cuda(path: &Path) -> anyhow::Result<Model> {
 
 #[cfg(not(feature = "cuda"))]
 fn load_cuda(_path: &Path) -> anyhow::Result<Model> {
-    anyhow::bail!(
-        "--device cuda: this muser was built without CUDA support; rebuild it with \
+    Err(cuda_not_built("--device cuda"))
+}
+
+/// The error of a CUDA option (`flag`) in a muser built without the `cuda` feature.
+#[cfg(not(feature = "cuda"))]
+pub fn cuda_not_built(flag: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "{flag}: this muser was built without CUDA support; rebuild it with \
          `cargo build --release -p muser-cli --features cuda`"
     )
 }

@@ -24,12 +24,15 @@ pub fn near_tie(a: &[f32], b: &[f32], n1: u32, n2: u32) -> bool {
     let (Some(&x1), Some(&x2)) = (a.get(n1 as usize), a.get(n2 as usize)) else {
         return false;
     };
-    let diff = a
-        .iter()
+    (x1 - x2).abs() <= 2.0 * max_abs_diff(a, b)
+}
+
+/// The largest absolute difference between two runs' values (over the shorter length).
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
         .zip(b)
         .map(|(x, y)| (x - y).abs())
-        .fold(0f32, f32::max);
-    (x1 - x2).abs() <= 2.0 * diff
+        .fold(0f32, f32::max)
 }
 
 #[cfg(test)]
@@ -59,5 +62,6 @@ mod tests {
         assert!(!near_tie(&a, &b, 1, 3));
         // An index past the logits is not a tie.
         assert!(!near_tie(&a, &b, 1, 9));
+        assert!((max_abs_diff(&a, &b) - 0.02).abs() < 1e-6);
     }
 }

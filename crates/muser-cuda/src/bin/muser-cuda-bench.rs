@@ -326,7 +326,8 @@ fn check_sampling(gpu: &Gpu, rng: &mut Rng, results: &mut Vec<Value>) -> Result<
         for b in 0..nb {
             let row = &scaled[b * v..(b + 1) * v];
             let tok = toks[b];
-            let advanced = pos2[b] == pos[b] + 1 && hist[b * hist_len + pos2[b] as usize] == tok;
+            let advanced =
+                pos2[b] == pos[b] + 1 && hist.get(b * hist_len + pos2[b] as usize) == Some(&tok);
             // Scale and cap as the kernel does them (f32; tanh may differ in the last bit).
             let cap_err = logits[b * v..(b + 1) * v]
                 .iter()
@@ -684,11 +685,7 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
         let same = m.generate(&gr, t[0], d, 32)? == ref_tokens;
         // One plain step's logits against the default's (0 when a choice is bit-exact).
         let (lg, _) = m.decode(t[0], d)?;
-        let diff = lg
-            .iter()
-            .zip(&ref_logits)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+        let diff = muser_cuda::compare::max_abs_diff(&lg, &ref_logits);
         println!(
             "tune {name:<12} tg{}: {tps:.1} tok/s ({:.3} ms/token, weights at {:.2} TB/s)  [{spec}] same 32 tokens: {same}, logits max |diff| {diff:.3e}",
             a.tg,

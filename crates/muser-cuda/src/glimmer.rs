@@ -591,8 +591,17 @@ impl CudaGlimmer {
     }
 
     /// `attn_combine_gate`: merges the attention splits of layer `il`, applies the sigmoid gate
-    /// and quantizes into the GEMV activations.
-    fn combine_gate(&self, il: usize, nb: usize, splits: usize) -> Result<()> {
+    /// and quantizes into the GEMV activations. `kmin` is the fewest keys per split the
+    /// attention kernel took; with `skip_single` a head that used one split is left alone
+    /// (`attn_decode_gqa` finished it).
+    fn combine_gate(
+        &self,
+        il: usize,
+        nb: usize,
+        splits: usize,
+        kmin: usize,
+        skip_single: bool,
+    ) -> Result<()> {
         let i = &self.info;
         let s = &self.s;
         let qa = self.qact();
@@ -607,7 +616,8 @@ impl CudaGlimmer {
                 Arg::P(s.part.ptr()),
                 Arg::I(nq as i32),
                 Arg::I(splits as i32),
-                Arg::I(self.gpu.tuning().attn_min_keys as i32),
+                Arg::I(kmin as i32),
+                Arg::I(skip_single as i32),
                 Arg::P(s.pos.ptr()),
                 Arg::I(self.window(il)),
                 Arg::P(s.y_qkvg.at(4 * (qw + 2 * nkv * HEAD_DIM))),
@@ -628,11 +638,40 @@ impl CudaGlimmer {
         }
     }
 
+    /// Whether decode steps at position `at` run layer `il`'s attention with the grouped
+    /// kernel (`Tuning::gqa_full_from`, `gqa_swa_from`; groups of at most 16 query heads).
+    fn grouped_attn(&self, il: usize, at: usize) -> bool {
+        let t = self.gpu.tuning();
+        let (nq, nkv) = (self.info.n_head, self.info.n_head_kv);
+        let from = if self.info.is_swa[il] {
+            t.gqa_swa_from
+        } else {
+            t.gqa_full_from
+        };
+        t.fused_attn && from != u32::MAX && at >= from as usize && nq % nkv == 0 && nq / nkv <= 16
+    }
+
+    /// The positions from which decode steps change kernels (0 first, ascending): a captured
+    /// decode graph holds one variant per entry.
+    fn decode_variants(&self) -> Vec<usize> {
+        let t = self.gpu.tuning();
+        let mut v = vec![0];
+        for from in [t.gqa_full_from, t.gqa_swa_from] {
+            if from != u32::MAX && (from as usize) < self.opts.n_ctx {
+                v.push(from as usize);
+            }
+        }
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
     /// Enqueues one decode step for `nb` sequences: sequence b's token in `tokens[b]` at
     /// `pos[b]`; the greedy next token lands in `tokens[b]`, and when `advance`, `pos[b]`
     /// advances and `history[b][pos]` records it. Reads nothing from the host, so it can be
-    /// captured into a graph.
-    fn enqueue_decode(&self, nb: usize, advance: bool) -> Result<()> {
+    /// captured into a graph. `at` (a position at least the latest one's variant threshold)
+    /// picks the kernels; every choice gives the same result up to rounding.
+    fn enqueue_decode(&self, nb: usize, advance: bool, at: usize) -> Result<()> {
         let i = &self.info;
         let g = &self.gpu;
         let s = &self.s;
@@ -669,7 +708,43 @@ impl CudaGlimmer {
                 l.down.gemv(g, nb, qa, s.hf.ptr(), s.y_d.ptr())?;
                 continue;
             }
-            if tune.fused_attn {
+            if self.grouped_attn(il, at) {
+                let gsplits = (tune.gqa_splits as usize).clamp(1, MAX_ATTN_SPLITS);
+                let kmin = tune.gqa_min_keys as usize;
+                g.launch(
+                    "attn_decode_gqa",
+                    (nkv as u32, nb as u32, gsplits as u32),
+                    128,
+                    &[
+                        Arg::P(s.y_qkvg.ptr()),
+                        Arg::L(ld as i64),
+                        Arg::I(nq as i32),
+                        Arg::I(nkv as i32),
+                        Arg::P(l.q_norm.ptr()),
+                        Arg::P(l.k_norm.ptr()),
+                        Arg::F(i.rms_eps),
+                        Arg::P(s.pos.ptr()),
+                        Arg::I(i.is_swa[il] as i32),
+                        Arg::F(self.theta_scale()),
+                        Arg::P(l.k_cache.ptr()),
+                        Arg::P(l.v_cache.ptr()),
+                        Arg::L(self.slot_stride(l) as i64),
+                        Arg::I(self.window(il)),
+                        Arg::F(i.attn_scale),
+                        Arg::P(s.part.ptr()),
+                        Arg::I(gsplits as i32),
+                        Arg::I(kmin as i32),
+                        Arg::P(s.hf.ptr()),
+                        Arg::P(qa.q),
+                        Arg::P(qa.d),
+                        Arg::P(qa.s),
+                        Arg::P(pf_wo.0),
+                        Arg::L(pf_wo.1),
+                        Arg::I(l.ring as i32),
+                    ],
+                )?;
+                self.combine_gate(il, nb, gsplits, kmin, true)?;
+            } else if tune.fused_attn {
                 let kernel = if tune.attn_keys_per_step == 8 {
                     "attn_decode_fused_k8"
                 } else {
@@ -730,7 +805,7 @@ impl CudaGlimmer {
                         Arg::I(l.ring as i32),
                     ],
                 )?;
-                self.combine_gate(il, nb, splits)?;
+                self.combine_gate(il, nb, splits, tune.attn_min_keys as usize, false)?;
             }
             if tune.attn_only {
                 continue;
@@ -854,7 +929,7 @@ impl CudaGlimmer {
         self.check_pos(pos, 1)?;
         self.gpu.upload(&self.s.tokens, 0, &[token as i32])?;
         self.gpu.upload(&self.s.pos, 0, &[pos as i32])?;
-        self.enqueue_decode(1, false)?;
+        self.enqueue_decode(1, false, pos)?;
         self.read_logits()
     }
 
@@ -880,11 +955,15 @@ impl CudaGlimmer {
             )));
         }
         self.gpu.sync()?;
-        self.gpu.begin_capture()?;
-        let r = self.enqueue_decode(nb, true);
-        let graph = self.gpu.end_capture();
-        r?;
-        Ok(DecodeGraph { graph: graph?, nb })
+        let mut graphs = Vec::new();
+        for at in self.decode_variants() {
+            self.gpu.begin_capture()?;
+            let r = self.enqueue_decode(nb, true, at);
+            let graph = self.gpu.end_capture();
+            r?;
+            graphs.push((at, graph?));
+        }
+        Ok(DecodeGraph { graphs, nb })
     }
 
     /// Greedy generation for `graph.nb` sequences at once: sequence b continues from
@@ -911,8 +990,12 @@ impl CudaGlimmer {
         let p: Vec<i32> = pos.iter().map(|&x| x as i32).collect();
         self.gpu.upload(&self.s.tokens, 0, &t)?;
         self.gpu.upload(&self.s.pos, 0, &p)?;
-        for _ in 0..n {
-            graph.graph.launch().map_err(crate::runtime::drv_err)?;
+        let latest = pos.iter().copied().max().unwrap_or(0);
+        for step in 0..n {
+            graph
+                .for_position(latest + step)
+                .launch()
+                .map_err(crate::runtime::drv_err)?;
         }
         let hl = self.opts.n_ctx + 1;
         let mut out = Vec::with_capacity(nb);
@@ -1162,8 +1245,22 @@ impl CudaGlimmer {
     }
 }
 
-/// A captured decode step.
+/// A captured decode step: one graph per kernel variant, each with the position from which
+/// it is replayed (ascending, the first at 0).
 pub struct DecodeGraph {
-    graph: cudarc::driver::CudaGraph,
+    graphs: Vec<(usize, cudarc::driver::CudaGraph)>,
     nb: usize,
+}
+
+impl DecodeGraph {
+    /// The variant for a step whose latest position is `pos`.
+    fn for_position(&self, pos: usize) -> &cudarc::driver::CudaGraph {
+        let i = self.graphs.partition_point(|(from, _)| *from <= pos);
+        &self.graphs[i.saturating_sub(1)].1
+    }
+
+    /// How many kernel variants the capture holds.
+    pub fn variants(&self) -> usize {
+        self.graphs.len()
+    }
 }

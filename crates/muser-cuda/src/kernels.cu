@@ -935,8 +935,9 @@ __device__ void merge_splits(const float* base, int used, int d, float& M, float
 
 // Merge the splits, apply the sigmoid gate, write f32 (out_f [B][nq*128]) and/or quantized.
 // grid (nq, B), block 128. gate rows [B][ldg].
-extern "C" __global__ void attn_combine_gate(const float* part, int nq, int S, int kmin, const int* pos, int window,
-                                             const float* gate, long ldg, float* out_f, i8* q, float* qd, float* qs) {
+extern "C" __global__ void attn_combine_gate(const float* part, int nq, int S, int kmin, int skip_single,
+                                             const int* pos, int window, const float* gate, long ldg, float* out_f,
+                                             i8* q, float* qd, float* qs) {
     pdl_trigger();
     const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
     const float* pp = part + ((long)b * nq + h) * S * 130;
@@ -944,6 +945,8 @@ extern "C" __global__ void attn_combine_gate(const float* part, int nq, int S, i
     const int nk = p - (window > 0 ? max(0, p - window + 1) : 0) + 1;
     const int used = min(S, (nk + kmin - 1) / kmin);  // the splits the attention kernel used
     pdl_wait();
+    // (attn_decode_gqa finishes a head with one split itself.)
+    if (skip_single && used == 1) return;
     const float gt = gate[(long)b * ldg + h * 128 + d];
     float M, L, A;
     merge_splits(pp, used, d, M, L, A);
@@ -1150,6 +1153,351 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
     }
 ATTN_FUSED_ENTRY(attn_decode_fused, 4)
 ATTN_FUSED_ENTRY(attn_decode_fused_k8, 8)
+
+// head_norm_rope with the norm weights of this lane's dims in `nw4` and the rotation of pair
+// i as (cos, sin) in tab[i] (rope_table), for kernels that rotate several heads at one position.
+__device__ __forceinline__ void head_norm_rope_tab(float* v, const float* nw4, float eps, const float2* tab, int lane) {
+    const float ss = warp_sum(v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3]);
+    const float s = 1.0f / sqrtf(ss / 128.f + eps);
+#pragma unroll
+    for (int i = 0; i < 4; i++) v[i] = v[i] * s * nw4[i];
+    if (!tab) return;
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const float2 cs = tab[2 * lane + k];
+        const float a = v[2 * k], b = v[2 * k + 1];
+        v[2 * k] = a * cs.x - b * cs.y;
+        v[2 * k + 1] = a * cs.y + b * cs.x;
+    }
+}
+
+// The 64 rotations of a 128-wide head at position p, as head_norm_rope computes them
+// (threads 0..63 of the block write one each).
+__device__ __forceinline__ void rope_table(float2* tab, int p, float theta_scale) {
+    const int i = threadIdx.x;
+    if (i < 64) {
+        const float theta = (float)p * powf(theta_scale, (float)i);
+        float sn, cs;
+        sincosf(theta, &sn, &cs);
+        tab[i] = make_float2(cs, sn);
+    }
+}
+
+// Four consecutive values of a head's attention output per lane (idx: the first), as
+// store_head_out: the 16-value quantization groups are lane quads.
+__device__ __forceinline__ void store_head_out4(const float* v, long idx, float* out_f, i8* q, float* qd, float* qs) {
+    if (out_f) *(float4*)(out_f + idx) = make_float4(v[0], v[1], v[2], v[3]);
+    if (!q) return;
+    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+    amax = fmaxf(amax, __shfl_xor_sync(FULL, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(FULL, amax, 2));
+    const float dd = amax / 127.f;
+    int qi[4], sum = 0;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        qi[e] = dd > 0.f ? __float2int_rn(v[e] / dd) : 0;
+        sum += qi[e];
+    }
+    sum += __shfl_xor_sync(FULL, sum, 1);
+    sum += __shfl_xor_sync(FULL, sum, 2);
+    *(char4*)(q + idx) = make_char4((signed char)qi[0], (signed char)qi[1], (signed char)qi[2], (signed char)qi[3]);
+    if ((idx & 15) == 0) {
+        qd[idx / 16] = dd;
+        qs[idx / 16] = dd * (float)sum;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decode attention over a whole KV group with tensor cores. The `grp` query heads that share
+// KV head g (at most 16) form the 16 rows of mma.m16n8k16 operands, so each cached key and
+// value is read once per group instead of once per head.
+//   S = Q K^T: A = Q (16 heads x 128 dims, f16, held in registers for the whole block), B = K
+//   straight from global memory. The dot product's dimension order is free, so lane quad c
+//   of a key loads dims 32s + 8c .. +8 as one 16-byte load and Q's fragments use the same
+//   order.
+//   O += P V: P (f16) reuses the score accumulators as the A operand; V tiles of 16 keys are
+//   copied (cp.async) into a per-warp swizzled shared buffer, double-buffered, and read
+//   transposed with ldmatrix.
+// Online softmax per row in f32. grid (nkv, B, S), block 128: each split takes a contiguous
+// range of the keys [lo, p] (the new key included: the split holding p normalizes, rotates and
+// stores the new K/V first); its four warps take 16-key tiles in turn and are merged through
+// shared memory. With one split the block finishes the heads (sigmoid gate, output, quantized
+// activations); otherwise it writes part [B][nq][S][130] for attn_combine_gate.
+// Chosen per layer kind for steps past a position (Tuning::gqa_full_from, gqa_swa_from; off by
+// default): on the H200 it saves about 5 us per full-attention layer at depth 8192 when only the
+// attention kernels run, but nothing measurable in the whole decode step (docs/benchmarks.md).
+__device__ __forceinline__ void mma_16816(float* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void ldsm_x4_trans(u32* r, const void* p) {
+    const u32 a = (u32)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    const u32 a = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+__device__ __forceinline__ u32 pack_half2(float a, float b) {
+    const __half2 h = __floats2half2_rn(a, b);
+    return *(const u32*)&h;
+}
+
+extern "C" __global__ __launch_bounds__(128) void attn_decode_gqa(
+    const float* qkv, long ld, int nq, int nkv, const float* qn_w, const float* kn_w, float eps, const int* pos,
+    int rope, float theta_scale, __half* kc, __half* vc, long slot_stride, int window, float scale, float* part,
+    int S, int kmin, float* out_f, i8* q, float* qd, float* qs, const u8* pf, long pf_bytes, int ring) {
+    pdl_trigger();
+    l2_prefetch_range(pf, pf_bytes);
+    const int g = blockIdx.x, b = blockIdx.y, sp = blockIdx.z;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
+    const int grp = nq / nkv;
+    // Positions are written only at the end of the previous step (or by the host): the splits
+    // this step uses are known before waiting, and the others leave at once.
+    const int p = pos[b];
+    const int lo = window > 0 ? max(0, p - window + 1) : 0;
+    const int nk = p - lo + 1;
+    const int used = min(S, (nk + kmin - 1) / kmin);
+    if (sp >= used) return;
+    const int chunk = (nk + used - 1) / used;
+    const int k0 = lo + sp * chunk, k1 = min(p + 1, k0 + chunk);  // keys [k0, k1)
+    __shared__ __align__(16) __half sQ[16][128];
+    __shared__ __align__(16) float sbuf[4 * 16 * 128];  // V tiles (2 x 4 KB per warp), then the merge
+    __shared__ float sm_m[4][16], sm_l[4][16];
+    __shared__ __align__(16) float sGate[16][128];
+    __shared__ float2 sRope[64];
+    // Before waiting on the projection: the rotation table (one position for every head) and
+    // the norm weights.
+    if (rope) rope_table(sRope, p, theta_scale);
+    const float4 qn4 = *(const float4*)(qn_w + 4 * lane), kn4 = *(const float4*)(kn_w + 4 * lane);
+    const float qnw[4] = {qn4.x, qn4.y, qn4.z, qn4.w}, knw[4] = {kn4.x, kn4.y, kn4.z, kn4.w};
+    const float2* tab = rope ? sRope : nullptr;
+    __syncthreads();
+    pdl_wait();
+    kc += (long)b * slot_stride;
+    vc += (long)b * slot_stride;
+    const float* row = qkv + (long)b * ld;
+    const long stride = (long)nkv * 128;
+    if (used == 1) {
+        // The gate rows, needed at the end, start moving now.
+        const float* gsrc = row + (long)(nq + 2 * nkv) * 128 + (long)g * grp * 128;
+        for (int i = threadIdx.x; i < grp * 32; i += 128) cp_async16(&sGate[0][0] + 4 * i, gsrc + 4 * i);
+        cp_async_commit();
+    }
+    // Query heads of the group (warp w: w, w + 4, ...), normalized, rotated, scaled, as f16
+    // (rows past grp are zero). The four rows are loaded together.
+    {
+        float4 qin[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int hl = w + 4 * i;
+            qin[i] = hl < grp ? *(const float4*)(row + (long)(g * grp + hl) * 128 + 4 * lane)
+                              : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int hl = w + 4 * i;
+            float v[4] = {qin[i].x, qin[i].y, qin[i].z, qin[i].w};
+            if (hl < grp) {
+                head_norm_rope_tab(v, qnw, eps, tab, lane);
+#pragma unroll
+                for (int e = 0; e < 4; e++) v[e] *= scale;
+            }
+            __half2* d = (__half2*)&sQ[hl][4 * lane];
+            d[0] = __floats2half2_rn(v[0], v[1]);
+            d[1] = __floats2half2_rn(v[2], v[3]);
+        }
+    }
+    if (w == 0 && k0 <= p && p < k1) {
+        // This split holds the new key: its K (normalized, rotated) and V into the cache.
+        const float4 k4 = *(const float4*)(row + (long)(nq + g) * 128 + 4 * lane);
+        float kv[4] = {k4.x, k4.y, k4.z, k4.w};
+        head_norm_rope_tab(kv, knw, eps, tab, lane);
+        const float4 v4 = *(const float4*)(row + (long)(nq + nkv + g) * 128 + 4 * lane);
+        const long o = (long)(ring > 0 ? p % ring : p) * stride + g * 128 + 4 * lane;
+        __half2* kd = (__half2*)(kc + o);
+        __half2* vd = (__half2*)(vc + o);
+        kd[0] = __floats2half2_rn(kv[0], kv[1]);
+        kd[1] = __floats2half2_rn(kv[2], kv[3]);
+        vd[0] = __floats2half2_rn(v4.x, v4.y);
+        vd[1] = __floats2half2_rn(v4.z, v4.w);
+    }
+    __syncthreads();
+    // Q as A fragments: k-step 2s+t covers dims 32s + 8c + 4t + {0,1} (k 2c..) and + {2,3}
+    // (k 8+2c..), matching the 16-byte K loads below.
+    u32 qa[8][4];
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+        const uint4 h0 = *(const uint4*)&sQ[r][32 * s + 8 * c];
+        const uint4 h1 = *(const uint4*)&sQ[r + 8][32 * s + 8 * c];
+        qa[2 * s][0] = h0.x; qa[2 * s][1] = h1.x; qa[2 * s][2] = h0.y; qa[2 * s][3] = h1.y;
+        qa[2 * s + 1][0] = h0.z; qa[2 * s + 1][1] = h1.z; qa[2 * s + 1][2] = h0.w; qa[2 * s + 1][3] = h1.w;
+    }
+    __half* vbuf = (__half*)sbuf + w * 2 * 16 * 128;  // this warp's two V tiles
+    const int ntiles = (k1 - k0 + 15) >> 4;
+    auto key_row = [&](int j) -> long {
+        j = min(j, k1 - 1);
+        return ring > 0 ? j % ring : j;
+    };
+    auto load_k = [&](int t, uint4* kr) {
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            const __half* src = kc + key_row(k0 + 16 * t + 8 * nt + r) * stride + g * 128 + 8 * c;
+#pragma unroll
+            for (int s = 0; s < 4; s++) kr[4 * nt + s] = *(const uint4*)(src + 32 * s);
+        }
+    };
+    auto issue_v = [&](int t, __half* dst) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int qi = 32 * i + lane, key = qi >> 4, ch = qi & 15;
+            cp_async16(dst + key * 128 + 8 * (ch ^ (key & 7)), vc + key_row(k0 + 16 * t + key) * stride + g * 128 + 8 * ch);
+        }
+        cp_async_commit();
+    };
+    float o[16][4];
+#pragma unroll
+    for (int nt = 0; nt < 16; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows r and r + 8
+    uint4 kr[8];
+    int buf = 0;
+    if (w < ntiles) {
+        issue_v(w, vbuf);
+        load_k(w, kr);
+    }
+    for (int t = w; t < ntiles; t += 4) {
+        const bool more = t + 4 < ntiles;
+        uint4 kn[8];
+        if (more) {
+            issue_v(t + 4, vbuf + (buf ^ 1) * 16 * 128);
+            load_k(t + 4, kn);
+        }
+        float sc[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                mma_16816(sc[nt], qa[2 * s], kr[4 * nt + s].x, kr[4 * nt + s].y);
+                mma_16816(sc[nt], qa[2 * s + 1], kr[4 * nt + s].z, kr[4 * nt + s].w);
+            }
+        }
+        // Keys past the split's end are masked; each thread holds columns 2c, 2c+1 of both
+        // 8-key halves, for rows r (elements 0, 1) and r + 8 (2, 3).
+        const int jb = k0 + 16 * t + 2 * c;
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                if (jb + 8 * nt + (e & 1) >= k1) sc[nt][e] = -INFINITY;
+            }
+            mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
+            mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
+        }
+#pragma unroll
+        for (int o2 = 1; o2 < 4; o2 <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, o2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, o2));
+        }
+        const float c0 = __expf(m0 - mx0), c1 = __expf(m1 - mx1);
+        m0 = mx0;
+        m1 = mx1;
+        float pe[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            pe[nt][0] = __expf(sc[nt][0] - mx0);
+            pe[nt][1] = __expf(sc[nt][1] - mx0);
+            pe[nt][2] = __expf(sc[nt][2] - mx1);
+            pe[nt][3] = __expf(sc[nt][3] - mx1);
+        }
+        l0 = l0 * c0 + pe[0][0] + pe[0][1] + pe[1][0] + pe[1][1];
+        l1 = l1 * c1 + pe[0][2] + pe[0][3] + pe[1][2] + pe[1][3];
+#pragma unroll
+        for (int nt = 0; nt < 16; nt++) {
+            o[nt][0] *= c0; o[nt][1] *= c0;
+            o[nt][2] *= c1; o[nt][3] *= c1;
+        }
+        const u32 pa[4] = {pack_half2(pe[0][0], pe[0][1]), pack_half2(pe[0][2], pe[0][3]),
+                           pack_half2(pe[1][0], pe[1][1]), pack_half2(pe[1][2], pe[1][3])};
+        if (more) cp_async_wait<1>(); else cp_async_wait<0>();
+        __syncwarp();
+        const __half* vt = vbuf + buf * 16 * 128;
+        // Lane i addresses row (i & 7) of matrix i >> 3: keys 8 (m & 1) + (i & 7), dims
+        // 16 u + 8 (m >> 1).
+        const int mi = lane >> 3, key = 8 * (mi & 1) + (lane & 7);
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int ch = 2 * u + (mi >> 1);
+            u32 bv[4];
+            ldsm_x4_trans(bv, vt + key * 128 + 8 * (ch ^ (key & 7)));
+            mma_16816(o[2 * u], pa, bv[0], bv[1]);
+            mma_16816(o[2 * u + 1], pa, bv[2], bv[3]);
+        }
+        __syncwarp();
+        buf ^= 1;
+        if (more) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) kr[i] = kn[i];
+        }
+    }
+    l0 += __shfl_xor_sync(FULL, l0, 1);
+    l0 += __shfl_xor_sync(FULL, l0, 2);
+    l1 += __shfl_xor_sync(FULL, l1, 1);
+    l1 += __shfl_xor_sync(FULL, l1, 2);
+    // Merge the four warps: each writes its rows' max, sum and accumulators.
+    cp_async_wait<0>();
+    __syncthreads();  // every warp is done with its V tiles (the buffer is reused)
+    float* so = sbuf + w * 16 * 128;
+    if (c == 0) {
+        sm_m[w][r] = m0; sm_m[w][r + 8] = m1;
+        sm_l[w][r] = l0; sm_l[w][r + 8] = l1;
+    }
+#pragma unroll
+    for (int nt = 0; nt < 16; nt++) {
+        *(float2*)&so[r * 128 + 8 * nt + 2 * c] = make_float2(o[nt][0], o[nt][1]);
+        *(float2*)&so[(r + 8) * 128 + 8 * nt + 2 * c] = make_float2(o[nt][2], o[nt][3]);
+    }
+    __syncthreads();
+    // Warp w takes heads w, w + 4, ...; lane: dims 4 lane .. 4 lane + 3.
+    const long out0 = (long)b * nq * 128;
+    for (int hl = w; hl < grp; hl += 4) {
+        const float M = fmaxf(fmaxf(sm_m[0][hl], sm_m[1][hl]), fmaxf(sm_m[2][hl], sm_m[3][hl]));
+        float L = 0.f, A[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if (sm_m[i][hl] != -INFINITY) {
+                const float f = __expf(sm_m[i][hl] - M);
+                L += sm_l[i][hl] * f;
+                const float4 a4 = *(const float4*)&sbuf[(i * 16 + hl) * 128 + 4 * lane];
+                A[0] += a4.x * f; A[1] += a4.y * f; A[2] += a4.z * f; A[3] += a4.w * f;
+            }
+        }
+        const int h = g * grp + hl;
+        if (used == 1) {
+            const float4 gt = *(const float4*)&sGate[hl][4 * lane];
+            const float gv[4] = {gt.x, gt.y, gt.z, gt.w};
+            float v[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) v[e] = (L > 0.f ? A[e] / L : 0.f) * (1.f / (1.f + __expf(-gv[e])));
+            store_head_out4(v, out0 + h * 128 + 4 * lane, out_f, q, qd, qs);
+        } else {
+            float* po = part + (((long)b * nq + h) * S + sp) * 130;
+            // (Split records are 130 floats apart: 8-byte aligned.)
+            *(float2*)(po + 4 * lane) = make_float2(A[0], A[1]);
+            *(float2*)(po + 4 * lane + 2) = make_float2(A[2], A[3]);
+            if (lane == 0) { po[128] = M; po[129] = L; }
+        }
+    }
+}
 
 // Prefill attention pieces (scores from cuBLAS). S rows: [2 * 16 * n] x nk laid out per KV group g
 // as rows (h_local, t). Query t is at position p0 + t, key j at position k_lo + j.

@@ -203,7 +203,7 @@ pub fn q4k_kernel_r4(w: u32, u: u32, batch: usize) -> String {
 }
 
 /// Kernels other than the GEMVs.
-pub const OTHER_KERNELS: [&str; 15] = [
+pub const OTHER_KERNELS: [&str; 16] = [
     "dequant_bf16",
     "get_rows",
     "quantize_act",
@@ -213,6 +213,7 @@ pub const OTHER_KERNELS: [&str; 15] = [
     "attn_combine_gate",
     "attn_decode_fused",
     "attn_decode_fused_k8",
+    "attn_decode_gqa",
     "softmax_mask",
     "gate_heads_bf16",
     "swiglu",

@@ -245,6 +245,17 @@ pub struct Tuning {
     pub skip_norm: bool,
     /// Diagnostics only (wrong results): the SwiGLU kernel is skipped.
     pub skip_swiglu: bool,
+    /// Decode steps whose latest position is at least this run the full-attention layers with
+    /// the grouped tensor-core kernel (`attn_decode_gqa`: each cached key and value read once
+    /// per KV group, not once per query head) instead of the per-head one (`u32::MAX`: never).
+    /// A captured decode graph holds one variant per threshold and replays the one that fits.
+    pub gqa_full_from: u32,
+    /// The same for the sliding-window layers.
+    pub gqa_swa_from: u32,
+    /// Splits of `attn_decode_gqa` per (KV group, sequence) (at most 128).
+    pub gqa_splits: u32,
+    /// Fewest keys an `attn_decode_gqa` split takes.
+    pub gqa_min_keys: u32,
 }
 
 impl Default for Tuning {
@@ -263,6 +274,10 @@ impl Default for Tuning {
             attn_keys_per_step: 8,
             skip_norm: false,
             skip_swiglu: false,
+            gqa_full_from: u32::MAX,
+            gqa_swa_from: u32::MAX,
+            gqa_splits: 128,
+            gqa_min_keys: 64,
         }
     }
 }
@@ -270,7 +285,8 @@ impl Default for Tuning {
 impl Tuning {
     /// Applies `key=value` pairs separated by commas: `q4k=legacy|tuned|W,U`, `l2=0|1`,
     /// `pf=MB`, `fattn=0|1`, `splits=N`, `gemvonly=0|1`, `attnonly=0|1`,
-    /// `rpw=0|1|2|4`, `kmin=N`, `nsl=N`, `akeys=4|8`, `skipnorm=0|1`, `skipswiglu=0|1`.
+    /// `rpw=0|1|2|4`, `kmin=N`, `nsl=N`, `akeys=4|8`, `skipnorm=0|1`, `skipswiglu=0|1`,
+    /// `gqa=POS|off` (full layers), `gqaswa=POS|off`, `gqasplits=N`, `gqamin=N`.
     pub fn parse(mut self, spec: &str) -> Result<Tuning> {
         let bad = || CudaError::Shape(format!("tuning '{spec}'"));
         for kv in spec.split([',', ' ']).filter(|s| !s.is_empty()) {
@@ -307,6 +323,21 @@ impl Tuning {
                 "skipswiglu" => self.skip_swiglu = v == "1",
                 "kmin" => {
                     self.attn_min_keys = v.parse::<u32>().map_err(|_| bad())?.clamp(16, 1 << 20)
+                }
+                "gqa" | "gqaswa" => {
+                    let from = match v {
+                        "off" => u32::MAX,
+                        _ => v.parse::<u32>().map_err(|_| bad())?,
+                    };
+                    if k == "gqa" {
+                        self.gqa_full_from = from;
+                    } else {
+                        self.gqa_swa_from = from;
+                    }
+                }
+                "gqasplits" => self.gqa_splits = v.parse::<u32>().map_err(|_| bad())?.clamp(1, 128),
+                "gqamin" => {
+                    self.gqa_min_keys = v.parse::<u32>().map_err(|_| bad())?.clamp(16, 1 << 20)
                 }
                 "splits" => self.attn_splits = v.parse::<u32>().map_err(|_| bad())?.clamp(1, 128),
                 _ => return Err(bad()),
@@ -819,7 +850,14 @@ mod tests {
         assert!(t.skip_norm && t.skip_swiglu);
         assert_eq!(Tuning::default().norm_slices, 8);
         assert_eq!(Tuning::default().parse("").unwrap(), Tuning::default());
-        for bad in ["kmin", "kmin=x", "nosuch=1", "q4k=1", "akeys=5", "nsl=x"] {
+        let t = Tuning::default()
+            .parse("gqa=1024,gqaswa=off,gqasplits=500,gqamin=8")
+            .unwrap();
+        assert_eq!((t.gqa_full_from, t.gqa_swa_from), (1024, u32::MAX));
+        assert_eq!((t.gqa_splits, t.gqa_min_keys), (128, 16));
+        for bad in [
+            "kmin", "kmin=x", "nosuch=1", "q4k=1", "akeys=5", "nsl=x", "gqa=-1",
+        ] {
             assert!(Tuning::default().parse(bad).is_err(), "{bad}");
         }
     }

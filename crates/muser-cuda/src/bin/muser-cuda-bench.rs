@@ -556,6 +556,7 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
     // 40 greedy decode steps, each side on its own model instance.
     let mut ring_json = json!(null);
     let mut ring_ok = true;
+    let (mut gqa_json, mut gqa_ok) = (json!(null), true);
     if a.ring_check {
         let mut full = CudaGlimmer::load(
             Gpu::new(0)?,
@@ -605,6 +606,9 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
         ring_json = json!({"prompt_tokens": nlong, "prefill_rel_err": ep, "decode_steps": 40,
             "decode_max_rel_err": worst, "same_tokens": same, "argmax_changes": flips,
             "argmax_changes_near_ties": flips_tied, "pass": ring_ok});
+        let (gj, gok) = grouped_check(&mut m, base, &long)?;
+        gqa_json = gj;
+        gqa_ok = gok;
     }
     let mut cpu = json!(null);
     if a.cpu_check {
@@ -777,6 +781,7 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
             "tunes": tune_rows,
             "slots": slots_json,
             "ring_vs_full_cache": ring_json,
+            "grouped_vs_per_head_attention": gqa_json,
             "load_seconds": load_s,
             "decode_weight_bytes": wbytes,
             "consistency_rel_err": cons_err, "consistency_argmax_equal": tp == td,
@@ -787,7 +792,60 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
         });
         std::fs::write(p, serde_json::to_string_pretty(&doc).unwrap_or_default())?;
     }
-    Ok(graph_ok && slots_ok && ring_ok)
+    Ok(graph_ok && slots_ok && ring_ok && gqa_ok)
+}
+
+/// The grouped decode attention (`attn_decode_gqa` on every layer, with splits of 16 keys so
+/// that a long context uses many) against the per-head kernel: after `prompt`, 32 decode steps
+/// fed the same tokens, each step's logits under both, then 24 greedy steps from graph replays
+/// under both. Returns the JSON record and whether it passed.
+fn grouped_check(
+    m: &mut CudaGlimmer,
+    base: Tuning,
+    prompt: &[u32],
+) -> Result<(serde_json::Value, bool), CudaError> {
+    let grouped = base.parse("gqa=0,gqaswa=0,gqamin=16")?;
+    let n = prompt.len();
+    let (_, mut tok) = m.prefill(prompt, 0)?;
+    let tie = muser_cuda::compare::near_tie;
+    let (mut worst, mut flips, mut tied) = (0f64, 0usize, true);
+    for k in 0..32 {
+        let (a1, n1) = m.decode(tok, n + k)?;
+        m.gpu().set_tuning(grouped);
+        let r = m.decode(tok, n + k);
+        m.gpu().set_tuning(base);
+        let (a2, n2) = r?;
+        worst = worst.max(rel_err(
+            &a2,
+            &a1.iter().map(|&v| v as f64).collect::<Vec<_>>(),
+        ));
+        if n1 != n2 {
+            flips += 1;
+            tied &= tie(&a1, &a2, n1, n2);
+        }
+        tok = n1;
+    }
+    // Graph replays: the per-head graph and the grouped one's variants from the same start.
+    let start = n + 32;
+    let g1 = m.capture_decode()?;
+    let t1 = m.generate(&g1, tok, start, 24)?;
+    drop(g1);
+    m.gpu().set_tuning(grouped);
+    let g2 = m.capture_decode();
+    m.gpu().set_tuning(base);
+    let g2 = g2?;
+    let t2 = m.generate(&g2, tok, start, 24)?;
+    let same_prefix = t1.iter().zip(&t2).take_while(|(a, b)| a == b).count();
+    let ok = tied && worst < 2e-2;
+    println!(
+        "grouped vs per-head decode attention: {n}-token context, 32 steps max rel err {worst:.2e} ({flips} argmax changes, all near-ties: {tied}); graph replays agree on {same_prefix} of 24 tokens"
+    );
+    Ok((
+        json!({"context_tokens": n, "decode_steps": 32, "max_rel_err": worst,
+            "argmax_changes": flips, "argmax_changes_near_ties": tied,
+            "graph_tokens_agreeing": same_prefix, "pass": ok}),
+        ok,
+    ))
 }
 
 /// Random valid Q4_K rows (small fixed scales, random quant bits), as synth_muse.py writes.

@@ -708,81 +708,64 @@ impl CudaGlimmer {
                 l.down.gemv(g, nb, qa, s.hf.ptr(), s.y_d.ptr())?;
                 continue;
             }
-            if self.grouped_attn(il, at) {
-                let gsplits = (tune.gqa_splits as usize).clamp(1, MAX_ATTN_SPLITS);
-                let kmin = tune.gqa_min_keys as usize;
-                g.launch(
-                    "attn_decode_gqa",
-                    (nkv as u32, nb as u32, gsplits as u32),
-                    128,
-                    &[
-                        Arg::P(s.y_qkvg.ptr()),
-                        Arg::L(ld as i64),
-                        Arg::I(nq as i32),
-                        Arg::I(nkv as i32),
-                        Arg::P(l.q_norm.ptr()),
-                        Arg::P(l.k_norm.ptr()),
-                        Arg::F(i.rms_eps),
-                        Arg::P(s.pos.ptr()),
-                        Arg::I(i.is_swa[il] as i32),
-                        Arg::F(self.theta_scale()),
-                        Arg::P(l.k_cache.ptr()),
-                        Arg::P(l.v_cache.ptr()),
-                        Arg::L(self.slot_stride(l) as i64),
-                        Arg::I(self.window(il)),
-                        Arg::F(i.attn_scale),
-                        Arg::P(s.part.ptr()),
-                        Arg::I(gsplits as i32),
-                        Arg::I(kmin as i32),
-                        Arg::P(s.hf.ptr()),
-                        Arg::P(qa.q),
-                        Arg::P(qa.d),
-                        Arg::P(qa.s),
-                        Arg::P(pf_wo.0),
-                        Arg::L(pf_wo.1),
-                        Arg::I(l.ring as i32),
-                    ],
-                )?;
-                self.combine_gate(il, nb, gsplits, kmin, true)?;
-            } else if tune.fused_attn {
-                let kernel = if tune.attn_keys_per_step == 8 {
-                    "attn_decode_fused_k8"
+            let grouped = self.grouped_attn(il, at);
+            if grouped || tune.fused_attn {
+                // One kernel per layer: per query head, or per KV group (then the splits are
+                // merged by attn_combine_gate; the per-head kernel merges its own).
+                let (kernel, blocks, splits, kmin) = if grouped {
+                    let gs = (tune.gqa_splits as usize).clamp(1, MAX_ATTN_SPLITS);
+                    ("attn_decode_gqa", nkv, gs, tune.gqa_min_keys as usize)
+                } else if tune.attn_keys_per_step == 8 {
+                    (
+                        "attn_decode_fused_k8",
+                        nq,
+                        splits,
+                        tune.attn_min_keys as usize,
+                    )
                 } else {
-                    "attn_decode_fused"
+                    ("attn_decode_fused", nq, splits, tune.attn_min_keys as usize)
                 };
+                let mut args = vec![
+                    Arg::P(s.y_qkvg.ptr()),
+                    Arg::L(ld as i64),
+                    Arg::I(nq as i32),
+                    Arg::I(nkv as i32),
+                    Arg::P(l.q_norm.ptr()),
+                    Arg::P(l.k_norm.ptr()),
+                    Arg::F(i.rms_eps),
+                    Arg::P(s.pos.ptr()),
+                    Arg::I(i.is_swa[il] as i32),
+                    Arg::F(self.theta_scale()),
+                    Arg::P(l.k_cache.ptr()),
+                    Arg::P(l.v_cache.ptr()),
+                    Arg::L(self.slot_stride(l) as i64),
+                    Arg::I(self.window(il)),
+                    Arg::F(i.attn_scale),
+                    Arg::P(s.part.ptr()),
+                    Arg::I(splits as i32),
+                    Arg::I(kmin as i32),
+                ];
+                if !grouped {
+                    args.push(Arg::P(s.attn_cnt.ptr()));
+                }
+                args.extend([
+                    Arg::P(s.hf.ptr()),
+                    Arg::P(qa.q),
+                    Arg::P(qa.d),
+                    Arg::P(qa.s),
+                    Arg::P(pf_wo.0),
+                    Arg::L(pf_wo.1),
+                    Arg::I(l.ring as i32),
+                ]);
                 g.launch(
                     kernel,
-                    (nq as u32, nb as u32, splits as u32),
+                    (blocks as u32, nb as u32, splits as u32),
                     128,
-                    &[
-                        Arg::P(s.y_qkvg.ptr()),
-                        Arg::L(ld as i64),
-                        Arg::I(nq as i32),
-                        Arg::I(nkv as i32),
-                        Arg::P(l.q_norm.ptr()),
-                        Arg::P(l.k_norm.ptr()),
-                        Arg::F(i.rms_eps),
-                        Arg::P(s.pos.ptr()),
-                        Arg::I(i.is_swa[il] as i32),
-                        Arg::F(self.theta_scale()),
-                        Arg::P(l.k_cache.ptr()),
-                        Arg::P(l.v_cache.ptr()),
-                        Arg::L(self.slot_stride(l) as i64),
-                        Arg::I(self.window(il)),
-                        Arg::F(i.attn_scale),
-                        Arg::P(s.part.ptr()),
-                        Arg::I(splits as i32),
-                        Arg::I(tune.attn_min_keys as i32),
-                        Arg::P(s.attn_cnt.ptr()),
-                        Arg::P(s.hf.ptr()),
-                        Arg::P(qa.q),
-                        Arg::P(qa.d),
-                        Arg::P(qa.s),
-                        Arg::P(pf_wo.0),
-                        Arg::L(pf_wo.1),
-                        Arg::I(l.ring as i32),
-                    ],
+                    &args,
                 )?;
+                if grouped {
+                    self.combine_gate(il, nb, splits, kmin, true)?;
+                }
             } else {
                 self.qk_norm_rope(l, il, nb, ld, s.q_f.ptr(), 0, -1, pf_wo)?;
                 g.launch(

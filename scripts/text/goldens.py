@@ -355,7 +355,7 @@ def main():
                   "corpus": texts, "models": {}}
     tmpl_golden = {"comparator": "llama.cpp b11434 llama-server /apply-template", "pinned_date": PINNED_DATE,
                    "cases": []}
-    today = None
+    today = time.strftime("%Y-%m-%d")
     for name, path in models.items():
         print(f"[{name}] starting llama-server", file=sys.stderr)
         srv = Server(path)
@@ -384,10 +384,10 @@ def main():
                 res = srv.post("/apply-template", body)
                 if "prompt" not in res:
                     raise SystemExit(f"[{name}] /apply-template failed for {label}: {res}")
-                case = {"model": name, "label": label, "request": conv, "prompt": res["prompt"]}
-                if label == "muse: date from the clock":
-                    today = time.strftime("%Y-%m-%d")
-                    case["date"] = today
+                # The day the server rendered on: templates that print the current date read
+                # the clock, and the test renders with this date instead of its own clock.
+                case = {"model": name, "label": label, "request": conv, "prompt": res["prompt"],
+                        "date": today}
                 tmpl_golden["cases"].append(case)
         finally:
             srv.close()

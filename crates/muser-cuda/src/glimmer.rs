@@ -1241,9 +1241,4 @@ impl DecodeGraph {
         let i = self.graphs.partition_point(|(from, _)| *from <= pos);
         &self.graphs[i.saturating_sub(1)].1
     }
-
-    /// How many kernel variants the capture holds.
-    pub fn variants(&self) -> usize {
-        self.graphs.len()
-    }
 }

@@ -954,6 +954,17 @@ extern "C" __global__ void attn_combine_gate(const float* part, int nq, int S, i
     store_head_out(v, (long)b * nq * 128 + h * 128 + d, out_f, q, qd, qs);
 }
 
+// Stores a new key (four values per lane, already normalized and rotated) and its value at
+// cache offset o (lane's dims 4 lane .. 4 lane + 3) as F16.
+__device__ __forceinline__ void store_new_kv(__half* kc, __half* vc, long o, const float* kv, float4 v4) {
+    __half2* kd = (__half2*)(kc + o);
+    __half2* vd = (__half2*)(vc + o);
+    kd[0] = __floats2half2_rn(kv[0], kv[1]);
+    kd[1] = __floats2half2_rn(kv[2], kv[3]);
+    vd[0] = __floats2half2_rn(v4.x, v4.y);
+    vd[1] = __floats2half2_rn(v4.z, v4.w);
+}
+
 // Decode attention in one kernel: per-head Q/K RMSNorm and RoPE of the new token (recomputed
 // by each block from the projection rows, so no separate kernel), K/V of the new token into
 // the cache, flash-decoding over the cached keys [lo, pos) plus the new key from registers,
@@ -1069,12 +1080,7 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
             // The group's first head stores the new K/V for later steps (this launch reads
             // cached keys below p only).
             const long o = (long)(ring > 0 ? p % ring : p) * nkv * 128 + g * 128 + 4 * lane;
-            __half2* kd = (__half2*)(kc + o);
-            __half2* vd = (__half2*)(vc + o);
-            kd[0] = __floats2half2_rn(kv[0], kv[1]);
-            kd[1] = __floats2half2_rn(kv[2], kv[3]);
-            vd[0] = __floats2half2_rn(v4.x, v4.y);
-            vd[1] = __floats2half2_rn(v4.z, v4.w);
+            store_new_kv(kc, vc, o, kv, v4);
         }
     }
     for (int j = k0 + w; j < k1; j += 4 * K) {
@@ -1323,12 +1329,7 @@ extern "C" __global__ __launch_bounds__(128) void attn_decode_gqa(
         head_norm_rope_tab(kv, knw, eps, tab, lane);
         const float4 v4 = *(const float4*)(row + (long)(nq + nkv + g) * 128 + 4 * lane);
         const long o = (long)(ring > 0 ? p % ring : p) * stride + g * 128 + 4 * lane;
-        __half2* kd = (__half2*)(kc + o);
-        __half2* vd = (__half2*)(vc + o);
-        kd[0] = __floats2half2_rn(kv[0], kv[1]);
-        kd[1] = __floats2half2_rn(kv[2], kv[3]);
-        vd[0] = __floats2half2_rn(v4.x, v4.y);
-        vd[1] = __floats2half2_rn(v4.z, v4.w);
+        store_new_kv(kc, vc, o, kv, v4);
     }
     __syncthreads();
     // Q as A fragments: k-step 2s+t covers dims 32s + 8c + 4t + {0,1} (k 2c..) and + {2,3}

@@ -757,10 +757,17 @@ impl CudaGlimmer {
                     Arg::L(pf_wo.1),
                     Arg::I(l.ring as i32),
                 ]);
-                g.launch(
+                let smem = if grouped {
+                    args.push(Arg::I(tune.gqa_pass_keys as i32));
+                    crate::layout::GQA_SMEM_BYTES
+                } else {
+                    tune.attn_extra_smem
+                };
+                g.launch_smem(
                     kernel,
                     (blocks as u32, nb as u32, splits as u32),
                     128,
+                    smem,
                     &args,
                 )?;
                 if grouped {

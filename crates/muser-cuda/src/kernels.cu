@@ -930,7 +930,15 @@ __device__ void merge_splits(const float* base, int used, int d, float& M, float
 #pragma unroll
     for (int u = 0; u < 32; u++)
         if (u < used) A += av[u] * fw[u];
-    for (int s0 = 32; s0 < used; s0++) A += __ldcg(base + s0 * 130 + d) * fw[s0];
+    // Past 32 splits (the grouped kernel's many short splits): 32 loads in flight at a time,
+    // summed in split order.
+    for (int s0 = 32; s0 < used; s0 += 32) {
+#pragma unroll
+        for (int u = 0; u < 32; u++) av[u] = s0 + u < used ? __ldcg(base + (s0 + u) * 130 + d) : 0.f;
+#pragma unroll
+        for (int u = 0; u < 32; u++)
+            if (s0 + u < used) A += av[u] * fw[s0 + u];
+    }
 }
 
 // Merge the splits, apply the sigmoid gate, write f32 (out_f [B][nq*128]) and/or quantized.
@@ -1217,21 +1225,24 @@ __device__ __forceinline__ void store_head_out4(const float* v, long idx, float*
 // Decode attention over a whole KV group with tensor cores. The `grp` query heads that share
 // KV head g (at most 16) form the 16 rows of mma.m16n8k16 operands, so each cached key and
 // value is read once per group instead of once per head.
-//   S = Q K^T: A = Q (16 heads x 128 dims, f16, held in registers for the whole block), B = K
-//   straight from global memory. The dot product's dimension order is free, so lane quad c
-//   of a key loads dims 32s + 8c .. +8 as one 16-byte load and Q's fragments use the same
-//   order.
-//   O += P V: P (f16) reuses the score accumulators as the A operand; V tiles of 16 keys are
-//   copied (cp.async) into a per-warp swizzled shared buffer, double-buffered, and read
-//   transposed with ldmatrix.
-// Online softmax per row in f32. grid (nkv, B, S), block 128: each split takes a contiguous
-// range of the keys [lo, p] (the new key included: the split holding p normalizes, rotates and
-// stores the new K/V first); its four warps take 16-key tiles in turn and are merged through
-// shared memory. With one split the block finishes the heads (sigmoid gate, output, quantized
-// activations); otherwise it writes part [B][nq][S][130] for attn_combine_gate.
-// Chosen per layer kind for steps past a position (Tuning::gqa_full_from, gqa_swa_from; off by
-// default): on the H200 it saves about 5 us per full-attention layer at depth 8192 when only the
-// attention kernels run, but nothing measurable in the whole decode step (docs/benchmarks.md).
+//   Every split stages its keys and values in shared memory (GQA_KEYS rows of each per pass,
+//   16-byte chunks swizzled by row so that fragment loads hit distinct banks). The first pass
+//   is requested before the programmatic-launch wait: those rows were written by earlier steps,
+//   so their loads overlap the projection GEMV instead of following it; the new key, not yet in
+//   the cache, is skipped then and written into its row (and the cache) after the wait.
+//   S = Q K^T: A = Q (16 heads x 128 dims, f16, in registers for the whole block), B = K read
+//   from the staged rows. The dot product's dimension order is free, so lane quad c of a key
+//   reads dims 32s + 8c .. +8 as one 16-byte chunk and Q's fragments use the same order.
+//   O += P V: P (f16) reuses the score accumulators as the A operand; V is read transposed
+//   with ldmatrix.
+// Online softmax per row in f32. grid (nkv, B, S), block 128, GQA_SMEM bytes of dynamic shared
+// memory: each split takes a contiguous range of the keys [lo, p] in passes of `pass_keys`
+// (at most GQA_KEYS, a multiple of 16); its four warps take 16-key tiles in turn and are
+// merged through shared memory. With one split the block finishes the heads (sigmoid gate,
+// output, quantized activations); otherwise it writes part [B][nq][S][130] for
+// attn_combine_gate.
+#define GQA_KEYS 128
+#define GQA_SMEM (2 * GQA_KEYS * 128 * 2)
 __device__ __forceinline__ void mma_16816(float* c, const u32* a, u32 b0, u32 b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -1256,11 +1267,14 @@ __device__ __forceinline__ u32 pack_half2(float a, float b) {
     const __half2 h = __floats2half2_rn(a, b);
     return *(const u32*)&h;
 }
+// Offset in halves of 16-byte chunk `ch` (0..15) of staged row `row`.
+__device__ __forceinline__ int gqa_swz(int row, int ch) { return row * 128 + 8 * (ch ^ (row & 7)); }
 
 extern "C" __global__ __launch_bounds__(128) void attn_decode_gqa(
     const float* qkv, long ld, int nq, int nkv, const float* qn_w, const float* kn_w, float eps, const int* pos,
     int rope, float theta_scale, __half* kc, __half* vc, long slot_stride, int window, float scale, float* part,
-    int S, int kmin, float* out_f, i8* q, float* qd, float* qs, const u8* pf, long pf_bytes, int ring) {
+    int S, int kmin, float* out_f, i8* q, float* qd, float* qs, const u8* pf, long pf_bytes, int ring,
+    int pass_keys) {
     pdl_trigger();
     l2_prefetch_range(pf, pf_bytes);
     const int g = blockIdx.x, b = blockIdx.y, sp = blockIdx.z;
@@ -1275,23 +1289,47 @@ extern "C" __global__ __launch_bounds__(128) void attn_decode_gqa(
     if (sp >= used) return;
     const int chunk = (nk + used - 1) / used;
     const int k0 = lo + sp * chunk, k1 = min(p + 1, k0 + chunk);  // keys [k0, k1)
+    const int PK = min(GQA_KEYS, max(16, pass_keys & ~15));
+    extern __shared__ __align__(16) unsigned char gqa_dyn[];
+    __half* sK = (__half*)gqa_dyn;  // [PK][128] each, swizzled (gqa_swz); then the warp merge
+    __half* sV = sK + GQA_KEYS * 128;
     __shared__ __align__(16) __half sQ[16][128];
-    __shared__ __align__(16) float sbuf[4 * 16 * 128];  // V tiles (2 x 4 KB per warp), then the merge
     __shared__ float sm_m[4][16], sm_l[4][16];
     __shared__ __align__(16) float sGate[16][128];
     __shared__ float2 sRope[64];
-    // Before waiting on the projection: the rotation table (one position for every head) and
-    // the norm weights.
+    kc += (long)b * slot_stride;
+    vc += (long)b * slot_stride;
+    const long stride = (long)nkv * 128;
+    // Stages keys [j0, j0 + n) (all cached except p, skipped) and zeroes the rows up to the
+    // next multiple of 16, so masked keys multiply finite values.
+    auto stage = [&](int j0, int n) {
+        const int rows = (n + 15) & ~15;
+        for (int i = threadIdx.x; i < rows * 16; i += 128) {
+            const int row = i >> 4, ch = i & 15, j = j0 + row;
+            const int so = gqa_swz(row, ch);
+            if (row < n) {
+                if (j != p) {
+                    const long go = (long)(ring > 0 ? j % ring : j) * stride + g * 128 + 8 * ch;
+                    cp_async16(sK + so, kc + go);
+                    cp_async16(sV + so, vc + go);
+                }
+            } else {
+                *(uint4*)(sK + so) = make_uint4(0, 0, 0, 0);
+                *(uint4*)(sV + so) = make_uint4(0, 0, 0, 0);
+            }
+        }
+        cp_async_commit();
+    };
+    stage(k0, min(k1 - k0, PK));
+    // Also before waiting on the projection: the rotation table (one position for every head)
+    // and the norm weights.
     if (rope) rope_table(sRope, p, theta_scale);
     const float4 qn4 = *(const float4*)(qn_w + 4 * lane), kn4 = *(const float4*)(kn_w + 4 * lane);
     const float qnw[4] = {qn4.x, qn4.y, qn4.z, qn4.w}, knw[4] = {kn4.x, kn4.y, kn4.z, kn4.w};
     const float2* tab = rope ? sRope : nullptr;
     __syncthreads();
     pdl_wait();
-    kc += (long)b * slot_stride;
-    vc += (long)b * slot_stride;
     const float* row = qkv + (long)b * ld;
-    const long stride = (long)nkv * 128;
     if (used == 1) {
         // The gate rows, needed at the end, start moving now.
         const float* gsrc = row + (long)(nq + 2 * nkv) * 128 + (long)g * grp * 128;
@@ -1322,18 +1360,25 @@ extern "C" __global__ __launch_bounds__(128) void attn_decode_gqa(
             d[1] = __floats2half2_rn(v[2], v[3]);
         }
     }
-    if (w == 0 && k0 <= p && p < k1) {
-        // This split holds the new key: its K (normalized, rotated) and V into the cache.
+    // The split holding the new key (always its last): warp 0 normalizes and rotates it and
+    // stores it and its value into the cache now, and into the staged row in its pass.
+    const bool has_new = k0 <= p && p < k1;
+    __half2 nk2[2], nv2[2];
+    if (w == 0 && has_new) {
         const float4 k4 = *(const float4*)(row + (long)(nq + g) * 128 + 4 * lane);
         float kv[4] = {k4.x, k4.y, k4.z, k4.w};
         head_norm_rope_tab(kv, knw, eps, tab, lane);
         const float4 v4 = *(const float4*)(row + (long)(nq + nkv + g) * 128 + 4 * lane);
         const long o = (long)(ring > 0 ? p % ring : p) * stride + g * 128 + 4 * lane;
         store_new_kv(kc, vc, o, kv, v4);
+        nk2[0] = __floats2half2_rn(kv[0], kv[1]);
+        nk2[1] = __floats2half2_rn(kv[2], kv[3]);
+        nv2[0] = __floats2half2_rn(v4.x, v4.y);
+        nv2[1] = __floats2half2_rn(v4.z, v4.w);
     }
     __syncthreads();
     // Q as A fragments: k-step 2s+t covers dims 32s + 8c + 4t + {0,1} (k 2c..) and + {2,3}
-    // (k 8+2c..), matching the 16-byte K loads below.
+    // (k 8+2c..), matching the 16-byte K chunks below.
     u32 qa[8][4];
 #pragma unroll
     for (int s = 0; s < 4; s++) {
@@ -1342,121 +1387,99 @@ extern "C" __global__ __launch_bounds__(128) void attn_decode_gqa(
         qa[2 * s][0] = h0.x; qa[2 * s][1] = h1.x; qa[2 * s][2] = h0.y; qa[2 * s][3] = h1.y;
         qa[2 * s + 1][0] = h0.z; qa[2 * s + 1][1] = h1.z; qa[2 * s + 1][2] = h0.w; qa[2 * s + 1][3] = h1.w;
     }
-    __half* vbuf = (__half*)sbuf + w * 2 * 16 * 128;  // this warp's two V tiles
-    const int ntiles = (k1 - k0 + 15) >> 4;
-    auto key_row = [&](int j) -> long {
-        j = min(j, k1 - 1);
-        return ring > 0 ? j % ring : j;
-    };
-    auto load_k = [&](int t, uint4* kr) {
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-            const __half* src = kc + key_row(k0 + 16 * t + 8 * nt + r) * stride + g * 128 + 8 * c;
-#pragma unroll
-            for (int s = 0; s < 4; s++) kr[4 * nt + s] = *(const uint4*)(src + 32 * s);
-        }
-    };
-    auto issue_v = [&](int t, __half* dst) {
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const int qi = 32 * i + lane, key = qi >> 4, ch = qi & 15;
-            cp_async16(dst + key * 128 + 8 * (ch ^ (key & 7)), vc + key_row(k0 + 16 * t + key) * stride + g * 128 + 8 * ch);
-        }
-        cp_async_commit();
-    };
     float o[16][4];
 #pragma unroll
     for (int nt = 0; nt < 16; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows r and r + 8
-    uint4 kr[8];
-    int buf = 0;
-    if (w < ntiles) {
-        issue_v(w, vbuf);
-        load_k(w, kr);
-    }
-    for (int t = w; t < ntiles; t += 4) {
-        const bool more = t + 4 < ntiles;
-        uint4 kn[8];
-        if (more) {
-            issue_v(t + 4, vbuf + (buf ^ 1) * 16 * 128);
-            load_k(t + 4, kn);
+    for (int jb = k0; jb < k1; jb += PK) {
+        const int n = min(k1 - jb, PK);
+        if (jb != k0) {
+            __syncthreads();  // every warp is done with the previous pass
+            stage(jb, n);
         }
-        float sc[2][4];
+        if (w == 0 && has_new && p >= jb && p < jb + n) {
+            // Lane holds dims 4 lane .. 4 lane + 3: half of chunk lane / 2.
+            const int so = gqa_swz(p - jb, lane >> 1) + 4 * (lane & 1);
+            *(__half2*)(sK + so) = nk2[0];
+            *(__half2*)(sK + so + 2) = nk2[1];
+            *(__half2*)(sV + so) = nv2[0];
+            *(__half2*)(sV + so + 2) = nv2[1];
+        }
+        cp_async_wait<0>();
+        __syncthreads();
+        const int ntiles = (n + 15) >> 4;
+        for (int t = w; t < ntiles; t += 4) {
+            float sc[2][4];
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-            sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+            for (int nt = 0; nt < 2; nt++) {
+                sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+                const int kr = 16 * t + 8 * nt + r;
 #pragma unroll
-            for (int s = 0; s < 4; s++) {
-                mma_16816(sc[nt], qa[2 * s], kr[4 * nt + s].x, kr[4 * nt + s].y);
-                mma_16816(sc[nt], qa[2 * s + 1], kr[4 * nt + s].z, kr[4 * nt + s].w);
+                for (int s = 0; s < 4; s++) {
+                    const uint4 kv = *(const uint4*)(sK + gqa_swz(kr, 4 * s + c));
+                    mma_16816(sc[nt], qa[2 * s], kv.x, kv.y);
+                    mma_16816(sc[nt], qa[2 * s + 1], kv.z, kv.w);
+                }
             }
-        }
-        // Keys past the split's end are masked; each thread holds columns 2c, 2c+1 of both
-        // 8-key halves, for rows r (elements 0, 1) and r + 8 (2, 3).
-        const int jb = k0 + 16 * t + 2 * c;
-        float mx0 = m0, mx1 = m1;
+            // Keys past the pass's end are masked; each thread holds columns 2c, 2c+1 of both
+            // 8-key halves, for rows r (elements 0, 1) and r + 8 (2, 3).
+            const int jl = 16 * t + 2 * c;
+            float mx0 = m0, mx1 = m1;
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
+            for (int nt = 0; nt < 2; nt++) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                if (jb + 8 * nt + (e & 1) >= k1) sc[nt][e] = -INFINITY;
+                for (int e = 0; e < 4; e++) {
+                    if (jl + 8 * nt + (e & 1) >= n) sc[nt][e] = -INFINITY;
+                }
+                mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
+                mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
             }
-            mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
-            mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
-        }
 #pragma unroll
-        for (int o2 = 1; o2 < 4; o2 <<= 1) {
-            mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, o2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, o2));
-        }
-        const float c0 = __expf(m0 - mx0), c1 = __expf(m1 - mx1);
-        m0 = mx0;
-        m1 = mx1;
-        float pe[2][4];
+            for (int o2 = 1; o2 < 4; o2 <<= 1) {
+                mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, o2));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, o2));
+            }
+            const float c0 = __expf(m0 - mx0), c1 = __expf(m1 - mx1);
+            m0 = mx0;
+            m1 = mx1;
+            float pe[2][4];
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-            pe[nt][0] = __expf(sc[nt][0] - mx0);
-            pe[nt][1] = __expf(sc[nt][1] - mx0);
-            pe[nt][2] = __expf(sc[nt][2] - mx1);
-            pe[nt][3] = __expf(sc[nt][3] - mx1);
-        }
-        l0 = l0 * c0 + pe[0][0] + pe[0][1] + pe[1][0] + pe[1][1];
-        l1 = l1 * c1 + pe[0][2] + pe[0][3] + pe[1][2] + pe[1][3];
+            for (int nt = 0; nt < 2; nt++) {
+                pe[nt][0] = __expf(sc[nt][0] - mx0);
+                pe[nt][1] = __expf(sc[nt][1] - mx0);
+                pe[nt][2] = __expf(sc[nt][2] - mx1);
+                pe[nt][3] = __expf(sc[nt][3] - mx1);
+            }
+            l0 = l0 * c0 + pe[0][0] + pe[0][1] + pe[1][0] + pe[1][1];
+            l1 = l1 * c1 + pe[0][2] + pe[0][3] + pe[1][2] + pe[1][3];
 #pragma unroll
-        for (int nt = 0; nt < 16; nt++) {
-            o[nt][0] *= c0; o[nt][1] *= c0;
-            o[nt][2] *= c1; o[nt][3] *= c1;
-        }
-        const u32 pa[4] = {pack_half2(pe[0][0], pe[0][1]), pack_half2(pe[0][2], pe[0][3]),
-                           pack_half2(pe[1][0], pe[1][1]), pack_half2(pe[1][2], pe[1][3])};
-        if (more) cp_async_wait<1>(); else cp_async_wait<0>();
-        __syncwarp();
-        const __half* vt = vbuf + buf * 16 * 128;
-        // Lane i addresses row (i & 7) of matrix i >> 3: keys 8 (m & 1) + (i & 7), dims
-        // 16 u + 8 (m >> 1).
-        const int mi = lane >> 3, key = 8 * (mi & 1) + (lane & 7);
+            for (int nt = 0; nt < 16; nt++) {
+                o[nt][0] *= c0; o[nt][1] *= c0;
+                o[nt][2] *= c1; o[nt][3] *= c1;
+            }
+            const u32 pa[4] = {pack_half2(pe[0][0], pe[0][1]), pack_half2(pe[0][2], pe[0][3]),
+                               pack_half2(pe[1][0], pe[1][1]), pack_half2(pe[1][2], pe[1][3])};
+            // Lane i addresses row (i & 7) of matrix i >> 3: keys 8 (m & 1) + (i & 7), dims
+            // 16 u + 8 (m >> 1).
+            const int mi = lane >> 3, key = 16 * t + 8 * (mi & 1) + (lane & 7);
 #pragma unroll
-        for (int u = 0; u < 8; u++) {
-            const int ch = 2 * u + (mi >> 1);
-            u32 bv[4];
-            ldsm_x4_trans(bv, vt + key * 128 + 8 * (ch ^ (key & 7)));
-            mma_16816(o[2 * u], pa, bv[0], bv[1]);
-            mma_16816(o[2 * u + 1], pa, bv[2], bv[3]);
-        }
-        __syncwarp();
-        buf ^= 1;
-        if (more) {
-#pragma unroll
-            for (int i = 0; i < 8; i++) kr[i] = kn[i];
+            for (int u = 0; u < 8; u++) {
+                u32 bv[4];
+                ldsm_x4_trans(bv, sV + gqa_swz(key, 2 * u + (mi >> 1)));
+                mma_16816(o[2 * u], pa, bv[0], bv[1]);
+                mma_16816(o[2 * u + 1], pa, bv[2], bv[3]);
+            }
         }
     }
     l0 += __shfl_xor_sync(FULL, l0, 1);
     l0 += __shfl_xor_sync(FULL, l0, 2);
     l1 += __shfl_xor_sync(FULL, l1, 1);
     l1 += __shfl_xor_sync(FULL, l1, 2);
-    // Merge the four warps: each writes its rows' max, sum and accumulators.
+    // Merge the four warps: each writes its rows' max, sum and accumulators (over the staged
+    // rows, which every warp is done with after the barrier).
     cp_async_wait<0>();
-    __syncthreads();  // every warp is done with its V tiles (the buffer is reused)
+    __syncthreads();
+    float* sbuf = (float*)gqa_dyn;  // [4][16][128]
     float* so = sbuf + w * 16 * 128;
     if (c == 0) {
         sm_m[w][r] = m0; sm_m[w][r + 8] = m1;

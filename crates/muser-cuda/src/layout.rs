@@ -202,6 +202,11 @@ pub fn q4k_kernel_r4(w: u32, u: u32, batch: usize) -> String {
     format!("gemv_q4k_w{w}u{u}l1r4_b{batch}")
 }
 
+/// Keys `attn_decode_gqa` stages in shared memory per pass (`GQA_KEYS` in kernels.cu).
+pub const GQA_KEYS: usize = 128;
+/// Dynamic shared memory of an `attn_decode_gqa` block: a pass of keys and values, f16.
+pub const GQA_SMEM_BYTES: u32 = (2 * GQA_KEYS * 128 * 2) as u32;
+
 /// Kernels other than the GEMVs.
 pub const OTHER_KERNELS: [&str; 16] = [
     "dequant_bf16",
@@ -421,6 +426,15 @@ mod tests {
                 assert!(4 * (w * u) as usize >= nsb, "{nsb}: one pass");
             }
         }
+    }
+
+    /// The host side sizes the grouped kernel's shared memory from the same constant.
+    #[test]
+    fn grouped_attention_staging_matches_the_source() {
+        let src = include_str!("kernels.cu");
+        assert!(src.contains(&format!("#define GQA_KEYS {GQA_KEYS}\n")));
+        assert!(src.contains("#define GQA_SMEM (2 * GQA_KEYS * 128 * 2)\n"));
+        assert_eq!(GQA_SMEM_BYTES, 65536);
     }
 
     /// Every kernel the runtime loads is defined in kernels.cu (an extern "C" function, a

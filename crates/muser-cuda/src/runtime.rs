@@ -256,6 +256,16 @@ pub struct Tuning {
     pub gqa_splits: u32,
     /// Fewest keys an `attn_decode_gqa` split takes.
     pub gqa_min_keys: u32,
+    /// Preferred shared-memory carveout of every kernel launched, in percent of the
+    /// configurable on-chip memory (-1: the driver's choice per kernel). One value for all
+    /// lets a kernel that needs much shared memory start on an SM still running another.
+    pub carveout: i32,
+    /// Diagnostics only: bytes of unused dynamic shared memory the per-head decode attention
+    /// asks for (to measure what a kernel's shared memory costs in the decode graph).
+    pub attn_extra_smem: u32,
+    /// Keys `attn_decode_gqa` stages in shared memory per pass (16 to 128, a multiple of 16;
+    /// a split longer than this takes several passes, the first staged before the wait).
+    pub gqa_pass_keys: u32,
 }
 
 impl Default for Tuning {
@@ -277,7 +287,10 @@ impl Default for Tuning {
             gqa_full_from: u32::MAX,
             gqa_swa_from: u32::MAX,
             gqa_splits: 128,
-            gqa_min_keys: 64,
+            gqa_min_keys: 128,
+            gqa_pass_keys: 128,
+            carveout: -1,
+            attn_extra_smem: 0,
         }
     }
 }
@@ -286,7 +299,7 @@ impl Tuning {
     /// Applies `key=value` pairs separated by commas: `q4k=legacy|tuned|W,U`, `l2=0|1`,
     /// `pf=MB`, `fattn=0|1`, `splits=N`, `gemvonly=0|1`, `attnonly=0|1`,
     /// `rpw=0|1|2|4`, `kmin=N`, `nsl=N`, `akeys=4|8`, `skipnorm=0|1`, `skipswiglu=0|1`,
-    /// `gqa=POS|off` (full layers), `gqaswa=POS|off`, `gqasplits=N`, `gqamin=N`.
+    /// `gqa=POS|off` (full layers), `gqaswa=POS|off`, `gqasplits=N`, `gqamin=N`, `gqapass=N`, `carve=-1..100`.
     pub fn parse(mut self, spec: &str) -> Result<Tuning> {
         let bad = || CudaError::Shape(format!("tuning '{spec}'"));
         for kv in spec.split([',', ' ']).filter(|s| !s.is_empty()) {
@@ -334,6 +347,13 @@ impl Tuning {
                     } else {
                         self.gqa_swa_from = from;
                     }
+                }
+                "asmem" => {
+                    self.attn_extra_smem = v.parse::<u32>().map_err(|_| bad())?.min(200 << 10)
+                }
+                "carve" => self.carveout = v.parse::<i32>().map_err(|_| bad())?.clamp(-1, 100),
+                "gqapass" => {
+                    self.gqa_pass_keys = v.parse::<u32>().map_err(|_| bad())?.clamp(16, 128) & !15
                 }
                 "gqasplits" => self.gqa_splits = v.parse::<u32>().map_err(|_| bad())?.clamp(1, 128),
                 "gqamin" => {
@@ -417,6 +437,8 @@ pub struct Gpu {
     info: DeviceInfo,
     pdl: bool,
     tuning: std::sync::Mutex<Tuning>,
+    /// The shared-memory carveout last set on each kernel (`Tuning::carveout`).
+    carveouts: std::sync::Mutex<HashMap<String, i32>>,
 }
 
 impl Gpu {
@@ -492,6 +514,7 @@ impl Gpu {
             info,
             pdl,
             tuning: std::sync::Mutex::new(tuning),
+            carveouts: std::sync::Mutex::new(HashMap::new()),
         })
     }
 
@@ -623,7 +646,8 @@ impl Gpu {
         self.launch_smem(name, grid, block, 0, args)
     }
 
-    /// [`Self::launch`] with `smem` bytes of dynamic shared memory (at most 48 KiB).
+    /// [`Self::launch`] with `smem` bytes of dynamic shared memory (past 48 KiB the kernel is
+    /// allowed that much first; the device's per-block limit applies).
     pub fn launch_smem(
         &self,
         name: &str,
@@ -636,6 +660,27 @@ impl Gpu {
             .funcs
             .get(name)
             .ok_or_else(|| CudaError::Unsupported(format!("no kernel named {name}")))?;
+        let carve = self.tuning().carveout;
+        {
+            let mut set = self.carveouts.lock().unwrap_or_else(|e| e.into_inner());
+            if set.get(name).copied().unwrap_or(-1) != carve {
+                f.set_attribute(
+                    drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                    carve,
+                )
+                .map_err(|e| CudaError::Driver(format!("{name}: carveout {carve}: {e:?}")))?;
+                set.insert(name.to_string(), carve);
+            }
+        }
+        if smem > 48 * 1024 {
+            f.set_attribute(
+                drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(|e| {
+                CudaError::Driver(format!("{name}: {smem} bytes of shared memory: {e:?}"))
+            })?;
+        }
         // One 8-byte slot per argument; 4-byte arguments sit in the low half (little-endian).
         let mut slots: Vec<u64> = args
             .iter()
@@ -855,6 +900,10 @@ mod tests {
             .unwrap();
         assert_eq!((t.gqa_full_from, t.gqa_swa_from), (1024, u32::MAX));
         assert_eq!((t.gqa_splits, t.gqa_min_keys), (128, 16));
+        assert_eq!(
+            Tuning::default().parse("gqapass=70").unwrap().gqa_pass_keys,
+            64
+        );
         for bad in [
             "kmin", "kmin=x", "nosuch=1", "q4k=1", "akeys=5", "nsl=x", "gqa=-1",
         ] {

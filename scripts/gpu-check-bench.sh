@@ -19,7 +19,8 @@
 #                     an 8192-token context
 #   dev               a 16-layer model of the exact per-layer geometry: tg128 under $TUNES at
 #                     depth 0 and under $D_TUNES at depth 8192 (decode A/B while developing)
-#   nvfp4             the same geometry in NVFP4 from `muser synth`: tg128, pp512, pp2048
+#   nvfp4             the same geometry in NVFP4 from `muser synth`: tg128, pp512, pp2048,
+#                     decode choices ($NV_TUNES)
 #   cli               the product binary on the 30B: `muser bench --device cuda --fused` (the
 #                     fused forward) and, with CLI_BACKEND=1, `muser bench --device cuda` (the
 #                     engine's model on the CUDA backend, exact precision; short runs)
@@ -111,7 +112,7 @@ for stage in $stages; do
       [ -f "$nvfp4" ] || "$carry/muser" synth --preset muse-glimmer-30b --type nvfp4 --seed 7 -o "$nvfp4" 2>&1 | tail -n 2
       ls -l "$nvfp4"
       "$bin" model "$nvfp4" --n-ctx 4096 --chunk 2048 --pp 512,2048 --tg 128 --reps 3 \
-        --json "$out/gpu-model-30b-nvfp4.json"
+        --tunes "${NV_TUNES:-}" --json "$out/gpu-model-30b-nvfp4.json"
       ;;
     cli)
       "$carry/muser" bench --device cuda --fused -m "$big" -p 512 -n 128 -r 3 \
@@ -125,8 +126,10 @@ for stage in $stages; do
       for _ in $(seq 1 540); do [ -f "$work/comparator.done" ] && break; sleep 1; done
       tail -n 3 "$work/comparator.log"
       [ -x "$work/cmp/llama.cpp-11434/build-cuda/bin/llama-bench" ] || { echo "llama-bench was not built"; tail -n 40 "$work/comparator.log"; continue; }
-      llama_bench "$big" llama-bench -p 512,2048 -n 128
-      llama_bench "$big" llama-bench-d8192 -d 8192 -p 2048 -n 128
+      if [ -f "$big" ]; then
+        llama_bench "$big" llama-bench -p 512,2048 -n 128
+        llama_bench "$big" llama-bench-d8192 -d 8192 -p 2048 -n 128
+      fi
       [ -f "$nvfp4" ] && llama_bench "$nvfp4" llama-bench-nvfp4 -p 512,2048 -n 128
       ;;
     *) echo "unknown stage $stage"; exit 2 ;;

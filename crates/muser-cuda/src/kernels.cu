@@ -414,18 +414,43 @@ __device__ void gemv_q80(const u8* __restrict__ W, const u8* __restrict__ S, lon
     }
 }
 
-// 4 nibbles (one per byte) -> 4 int8 values of the doubled E2M1 table.
-__device__ __forceinline__ int fp4_lut4(u32 q) {
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+    u32 d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+
+// The eight E2M1 values of one packed word (nibble i, low first), as int8 of the doubled table
+// (0, 1, 2, 3, 4, 6, 8, 12 and their negatives): nibbles 0-3 in lo, 4-7 in hi. Each half takes
+// one byte permute over the positive table and one over the negative table, selected by the
+// three magnitude bits of the four nibbles at once, and a third permute in sign-replicate mode
+// that turns the four sign bits into byte masks (nibble 2k's sign is the top bit of byte k of
+// w << 4, nibble 2k+1's that of byte k of w).
+__device__ __forceinline__ void fp4_lut8(u32 w, int& lo, int& hi) {
     const u32 t0 = 0x03020100u, t1 = 0x0C080604u, t2 = 0xFDFEFF00u, t3 = 0xF4F8FAFCu;
-    const u32 s = (q & 7) | ((q >> 4) & 0x70) | ((q >> 8) & 0x700) | ((q >> 12) & 0x7000);
-    const u32 lo = __byte_perm(t0, t1, s), hi = __byte_perm(t2, t3, s);
-    const u32 m = ((q & 0x08080808u) >> 3) * 0xFFu;
-    return (int)((lo & ~m) | (hi & m));
+    const u32 w4 = w << 4;
+    const u32 s0 = w & 0x7777u, s1 = (w >> 16) & 0x7777u;
+    const u32 m0 = prmt(w, w4, 0x9D8Cu), m1 = prmt(w, w4, 0xBFAEu);
+    lo = (int)((prmt(t0, t1, s0) & ~m0) | (prmt(t2, t3, s0) & m0));
+    hi = (int)((prmt(t0, t1, s1) & ~m1) | (prmt(t2, t3, s1) & m1));
+}
+
+// Sum over 16 values: packed words wa, wb (byte j: value j low, value j + 8 high) against the
+// int8 activations xa (values 0-7) and xb (8-15). fp4_lut8 yields the values in nibble order
+// (0, 8, 1, 9 | 2, 10, 3, 11 for wa), so the activation bytes are interleaved to match.
+__device__ __forceinline__ int fp4_dot16(u32 wa, u32 wb, int2 xa, int2 xb) {
+    int a0, a1, b0, b1;
+    fp4_lut8(wa, a0, a1);
+    fp4_lut8(wb, b0, b1);
+    int s = __dp4a(a0, (int)prmt(xa.x, xb.x, 0x5140u), 0);
+    s = __dp4a(a1, (int)prmt(xa.x, xb.x, 0x7362u), s);
+    s = __dp4a(b0, (int)prmt(xa.y, xb.y, 0x5140u), s);
+    return __dp4a(b1, (int)prmt(xa.y, xb.y, 0x7362u), s);
 }
 
 // NVFP4 GEMV: one warp per row, lane chunks of 32 values (16 bytes of nibbles and two scale
 // bytes), NVFP4_UNROLL chunks of loads in flight per lane, issued before waiting for the
-// previous kernel.
+// previous kernel. The integer sums are exact, so the unpacking order does not change results.
 #define NVFP4_UNROLL 8
 template <int B>
 __device__ void gemv_nvfp4(const u8* __restrict__ W, const u8* __restrict__ S, long rows, long cols, Act x,
@@ -464,22 +489,12 @@ __device__ void gemv_nvfp4(const u8* __restrict__ W, const u8* __restrict__ S, l
             const uint4 w = wv[u];
             const long g = e / 16;
             const float d0 = ue4m3_half(sc[u] & 0xff), d1 = ue4m3_half(sc[u] >> 8);
-            const int a0 = fp4_lut4(w.x & 0x0F0F0F0Fu), a1 = fp4_lut4(w.y & 0x0F0F0F0Fu);
-            const int a2 = fp4_lut4((w.x >> 4) & 0x0F0F0F0Fu), a3 = fp4_lut4((w.y >> 4) & 0x0F0F0F0Fu);
-            const int b0 = fp4_lut4(w.z & 0x0F0F0F0Fu), b1 = fp4_lut4(w.w & 0x0F0F0F0Fu);
-            const int b2 = fp4_lut4((w.z >> 4) & 0x0F0F0F0Fu), b3 = fp4_lut4((w.w >> 4) & 0x0F0F0F0Fu);
 #pragma unroll
             for (int b = 0; b < B; b++) {
                 const int4 x0 = *(const int4*)(x.q + b * x.n + e);
                 const int4 x1 = *(const int4*)(x.q + b * x.n + e + 16);
-                int s0 = __dp4a(a0, x0.x, 0);
-                s0 = __dp4a(a1, x0.y, s0);
-                s0 = __dp4a(a2, x0.z, s0);
-                s0 = __dp4a(a3, x0.w, s0);
-                int s1 = __dp4a(b0, x1.x, 0);
-                s1 = __dp4a(b1, x1.y, s1);
-                s1 = __dp4a(b2, x1.z, s1);
-                s1 = __dp4a(b3, x1.w, s1);
+                const int s0 = fp4_dot16(w.x, w.y, make_int2(x0.x, x0.y), make_int2(x0.z, x0.w));
+                const int s1 = fp4_dot16(w.z, w.w, make_int2(x1.x, x1.y), make_int2(x1.z, x1.w));
                 const long go = b * (x.n / 16);
                 acc[b] += d0 * x.d[go + g] * (float)s0 + d1 * x.d[go + g + 1] * (float)s1;
             }

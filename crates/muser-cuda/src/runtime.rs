@@ -260,6 +260,8 @@ pub struct Tuning {
     /// configurable on-chip memory (-1: the driver's choice per kernel). One value for all
     /// lets a kernel that needs much shared memory start on an SM still running another.
     pub carveout: i32,
+    /// The same for the GEMV kernels only (with `carveout` for the rest).
+    pub gemv_carveout: i32,
     /// Diagnostics only: bytes of unused dynamic shared memory the per-head decode attention
     /// asks for (to measure what a kernel's shared memory costs in the decode graph).
     pub attn_extra_smem: u32,
@@ -290,6 +292,7 @@ impl Default for Tuning {
             gqa_min_keys: 128,
             gqa_pass_keys: 128,
             carveout: -1,
+            gemv_carveout: -1,
             attn_extra_smem: 0,
         }
     }
@@ -350,6 +353,9 @@ impl Tuning {
                 }
                 "asmem" => {
                     self.attn_extra_smem = v.parse::<u32>().map_err(|_| bad())?.min(200 << 10)
+                }
+                "gcarve" => {
+                    self.gemv_carveout = v.parse::<i32>().map_err(|_| bad())?.clamp(-1, 100)
                 }
                 "carve" => self.carveout = v.parse::<i32>().map_err(|_| bad())?.clamp(-1, 100),
                 "gqapass" => {
@@ -660,7 +666,12 @@ impl Gpu {
             .funcs
             .get(name)
             .ok_or_else(|| CudaError::Unsupported(format!("no kernel named {name}")))?;
-        let carve = self.tuning().carveout;
+        let tune = self.tuning();
+        let carve = if name.starts_with("gemv_") {
+            tune.gemv_carveout
+        } else {
+            tune.carveout
+        };
         {
             let mut set = self.carveouts.lock().unwrap_or_else(|e| e.into_inner());
             if set.get(name).copied().unwrap_or(-1) != carve {

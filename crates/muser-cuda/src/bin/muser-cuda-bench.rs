@@ -220,8 +220,10 @@ fn cmd_check(json_out: Option<PathBuf>) -> Result<bool, CudaError> {
         // 6656 columns: 26 Q4_K super-blocks, an odd tail for the unrolled loops.
         ok &= check_type(&gpu, ty, 300, 6656, &mut rng, &mut results)?;
     }
-    // 19968 columns (muse-glimmer's ffn_down): Q4_K rows split over four warps.
+    // 19968 columns (muse-glimmer's ffn_down): Q4_K rows split over four warps, NVFP4 rows
+    // over three passes of the unrolled loads.
     ok &= check_type(&gpu, WType::Q4K, 301, 19968, &mut rng, &mut results)?;
+    ok &= check_type(&gpu, WType::NvFp4, 301, 19968, &mut rng, &mut results)?;
     // The other Q4_K GEMV shapes (the default above is the tuned one-pass shape).
     let base = gpu.tuning();
     for spec in [

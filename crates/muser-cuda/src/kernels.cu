@@ -436,46 +436,52 @@ __device__ __forceinline__ void fp4_lut8(u32 w, int& lo, int& hi) {
 }
 
 // Sum over 16 values: packed words wa, wb (byte j: value j low, value j + 8 high) against the
-// int8 activations xa (values 0-7) and xb (8-15). fp4_lut8 yields the values in nibble order
-// (0, 8, 1, 9 | 2, 10, 3, 11 for wa), so the activation bytes are interleaved to match.
-__device__ __forceinline__ int fp4_dot16(u32 wa, u32 wb, int2 xa, int2 xb) {
+// int8 activations xi[0..4) already interleaved to fp4_lut8's nibble order (values 0, 8, 1, 9 |
+// 2, 10, 3, 11 | 4, 12, 5, 13 | 6, 14, 7, 15).
+__device__ __forceinline__ int fp4_dot16(u32 wa, u32 wb, const int* xi) {
     int a0, a1, b0, b1;
     fp4_lut8(wa, a0, a1);
     fp4_lut8(wb, b0, b1);
-    int s = __dp4a(a0, (int)prmt(xa.x, xb.x, 0x5140u), 0);
-    s = __dp4a(a1, (int)prmt(xa.x, xb.x, 0x7362u), s);
-    s = __dp4a(b0, (int)prmt(xa.y, xb.y, 0x5140u), s);
-    return __dp4a(b1, (int)prmt(xa.y, xb.y, 0x7362u), s);
+    int s = __dp4a(a0, xi[0], 0);
+    s = __dp4a(a1, xi[1], s);
+    s = __dp4a(b0, xi[2], s);
+    return __dp4a(b1, xi[3], s);
 }
 
-// NVFP4 GEMV: one warp per row, lane chunks of 32 values (16 bytes of nibbles and two scale
-// bytes), NVFP4_UNROLL chunks of loads in flight per lane, issued before waiting for the
-// previous kernel. The integer sums are exact, so the unpacking order does not change results.
-#define NVFP4_UNROLL 8
-template <int B>
+// NVFP4 GEMV: RPW rows per warp, lane chunks of 32 values (16 bytes of nibbles and two scale
+// bytes per row), U chunks of loads in flight per lane and row, issued before waiting for the
+// previous kernel. The rows of a warp share each activation load and interleave. The integer
+// sums are exact and each row sums its chunks in the same order for every shape, so the shapes
+// give bit-identical results.
+template <int B, int RPW, int U>
 __device__ void gemv_nvfp4(const u8* __restrict__ W, const u8* __restrict__ S, long rows, long cols, Act x,
                            float* __restrict__ y, long ldy) {
-    constexpr int U = NVFP4_UNROLL;
     const int lane = threadIdx.x & 31;
-    const long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= rows) return;
-    const u8* wr = W + row * (cols / 2);
-    const u8* sr = S + row * (cols / 16);
-    float acc[B];
+    const long row0 = ((long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * RPW;
+    if (row0 >= rows) return;
+    const int nr = (int)min((long)RPW, rows - row0);
+    float acc[RPW][B];
 #pragma unroll
-    for (int b = 0; b < B; b++) acc[b] = 0.f;
+    for (int r = 0; r < RPW; r++)
+#pragma unroll
+        for (int b = 0; b < B; b++) acc[r][b] = 0.f;
     bool waited = false;
     for (long e0 = 32 * lane; e0 < cols; e0 += 1024 * U) {
-        uint4 wv[U];
-        u32 sc[U];
+        uint4 wv[RPW][U];
+        u32 sc[RPW][U];
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const long e = e0 + 1024 * u;
-            wv[u] = make_uint4(0, 0, 0, 0);
-            sc[u] = 0;
-            if (e < cols) {
-                wv[u] = ld_stream<1>(wr + e / 2);
-                sc[u] = *(const u16*)(sr + e / 16);
+        for (int r = 0; r < RPW; r++) {
+            const u8* wr = W + (row0 + r) * (cols / 2);
+            const u8* sr = S + (row0 + r) * (cols / 16);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const long e = e0 + 1024 * u;
+                wv[r][u] = make_uint4(0, 0, 0, 0);
+                sc[r][u] = 0;
+                if (e < cols && r < nr) {
+                    wv[r][u] = ld_stream<1>(wr + e / 2);
+                    sc[r][u] = *(const u16*)(sr + e / 16);
+                }
             }
         }
         if (!waited) {
@@ -486,24 +492,35 @@ __device__ void gemv_nvfp4(const u8* __restrict__ W, const u8* __restrict__ S, l
         for (int u = 0; u < U; u++) {
             const long e = e0 + 1024 * u;
             if (e >= cols) continue;
-            const uint4 w = wv[u];
             const long g = e / 16;
-            const float d0 = ue4m3_half(sc[u] & 0xff), d1 = ue4m3_half(sc[u] >> 8);
 #pragma unroll
             for (int b = 0; b < B; b++) {
                 const int4 x0 = *(const int4*)(x.q + b * x.n + e);
                 const int4 x1 = *(const int4*)(x.q + b * x.n + e + 16);
-                const int s0 = fp4_dot16(w.x, w.y, make_int2(x0.x, x0.y), make_int2(x0.z, x0.w));
-                const int s1 = fp4_dot16(w.z, w.w, make_int2(x1.x, x1.y), make_int2(x1.z, x1.w));
-                const long go = b * (x.n / 16);
-                acc[b] += d0 * x.d[go + g] * (float)s0 + d1 * x.d[go + g + 1] * (float)s1;
+                const float xd0 = x.d[b * (x.n / 16) + g], xd1 = x.d[b * (x.n / 16) + g + 1];
+                // The activation bytes in fp4_lut8's order, once for all rows.
+                const int xi[8] = {(int)prmt(x0.x, x0.z, 0x5140u), (int)prmt(x0.x, x0.z, 0x7362u),
+                                   (int)prmt(x0.y, x0.w, 0x5140u), (int)prmt(x0.y, x0.w, 0x7362u),
+                                   (int)prmt(x1.x, x1.z, 0x5140u), (int)prmt(x1.x, x1.z, 0x7362u),
+                                   (int)prmt(x1.y, x1.w, 0x5140u), (int)prmt(x1.y, x1.w, 0x7362u)};
+#pragma unroll
+                for (int r = 0; r < RPW; r++) {
+                    const uint4 w = wv[r][u];
+                    const float d0 = ue4m3_half(sc[r][u] & 0xff), d1 = ue4m3_half(sc[r][u] >> 8);
+                    const int s0 = fp4_dot16(w.x, w.y, xi);
+                    const int s1 = fp4_dot16(w.z, w.w, xi + 4);
+                    acc[r][b] += d0 * xd0 * (float)s0 + d1 * xd1 * (float)s1;
+                }
             }
         }
     }
 #pragma unroll
-    for (int b = 0; b < B; b++) {
-        const float v = warp_sum(acc[b]);
-        if (lane == 0) y[b * ldy + row] = v;
+    for (int r = 0; r < RPW; r++) {
+#pragma unroll
+        for (int b = 0; b < B; b++) {
+            const float v = warp_sum(acc[r][b]);
+            if (lane == 0 && r < nr) y[b * ldy + row0 + r] = v;
+        }
     }
 }
 
@@ -573,7 +590,7 @@ __device__ void gemv_float(int ty, const u8* __restrict__ W, long rows, long col
     extern "C" __global__ void gemv_nvfp4_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,  \
                                                const float* xd, const float* xs, const float* xf, float* y, long ldy) { \
         Act x = {xq, xd, xs, cols};                                                                           \
-        pdl_trigger(); gemv_nvfp4<B>(W, S, rows, cols, x, y, ldy);                                                                \
+        pdl_trigger(); gemv_nvfp4<B, 1, 4>(W, S, rows, cols, x, y, ldy);                                                                \
     }                                                                                                         \
     extern "C" __global__ void gemv_f16_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,    \
                                              const float* xd, const float* xs, const float* xf, float* y, long ldy) {   \
@@ -628,6 +645,19 @@ Q4K_CFGS(4, 5)
 Q4K_CFGS4(1, 4)
 Q4K_CFGS4(2, 4)
 Q4K_CFGS4(4, 5)
+
+// NVFP4 GEMV shapes (rows per warp, chunks in flight), for batches 1-4: A/B runs (nv=RxU).
+#define NVFP4_SHAPE(R, U, B)                                                                                \
+    extern "C" __global__ void gemv_nvfp4_r##R##u##U##_b##B(const u8* W, const u8* S, long rows, long cols, \
+                                                          const i8* xq, const float* xd, const float* xs,  \
+                                                          const float* xf, float* y, long ldy) {           \
+        Act x = {xq, xd, xs, cols};                                                                         \
+        pdl_trigger();                                                                                      \
+        gemv_nvfp4<B, R, U>(W, S, rows, cols, x, y, ldy);                                                   \
+    }
+#define NVFP4_SHAPES(R, U) NVFP4_SHAPE(R, U, 1) NVFP4_SHAPE(R, U, 2) NVFP4_SHAPE(R, U, 3) NVFP4_SHAPE(R, U, 4)
+NVFP4_SHAPES(1, 8)
+NVFP4_SHAPES(2, 2)
 
 // Bandwidth probe (benchmarks only): reads [p, p + bytes) once with the GEMVs' streaming loads,
 // 8 per thread in flight; writes nothing unless the data hashes to a magic value.

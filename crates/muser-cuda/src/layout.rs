@@ -197,6 +197,17 @@ pub fn q4k_shape_r4(nsb: usize) -> (u32, u32) {
     best
 }
 
+/// NVFP4 GEMV shapes besides the default (one row per warp, 4 chunks in flight): (rows per
+/// warp, chunks in flight per row), instantiated for batches 1-4 (`Tuning::nvfp4`). On the
+/// H200 (30B, tg128) the default gave 148.2 tok/s, 1x8 (the old default) 135.0, 2x2 146.7;
+/// 1x2, 1x3, 2x4, 1x12 and 2x6 were 143-146 or slower and are not built.
+pub const NVFP4_SHAPES: [(u32, u32); 2] = [(1, 8), (2, 2)];
+
+/// Name of a shaped NVFP4 GEMV kernel.
+pub fn nvfp4_kernel(rows_per_warp: u32, unroll: u32, batch: usize) -> String {
+    format!("gemv_nvfp4_r{rows_per_warp}u{unroll}_b{batch}")
+}
+
 /// Name of a shaped Q4_K GEMV kernel that takes four rows per warp (load hint L2::256B).
 pub fn q4k_kernel_r4(w: u32, u: u32, batch: usize) -> String {
     format!("gemv_q4k_w{w}u{u}l1r4_b{batch}")
@@ -241,6 +252,11 @@ pub fn kernel_names() -> Vec<String> {
     ] {
         for b in 1..=MAX_GEMV_BATCH {
             names.push(format!("gemv_{}_b{b}", t.kernel()));
+        }
+    }
+    for (r, u) in NVFP4_SHAPES {
+        for b in 1..=Q4K_SHAPE_MAX_BATCH {
+            names.push(nvfp4_kernel(r, u, b));
         }
     }
     for (w, u) in Q4K_R4_SHAPES {
@@ -467,8 +483,13 @@ mod tests {
                 })
                 .unwrap_or(false);
             let attn = src.contains(&format!("ATTN_FUSED_ENTRY({name},"));
+            let nv = name
+                .strip_prefix("gemv_nvfp4_r")
+                .and_then(|r| r.rsplit_once("_b"))
+                .and_then(|(s, _)| s.split_once('u'))
+                .is_some_and(|(r, u)| src.contains(&format!("NVFP4_SHAPES({r}, {u})")));
             assert!(
-                src.contains(&plain) || gemv || shaped || r4 || attn,
+                src.contains(&plain) || gemv || shaped || r4 || attn || nv,
                 "kernel {name} not found in kernels.cu"
             );
         }

@@ -262,6 +262,9 @@ pub struct Tuning {
     pub carveout: i32,
     /// The same for the GEMV kernels only (with `carveout` for the rest).
     pub gemv_carveout: i32,
+    /// NVFP4 GEMV shape (rows per warp, chunks in flight per row) for batches up to 4, one of
+    /// `layout::NVFP4_SHAPES` (None: one row per warp, 4 chunks).
+    pub nvfp4: Option<(u32, u32)>,
     /// Diagnostics only: bytes of unused dynamic shared memory the per-head decode attention
     /// asks for (to measure what a kernel's shared memory costs in the decode graph).
     pub attn_extra_smem: u32,
@@ -293,6 +296,7 @@ impl Default for Tuning {
             gqa_pass_keys: 128,
             carveout: -1,
             gemv_carveout: -1,
+            nvfp4: None,
             attn_extra_smem: 0,
         }
     }
@@ -302,7 +306,8 @@ impl Tuning {
     /// Applies `key=value` pairs separated by commas: `q4k=legacy|tuned|W,U`, `l2=0|1`,
     /// `pf=MB`, `fattn=0|1`, `splits=N`, `gemvonly=0|1`, `attnonly=0|1`,
     /// `rpw=0|1|2|4`, `kmin=N`, `nsl=N`, `akeys=4|8`, `skipnorm=0|1`, `skipswiglu=0|1`,
-    /// `gqa=POS|off` (full layers), `gqaswa=POS|off`, `gqasplits=N`, `gqamin=N`, `gqapass=N`, `carve=-1..100`.
+    /// `gqa=POS|off` (full layers), `gqaswa=POS|off`, `gqasplits=N`, `gqamin=N`, `gqapass=N`,
+    /// `asmem=BYTES`, `carve=-1..100`, `gcarve=-1..100`, `nv=RxU`.
     pub fn parse(mut self, spec: &str) -> Result<Tuning> {
         let bad = || CudaError::Shape(format!("tuning '{spec}'"));
         for kv in spec.split([',', ' ']).filter(|s| !s.is_empty()) {
@@ -353,6 +358,14 @@ impl Tuning {
                 }
                 "asmem" => {
                     self.attn_extra_smem = v.parse::<u32>().map_err(|_| bad())?.min(200 << 10)
+                }
+                "nv" => {
+                    let (r, u) = v.split_once('x').ok_or_else(bad)?;
+                    let shape = (r.parse().map_err(|_| bad())?, u.parse().map_err(|_| bad())?);
+                    if !crate::layout::NVFP4_SHAPES.contains(&shape) {
+                        return Err(bad());
+                    }
+                    self.nvfp4 = Some(shape);
                 }
                 "gcarve" => {
                     self.gemv_carveout = v.parse::<i32>().map_err(|_| bad())?.clamp(-1, 100)
@@ -915,8 +928,16 @@ mod tests {
             Tuning::default().parse("gqapass=70").unwrap().gqa_pass_keys,
             64
         );
+        assert_eq!(
+            Tuning::default()
+                .parse("nv=2x2,carve=-1,gcarve=14,asmem=0")
+                .unwrap()
+                .nvfp4,
+            Some((2, 2))
+        );
         for bad in [
-            "kmin", "kmin=x", "nosuch=1", "q4k=1", "akeys=5", "nsl=x", "gqa=-1",
+            "kmin", "kmin=x", "nosuch=1", "q4k=1", "akeys=5", "nsl=x", "gqa=-1", "nv=1x4", "nv=2",
+            "carve=x",
         ] {
             assert!(Tuning::default().parse(bad).is_err(), "{bad}");
         }

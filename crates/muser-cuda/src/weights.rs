@@ -2,7 +2,8 @@
 
 pub use crate::layout::WType;
 use crate::layout::{
-    q4k_kernel, q4k_kernel_r2, q4k_kernel_r4, q4k_shape, q4k_shape_r4, repack, Q4K_SHAPE_MAX_BATCH,
+    nvfp4_kernel, q4k_kernel, q4k_kernel_r2, q4k_kernel_r4, q4k_shape, q4k_shape_r4, repack,
+    Q4K_SHAPE_MAX_BATCH,
 };
 use crate::runtime::{Arg, DevBuf, Gpu, Q4kShape, MAX_GEMV_BATCH};
 use crate::CudaError;
@@ -150,6 +151,13 @@ impl DevWeight {
                     name = n;
                     rows_per_block = 4 / w as usize;
                 }
+            }
+        }
+        if let (WType::NvFp4, Some((r, u))) = (self.ty, gpu.tuning().nvfp4) {
+            let n = nvfp4_kernel(r, u, batch);
+            if batch <= Q4K_SHAPE_MAX_BATCH && gpu.has_kernel(&n) {
+                name = n;
+                rows_per_block = 4 * r as usize;
             }
         }
         let grid = self.rows.div_ceil(rows_per_block) as u32;

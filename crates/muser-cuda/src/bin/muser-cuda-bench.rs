@@ -247,6 +247,13 @@ fn cmd_check(json_out: Option<PathBuf>) -> Result<bool, CudaError> {
         ok &= check_type(&gpu, WType::Q4K, 300, 4096, &mut rng, &mut results)?;
         ok &= check_type(&gpu, WType::Q4K, 301, 19968, &mut rng, &mut results)?;
     }
+    // The NVFP4 shapes (an odd row count leaves a two-row warp one row).
+    for (r, u) in muser_cuda::layout::NVFP4_SHAPES {
+        println!("NVFP4 GEMV shape nv={r}x{u}:");
+        gpu.set_tuning(base.parse(&format!("nv={r}x{u}"))?);
+        ok &= check_type(&gpu, WType::NvFp4, 301, 6656, &mut rng, &mut results)?;
+        ok &= check_type(&gpu, WType::NvFp4, 301, 19968, &mut rng, &mut results)?;
+    }
     gpu.set_tuning(base);
     ok &= check_sampling(&gpu, &mut rng, &mut results)?;
     if let Some(p) = json_out {

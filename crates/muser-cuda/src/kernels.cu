@@ -1685,7 +1685,7 @@ __device__ void block_argmax(float& best, int& bi, float* sv, int* si) {
     warp_argmax(best, bi);
 }
 
-// Sampling parameters of one sequence (glimmer.rs writes them; 16 bytes).
+// Sampling parameters of one sequence (glimmer/ writes them; 16 bytes).
 struct SampleParams {
     float temp;
     int top_k;
@@ -1699,7 +1699,7 @@ __device__ __forceinline__ u32 order_key(float v) {
 }
 
 // A uniform draw in [0, 1) (24 bits) from a counter-based hash of (seed, position): splitmix64,
-// the same function as glimmer.rs's `sample_uniform`, so a draw can be checked on the host.
+// the same function as layout.rs's `sample_uniform`, so a draw can be checked on the host.
 __device__ __forceinline__ float sample_uniform(unsigned long long seed, int pos) {
     unsigned long long z = seed ^ ((unsigned long long)(u32)pos * 0x9E3779B97F4A7C15ull);
     z += 0x9E3779B97F4A7C15ull;

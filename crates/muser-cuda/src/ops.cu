@@ -1,5 +1,5 @@
 // Kernels of the per-op CUDA backend (backend.rs): one kernel per `Backend` op, f32 math,
-// written for correctness over speed (the fused fast path is glimmer.rs with kernels.cu).
+// written for correctness over speed (the fused fast path is glimmer/ with kernels.cu).
 // Compiled by NVRTC as a module of its own; only the prelude (common.cuh) is shared with kernels.cu.
 //
 // Activations are row-major f32 [rows][cols]. The KV cache of a layer is f16

@@ -1,0 +1,226 @@
+//! Prefill of the fused forward: chunks of prompt tokens through bf16 cuBLAS GEMMs and the
+//! masked-softmax attention, writing the KV cache as decode reads it.
+
+use super::{CudaGlimmer, Result, HEAD_DIM};
+use crate::runtime::Arg;
+use crate::CudaError;
+
+impl CudaGlimmer {
+    /// Prefill `tokens` at positions `pos..`, in chunks of at most `max_chunk`; returns the
+    /// last token's logits and its greedy next token.
+    pub fn prefill(&mut self, tokens: &[u32], pos: usize) -> Result<(Vec<f32>, u32)> {
+        self.prefill_seq(tokens, pos, 0)
+    }
+
+    /// [`Self::prefill`] into sequence `seq` of the KV cache.
+    pub fn prefill_seq(
+        &mut self,
+        tokens: &[u32],
+        pos: usize,
+        seq: usize,
+    ) -> Result<(Vec<f32>, u32)> {
+        if seq >= self.opts.n_seq {
+            return Err(CudaError::Shape(format!(
+                "sequence {seq} (the cache holds {})",
+                self.opts.n_seq
+            )));
+        }
+        if tokens.is_empty() {
+            return Err(CudaError::Shape("empty prompt".into()));
+        }
+        self.check_pos(pos, tokens.len())?;
+        let mut p = pos;
+        for chunk in tokens.chunks(self.opts.max_chunk) {
+            self.enqueue_prefill_seq(chunk, p, seq)?;
+            p += chunk.len();
+        }
+        self.read_logits()
+    }
+
+    /// Enqueues a prefill chunk (used by `prefill` and timed by the bench).
+    pub fn enqueue_prefill_chunk(&self, tokens: &[u32], p0: usize) -> Result<()> {
+        self.enqueue_prefill_seq(tokens, p0, 0)
+    }
+
+    fn enqueue_prefill_seq(&self, tokens: &[u32], p0: usize, seq: usize) -> Result<()> {
+        let i = &self.info;
+        let g = &self.gpu;
+        let s = &self.s;
+        let t = tokens.len();
+        if t == 0 || t > self.opts.max_chunk {
+            return Err(CudaError::Shape(format!(
+                "chunk of {t} tokens (max {})",
+                self.opts.max_chunk
+            )));
+        }
+        self.check_pos(p0, t)?;
+        let (e, nq, nkv) = (i.n_embd, i.n_head, i.n_head_kv);
+        let qw = nq * HEAD_DIM;
+        let ld = 2 * qw + 2 * nkv * HEAD_DIM;
+        let group = nq / nkv;
+        let ids: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
+        let poss: Vec<i32> = (0..t).map(|k| (p0 + k) as i32).collect();
+        g.upload(&s.tokens, 0, &ids)?;
+        g.upload(&s.pos, 0, &poss)?;
+        self.tok_embd.get_rows(g, s.tokens.ptr(), t, s.x.ptr())?;
+        self.norm(t, s.x.ptr(), (0, 1), None, 0, s.x.ptr(), 0, false, (0, 0))?;
+        self.norm(
+            t,
+            s.x.ptr(),
+            (0, 1),
+            None,
+            self.layers[0].attn_norm.ptr(),
+            0,
+            s.hb.ptr(),
+            false,
+            (0, 0),
+        )?;
+        for (il, l) in self.layers.iter().enumerate() {
+            l.qkvg
+                .gemm(g, t, s.hb.ptr(), s.y_qkvg.ptr(), s.wbuf.ptr())?;
+            self.qk_norm_rope(l, il, t, ld, 0, s.q_h.ptr(), seq as i32, (0, 0))?;
+            let w = self.window(il);
+            let k_lo = if w > 0 {
+                (p0 + 1).saturating_sub(w as usize)
+            } else {
+                0
+            };
+            let nk = p0 + t - k_lo;
+            let rows = group * t;
+            let kvw = nkv * HEAD_DIM;
+            let seq_off = 2 * seq * self.slot_stride(l);
+            // Keys [k_lo, k_lo + nk) as at most two contiguous row ranges (a ring wraps once):
+            // (first key, count, column of the first key).
+            let mut segs = vec![(k_lo, nk, 0usize)];
+            if l.ring > 0 {
+                let first = nk.min(l.ring - k_lo % l.ring);
+                segs = vec![(k_lo, first, 0)];
+                if first < nk {
+                    segs.push((k_lo + first, nk - first, first));
+                }
+            }
+            let row_of = |p: usize| if l.ring > 0 { p % l.ring } else { p };
+            // scores[g][r][j] = q_h[g][r] · k[k_lo + j]   (r = head-in-group * t + token)
+            for &(k0, n, col) in &segs {
+                g.gemm_f16_batched(
+                    true,
+                    n,
+                    rows,
+                    HEAD_DIM,
+                    l.k_cache.at(seq_off + 2 * row_of(k0) * kvw),
+                    kvw,
+                    HEAD_DIM,
+                    s.q_h.ptr(),
+                    HEAD_DIM,
+                    rows * HEAD_DIM,
+                    s.scores.at(4 * col),
+                    nk,
+                    rows * nk,
+                    nkv,
+                    0.0,
+                )?;
+            }
+            // Rows up to 12288 keys stay in shared memory (one read of the scores).
+            let cached = nk <= 12288;
+            g.launch_smem(
+                "softmax_mask",
+                ((nkv * rows) as u32, 1, 1),
+                256,
+                if cached { 4 * nk as u32 } else { 0 },
+                &[
+                    Arg::P(s.scores.ptr()),
+                    Arg::P(s.probs.ptr()),
+                    Arg::I(t as i32),
+                    Arg::I(nk as i32),
+                    Arg::I(p0 as i32),
+                    Arg::I(k_lo as i32),
+                    Arg::I(w),
+                    Arg::F(i.attn_scale),
+                    Arg::I(cached as i32),
+                ],
+            )?;
+            // o[g][r][d] = Σ_j p[g][r][j] · v[k_lo + j][d]
+            for (k, &(k0, n, col)) in segs.iter().enumerate() {
+                g.gemm_f16_batched(
+                    false,
+                    HEAD_DIM,
+                    rows,
+                    n,
+                    l.v_cache.at(seq_off + 2 * row_of(k0) * kvw),
+                    kvw,
+                    HEAD_DIM,
+                    s.probs.at(2 * col),
+                    nk,
+                    rows * nk,
+                    s.o_heads.ptr(),
+                    HEAD_DIM,
+                    rows * HEAD_DIM,
+                    nkv,
+                    if k == 0 { 0.0 } else { 1.0 },
+                )?;
+            }
+            g.launch(
+                "gate_heads_bf16",
+                ((t * qw).div_ceil(256) as u32, 1, 1),
+                256,
+                &[
+                    Arg::P(s.o_heads.ptr()),
+                    Arg::P(s.y_qkvg.at(4 * (qw + 2 * nkv * HEAD_DIM))),
+                    Arg::L(ld as i64),
+                    Arg::I(t as i32),
+                    Arg::I(nq as i32),
+                    Arg::P(s.hb.ptr()),
+                ],
+            )?;
+            l.wo.gemm(g, t, s.hb.ptr(), s.y_o.ptr(), s.wbuf.ptr())?;
+            self.norm(
+                t,
+                s.x.ptr(),
+                (0, 1),
+                Some((s.y_o.ptr(), l.post_attn_norm.ptr(), 1e-8)),
+                l.ffn_norm.ptr(),
+                0,
+                s.hb.ptr(),
+                false,
+                (0, 0),
+            )?;
+            l.gate_up
+                .gemm(g, t, s.hb.ptr(), s.y_gu.ptr(), s.wbuf.ptr())?;
+            self.swiglu(l, t, 256, (0, s.hb.ptr()), None, (0, 0))?;
+            l.down.gemm(g, t, s.hb.ptr(), s.y_d.ptr(), s.wbuf.ptr())?;
+            let last = il + 1 == self.layers.len();
+            let next = if last {
+                self.output_norm.ptr()
+            } else {
+                self.layers[il + 1].attn_norm.ptr()
+            };
+            self.norm(
+                t,
+                s.x.ptr(),
+                (0, 1),
+                Some((s.y_d.ptr(), l.post_ffw_norm.ptr(), 1e-8)),
+                next,
+                0,
+                if last { 0 } else { s.hb.ptr() },
+                false,
+                (0, 0),
+            )?;
+        }
+        // Logits for the last token only.
+        let xl = s.x.at(4 * (t - 1) * e);
+        self.norm(
+            1,
+            xl,
+            (0, 1),
+            None,
+            self.output_norm.ptr(),
+            s.hf.ptr(),
+            0,
+            true,
+            (0, 0),
+        )?;
+        self.output
+            .gemv(g, 1, self.qact(), s.hf.ptr(), s.logits.ptr())?;
+        self.finish_logits(1, false)
+    }
+}

@@ -216,6 +216,10 @@ pub struct Tuning {
     /// Megabytes of the next matrix each latency-bound kernel asks the copy engine to bring
     /// into L2 while it waits for its predecessor (0: off).
     pub prefetch_mb: f32,
+    /// Megabytes of the layer's gate+up matrix the decode attention asks the copy engine to
+    /// bring into L2 (instead of `prefetch_mb` of `wo`); 0: off. At depth the attention leaves
+    /// the memory bus mostly idle for several microseconds per layer, which this would fill.
+    pub attn_prefetch_mb: f32,
     /// One attention kernel per layer (Q/K norm, RoPE, cache store, flash-decoding, merge,
     /// gate) instead of three.
     pub fused_attn: bool,
@@ -279,6 +283,7 @@ impl Default for Tuning {
             q4k: Q4kShape::Tuned,
             l2_256: true,
             prefetch_mb: 0.0,
+            attn_prefetch_mb: 0.0,
             fused_attn: true,
             attn_splits: 16,
             attn_min_keys: 64,
@@ -304,7 +309,7 @@ impl Default for Tuning {
 
 impl Tuning {
     /// Applies `key=value` pairs separated by commas: `q4k=legacy|tuned|W,U`, `l2=0|1`,
-    /// `pf=MB`, `fattn=0|1`, `splits=N`, `gemvonly=0|1`, `attnonly=0|1`,
+    /// `pf=MB`, `apf=MB`, `fattn=0|1`, `splits=N`, `gemvonly=0|1`, `attnonly=0|1`,
     /// `rpw=0|1|2|4`, `kmin=N`, `nsl=N`, `akeys=4|8`, `skipnorm=0|1`, `skipswiglu=0|1`,
     /// `gqa=POS|off` (full layers), `gqaswa=POS|off`, `gqasplits=N`, `gqamin=N`, `gqapass=N`,
     /// `asmem=BYTES`, `carve=-1..100`, `gcarve=-1..100`, `nv=RxU`.
@@ -328,6 +333,7 @@ impl Tuning {
                 }
                 "l2" => self.l2_256 = v == "1",
                 "pf" => self.prefetch_mb = v.parse().map_err(|_| bad())?,
+                "apf" => self.attn_prefetch_mb = v.parse().map_err(|_| bad())?,
                 "fattn" => self.fused_attn = v == "1",
                 "gemvonly" => self.gemv_only = v == "1",
                 "rpw" => self.rows_per_warp = v.parse::<u32>().map_err(|_| bad())?.min(4),
@@ -928,12 +934,12 @@ mod tests {
             Tuning::default().parse("gqapass=70").unwrap().gqa_pass_keys,
             64
         );
+        let t = Tuning::default()
+            .parse("nv=2x2,carve=-1,gcarve=14,asmem=0,apf=24")
+            .unwrap();
         assert_eq!(
-            Tuning::default()
-                .parse("nv=2x2,carve=-1,gcarve=14,asmem=0")
-                .unwrap()
-                .nvfp4,
-            Some((2, 2))
+            (t.nvfp4, t.gemv_carveout, t.attn_prefetch_mb),
+            (Some((2, 2)), 14, 24.0)
         );
         for bad in [
             "kmin", "kmin=x", "nosuch=1", "q4k=1", "akeys=5", "nsl=x", "gqa=-1", "nv=1x4", "nv=2",

@@ -69,7 +69,12 @@ impl CudaGlimmer {
                     .gemv(g, nb, self.qact(), s.hf.ptr(), s.y_qkvg.ptr())?;
             }
             let qa = self.qact();
-            let pf_wo = l.wo.prefetch(pf);
+            // What the attention asks the copy engine to bring into L2 while it waits and runs.
+            let pf_wo = if tune.attn_prefetch_mb > 0.0 {
+                l.gate_up.prefetch(tune.attn_prefetch_mb)
+            } else {
+                l.wo.prefetch(pf)
+            };
             if tune.gemv_only {
                 l.wo.gemv(g, nb, qa, s.hf.ptr(), s.y_o.ptr())?;
                 l.gate_up.gemv(g, nb, qa, s.hf.ptr(), s.y_gu.ptr())?;

@@ -260,11 +260,12 @@ pub struct Tuning {
     pub gqa_splits: u32,
     /// Fewest keys an `attn_decode_gqa` split takes.
     pub gqa_min_keys: u32,
-    /// Preferred shared-memory carveout of every kernel launched, in percent of the
-    /// configurable on-chip memory (-1: the driver's choice per kernel). One value for all
-    /// lets a kernel that needs much shared memory start on an SM still running another.
+    /// Diagnostics: preferred shared-memory carveout of every kernel but the GEMVs, in percent
+    /// of the configurable on-chip memory (-1: the driver's choice per kernel). One value for
+    /// all lets a kernel that needs much shared memory start beside another; on the H200 that
+    /// costs the GEMVs more than it saves (docs/benchmarks.md, session 7).
     pub carveout: i32,
-    /// The same for the GEMV kernels only (with `carveout` for the rest).
+    /// The same for the GEMV kernels.
     pub gemv_carveout: i32,
     /// NVFP4 GEMV shape (rows per warp, chunks in flight per row) for batches up to 4, one of
     /// `layout::NVFP4_SHAPES` (None: one row per warp, 4 chunks).

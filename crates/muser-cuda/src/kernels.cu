@@ -1285,7 +1285,9 @@ __device__ __forceinline__ void store_head_out4(const float* v, long idx, float*
 // (at most GQA_KEYS, a multiple of 16); its four warps take 16-key tiles in turn and are
 // merged through shared memory. With one split the block finishes the heads (sigmoid gate,
 // output, quantized activations); otherwise it writes part [B][nq][S][130] for
-// attn_combine_gate.
+// attn_combine_gate. Opt-in (Tuning::gqa_full_from, gqa_swa_from): its shared memory keeps it
+// from starting on SMs still running the GEMV before it, which costs about 5 us per layer on
+// the H200, more than reading each key once per group saves (docs/benchmarks.md, session 7).
 #define GQA_KEYS 128
 #define GQA_SMEM (2 * GQA_KEYS * 128 * 2)
 __device__ __forceinline__ void mma_16816(float* c, const u32* a, u32 b0, u32 b1) {

@@ -219,6 +219,7 @@ pub struct Tuning {
     /// Megabytes of the layer's gate+up matrix the decode attention asks the copy engine to
     /// bring into L2 (instead of `prefetch_mb` of `wo`); 0: off. At depth the attention leaves
     /// the memory bus mostly idle for several microseconds per layer, which this would fill.
+    /// Not yet measured; `prefetch_mb` on every kernel was much slower at depth 0.
     pub attn_prefetch_mb: f32,
     /// One attention kernel per layer (Q/K norm, RoPE, cache store, flash-decoding, merge,
     /// gate) instead of three.

@@ -444,6 +444,123 @@ mod tests {
         }
     }
 
+    /// PTX `prmt.b32` in its default mode: selector nibble n picks byte (s & 7) of {b, a}
+    /// (a's bytes first); with bit 3 set the byte's sign bit fills the result byte.
+    fn prmt(a: u32, b: u32, sel: u32) -> u32 {
+        let bytes = ((u64::from(b) << 32) | u64::from(a)).to_le_bytes();
+        (0..4).fold(0u32, |d, n| {
+            let s = (sel >> (4 * n)) & 0xF;
+            let byte = bytes[(s & 7) as usize];
+            let v = match (s & 8 != 0, byte & 0x80 != 0) {
+                (false, _) => byte,
+                (true, true) => 0xFF,
+                (true, false) => 0,
+            };
+            d | (u32::from(v) << (8 * n))
+        })
+    }
+
+    /// The hex literals that follow each occurrence of `key` in kernels.cu, in order.
+    fn source_hex(src: &str, key: &str) -> Vec<u32> {
+        src.match_indices(key)
+            .map(|(i, _)| {
+                let rest = src[i + key.len()..].trim_start();
+                let digits: String = rest
+                    .trim_start_matches("0x")
+                    .chars()
+                    .take_while(|c| c.is_ascii_hexdigit())
+                    .collect();
+                u32::from_str_radix(&digits, 16).expect("a hex literal")
+            })
+            .collect()
+    }
+
+    /// The NVFP4 GEMV's unpacking (`fp4_lut8`, `fp4_dot16` and the activation interleave in
+    /// kernels.cu), with its constants read from the source and `prmt` emulated: every nibble
+    /// of a word decodes to the doubled E2M1 table, and a 16-value dot product over the
+    /// interleaved activations equals the plain one (byte j: value j low, value j + 8 high).
+    #[test]
+    fn nvfp4_byte_permute_unpacking_matches_the_e2m1_table() {
+        use muser_quant::fp::KVALUES_FP4;
+        let src = include_str!("kernels.cu");
+        let lut_src = src
+            .split_once("void fp4_lut8(")
+            .and_then(|(_, r)| r.split_once("\n}\n"))
+            .expect("fp4_lut8 in kernels.cu")
+            .0;
+        let t: Vec<u32> = ["t0 = ", "t1 = ", "t2 = ", "t3 = "]
+            .iter()
+            .map(|k| source_hex(lut_src, k)[0])
+            .collect();
+        let masks = source_hex(lut_src, "prmt(w, w4, ");
+        let inter = source_hex(src, "prmt(x0.x, x0.z, ");
+        assert_eq!(
+            (masks.len(), inter.len()),
+            (2, 2),
+            "kernels.cu changed shape"
+        );
+        let lut8 = |w: u32| -> (u32, u32) {
+            let w4 = w << 4;
+            let (s0, s1) = (w & 0x7777, (w >> 16) & 0x7777);
+            let (m0, m1) = (prmt(w, w4, masks[0]), prmt(w, w4, masks[1]));
+            let pick = |s: u32, m: u32| (prmt(t[0], t[1], s) & !m) | (prmt(t[2], t[3], s) & m);
+            (pick(s0, m0), pick(s1, m1))
+        };
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u32
+        };
+        let mut words: Vec<u32> = (0..16u32).map(|v| v * 0x1111_1111).collect();
+        words.extend((0..4096).map(|_| next()));
+        for &w in &words {
+            let (lo, hi) = lut8(w);
+            let got = [lo.to_le_bytes(), hi.to_le_bytes()].concat();
+            for (i, &g) in got.iter().enumerate() {
+                let nibble = (w >> (4 * i)) & 0xF;
+                assert_eq!(
+                    g as i8, KVALUES_FP4[nibble as usize],
+                    "word {w:#x} nibble {i}"
+                );
+            }
+        }
+        let dp4a = |a: u32, b: u32| -> i32 {
+            let (a, b) = (a.to_le_bytes(), b.to_le_bytes());
+            (0..4)
+                .map(|k| i32::from(a[k] as i8) * i32::from(b[k] as i8))
+                .sum()
+        };
+        for _ in 0..4096 {
+            let (wa, wb) = (next(), next());
+            let x: Vec<u32> = (0..4).map(|_| next()).collect(); // values 0-3, 4-7, 8-11, 12-15
+            let xi = [
+                prmt(x[0], x[2], inter[0]),
+                prmt(x[0], x[2], inter[1]),
+                prmt(x[1], x[3], inter[0]),
+                prmt(x[1], x[3], inter[1]),
+            ];
+            let (a0, a1) = lut8(wa);
+            let (b0, b1) = lut8(wb);
+            let got = dp4a(a0, xi[0]) + dp4a(a1, xi[1]) + dp4a(b0, xi[2]) + dp4a(b1, xi[3]);
+            let bytes = [wa.to_le_bytes(), wb.to_le_bytes()].concat();
+            let xb: Vec<i8> = x
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .map(|b| b as i8)
+                .collect();
+            let want: i32 = (0..8)
+                .map(|j| {
+                    let (lo, hi) = (bytes[j] & 0xF, bytes[j] >> 4);
+                    i32::from(KVALUES_FP4[lo as usize]) * i32::from(xb[j])
+                        + i32::from(KVALUES_FP4[hi as usize]) * i32::from(xb[j + 8])
+                })
+                .sum();
+            assert_eq!(got, want);
+        }
+    }
+
     /// The host side sizes the grouped kernel's shared memory from the same constant.
     #[test]
     fn grouped_attention_staging_matches_the_source() {

@@ -466,6 +466,8 @@ pub struct Gpu {
     tuning: std::sync::Mutex<Tuning>,
     /// The shared-memory carveout last set on each kernel (`Tuning::carveout`).
     carveouts: std::sync::Mutex<HashMap<String, i32>>,
+    /// Whether any launch has asked for a carveout other than the driver's.
+    carveout_set: std::sync::atomic::AtomicBool,
 }
 
 impl Gpu {
@@ -542,6 +544,7 @@ impl Gpu {
             pdl,
             tuning: std::sync::Mutex::new(tuning),
             carveouts: std::sync::Mutex::new(HashMap::new()),
+            carveout_set: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -693,7 +696,11 @@ impl Gpu {
         } else {
             tune.carveout
         };
-        {
+        // Kernels keep the driver's carveout unless a diagnostic asked for another: only then
+        // is the per-kernel record consulted.
+        if carve != -1 || self.carveout_set.load(std::sync::atomic::Ordering::Relaxed) {
+            self.carveout_set
+                .store(true, std::sync::atomic::Ordering::Relaxed);
             let mut set = self.carveouts.lock().unwrap_or_else(|e| e.into_inner());
             if set.get(name).copied().unwrap_or(-1) != carve {
                 f.set_attribute(

@@ -116,6 +116,7 @@ impl DevWeight {
             )));
         }
         let mut name = format!("gemv_{}_b{batch}", self.ty.kernel());
+        let t = gpu.tuning();
         // Rows per 4-warp block (kernels.cu: Q4_K splits a row over 1, 2 or 4 warps).
         let mut rows_per_block = match self.ty {
             WType::Q4K if self.cols / 256 >= 48 => 1,
@@ -123,7 +124,6 @@ impl DevWeight {
             _ => 4,
         };
         if self.ty == WType::Q4K && batch <= Q4K_SHAPE_MAX_BATCH {
-            let t = gpu.tuning();
             let shape = match t.q4k {
                 Q4kShape::Legacy => None,
                 Q4kShape::Tuned => Some(q4k_shape(self.cols / 256)),
@@ -153,7 +153,7 @@ impl DevWeight {
                 }
             }
         }
-        if let (WType::NvFp4, Some((r, u))) = (self.ty, gpu.tuning().nvfp4) {
+        if let (WType::NvFp4, Some((r, u))) = (self.ty, t.nvfp4) {
             let n = nvfp4_kernel(r, u, batch);
             if batch <= Q4K_SHAPE_MAX_BATCH && gpu.has_kernel(&n) {
                 name = n;

@@ -52,15 +52,33 @@ __device__ __forceinline__ void scale_min_k4(int j, const u8* q, int* sc, int* m
     }
 }
 
-__constant__ float FP4_LUT[16] = {0.f, 1.f, 2.f, 3.f, 4.f, 6.f, 8.f, 12.f,
-                                  0.f, -1.f, -2.f, -3.f, -4.f, -6.f, -8.f, -12.f};
-
-// UE4M3 scale, halved (the E2M1 table above is doubled). 0 and 0x7F decode to 0.
+// UE4M3 scale, halved (fp4_lut8 decodes E2M1 to the doubled table). 0 and 0x7F decode to 0.
 __device__ __forceinline__ float ue4m3_half(u32 x) {
     if (x == 0 || x == 0x7F) return 0.f;
     const int e = (x >> 3) & 15, m = x & 7;
     const float raw = e == 0 ? ldexpf((float)m, -9) : ldexpf(1.f + (float)m / 8.f, e - 7);
     return raw * 0.5f;
+}
+
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+    u32 d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+
+// The eight E2M1 values of one packed word (nibble i, low first), as int8 of the doubled table
+// (0, 1, 2, 3, 4, 6, 8, 12 and their negatives): nibbles 0-3 in lo, 4-7 in hi. Each half takes
+// one byte permute over the positive table and one over the negative table, selected by the
+// three magnitude bits of the four nibbles at once, and a third permute in sign-replicate mode
+// that turns the four sign bits into byte masks (nibble 2k's sign is the top bit of byte k of
+// w << 4, nibble 2k+1's that of byte k of w).
+__device__ __forceinline__ void fp4_lut8(u32 w, int& lo, int& hi) {
+    const u32 t0 = 0x03020100u, t1 = 0x0C080604u, t2 = 0xFDFEFF00u, t3 = 0xF4F8FAFCu;
+    const u32 w4 = w << 4;
+    const u32 s0 = w & 0x7777u, s1 = (w >> 16) & 0x7777u;
+    const u32 m0 = prmt(w, w4, 0x9D8Cu), m1 = prmt(w, w4, 0xBFAEu);
+    lo = (int)((prmt(t0, t1, s0) & ~m0) | (prmt(t2, t3, s0) & m0));
+    hi = (int)((prmt(t0, t1, s1) & ~m1) | (prmt(t2, t3, s1) & m1));
 }
 
 // ty: 0 F32, 1 F16, 8 Q8_0, 12 Q4_K, 14 Q6_K, 30 BF16, 40 NVFP4 (ggml ids).
@@ -96,12 +114,20 @@ __device__ void dq16(int ty, const u8* W, const u8* S, long cols, long row, long
 #pragma unroll
         for (int t = 0; t < 16; t++) o[t] = d * (float)qs[t];
     } else if (ty == 40) {
-        const u8* qs = W + row * (cols / 2) + 8 * g;
+        // One 8-byte load and the GEMV's permute decoding (a table lookup per value, each lane
+        // at its own index, serializes on the constant cache): word 0's four bytes per half are
+        // values 0, 8, 1, 9 | 2, 10, 3, 11, word 1's 4, 12, 5, 13 | 6, 14, 7, 15.
+        const uint2 w = *(const uint2*)(W + row * (cols / 2) + 8 * g);
         const float d = ue4m3_half(S[row * (cols / 16) + g]);
+        int q[4];
+        fp4_lut8(w.x, q[0], q[1]);
+        fp4_lut8(w.y, q[2], q[3]);
 #pragma unroll
-        for (int t = 0; t < 8; t++) {
-            o[t] = FP4_LUT[qs[t] & 15] * d;
-            o[t + 8] = FP4_LUT[qs[t] >> 4] * d;
+        for (int k = 0; k < 4; k++) {
+            o[2 * k] = d * (float)(i8)(q[k] & 0xff);
+            o[2 * k + 8] = d * (float)(i8)((q[k] >> 8) & 0xff);
+            o[2 * k + 1] = d * (float)(i8)((q[k] >> 16) & 0xff);
+            o[2 * k + 9] = d * (float)(i8)((q[k] >> 24) & 0xff);
         }
     } else if (ty == 1) {
         const u16* p = (const u16*)W + row * cols + 16 * g;
@@ -412,27 +438,6 @@ __device__ void gemv_q80(const u8* __restrict__ W, const u8* __restrict__ S, lon
         const float v = warp_sum(acc[b]);
         if (lane == 0) y[b * ldy + row] = v;
     }
-}
-
-__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
-    u32 d;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-    return d;
-}
-
-// The eight E2M1 values of one packed word (nibble i, low first), as int8 of the doubled table
-// (0, 1, 2, 3, 4, 6, 8, 12 and their negatives): nibbles 0-3 in lo, 4-7 in hi. Each half takes
-// one byte permute over the positive table and one over the negative table, selected by the
-// three magnitude bits of the four nibbles at once, and a third permute in sign-replicate mode
-// that turns the four sign bits into byte masks (nibble 2k's sign is the top bit of byte k of
-// w << 4, nibble 2k+1's that of byte k of w).
-__device__ __forceinline__ void fp4_lut8(u32 w, int& lo, int& hi) {
-    const u32 t0 = 0x03020100u, t1 = 0x0C080604u, t2 = 0xFDFEFF00u, t3 = 0xF4F8FAFCu;
-    const u32 w4 = w << 4;
-    const u32 s0 = w & 0x7777u, s1 = (w >> 16) & 0x7777u;
-    const u32 m0 = prmt(w, w4, 0x9D8Cu), m1 = prmt(w, w4, 0xBFAEu);
-    lo = (int)((prmt(t0, t1, s0) & ~m0) | (prmt(t2, t3, s0) & m0));
-    hi = (int)((prmt(t0, t1, s1) & ~m1) | (prmt(t2, t3, s1) & m1));
 }
 
 // Sum over 16 values: packed words wa, wb (byte j: value j low, value j + 8 high) against the
@@ -946,48 +951,61 @@ __device__ __forceinline__ unsigned arrive_acq_rel(unsigned* cnt) {
 }
 
 // Merges `used` flash-decoding splits of one (sequence, head) at `base` ([split][130]: acc[128],
-// max, sum), for a 128-thread block, thread d owning dimension d: thread s reads split s's max
-// and sum (used <= 128) while every thread reads its dimension of the first 32 splits, all in
-// one round trip; the block reduces the maxima and sums, and each thread sums its dimension in
-// split order. Every thread of the block must call it.
+// max, sum), for a 128-thread block, thread d owning dimension d: thread d reads the max and
+// sum of splits d, d + 128, ... (used <= MAXS) while every thread reads its dimension of the
+// first R splits, all in one round trip; the block reduces the maxima and sums, and each thread
+// sums its dimension in split order (R loads in flight at a time). The result does not depend
+// on MAXS or R. Every thread of the block must call it.
+template <int MAXS, int R>
 __device__ void merge_splits(const float* base, int used, int d, float& M, float& L, float& A) {
-    __shared__ float fw[128], red[4];
+    constexpr int PER = MAXS / 128;
+    __shared__ float fw[MAXS], red[4];
     const int w = d >> 5, lane = d & 31;
-    // Every load up front (one round trip to L2): thread d's split record and dimension d of
-    // the first 32 splits.
-    const float ms = d < used ? __ldcg(base + d * 130 + 128) : -INFINITY;
-    const float ls = d < used ? __ldcg(base + d * 130 + 129) : 0.f;
-    float av[32];
+    float ms[PER], ls[PER];
 #pragma unroll
-    for (int u = 0; u < 32; u++) av[u] = u < used ? __ldcg(base + u * 130 + d) : 0.f;
-    const float mw = warp_max(ms);
+    for (int k = 0; k < PER; k++) {
+        const int sp = d + 128 * k;
+        ms[k] = sp < used ? __ldcg(base + sp * 130 + 128) : -INFINITY;
+        ls[k] = sp < used ? __ldcg(base + sp * 130 + 129) : 0.f;
+    }
+    float av[R];
+#pragma unroll
+    for (int u = 0; u < R; u++) av[u] = u < used ? __ldcg(base + u * 130 + d) : 0.f;
+    float mt = ms[0];
+#pragma unroll
+    for (int k = 1; k < PER; k++) mt = fmaxf(mt, ms[k]);
+    const float mw = warp_max(mt);
     if (lane == 0) red[w] = mw;
     __syncthreads();
     M = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
-    const float f = (ms == -INFINITY || M == -INFINITY) ? 0.f : __expf(ms - M);
-    fw[d] = f;
-    const float lw = warp_sum(ls * f);
+    float lt = 0.f;
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        const float f = (ms[k] == -INFINITY || M == -INFINITY) ? 0.f : __expf(ms[k] - M);
+        fw[d + 128 * k] = f;
+        lt = k == 0 ? ls[k] * f : lt + ls[k] * f;
+    }
+    const float lw = warp_sum(lt);
     __syncthreads();
     if (lane == 0) red[w] = lw;
     __syncthreads();
     L = red[0] + red[1] + red[2] + red[3];
     A = 0.f;
 #pragma unroll
-    for (int u = 0; u < 32; u++)
+    for (int u = 0; u < R; u++)
         if (u < used) A += av[u] * fw[u];
-    // Past 32 splits (the grouped kernel's many short splits): 32 loads in flight at a time,
-    // summed in split order.
-    for (int s0 = 32; s0 < used; s0 += 32) {
+    for (int s0 = R; s0 < used; s0 += R) {
 #pragma unroll
-        for (int u = 0; u < 32; u++) av[u] = s0 + u < used ? __ldcg(base + (s0 + u) * 130 + d) : 0.f;
+        for (int u = 0; u < R; u++) av[u] = s0 + u < used ? __ldcg(base + (s0 + u) * 130 + d) : 0.f;
 #pragma unroll
-        for (int u = 0; u < 32; u++)
+        for (int u = 0; u < R; u++)
             if (s0 + u < used) A += av[u] * fw[s0 + u];
     }
 }
 
-// Merge the splits, apply the sigmoid gate, write f32 (out_f [B][nq*128]) and/or quantized.
-// grid (nq, B), block 128. gate rows [B][ldg].
+// Merge the splits (at most MAX_SPLITS), apply the sigmoid gate, write f32 (out_f [B][nq*128])
+// and/or quantized. grid (nq, B), block 128. gate rows [B][ldg].
+#define MAX_SPLITS 256
 extern "C" __global__ void attn_combine_gate(const float* part, int nq, int S, int kmin, int skip_single,
                                              const int* pos, int window, const float* gate, long ldg, float* out_f,
                                              i8* q, float* qd, float* qs) {
@@ -1002,7 +1020,7 @@ extern "C" __global__ void attn_combine_gate(const float* part, int nq, int S, i
     if (skip_single && used == 1) return;
     const float gt = gate[(long)b * ldg + h * 128 + d];
     float M, L, A;
-    merge_splits(pp, used, d, M, L, A);
+    merge_splits<MAX_SPLITS, 64>(pp, used, d, M, L, A);
     const float v = (L > 0.f ? A / L : 0.f) * (1.f / (1.f + __expf(-gt)));
     store_head_out(v, (long)b * nq * 128 + h * 128 + d, out_f, q, qd, qs);
 }
@@ -1025,7 +1043,7 @@ __device__ __forceinline__ void store_new_kv(__half* kc, __half* vc, long o, con
 // (per-(b, h) counters in `cnt`, reset by that block for the next launch).
 // qkv rows [B][ld] (q | k | v | gate), caches [B][n_ctx][nkv*128] (slot_stride halves apart).
 // grid (nq, B, S), block 128. part [B][nq][S][130].
-// Sums K per-lane values over the warp at once (K = 1, 2, 4, 8; a reduce-scatter butterfly:
+// Sums K per-lane values over the warp at once (K = 1, 2, 4, 8, 16; a reduce-scatter butterfly:
 // at each of the first log2 K levels lanes swap halves of the set, so each level halves the
 // values a lane carries) and gives every lane all K sums: for four values 10 shuffles and 6
 // adds where four warp_sums take 20 and 20. Each sum is the same tree of additions as
@@ -1195,7 +1213,7 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
         }
         __syncthreads();
         if (!last) return;
-        merge_splits(part + ((long)b * nq + h) * S * 130, used, d, M, L, A);
+        merge_splits<128, 32>(part + ((long)b * nq + h) * S * 130, used, d, M, L, A);
     }
     const float v = (L > 0.f ? A / L : 0.f) * (1.f / (1.f + __expf(-gt)));
     store_head_out(v, (long)b * nq * 128 + h * 128 + d, out_f, q, qd, qs);
@@ -1212,6 +1230,7 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
     }
 ATTN_FUSED_ENTRY(attn_decode_fused, 4)
 ATTN_FUSED_ENTRY(attn_decode_fused_k8, 8)
+ATTN_FUSED_ENTRY(attn_decode_fused_k16, 16)
 
 // head_norm_rope with the norm weights of this lane's dims in `nw4` and the rotation of pair
 // i as (cos, sin) in tab[i] (rope_table), for kernels that rotate several heads at one position.
@@ -1569,6 +1588,318 @@ extern "C" __global__ __launch_bounds__(128) void attn_decode_gqa(
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Grouped decode attention without shared memory (attn_decode_gqr, attn_decode_gqr2): one warp
+// per (KV group, sequence, split), every operand in registers, so the kernel starts on any SM
+// beside the GEMV before it (attn_decode_gqa's staging in shared memory cannot: see its note).
+// The grp <= 16 query heads of KV head g are the 16 rows of mma.m16n8k16 operands, so each
+// cached key and value is read once per group, not once per head.
+//   Lane (r, c) (r = lane / 4, c = lane % 4) loads, per 16-key tile, rows jb + r and jb + 8 + r
+//   of K and V as four 16-byte chunks each: dims 32 s + 8 c .. + 8, s = 0..3. Those are B
+//   fragments of S = Q K^T as they come (the dot product's dimension order is free: Q's A
+//   fragments use the same order). For O += P V the value chunks are transposed in registers
+//   with movmatrix: register i of chunk s of rows jb .. jb + 7 becomes the B fragment of keys
+//   0..7 and output dims 32 s + 8 (n / 2) + 2 i + n % 2 for column n, so lane (r, c) ends with
+//   dims 32 s + 8 c .. + 8 of heads r and r + 8, the layout it loaded Q in.
+//   Q (and the new key) are normalized over the lane quad that holds a head and rotated with
+//   a table the warp computes before the programmatic-launch wait, while the first tile, all
+//   rows written by earlier steps, is also loaded then. The new key (position p, last of its
+//   split) is normalized, stored into the cache by lanes 0..3, and patched into that tile.
+// Keys [lo, p] split as attn_decode_gqa's; each split writes part [B][nq][S][130] and
+// attn_combine_gate merges them (also when one split was used). NT 16-key tiles are loaded
+// together per step. grid (nkv, B, S), block 32.
+__device__ __forceinline__ u32 movm_trans(u32 x) {
+    u32 y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+    return y;
+}
+__device__ __forceinline__ u32 u4_at(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+// Eight f32 at p (32-byte aligned) into v.
+__device__ __forceinline__ void load8(const float* p, float* v) {
+    const float4 a = *(const float4*)p, b = *(const float4*)(p + 4);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+
+// One head in lane-quad layout (lane (r, c): dims 32 s + 8 c + e in v[8 s + e]): RMSNorm with
+// weights nw (same layout), NORM RoPE of pair 16 s + 4 c + k by (cs[4 s + k], sn[4 s + k])
+// when `rope`, times `scale`; packed to f16 as chunk s = uint4 h[s].
+__device__ __forceinline__ void quad_head(float* v, const float* nw, float eps, bool rope, const float* cs,
+                                          const float* sn, float scale, uint4* h) {
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; i++) ss += v[i] * v[i];
+    ss += __shfl_xor_sync(FULL, ss, 1);
+    ss += __shfl_xor_sync(FULL, ss, 2);
+    const float s = 1.0f / sqrtf(ss / 128.f + eps);
+#pragma unroll
+    for (int i = 0; i < 32; i++) v[i] = v[i] * s * nw[i];
+    if (rope) {
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            const float a = v[2 * k], b = v[2 * k + 1];
+            v[2 * k] = a * cs[k] - b * sn[k];
+            v[2 * k + 1] = a * sn[k] + b * cs[k];
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 32; i++) v[i] *= scale;
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+        h[q] = make_uint4(pack_half2(v[8 * q], v[8 * q + 1]), pack_half2(v[8 * q + 2], v[8 * q + 3]),
+                          pack_half2(v[8 * q + 4], v[8 * q + 5]), pack_half2(v[8 * q + 6], v[8 * q + 7]));
+}
+
+template <int NT>
+__device__ __forceinline__ void attn_gqr_body(const float* qkv, long ld, int nq, int nkv, const float* qn_w,
+                                              const float* kn_w, float eps, const int* pos, int rope,
+                                              float theta_scale, __half* kc, __half* vc, long slot_stride,
+                                              int window, float scale, float* part, int S, int kmin,
+                                              const u8* pf, long pf_bytes, int ring) {
+    pdl_trigger();
+    l2_prefetch_range(pf, pf_bytes);
+    const int g = blockIdx.x, b = blockIdx.y, sp = blockIdx.z;
+    const int lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
+    const int grp = nq / nkv;
+    // Positions are written only at the end of the previous step (or by the host).
+    const int p = pos[b];
+    const int lo = window > 0 ? max(0, p - window + 1) : 0;
+    const int nk = p - lo + 1;
+    const int used = min(S, (nk + kmin - 1) / kmin);
+    if (sp >= used) return;
+    const int chunk = (nk + used - 1) / used;
+    const int k0 = lo + sp * chunk, k1 = min(p + 1, k0 + chunk);  // keys [k0, k1)
+    const long stride = (long)nkv * 128;
+    const __half* kl = kc + (long)b * slot_stride + g * 128 + 8 * c;
+    const __half* vl = vc + (long)b * slot_stride + g * 128 + 8 * c;
+    // Rows jb + 8 h + r of NT tiles (keys past the split's end repeat its last row, whose
+    // values are finite, and are masked): keys and values loaded apart, so that the next
+    // tiles' keys are requested once the scores are computed and their values once the
+    // values are used, with no registers beyond one set of tiles.
+    uint4 kt[NT][2][4], vt[NT][2][4];
+    auto load_half = [&](int jb, bool values) {
+#pragma unroll
+        for (int u = 0; u < NT; u++) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int j = min(jb + 16 * u + 8 * h + r, k1 - 1);
+                const long o = (long)(ring > 0 ? j % ring : j) * stride;
+#pragma unroll
+                for (int s = 0; s < 4; s++) {
+                    if (values)
+                        vt[u][h][s] = *(const uint4*)(vl + o + 32 * s);
+                    else
+                        kt[u][h][s] = *(const uint4*)(kl + o + 32 * s);
+                }
+            }
+        }
+    };
+    // Before the wait: the first tiles (rows below p are final; row p is patched below) and
+    // the rotation of the lane's pairs 16 s + 4 c + k (lane i computes pairs 2 i, 2 i + 1).
+    load_half(k0, false);
+    load_half(k0, true);
+    float cs[16] = {}, sn[16] = {};
+    if (rope) {
+        float tc[2], ts[2];
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const float theta = (float)p * powf(theta_scale, (float)(2 * lane + k));
+            sincosf(theta, &ts[k], &tc[k]);
+        }
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int src = 8 * s + 2 * c + (k >> 1);
+                cs[4 * s + k] = __shfl_sync(FULL, tc[k & 1], src);
+                sn[4 * s + k] = __shfl_sync(FULL, ts[k & 1], src);
+            }
+        }
+    }
+    float nw[32];
+#pragma unroll
+    for (int s = 0; s < 4; s++) load8(qn_w + 32 * s + 8 * c, nw + 8 * s);
+    pdl_wait();
+    const float* row = qkv + (long)b * ld;
+    // Q as A fragments: k-step 2 s + t covers dims 32 s + 8 c + 4 t + {0, 1} (k 2c ..) and
+    // + {2, 3} (k 2c + 8 ..), matching the key chunks.
+    u32 qa[8][4];
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const int hl = r + 8 * hh;
+        float v[32];
+        uint4 hq[4];
+        if (hl < grp) {
+#pragma unroll
+            for (int s = 0; s < 4; s++) load8(row + (long)(g * grp + hl) * 128 + 32 * s + 8 * c, v + 8 * s);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 32; i++) v[i] = 0.f;
+        }
+        quad_head(v, nw, eps, rope, cs, sn, scale, hq);
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            qa[2 * s][hh] = hq[s].x;
+            qa[2 * s][2 + hh] = hq[s].y;
+            qa[2 * s + 1][hh] = hq[s].z;
+            qa[2 * s + 1][2 + hh] = hq[s].w;
+        }
+    }
+    // The split holding the new key: every lane normalizes and rotates its chunks of it,
+    // lanes 0..3 store it and its value into the cache (later tiles load them from there),
+    // and the first tiles' rows at or past p take them.
+    if (k0 <= p && p < k1) {
+        float v[32];
+        uint4 nkh[4], nvh[4];
+#pragma unroll
+        for (int s = 0; s < 4; s++) load8(kn_w + 32 * s + 8 * c, nw + 8 * s);
+#pragma unroll
+        for (int s = 0; s < 4; s++) load8(row + (long)(nq + g) * 128 + 32 * s + 8 * c, v + 8 * s);
+        quad_head(v, nw, eps, rope, cs, sn, 1.f, nkh);
+#pragma unroll
+        for (int s = 0; s < 4; s++) load8(row + (long)(nq + nkv + g) * 128 + 32 * s + 8 * c, v + 8 * s);
+#pragma unroll
+        for (int s = 0; s < 4; s++)
+            nvh[s] = make_uint4(pack_half2(v[8 * s], v[8 * s + 1]), pack_half2(v[8 * s + 2], v[8 * s + 3]),
+                                pack_half2(v[8 * s + 4], v[8 * s + 5]), pack_half2(v[8 * s + 6], v[8 * s + 7]));
+        if (r == 0) {
+            const long o = (long)(ring > 0 ? p % ring : p) * stride;
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                *(uint4*)(kc + (long)b * slot_stride + g * 128 + 8 * c + o + 32 * s) = nkh[s];
+                *(uint4*)(vc + (long)b * slot_stride + g * 128 + 8 * c + o + 32 * s) = nvh[s];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < NT; u++) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                if (k0 + 16 * u + 8 * h + r >= p) {
+#pragma unroll
+                    for (int s = 0; s < 4; s++) {
+                        kt[u][h][s] = nkh[s];
+                        vt[u][h][s] = nvh[s];
+                    }
+                }
+            }
+        }
+        __syncwarp();  // orders the stores before this warp's later loads of row p
+    }
+    float o[16][4];
+#pragma unroll
+    for (int nt = 0; nt < 16; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows r and r + 8
+    for (int jb = k0; jb < k1; jb += 16 * NT) {
+        const int jn = jb + 16 * NT;  // the next step's first key
+        // Scores: two accumulation chains per 8-key half (dims 0..63, 64..127), then summed.
+        float sc[NT][2][4];
+#pragma unroll
+        for (int u = 0; u < NT; u++) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float s2[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int e = 0; e < 4; e++) sc[u][h][e] = 0.f;
+#pragma unroll
+                for (int s = 0; s < 4; s++) {
+                    float* acc = s < 2 ? sc[u][h] : s2;
+                    mma_16816(acc, qa[2 * s], kt[u][h][s].x, kt[u][h][s].y);
+                    mma_16816(acc, qa[2 * s + 1], kt[u][h][s].z, kt[u][h][s].w);
+                }
+#pragma unroll
+                for (int e = 0; e < 4; e++) sc[u][h][e] += s2[e];
+            }
+        }
+        if (jn < k1) load_half(jn, false);
+        // Column 2c + e of half h of tile u is key jb + 16 u + 8 h + 2 c + e.
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int u = 0; u < NT; u++) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    if (jb + 16 * u + 8 * h + 2 * c + (e & 1) >= k1) sc[u][h][e] = -INFINITY;
+                }
+                mx0 = fmaxf(mx0, fmaxf(sc[u][h][0], sc[u][h][1]));
+                mx1 = fmaxf(mx1, fmaxf(sc[u][h][2], sc[u][h][3]));
+            }
+        }
+#pragma unroll
+        for (int o2 = 1; o2 < 4; o2 <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, o2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, o2));
+        }
+        const float c0 = __expf(m0 - mx0), c1 = __expf(m1 - mx1);
+        m0 = mx0;
+        m1 = mx1;
+        l0 *= c0;
+        l1 *= c1;
+#pragma unroll
+        for (int nt = 0; nt < 16; nt++) {
+            o[nt][0] *= c0; o[nt][1] *= c0;
+            o[nt][2] *= c1; o[nt][3] *= c1;
+        }
+#pragma unroll
+        for (int u = 0; u < NT; u++) {
+            if (jb + 16 * u >= k1) break;
+            float pe[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                pe[h][0] = __expf(sc[u][h][0] - mx0);
+                pe[h][1] = __expf(sc[u][h][1] - mx0);
+                pe[h][2] = __expf(sc[u][h][2] - mx1);
+                pe[h][3] = __expf(sc[u][h][3] - mx1);
+            }
+            l0 += pe[0][0] + pe[0][1] + pe[1][0] + pe[1][1];
+            l1 += pe[0][2] + pe[0][3] + pe[1][2] + pe[1][3];
+            const u32 pa[4] = {pack_half2(pe[0][0], pe[0][1]), pack_half2(pe[0][2], pe[0][3]),
+                               pack_half2(pe[1][0], pe[1][1]), pack_half2(pe[1][2], pe[1][3])};
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    mma_16816(o[4 * s + i], pa, movm_trans(u4_at(vt[u][0][s], i)),
+                              movm_trans(u4_at(vt[u][1][s], i)));
+            }
+        }
+        if (jn < k1) load_half(jn, true);
+    }
+    l0 += __shfl_xor_sync(FULL, l0, 1);
+    l0 += __shfl_xor_sync(FULL, l0, 2);
+    l1 += __shfl_xor_sync(FULL, l1, 1);
+    l1 += __shfl_xor_sync(FULL, l1, 2);
+    // Output tile (s, i) holds dims 32 s + 8 c + 2 i + {0, 1} of heads r (0, 1) and r + 8 (2, 3).
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const int hl = r + 8 * hh;
+        if (hl >= grp) continue;
+        float* po = part + (((long)b * nq + g * grp + hl) * S + sp) * 130;
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                *(float2*)(po + 32 * s + 8 * c + 2 * i) = make_float2(o[4 * s + i][2 * hh], o[4 * s + i][2 * hh + 1]);
+        }
+        if (c == 0) {
+            po[128] = hh ? m1 : m0;
+            po[129] = hh ? l1 : l0;
+        }
+    }
+}
+
+#define ATTN_GQR_ENTRY(NAME, NT)                                                                               \
+    extern "C" __global__ __launch_bounds__(32) void NAME(                                                    \
+        const float* qkv, long ld, int nq, int nkv, const float* qn_w, const float* kn_w, float eps,         \
+        const int* pos, int rope, float theta_scale, __half* kc, __half* vc, long slot_stride, int window,    \
+        float scale, float* part, int S, int kmin, const u8* pf, long pf_bytes, int ring) {                   \
+        attn_gqr_body<NT>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride,     \
+                          window, scale, part, S, kmin, pf, pf_bytes, ring);                                  \
+    }
+ATTN_GQR_ENTRY(attn_decode_gqr, 1)
+ATTN_GQR_ENTRY(attn_decode_gqr2, 2)
 
 // Prefill attention pieces (scores from cuBLAS). S rows: [2 * 16 * n] x nk laid out per KV group g
 // as rows (h_local, t). Query t is at position p0 + t, key j at position k_lo + j.

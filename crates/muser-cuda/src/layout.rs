@@ -218,8 +218,11 @@ pub const GQA_KEYS: usize = 128;
 /// Dynamic shared memory of an `attn_decode_gqa` block: a pass of keys and values, f16.
 pub const GQA_SMEM_BYTES: u32 = (2 * GQA_KEYS * 128 * 2) as u32;
 
+/// Most flash-decoding splits `attn_combine_gate` merges per head (`MAX_SPLITS` in kernels.cu).
+pub const MAX_SPLITS: usize = 256;
+
 /// Kernels other than the GEMVs.
-pub const OTHER_KERNELS: [&str; 16] = [
+pub const OTHER_KERNELS: [&str; 19] = [
     "dequant_bf16",
     "get_rows",
     "quantize_act",
@@ -229,7 +232,10 @@ pub const OTHER_KERNELS: [&str; 16] = [
     "attn_combine_gate",
     "attn_decode_fused",
     "attn_decode_fused_k8",
+    "attn_decode_fused_k16",
     "attn_decode_gqa",
+    "attn_decode_gqr",
+    "attn_decode_gqr2",
     "softmax_mask",
     "gate_heads_bf16",
     "swiglu",
@@ -568,6 +574,7 @@ mod tests {
         assert!(src.contains(&format!("#define GQA_KEYS {GQA_KEYS}\n")));
         assert!(src.contains("#define GQA_SMEM (2 * GQA_KEYS * 128 * 2)\n"));
         assert_eq!(GQA_SMEM_BYTES, 65536);
+        assert!(src.contains(&format!("#define MAX_SPLITS {MAX_SPLITS}\n")));
     }
 
     /// Every kernel the runtime loads is defined in kernels.cu (an extern "C" function, a
@@ -599,7 +606,8 @@ mod tests {
                         && src.contains(&format!("GEMV_ENTRIES({b})"))
                 })
                 .unwrap_or(false);
-            let attn = src.contains(&format!("ATTN_FUSED_ENTRY({name},"));
+            let attn = src.contains(&format!("ATTN_FUSED_ENTRY({name},"))
+                || src.contains(&format!("ATTN_GQR_ENTRY({name},"));
             let nv = name
                 .strip_prefix("gemv_nvfp4_r")
                 .and_then(|r| r.rsplit_once("_b"))

@@ -227,6 +227,8 @@ pub struct Tuning {
     /// Flash-decoding splits per (head, sequence) (at most 128; each split takes at least
     /// `attn_min_keys` keys, so short contexts use fewer).
     pub attn_splits: u32,
+    /// The same on the sliding-window layers (0: `attn_splits`).
+    pub attn_swa_splits: u32,
     /// Fewest keys a flash-decoding split takes (short contexts use fewer splits).
     pub attn_min_keys: u32,
     /// Diagnostics only (wrong results): a decode step runs its GEMVs and nothing between
@@ -242,7 +244,7 @@ pub struct Tuning {
     /// and writes a slice (1: one block per row). 8 measured best on the H200 (4 to
     /// 13 alike); the results are bit-identical for every count.
     pub norm_slices: u32,
-    /// Cached keys each warp of the fused decode attention takes per step (4 or 8; their
+    /// Cached keys each warp of the fused decode attention takes per step (4, 8 or 16; their
     /// loads are in flight together). 8 with 16 splits measured best on the H200: 3.6% faster
     /// than 4 with 32 at depth 8192 (16-layer model), the same at depth 0.
     pub attn_keys_per_step: u32,
@@ -251,16 +253,23 @@ pub struct Tuning {
     /// Diagnostics only (wrong results): the SwiGLU kernel is skipped.
     pub skip_swiglu: bool,
     /// Decode steps whose latest position is at least this run the full-attention layers with
-    /// the grouped tensor-core kernel (`attn_decode_gqa`: each cached key and value read once
-    /// per KV group, not once per query head) instead of the per-head one (`u32::MAX`: never).
+    /// a grouped tensor-core kernel (`gqa_reg`: each cached key and value read once per KV
+    /// group, not once per query head) instead of the per-head one (`u32::MAX`: never).
     /// A captured decode graph holds one variant per threshold and replays the one that fits.
+    /// 4096 measured best on the H200 (16-layer model of the 30B's geometry): the grouped
+    /// kernel is 1.2% slower at position 512, even at 4096, 2.3% faster at 8192.
     pub gqa_full_from: u32,
-    /// The same for the sliding-window layers.
+    /// The same for the sliding-window layers (never by default: with the 2048-key window the
+    /// grouped kernel's separate split merge costs more than it saves, at every split count
+    /// measured).
     pub gqa_swa_from: u32,
-    /// Splits of `attn_decode_gqa` per (KV group, sequence) (at most 128).
+    /// Splits of the grouped decode attention per (KV group, sequence) (at most 256).
     pub gqa_splits: u32,
-    /// Fewest keys an `attn_decode_gqa` split takes.
+    /// Fewest keys a grouped decode attention split takes (64 and 128 splits measured best at
+    /// 8192 keys; 16 and 32 splits, or splits of 32 keys, were slower).
     pub gqa_min_keys: u32,
+    /// The same on the sliding-window layers (0: `gqa_min_keys`).
+    pub gqa_swa_min_keys: u32,
     /// Diagnostics: preferred shared-memory carveout of every kernel but the GEMVs, in percent
     /// of the configurable on-chip memory (-1: the driver's choice per kernel). One value for
     /// all lets a kernel that needs much shared memory start beside another; on the H200 that
@@ -277,6 +286,11 @@ pub struct Tuning {
     /// Keys `attn_decode_gqa` stages in shared memory per pass (16 to 128, a multiple of 16;
     /// a split longer than this takes several passes, the first staged before the wait).
     pub gqa_pass_keys: u32,
+    /// The grouped decode attention keeps everything in registers (`attn_decode_gqr`: one warp
+    /// per split, no shared memory, so it starts beside the GEMV before it) with this many
+    /// 16-key tiles loaded per step (1 or 2; 1 measured best); 0: `attn_decode_gqa`
+    /// (shared-memory staging).
+    pub gqa_reg: u32,
 }
 
 impl Default for Tuning {
@@ -288,6 +302,7 @@ impl Default for Tuning {
             attn_prefetch_mb: 0.0,
             fused_attn: true,
             attn_splits: 16,
+            attn_swa_splits: 0,
             attn_min_keys: 64,
             gemv_only: false,
             attn_only: false,
@@ -296,25 +311,27 @@ impl Default for Tuning {
             attn_keys_per_step: 8,
             skip_norm: false,
             skip_swiglu: false,
-            gqa_full_from: u32::MAX,
+            gqa_full_from: 4096,
             gqa_swa_from: u32::MAX,
             gqa_splits: 128,
-            gqa_min_keys: 128,
+            gqa_min_keys: 64,
+            gqa_swa_min_keys: 0,
             gqa_pass_keys: 128,
             carveout: -1,
             gemv_carveout: -1,
             nvfp4: None,
             attn_extra_smem: 0,
+            gqa_reg: 1,
         }
     }
 }
 
 impl Tuning {
     /// Applies `key=value` pairs separated by commas: `q4k=legacy|tuned|W,U`, `l2=0|1`,
-    /// `pf=MB`, `apf=MB`, `fattn=0|1`, `splits=N`, `gemvonly=0|1`, `attnonly=0|1`,
-    /// `rpw=0|1|2|4`, `kmin=N`, `nsl=N`, `akeys=4|8`, `skipnorm=0|1`, `skipswiglu=0|1`,
-    /// `gqa=POS|off` (full layers), `gqaswa=POS|off`, `gqasplits=N`, `gqamin=N`, `gqapass=N`,
-    /// `asmem=BYTES`, `carve=-1..100`, `gcarve=-1..100`, `nv=RxU`.
+    /// `pf=MB`, `apf=MB`, `fattn=0|1`, `splits=N`, `swasplits=N`, `gemvonly=0|1`, `attnonly=0|1`,
+    /// `rpw=0|1|2|4`, `kmin=N`, `nsl=N`, `akeys=4|8|16`, `skipnorm=0|1`, `skipswiglu=0|1`,
+    /// `gqa=POS|off` (full layers), `gqaswa=POS|off`, `gqasplits=N`, `gqamin=N`, `gqaswamin=N`, `gqapass=N`,
+    /// `asmem=BYTES`, `carve=-1..100`, `gcarve=-1..100`, `nv=RxU`, `gqr=0|1|2`.
     pub fn parse(mut self, spec: &str) -> Result<Tuning> {
         let bad = || CudaError::Shape(format!("tuning '{spec}'"));
         for kv in spec.split([',', ' ']).filter(|s| !s.is_empty()) {
@@ -345,6 +362,7 @@ impl Tuning {
                     self.attn_keys_per_step = match v {
                         "4" => 4,
                         "8" => 8,
+                        "16" => 16,
                         _ => return Err(bad()),
                     }
                 }
@@ -382,9 +400,23 @@ impl Tuning {
                 "gqapass" => {
                     self.gqa_pass_keys = v.parse::<u32>().map_err(|_| bad())?.clamp(16, 128) & !15
                 }
-                "gqasplits" => self.gqa_splits = v.parse::<u32>().map_err(|_| bad())?.clamp(1, 128),
+                "gqr" => {
+                    self.gqa_reg = match v {
+                        "0" => 0,
+                        "1" => 1,
+                        "2" => 2,
+                        _ => return Err(bad()),
+                    }
+                }
+                "gqasplits" => self.gqa_splits = v.parse::<u32>().map_err(|_| bad())?.clamp(1, 256),
+                "gqaswamin" => {
+                    self.gqa_swa_min_keys = v.parse::<u32>().map_err(|_| bad())?.clamp(16, 1 << 20)
+                }
                 "gqamin" => {
                     self.gqa_min_keys = v.parse::<u32>().map_err(|_| bad())?.clamp(16, 1 << 20)
+                }
+                "swasplits" => {
+                    self.attn_swa_splits = v.parse::<u32>().map_err(|_| bad())?.clamp(1, 128)
                 }
                 "splits" => self.attn_splits = v.parse::<u32>().map_err(|_| bad())?.clamp(1, 128),
                 _ => return Err(bad()),
@@ -676,6 +708,21 @@ impl Gpu {
         self.launch_smem(name, grid, block, 0, args)
     }
 
+    /// Registers per thread, local (spilled) bytes per thread and static shared bytes of the
+    /// kernel `name`, as the driver compiled it for this device.
+    pub fn kernel_resources(&self, name: &str) -> Result<(i32, i32, i32)> {
+        let f = self
+            .funcs
+            .get(name)
+            .ok_or_else(|| CudaError::Unsupported(format!("no kernel named {name}")))?;
+        let e = |e| CudaError::Driver(format!("{name}: attributes: {e:?}"));
+        Ok((
+            f.num_regs().map_err(e)?,
+            f.local_size_bytes().map_err(e)?,
+            f.shared_size_bytes().map_err(e)?,
+        ))
+    }
+
     /// [`Self::launch`] with `smem` bytes of dynamic shared memory (past 48 KiB the kernel is
     /// allowed that much first; the device's per-block limit applies).
     pub fn launch_smem(
@@ -938,7 +985,7 @@ mod tests {
             .parse("gqa=1024,gqaswa=off,gqasplits=500,gqamin=8")
             .unwrap();
         assert_eq!((t.gqa_full_from, t.gqa_swa_from), (1024, u32::MAX));
-        assert_eq!((t.gqa_splits, t.gqa_min_keys), (128, 16));
+        assert_eq!((t.gqa_splits, t.gqa_min_keys), (256, 16));
         assert_eq!(
             Tuning::default().parse("gqapass=70").unwrap().gqa_pass_keys,
             64
@@ -950,9 +997,10 @@ mod tests {
             (t.nvfp4, t.gemv_carveout, t.attn_prefetch_mb),
             (Some((2, 2)), 14, 24.0)
         );
+        assert_eq!(Tuning::default().parse("gqr=2").unwrap().gqa_reg, 2);
         for bad in [
             "kmin", "kmin=x", "nosuch=1", "q4k=1", "akeys=5", "nsl=x", "gqa=-1", "nv=1x4", "nv=2",
-            "carve=x",
+            "carve=x", "gqr=3",
         ] {
             assert!(Tuning::default().parse(bad).is_err(), "{bad}");
         }

@@ -209,6 +209,17 @@ fn cmd_check(json_out: Option<PathBuf>) -> Result<bool, CudaError> {
     println!("device: {:?}", gpu.info());
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut results = Vec::new();
+    // What the decode attention kernels cost in registers, spills and shared memory.
+    for name in [
+        "attn_decode_fused_k8",
+        "attn_decode_gqa",
+        "attn_decode_gqr",
+        "attn_decode_gqr2",
+    ] {
+        let (regs, local, smem) = gpu.kernel_resources(name)?;
+        println!("{name}: {regs} registers, {local} bytes spilled, {smem} bytes static shared");
+        results.push(json!({"kernel": name, "registers": regs, "local_bytes": local, "static_shared_bytes": smem}));
+    }
     let mut ok = true;
     for ty in [
         WType::Q4K,
@@ -820,6 +831,10 @@ fn grouped_check(
     for spec in [
         "gqa=0,gqaswa=0,gqamin=16",
         "gqa=0,gqaswa=0,gqasplits=1,gqapass=16",
+        "gqa=0,gqaswa=0,gqamin=16,gqr=1",
+        "gqa=0,gqaswa=0,gqamin=16,gqr=2",
+        "gqa=0,gqaswa=0,gqasplits=1,gqr=1",
+        "gqa=0,gqaswa=0,gqasplits=3,gqr=2",
     ] {
         let grouped = base.parse(spec)?;
         let n = prompt.len();

@@ -1,7 +1,7 @@
 //! One decode step of the fused forward (every sequence one token), its capture as CUDA graphs
 //! (one per kernel variant) and the generation loops that replay them.
 
-use super::{CudaGlimmer, Result, HEAD_DIM, MAX_ATTN_SPLITS};
+use super::{CudaGlimmer, Result, HEAD_DIM, MAX_ATTN_SPLITS, MAX_GQA_SPLITS};
 use crate::runtime::Arg;
 use crate::CudaError;
 
@@ -45,7 +45,6 @@ impl CudaGlimmer {
         let s = &self.s;
         let tune = g.tuning();
         let pf = tune.prefetch_mb;
-        let splits = (tune.attn_splits as usize).clamp(1, MAX_ATTN_SPLITS);
         let (nq, nkv) = (i.n_head, i.n_head_kv);
         let qw = nq * HEAD_DIM;
         let ld = 2 * qw + 2 * nkv * HEAD_DIM;
@@ -82,21 +81,34 @@ impl CudaGlimmer {
                 continue;
             }
             let grouped = self.grouped_attn(il, at);
+            let splits = match tune.attn_swa_splits {
+                n if n > 0 && i.is_swa[il] => n,
+                _ => tune.attn_splits,
+            };
+            let splits = (splits as usize).clamp(1, MAX_ATTN_SPLITS);
             if grouped || tune.fused_attn {
                 // One kernel per layer: per query head, or per KV group (then the splits are
                 // merged by attn_combine_gate; the per-head kernel merges its own).
+                let reg = grouped && tune.gqa_reg > 0;
                 let (kernel, blocks, splits, kmin) = if grouped {
-                    let gs = (tune.gqa_splits as usize).clamp(1, MAX_ATTN_SPLITS);
-                    ("attn_decode_gqa", nkv, gs, tune.gqa_min_keys as usize)
-                } else if tune.attn_keys_per_step == 8 {
-                    (
-                        "attn_decode_fused_k8",
-                        nq,
-                        splits,
-                        tune.attn_min_keys as usize,
-                    )
+                    let gs = (tune.gqa_splits as usize).clamp(1, MAX_GQA_SPLITS);
+                    let kmin = match tune.gqa_swa_min_keys {
+                        k if k > 0 && i.is_swa[il] => k,
+                        _ => tune.gqa_min_keys,
+                    };
+                    let kernel = match tune.gqa_reg {
+                        0 => "attn_decode_gqa",
+                        1 => "attn_decode_gqr",
+                        _ => "attn_decode_gqr2",
+                    };
+                    (kernel, nkv, gs, kmin as usize)
                 } else {
-                    ("attn_decode_fused", nq, splits, tune.attn_min_keys as usize)
+                    let kernel = match tune.attn_keys_per_step {
+                        16 => "attn_decode_fused_k16",
+                        8 => "attn_decode_fused_k8",
+                        _ => "attn_decode_fused",
+                    };
+                    (kernel, nq, splits, tune.attn_min_keys as usize)
                 };
                 let mut args = vec![
                     Arg::P(s.y_qkvg.ptr()),
@@ -121,30 +133,30 @@ impl CudaGlimmer {
                 if !grouped {
                     args.push(Arg::P(s.attn_cnt.ptr()));
                 }
-                args.extend([
-                    Arg::P(s.hf.ptr()),
-                    Arg::P(qa.q),
-                    Arg::P(qa.d),
-                    Arg::P(qa.s),
-                    Arg::P(pf_wo.0),
-                    Arg::L(pf_wo.1),
-                    Arg::I(l.ring as i32),
-                ]);
-                let smem = if grouped {
+                if !reg {
+                    // (attn_decode_gqr writes split records only: the combine finishes.)
+                    args.extend([Arg::P(s.hf.ptr()), Arg::P(qa.q), Arg::P(qa.d), Arg::P(qa.s)]);
+                }
+                args.extend([Arg::P(pf_wo.0), Arg::L(pf_wo.1), Arg::I(l.ring as i32)]);
+                let smem = if reg {
+                    0
+                } else if grouped {
                     args.push(Arg::I(tune.gqa_pass_keys as i32));
                     crate::layout::GQA_SMEM_BYTES
                 } else {
                     tune.attn_extra_smem
                 };
+                let block = if reg { 32 } else { 128 };
                 g.launch_smem(
                     kernel,
                     (blocks as u32, nb as u32, splits as u32),
-                    128,
+                    block,
                     smem,
                     &args,
                 )?;
                 if grouped {
-                    self.combine_gate(il, nb, splits, kmin, true)?;
+                    // The register kernel leaves even a single split to the combine.
+                    self.combine_gate(il, nb, splits, kmin, !reg)?;
                 }
             } else {
                 self.qk_norm_rope(l, il, nb, ld, s.q_f.ptr(), 0, -1, pf_wo)?;

@@ -28,6 +28,9 @@ type Result<T> = std::result::Result<T, CudaError>;
 
 /// Flash-decoding splits per (head, token).
 const MAX_ATTN_SPLITS: usize = 128;
+/// Splits per (KV group, sequence) of the grouped decode attention (`MAX_SPLITS` in
+/// kernels.cu: what `attn_combine_gate` merges).
+const MAX_GQA_SPLITS: usize = crate::layout::MAX_SPLITS;
 const HEAD_DIM: usize = 128;
 
 /// A linear layer made of row blocks that may differ in type (e.g. Q6_K V rows beside Q4_K
@@ -424,7 +427,7 @@ impl CudaGlimmer {
             q8s: gpu.alloc(4 * t * widest / 16)?,
             y_qkvg: gpu.alloc(4 * t * rows_qkvg)?,
             q_f: gpu.alloc(4 * t * qw)?,
-            part: gpu.alloc(4 * ns * i.n_head * MAX_ATTN_SPLITS * 130)?,
+            part: gpu.alloc(4 * ns * i.n_head * MAX_ATTN_SPLITS.max(MAX_GQA_SPLITS) * 130)?,
             attn_cnt: gpu.alloc_zeroed(4 * ns * i.n_head)?,
             x2: gpu.alloc(4 * ns * e)?,
             y_o: gpu.alloc(4 * t * e)?,

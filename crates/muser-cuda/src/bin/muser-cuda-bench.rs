@@ -815,13 +815,28 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
     Ok(graph_ok && slots_ok && ring_ok && gqa_ok)
 }
 
-/// The grouped decode attention (`attn_decode_gqa` on every layer) against the per-head
-/// kernel, in two shapes: splits of 16 keys (a long context uses many, merged by
-/// `attn_combine_gate`) and one split staged in passes of 16 keys (one block walks the whole
-/// context). For each, after `prompt`: 32 decode steps fed the same tokens, each step's logits
+/// The grouped decode attention on every layer against the per-head kernel, in six shapes: the
+/// staged kernel (`attn_decode_gqa`) and the register one (`attn_decode_gqr`, one or two tiles
+/// per step) with many short splits (merged by `attn_combine_gate`) and with one or three
+/// splits walking the whole context. For each, after `prompt`: 32 decode steps fed the same tokens, each step's logits
 /// under both, then 24 greedy steps from graph replays under both. Returns the JSON record and
 /// whether every shape passed.
 fn grouped_check(
+    m: &mut CudaGlimmer,
+    outer: Tuning,
+    prompt: &[u32],
+) -> Result<(serde_json::Value, bool), CudaError> {
+    // The reference is the per-head kernel at every position (the default runs the grouped
+    // one on full layers past `gqa_full_from`).
+    let base = outer.parse("gqa=off,gqaswa=off")?;
+    m.gpu().set_tuning(base);
+    let r = grouped_shapes(m, base, prompt);
+    m.gpu().set_tuning(outer);
+    r
+}
+
+/// [`grouped_check`]'s shapes against `base`, the tuning in force.
+fn grouped_shapes(
     m: &mut CudaGlimmer,
     base: Tuning,
     prompt: &[u32],

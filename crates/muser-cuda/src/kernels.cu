@@ -869,6 +869,21 @@ __device__ void merge_warps(float m, float l, const float* acc, float& M, float&
     }
 }
 
+// A decode query at position p attends to keys [attn_lo, p] (lo = p - window + 1 on sliding
+// layers). The keys go to at most S flash-decoding splits of at least kmin keys each
+// (attn_splits_used, the same count in the attention kernels and the merge), and split sp takes
+// keys [k0, k1) of an even division, the last split possibly short (split_keys).
+__device__ __forceinline__ int attn_lo(int p, int window) { return window > 0 ? max(0, p - window + 1) : 0; }
+__device__ __forceinline__ int attn_splits_used(int p, int window, int S, int kmin) {
+    const int nk = p - attn_lo(p, window) + 1;
+    return min(S, (nk + kmin - 1) / kmin);
+}
+__device__ __forceinline__ void split_keys(int p, int window, int used, int sp, int& k0, int& k1) {
+    const int lo = attn_lo(p, window), nk = p - lo + 1, chunk = (nk + used - 1) / used;
+    k0 = lo + sp * chunk;
+    k1 = min(p + 1, k0 + chunk);
+}
+
 // Decode attention (flash-decoding). q_f [B][nq][128] f32, caches [n_ctx][nkv*128] f16,
 // pos[b] = position of the query. Keys in [lo, pos] with lo = pos - window + 1 for SWA.
 // grid (nq, B, S), block 128. part [B][nq][S][130]: acc[128], max, sum.
@@ -882,12 +897,10 @@ extern "C" __global__ void attn_decode(const float* q_f, const __half* kc, const
     vc += (long)b * slot_stride;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int p = pos[b];
-    const int lo = window > 0 ? max(0, p - window + 1) : 0;
-    const int nk = p - lo + 1;
-    const int used = min(S, (nk + kmin - 1) / kmin);  // splits of at least kmin keys
+    const int used = attn_splits_used(p, window, S, kmin);
     if (sp >= used) return;
-    const int chunk = (nk + used - 1) / used;
-    const int k0 = lo + sp * chunk, k1 = min(p + 1, k0 + chunk);
+    int k0, k1;
+    split_keys(p, window, used, sp, k0, k1);
     const int g = h / (nq / nkv);
     const float4 q4 = *(const float4*)(q_f + ((long)b * nq + h) * 128 + 4 * lane);
     const float qv[4] = {q4.x * scale, q4.y * scale, q4.z * scale, q4.w * scale};
@@ -1012,9 +1025,7 @@ extern "C" __global__ void attn_combine_gate(const float* part, int nq, int S, i
     pdl_trigger();
     const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
     const float* pp = part + ((long)b * nq + h) * S * 130;
-    const int p = pos[b];
-    const int nk = p - (window > 0 ? max(0, p - window + 1) : 0) + 1;
-    const int used = min(S, (nk + kmin - 1) / kmin);  // the splits the attention kernel used
+    const int used = attn_splits_used(pos[b], window, S, kmin);  // what the attention kernel used
     pdl_wait();
     // (attn_decode_gqa finishes a head with one split itself.)
     if (skip_single && used == 1) return;
@@ -1091,11 +1102,10 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
     // splits this step needs are known before waiting: the others leave at once instead of
     // holding a slot while the projection finishes.
     const int p = pos[b];
-    const int lo = window > 0 ? max(0, p - window + 1) : 0;
-    const int nk = p - lo + 1;                 // keys including the new one
-    const int used = min(S, (nk + kmin - 1) / kmin);  // splits of at least kmin keys
+    const int lo = attn_lo(p, window);
+    const int used = attn_splits_used(p, window, S, kmin);  // counting the new key
     if (sp >= used) return;
-    const int ncache = nk - 1;                 // cached keys [lo, p)
+    const int ncache = p - lo;                 // cached keys [lo, p)
     const int chunk = (ncache + used - 1) / used;
     const int k0 = lo + sp * chunk, k1 = min(p, k0 + chunk);
     const int grp = nq / nkv, g = h / grp;
@@ -1349,12 +1359,10 @@ extern "C" __global__ __launch_bounds__(128) void attn_decode_gqa(
     // Positions are written only at the end of the previous step (or by the host): the splits
     // this step uses are known before waiting, and the others leave at once.
     const int p = pos[b];
-    const int lo = window > 0 ? max(0, p - window + 1) : 0;
-    const int nk = p - lo + 1;
-    const int used = min(S, (nk + kmin - 1) / kmin);
+    const int used = attn_splits_used(p, window, S, kmin);
     if (sp >= used) return;
-    const int chunk = (nk + used - 1) / used;
-    const int k0 = lo + sp * chunk, k1 = min(p + 1, k0 + chunk);  // keys [k0, k1)
+    int k0, k1;  // keys [k0, k1)
+    split_keys(p, window, used, sp, k0, k1);
     const int PK = min(GQA_KEYS, max(16, pass_keys & ~15));
     extern __shared__ __align__(16) unsigned char gqa_dyn[];
     __half* sK = (__half*)gqa_dyn;  // [PK][128] each, swizzled (gqa_swz); then the warp merge
@@ -1665,12 +1673,10 @@ __device__ __forceinline__ void attn_gqr_body(const float* qkv, long ld, int nq,
     const int grp = nq / nkv;
     // Positions are written only at the end of the previous step (or by the host).
     const int p = pos[b];
-    const int lo = window > 0 ? max(0, p - window + 1) : 0;
-    const int nk = p - lo + 1;
-    const int used = min(S, (nk + kmin - 1) / kmin);
+    const int used = attn_splits_used(p, window, S, kmin);
     if (sp >= used) return;
-    const int chunk = (nk + used - 1) / used;
-    const int k0 = lo + sp * chunk, k1 = min(p + 1, k0 + chunk);  // keys [k0, k1)
+    int k0, k1;  // keys [k0, k1)
+    split_keys(p, window, used, sp, k0, k1);
     const long stride = (long)nkv * 128;
     const __half* kl = kc + (long)b * slot_stride + g * 128 + 8 * c;
     const __half* vl = vc + (long)b * slot_stride + g * 128 + 8 * c;

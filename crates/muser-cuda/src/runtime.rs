@@ -358,14 +358,7 @@ impl Tuning {
                 "rpw" => self.rows_per_warp = v.parse::<u32>().map_err(|_| bad())?.min(4),
                 "attnonly" => self.attn_only = v == "1",
                 "nsl" => self.norm_slices = v.parse::<u32>().map_err(|_| bad())?.clamp(1, 32),
-                "akeys" => {
-                    self.attn_keys_per_step = match v {
-                        "4" => 4,
-                        "8" => 8,
-                        "16" => 16,
-                        _ => return Err(bad()),
-                    }
-                }
+                "akeys" => self.attn_keys_per_step = one_of(v, &[4, 8, 16]).ok_or_else(bad)?,
                 "skipnorm" => self.skip_norm = v == "1",
                 "skipswiglu" => self.skip_swiglu = v == "1",
                 "kmin" => {
@@ -400,14 +393,7 @@ impl Tuning {
                 "gqapass" => {
                     self.gqa_pass_keys = v.parse::<u32>().map_err(|_| bad())?.clamp(16, 128) & !15
                 }
-                "gqr" => {
-                    self.gqa_reg = match v {
-                        "0" => 0,
-                        "1" => 1,
-                        "2" => 2,
-                        _ => return Err(bad()),
-                    }
-                }
+                "gqr" => self.gqa_reg = one_of(v, &[0, 1, 2]).ok_or_else(bad)?,
                 "gqasplits" => self.gqa_splits = v.parse::<u32>().map_err(|_| bad())?.clamp(1, 256),
                 "gqaswamin" => {
                     self.gqa_swa_min_keys = v.parse::<u32>().map_err(|_| bad())?.clamp(16, 1 << 20)
@@ -424,6 +410,11 @@ impl Tuning {
         }
         Ok(self)
     }
+}
+
+/// `v` as a number when it is one of `allowed`.
+fn one_of(v: &str, allowed: &[u32]) -> Option<u32> {
+    v.parse().ok().filter(|n| allowed.contains(n))
 }
 
 /// Element type of a GEMM's inputs ([`Gpu::gemm`]).

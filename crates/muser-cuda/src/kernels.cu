@@ -1907,66 +1907,6 @@ __device__ __forceinline__ void attn_gqr_body(const float* qkv, long ld, int nq,
 ATTN_GQR_ENTRY(attn_decode_gqr, 1)
 ATTN_GQR_ENTRY(attn_decode_gqr2, 2)
 
-// attn_decode_gqr with the split merge in the same launch: the S split blocks of a (KV group,
-// sequence) form one thread-block cluster (launched with cluster dims (1, 1, S), S <= 16), so
-// they are resident together and meet at a cluster barrier once every split's record is
-// written. Then block sp merges heads sp, sp + S, ... of the group (every block, also those
-// past the splits in use: they skipped the keys but still reach the barrier) and finishes them
-// as attn_combine_gate does: sigmoid gate, f32 and/or quantized output. No second kernel, so
-// no launch boundary between the attention and the merge. grid (nkv, B, S), block 32.
-extern "C" __global__ __launch_bounds__(32) void attn_decode_gqr_cl(
-    const float* qkv, long ld, int nq, int nkv, const float* qn_w, const float* kn_w, float eps, const int* pos,
-    int rope, float theta_scale, __half* kc, __half* vc, long slot_stride, int window, float scale, float* part,
-    int S, int kmin, float* out_f, i8* q, float* qd, float* qs, const u8* pf, long pf_bytes, int ring) {
-    attn_gqr_body<1>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride, window, scale,
-                     part, S, kmin, pf, pf_bytes, ring);
-    // Release this block's record stores to the cluster, acquire the others'.
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-    // Blocks that had no keys returned before waiting on the projection: the gate rows are
-    // its output.
-    pdl_wait();
-    const int g = blockIdx.x, b = blockIdx.y, sp = blockIdx.z, lane = threadIdx.x & 31;
-    const int grp = nq / nkv;
-    const int used = attn_splits_used(pos[b], window, S, kmin);
-    for (int hl = sp; hl < grp; hl += S) {
-        const int h = g * grp + hl;
-        const float* base = part + ((long)b * nq + h) * S * 130;
-        float ms[16], ls[16];
-        float2 a0[16], a1[16];
-        // Every record at once (L2: written by other SMs of the cluster).
-#pragma unroll
-        for (int u = 0; u < 16; u++) {
-            if (u < used) {
-                const float* rec = base + u * 130;
-                ms[u] = __ldcg(rec + 128);
-                ls[u] = __ldcg(rec + 129);
-                a0[u] = __ldcg((const float2*)(rec + 4 * lane));
-                a1[u] = __ldcg((const float2*)(rec + 4 * lane + 2));
-            }
-        }
-        const float4 gt = *(const float4*)(qkv + (long)b * ld + (long)(nq + 2 * nkv) * 128 + h * 128 + 4 * lane);
-        float M = -INFINITY;
-#pragma unroll
-        for (int u = 0; u < 16; u++)
-            if (u < used) M = fmaxf(M, ms[u]);
-        float L = 0.f, A[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int u = 0; u < 16; u++) {
-            if (u < used && ms[u] != -INFINITY) {
-                const float f = __expf(ms[u] - M);
-                L += ls[u] * f;
-                A[0] += a0[u].x * f; A[1] += a0[u].y * f;
-                A[2] += a1[u].x * f; A[3] += a1[u].y * f;
-            }
-        }
-        const float gv[4] = {gt.x, gt.y, gt.z, gt.w};
-        float v[4];
-#pragma unroll
-        for (int e = 0; e < 4; e++) v[e] = (L > 0.f ? A[e] / L : 0.f) * (1.f / (1.f + __expf(-gv[e])));
-        store_head_out4(v, (long)b * nq * 128 + h * 128 + 4 * lane, out_f, q, qd, qs);
-    }
-}
-
 // Prefill attention pieces (scores from cuBLAS). S rows: [2 * 16 * n] x nk laid out per KV group g
 // as rows (h_local, t). Query t is at position p0 + t, key j at position k_lo + j.
 // P = softmax(scale * S + mask) as f16. grid = rows, block 256.

@@ -222,7 +222,7 @@ pub const GQA_SMEM_BYTES: u32 = (2 * GQA_KEYS * 128 * 2) as u32;
 pub const MAX_SPLITS: usize = 256;
 
 /// Kernels other than the GEMVs.
-pub const OTHER_KERNELS: [&str; 20] = [
+pub const OTHER_KERNELS: [&str; 19] = [
     "dequant_bf16",
     "get_rows",
     "quantize_act",
@@ -236,7 +236,6 @@ pub const OTHER_KERNELS: [&str; 20] = [
     "attn_decode_gqa",
     "attn_decode_gqr",
     "attn_decode_gqr2",
-    "attn_decode_gqr_cl",
     "softmax_mask",
     "gate_heads_bf16",
     "swiglu",

@@ -291,10 +291,6 @@ pub struct Tuning {
     /// 16-key tiles loaded per step (1 or 2; 1 measured best); 0: `attn_decode_gqa`
     /// (shared-memory staging).
     pub gqa_reg: u32,
-    /// Grouped sliding-window layers run `attn_decode_gqr_cl` with this many splits (8 or 16):
-    /// the splits of a group form a thread-block cluster and merge at a cluster barrier in the
-    /// same launch, instead of in `attn_combine_gate`. 0: off.
-    pub gqa_cluster: u32,
 }
 
 impl Default for Tuning {
@@ -326,7 +322,6 @@ impl Default for Tuning {
             nvfp4: None,
             attn_extra_smem: 0,
             gqa_reg: 1,
-            gqa_cluster: 0,
         }
     }
 }
@@ -336,7 +331,7 @@ impl Tuning {
     /// `pf=MB`, `apf=MB`, `fattn=0|1`, `splits=N`, `swasplits=N`, `gemvonly=0|1`, `attnonly=0|1`,
     /// `rpw=0|1|2|4`, `kmin=N`, `nsl=N`, `akeys=4|8|16`, `skipnorm=0|1`, `skipswiglu=0|1`,
     /// `gqa=POS|off` (full layers), `gqaswa=POS|off`, `gqasplits=N`, `gqamin=N`, `gqaswamin=N`, `gqapass=N`,
-    /// `asmem=BYTES`, `carve=-1..100`, `gcarve=-1..100`, `nv=RxU`, `gqr=0|1|2`, `gqcl=0|8|16`.
+    /// `asmem=BYTES`, `carve=-1..100`, `gcarve=-1..100`, `nv=RxU`, `gqr=0|1|2`.
     pub fn parse(mut self, spec: &str) -> Result<Tuning> {
         let bad = || CudaError::Shape(format!("tuning '{spec}'"));
         for kv in spec.split([',', ' ']).filter(|s| !s.is_empty()) {
@@ -399,7 +394,6 @@ impl Tuning {
                     self.gqa_pass_keys = v.parse::<u32>().map_err(|_| bad())?.clamp(16, 128) & !15
                 }
                 "gqr" => self.gqa_reg = one_of(v, &[0, 1, 2]).ok_or_else(bad)?,
-                "gqcl" => self.gqa_cluster = one_of(v, &[0, 8, 16]).ok_or_else(bad)?,
                 "gqasplits" => self.gqa_splits = v.parse::<u32>().map_err(|_| bad())?.clamp(1, 256),
                 "gqaswamin" => {
                     self.gqa_swa_min_keys = v.parse::<u32>().map_err(|_| bad())?.clamp(16, 1 << 20)
@@ -730,20 +724,6 @@ impl Gpu {
         smem: u32,
         args: &[Arg],
     ) -> Result<()> {
-        self.launch_ex(name, grid, block, smem, 1, args)
-    }
-
-    /// [`Self::launch_smem`] with thread-block clusters of `cluster_z` blocks along z (1: no
-    /// clusters; at most 16, past 8 the kernel is allowed a non-portable size first).
-    pub fn launch_ex(
-        &self,
-        name: &str,
-        grid: (u32, u32, u32),
-        block: u32,
-        smem: u32,
-        cluster_z: u32,
-        args: &[Arg],
-    ) -> Result<()> {
         let f = self
             .funcs
             .get(name)
@@ -792,31 +772,11 @@ impl Gpu {
             .iter_mut()
             .map(|s| s as *mut u64 as *mut c_void)
             .collect();
-        if cluster_z > 8 {
-            f.set_attribute(
-                drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
-                1,
-            )
-            .map_err(|e| CudaError::Driver(format!("{name}: clusters of {cluster_z}: {e:?}")))?;
-        }
         // SAFETY: a zeroed attribute is a valid "ignore" value; we set the fields we use.
-        let mut attrs: [drv_sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
-        let mut n_attrs = 0;
-        if self.pdl {
-            let a = &mut attrs[n_attrs];
-            a.id =
-                drv_sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-            a.value.programmaticStreamSerializationAllowed = 1;
-            n_attrs += 1;
-        }
-        if cluster_z > 1 {
-            let a = &mut attrs[n_attrs];
-            a.id = drv_sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-            a.value.clusterDim.x = 1;
-            a.value.clusterDim.y = 1;
-            a.value.clusterDim.z = cluster_z;
-            n_attrs += 1;
-        }
+        let mut attr: drv_sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id =
+            drv_sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
         let cfg = drv_sys::CUlaunchConfig {
             gridDimX: grid.0,
             gridDimY: grid.1,
@@ -826,8 +786,8 @@ impl Gpu {
             blockDimZ: 1,
             sharedMemBytes: smem,
             hStream: self.stream.cu_stream(),
-            attrs: attrs.as_mut_ptr(),
-            numAttrs: n_attrs as u32,
+            attrs: &mut attr,
+            numAttrs: u32::from(self.pdl),
         };
         self.ctx.bind_to_thread().map_err(drv_err)?;
         // SAFETY: argument lists match the kernel signatures in kernels.cu (kept side by side);
@@ -1029,10 +989,9 @@ mod tests {
             (Some((2, 2)), 14, 24.0)
         );
         assert_eq!(Tuning::default().parse("gqr=2").unwrap().gqa_reg, 2);
-        assert_eq!(Tuning::default().parse("gqcl=16").unwrap().gqa_cluster, 16);
         for bad in [
             "kmin", "kmin=x", "nosuch=1", "q4k=1", "akeys=5", "nsl=x", "gqa=-1", "nv=1x4", "nv=2",
-            "carve=x", "gqr=3", "gqcl=4",
+            "carve=x", "gqr=3",
         ] {
             assert!(Tuning::default().parse(bad).is_err(), "{bad}");
         }

@@ -215,7 +215,6 @@ fn cmd_check(json_out: Option<PathBuf>) -> Result<bool, CudaError> {
         "attn_decode_gqa",
         "attn_decode_gqr",
         "attn_decode_gqr2",
-        "attn_decode_gqr_cl",
     ] {
         let (regs, local, smem) = gpu.kernel_resources(name)?;
         println!("{name}: {regs} registers, {local} bytes spilled, {smem} bytes static shared");
@@ -819,8 +818,7 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
 /// The grouped decode attention on every layer against the per-head kernel, in six shapes: the
 /// staged kernel (`attn_decode_gqa`) and the register one (`attn_decode_gqr`, one or two tiles
 /// per step) with many short splits (merged by `attn_combine_gate`) and with one or three
-/// splits walking the whole context, and the cluster variant on the sliding layers
-/// (`attn_decode_gqr_cl`, 8 and 16 splits merged in the same launch). For each, after `prompt`: 32 decode steps fed the same tokens, each step's logits
+/// splits walking the whole context. For each, after `prompt`: 32 decode steps fed the same tokens, each step's logits
 /// under both, then 24 greedy steps from graph replays under both. Returns the JSON record and
 /// whether every shape passed.
 fn grouped_check(
@@ -852,8 +850,6 @@ fn grouped_shapes(
         "gqa=0,gqaswa=0,gqamin=16,gqr=2",
         "gqa=0,gqaswa=0,gqasplits=1,gqr=1",
         "gqa=0,gqaswa=0,gqasplits=3,gqr=2",
-        "gqa=0,gqaswa=0,gqamin=16,gqcl=8",
-        "gqa=0,gqaswa=0,gqamin=16,gqcl=16",
     ] {
         let grouped = base.parse(spec)?;
         let n = prompt.len();

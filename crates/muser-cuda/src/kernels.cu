@@ -1343,6 +1343,42 @@ __device__ __forceinline__ u32 pack_half2(float a, float b) {
     const __half2 h = __floats2half2_rn(a, b);
     return *(const u32*)&h;
 }
+// Online-softmax steps shared by the grouped decode kernels, for score tiles of mma.m16n8k16
+// (each lane: rows r (elements 0, 1) and r + 8 (2, 3)). rescale_rows: the rows' new maxima
+// over the lane quad (mx0, mx1 hold the lane's candidates, and come back reduced), the factors
+// c0, c1 that bring the old sums to them, and the output accumulators rescaled. tile_probs:
+// the probabilities of a 16-key tile (two 8-key halves) and, packed to f16, P's A fragment.
+__device__ __forceinline__ void rescale_rows(float& mx0, float& mx1, float& m0, float& m1, float& c0, float& c1,
+                                             float (*o)[4]) {
+#pragma unroll
+    for (int o2 = 1; o2 < 4; o2 <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, o2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, o2));
+    }
+    c0 = __expf(m0 - mx0);
+    c1 = __expf(m1 - mx1);
+    m0 = mx0;
+    m1 = mx1;
+#pragma unroll
+    for (int nt = 0; nt < 16; nt++) {
+        o[nt][0] *= c0; o[nt][1] *= c0;
+        o[nt][2] *= c1; o[nt][3] *= c1;
+    }
+}
+__device__ __forceinline__ void tile_probs(const float (*sc)[4], float mx0, float mx1, float (*pe)[4], u32* pa) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        pe[h][0] = __expf(sc[h][0] - mx0);
+        pe[h][1] = __expf(sc[h][1] - mx0);
+        pe[h][2] = __expf(sc[h][2] - mx1);
+        pe[h][3] = __expf(sc[h][3] - mx1);
+    }
+    pa[0] = pack_half2(pe[0][0], pe[0][1]);
+    pa[1] = pack_half2(pe[0][2], pe[0][3]);
+    pa[2] = pack_half2(pe[1][0], pe[1][1]);
+    pa[3] = pack_half2(pe[1][2], pe[1][3]);
+}
+
 // Offset in halves of 16-byte chunk `ch` (0..15) of staged row `row`.
 __device__ __forceinline__ int gqa_swz(int row, int ch) { return row * 128 + 8 * (ch ^ (row & 7)); }
 
@@ -1508,31 +1544,12 @@ extern "C" __global__ __launch_bounds__(128) void attn_decode_gqa(
                 mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
                 mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
             }
-#pragma unroll
-            for (int o2 = 1; o2 < 4; o2 <<= 1) {
-                mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, o2));
-                mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, o2));
-            }
-            const float c0 = __expf(m0 - mx0), c1 = __expf(m1 - mx1);
-            m0 = mx0;
-            m1 = mx1;
-            float pe[2][4];
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                pe[nt][0] = __expf(sc[nt][0] - mx0);
-                pe[nt][1] = __expf(sc[nt][1] - mx0);
-                pe[nt][2] = __expf(sc[nt][2] - mx1);
-                pe[nt][3] = __expf(sc[nt][3] - mx1);
-            }
+            float c0, c1, pe[2][4];
+            u32 pa[4];
+            rescale_rows(mx0, mx1, m0, m1, c0, c1, o);
+            tile_probs(sc, mx0, mx1, pe, pa);
             l0 = l0 * c0 + pe[0][0] + pe[0][1] + pe[1][0] + pe[1][1];
             l1 = l1 * c1 + pe[0][2] + pe[0][3] + pe[1][2] + pe[1][3];
-#pragma unroll
-            for (int nt = 0; nt < 16; nt++) {
-                o[nt][0] *= c0; o[nt][1] *= c0;
-                o[nt][2] *= c1; o[nt][3] *= c1;
-            }
-            const u32 pa[4] = {pack_half2(pe[0][0], pe[0][1]), pack_half2(pe[0][2], pe[0][3]),
-                               pack_half2(pe[1][0], pe[1][1]), pack_half2(pe[1][2], pe[1][3])};
             // Lane i addresses row (i & 7) of matrix i >> 3: keys 8 (m & 1) + (i & 7), dims
             // 16 u + 8 (m >> 1).
             const int mi = lane >> 3, key = 16 * t + 8 * (mi & 1) + (lane & 7);
@@ -1833,36 +1850,18 @@ __device__ __forceinline__ void attn_gqr_body(const float* qkv, long ld, int nq,
                 mx1 = fmaxf(mx1, fmaxf(sc[u][h][2], sc[u][h][3]));
             }
         }
-#pragma unroll
-        for (int o2 = 1; o2 < 4; o2 <<= 1) {
-            mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, o2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, o2));
-        }
-        const float c0 = __expf(m0 - mx0), c1 = __expf(m1 - mx1);
-        m0 = mx0;
-        m1 = mx1;
+        float c0, c1;
+        rescale_rows(mx0, mx1, m0, m1, c0, c1, o);
         l0 *= c0;
         l1 *= c1;
-#pragma unroll
-        for (int nt = 0; nt < 16; nt++) {
-            o[nt][0] *= c0; o[nt][1] *= c0;
-            o[nt][2] *= c1; o[nt][3] *= c1;
-        }
 #pragma unroll
         for (int u = 0; u < NT; u++) {
             if (jb + 16 * u >= k1) break;
             float pe[2][4];
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                pe[h][0] = __expf(sc[u][h][0] - mx0);
-                pe[h][1] = __expf(sc[u][h][1] - mx0);
-                pe[h][2] = __expf(sc[u][h][2] - mx1);
-                pe[h][3] = __expf(sc[u][h][3] - mx1);
-            }
+            u32 pa[4];
+            tile_probs(sc[u], mx0, mx1, pe, pa);
             l0 += pe[0][0] + pe[0][1] + pe[1][0] + pe[1][1];
             l1 += pe[0][2] + pe[0][3] + pe[1][2] + pe[1][3];
-            const u32 pa[4] = {pack_half2(pe[0][0], pe[0][1]), pack_half2(pe[0][2], pe[0][3]),
-                               pack_half2(pe[1][0], pe[1][1]), pack_half2(pe[1][2], pe[1][3])};
 #pragma unroll
             for (int s = 0; s < 4; s++) {
 #pragma unroll

@@ -4,7 +4,8 @@
 //   Q4_K   ggml blocks as in the file (144 bytes / 256 values, 16-byte aligned).
 //   Q6_K   ggml blocks padded to 224 bytes (ql 128 | qh 64 | scales 16 | d f16 | pad 14).
 //   Q8_0   split: int8 quants [rows][cols], then f16 scales [rows][cols/32].
-//   NVFP4  split: packed nibbles [rows][cols/2], then UE4M3 scales [rows][cols/16].
+//   NVFP4  split: packed nibbles [rows][cols/2] (each 16-value group in value order: byte j
+//          holds values 2j low and 2j+1 high), then UE4M3 scales [rows][cols/16].
 //   F16 / BF16 / F32 plain row-major.
 // Activations for the integer GEMV paths are quantized per 16 values:
 //   xq int8 [B][n], xd f32 [B][n/16] (scale), xs f32 [B][n/16] (scale * sum of quants).
@@ -58,6 +59,18 @@ __device__ __forceinline__ float ue4m3_half(u32 x) {
     const int e = (x >> 3) & 15, m = x & 7;
     const float raw = e == 0 ? ldexpf((float)m, -9) : ldexpf(1.f + (float)m / 8.f, e - 7);
     return raw * 0.5f;
+}
+
+// Two UE4M3 scales (bytes 0 and 1 of `two`) as ue4m3_half gives them, bit for bit: one
+// hardware conversion of the pair to f16 (sign bits cleared: the scales are unsigned), exact
+// for every finite E4M3 value, the NaN code 0x7F mapped to 0, then halved (exact). The GEMV's
+// per-chunk scale decode, where ue4m3_half's branches and ldexpf made NVFP4 decode issue-bound.
+__device__ __forceinline__ float2 ue4m3x2_half(u32 two) {
+    const u32 v = two & 0x7f7fu;
+    u32 h;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"((unsigned short)v));
+    const float2 f = __half22float2(*(const __half2*)&h);
+    return make_float2((v & 0xffu) == 0x7fu ? 0.f : 0.5f * f.x, (v >> 8) == 0x7fu ? 0.f : 0.5f * f.y);
 }
 
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
@@ -115,20 +128,16 @@ __device__ void dq16(int ty, const u8* W, const u8* S, long cols, long row, long
         for (int t = 0; t < 16; t++) o[t] = d * (float)qs[t];
     } else if (ty == 40) {
         // One 8-byte load and the GEMV's permute decoding (a table lookup per value, each lane
-        // at its own index, serializes on the constant cache): word 0's four bytes per half are
-        // values 0, 8, 1, 9 | 2, 10, 3, 11, word 1's 4, 12, 5, 13 | 6, 14, 7, 15.
+        // at its own index, serializes on the constant cache): values 4k .. 4k+3 in q[k].
         const uint2 w = *(const uint2*)(W + row * (cols / 2) + 8 * g);
         const float d = ue4m3_half(S[row * (cols / 16) + g]);
         int q[4];
         fp4_lut8(w.x, q[0], q[1]);
         fp4_lut8(w.y, q[2], q[3]);
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            o[2 * k] = d * (float)(i8)(q[k] & 0xff);
-            o[2 * k + 8] = d * (float)(i8)((q[k] >> 8) & 0xff);
-            o[2 * k + 1] = d * (float)(i8)((q[k] >> 16) & 0xff);
-            o[2 * k + 9] = d * (float)(i8)((q[k] >> 24) & 0xff);
-        }
+        for (int k = 0; k < 4; k++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) o[4 * k + i] = d * (float)(i8)((q[k] >> (8 * i)) & 0xff);
     } else if (ty == 1) {
         const u16* p = (const u16*)W + row * cols + 16 * g;
 #pragma unroll
@@ -440,9 +449,8 @@ __device__ void gemv_q80(const u8* __restrict__ W, const u8* __restrict__ S, lon
     }
 }
 
-// Sum over 16 values: packed words wa, wb (byte j: value j low, value j + 8 high) against the
-// int8 activations xi[0..4) already interleaved to fp4_lut8's nibble order (values 0, 8, 1, 9 |
-// 2, 10, 3, 11 | 4, 12, 5, 13 | 6, 14, 7, 15).
+// Sum over 16 values: packed words wa, wb (the device order: nibble i of the pair is value i)
+// against the int8 activations xi[0..4) (values 0-3, 4-7, 8-11, 12-15).
 __device__ __forceinline__ int fp4_dot16(u32 wa, u32 wb, const int* xi) {
     int a0, a1, b0, b1;
     fp4_lut8(wa, a0, a1);
@@ -503,15 +511,14 @@ __device__ void gemv_nvfp4(const u8* __restrict__ W, const u8* __restrict__ S, l
                 const int4 x0 = *(const int4*)(x.q + b * x.n + e);
                 const int4 x1 = *(const int4*)(x.q + b * x.n + e + 16);
                 const float xd0 = x.d[b * (x.n / 16) + g], xd1 = x.d[b * (x.n / 16) + g + 1];
-                // The activation bytes in fp4_lut8's order, once for all rows.
-                const int xi[8] = {(int)prmt(x0.x, x0.z, 0x5140u), (int)prmt(x0.x, x0.z, 0x7362u),
-                                   (int)prmt(x0.y, x0.w, 0x5140u), (int)prmt(x0.y, x0.w, 0x7362u),
-                                   (int)prmt(x1.x, x1.z, 0x5140u), (int)prmt(x1.x, x1.z, 0x7362u),
-                                   (int)prmt(x1.y, x1.w, 0x5140u), (int)prmt(x1.y, x1.w, 0x7362u)};
+                // The weights' nibbles are in value order (layout::repack): the activation
+                // words as stored line up with the decoded bytes.
+                const int xi[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
                 for (int r = 0; r < RPW; r++) {
                     const uint4 w = wv[r][u];
-                    const float d0 = ue4m3_half(sc[r][u] & 0xff), d1 = ue4m3_half(sc[r][u] >> 8);
+                    const float2 dd = ue4m3x2_half(sc[r][u]);
+                    const float d0 = dd.x, d1 = dd.y;
                     const int s0 = fp4_dot16(w.x, w.y, xi);
                     const int s1 = fp4_dot16(w.z, w.w, xi + 4);
                     acc[r][b] += d0 * xd0 * (float)s0 + d1 * xd1 * (float)s1;
@@ -595,7 +602,7 @@ __device__ void gemv_float(int ty, const u8* __restrict__ W, long rows, long col
     extern "C" __global__ void gemv_nvfp4_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,  \
                                                const float* xd, const float* xs, const float* xf, float* y, long ldy) { \
         Act x = {xq, xd, xs, cols};                                                                           \
-        pdl_trigger(); gemv_nvfp4<B, 1, 4>(W, S, rows, cols, x, y, ldy);                                                                \
+        pdl_trigger(); gemv_nvfp4<B, 2, 2>(W, S, rows, cols, x, y, ldy);                                                                \
     }                                                                                                         \
     extern "C" __global__ void gemv_f16_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,    \
                                              const float* xd, const float* xs, const float* xf, float* y, long ldy) {   \
@@ -661,8 +668,8 @@ Q4K_CFGS4(4, 5)
         gemv_nvfp4<B, R, U>(W, S, rows, cols, x, y, ldy);                                                   \
     }
 #define NVFP4_SHAPES(R, U) NVFP4_SHAPE(R, U, 1) NVFP4_SHAPE(R, U, 2) NVFP4_SHAPE(R, U, 3) NVFP4_SHAPE(R, U, 4)
-NVFP4_SHAPES(1, 8)
-NVFP4_SHAPES(2, 2)
+NVFP4_SHAPES(1, 4)
+NVFP4_SHAPES(2, 4)
 
 // Bandwidth probe (benchmarks only): reads [p, p + bytes) once with the GEMVs' streaming loads,
 // 8 per thread in flight; writes nothing unless the data hashes to a magic value.

@@ -278,7 +278,7 @@ pub struct Tuning {
     /// The same for the GEMV kernels.
     pub gemv_carveout: i32,
     /// NVFP4 GEMV shape (rows per warp, chunks in flight per row) for batches up to 4, one of
-    /// `layout::NVFP4_SHAPES` (None: one row per warp, 4 chunks).
+    /// `layout::NVFP4_SHAPES` (None: two rows per warp, 2 chunks).
     pub nvfp4: Option<(u32, u32)>,
     /// Diagnostics only: bytes of unused dynamic shared memory the per-head decode attention
     /// asks for (to measure what a kernel's shared memory costs in the decode graph).
@@ -982,15 +982,15 @@ mod tests {
             64
         );
         let t = Tuning::default()
-            .parse("nv=2x2,carve=-1,gcarve=14,asmem=0,apf=24")
+            .parse("nv=2x4,carve=-1,gcarve=14,asmem=0,apf=24")
             .unwrap();
         assert_eq!(
             (t.nvfp4, t.gemv_carveout, t.attn_prefetch_mb),
-            (Some((2, 2)), 14, 24.0)
+            (Some((2, 4)), 14, 24.0)
         );
         assert_eq!(Tuning::default().parse("gqr=2").unwrap().gqa_reg, 2);
         for bad in [
-            "kmin", "kmin=x", "nosuch=1", "q4k=1", "akeys=5", "nsl=x", "gqa=-1", "nv=1x4", "nv=2",
+            "kmin", "kmin=x", "nosuch=1", "q4k=1", "akeys=5", "nsl=x", "gqa=-1", "nv=2x2", "nv=2",
             "carve=x", "gqr=3",
         ] {
             assert!(Tuning::default().parse(bad).is_err(), "{bad}");

@@ -121,6 +121,8 @@ impl DevWeight {
         let mut rows_per_block = match self.ty {
             WType::Q4K if self.cols / 256 >= 48 => 1,
             WType::Q4K => 2,
+            // gemv_nvfp4_b*: two rows per warp.
+            WType::NvFp4 => 8,
             _ => 4,
         };
         if self.ty == WType::Q4K && batch <= Q4K_SHAPE_MAX_BATCH {

@@ -14,6 +14,8 @@
 #                     decode, multi-chunk prefill through the sliding window, 4-sequence decode,
 #                     sliding-window KV rings against full-length caches
 #   gemv              the Q4_K decode GEMVs alone on the 30B shapes, per GEMV shape ($GEMV_TUNES)
+#   (every model stage times each prefill size under both prefill attentions, `fa=0` GEMMs
+#   around a masked softmax and `fa=1` the flash kernel, and compares their logits)
 #   big               the exact-geometry synthetic muse-glimmer 30B (Q4_K): tg128, pp512,
 #                     pp2048, decode choices ($TUNES), 4 sequences; then tg128 and pp2048 after
 #                     an 8192-token context

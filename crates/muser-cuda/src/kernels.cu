@@ -1917,6 +1917,146 @@ ATTN_GQR_ENTRY(attn_decode_gqr2, 2)
 // as rows (h_local, t). Query t is at position p0 + t, key j at position k_lo + j.
 // P = softmax(scale * S + mask) as f16. grid = rows, block 256.
 // With `cached`, the row (nk floats of dynamic shared memory) is read from memory once.
+// Prefill attention in one pass (flash attention: no score matrix in memory). One warp per
+// (token, KV group): the group's query heads (at most 16) are the 16 rows of mma.m16n8k16, as
+// in attn_decode_gqa, so the rows share the token's position and mask. A block of FA_WARPS
+// consecutive tokens of one KV group stages the keys and values they attend to in passes of
+// FA_KEYS rows (16-byte chunks swizzled as gqa_swz, double-buffered with cp.async), and each
+// warp visits only the 16-key tiles that hold one of its keys [lo(p), p]; within a tile the
+// other keys are masked. The chunk's own keys are already in the cache (qk_norm_rope_store
+// runs first). q_h [nq][T][128] f16 (normalized and rotated, not scaled), caches one sequence's
+// rows (row of position j: j % ring with a ring), o [nq][T][128] f32, normalized.
+// grid (ceil(T / FA_WARPS), nkv), block 32 FA_WARPS, FA_SMEM bytes of dynamic shared memory.
+#define FA_WARPS 8
+#define FA_KEYS 64
+#define FA_SMEM (2 * 2 * FA_KEYS * 128 * 2)
+extern "C" __global__ __launch_bounds__(32 * FA_WARPS) void attn_prefill_flash(
+    const __half* q_h, int T, int nq, int nkv, const __half* kc, const __half* vc, int p0, int window, float scale,
+    int ring, float* o_out) {
+    pdl_trigger();
+    const int g = blockIdx.y, w = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
+    const int grp = nq / nkv;
+    const int tb = blockIdx.x * FA_WARPS, te = min(T, tb + FA_WARPS);
+    const int tok = tb + w;
+    const bool active = tok < te;
+    const int p = p0 + (active ? tok : te - 1);
+    const int lo = attn_lo(p, window);
+    // The block's keys: from the first token's lowest to the last token's position.
+    const int kb0 = attn_lo(p0 + tb, window), kb1 = p0 + te;
+    extern __shared__ __align__(16) unsigned char fa_dyn[];
+    __half* sbuf = (__half*)fa_dyn;  // [2 buffers][K | V][FA_KEYS][128], swizzled
+    const long stride = (long)nkv * 128;
+    auto stage = [&](int buf, int j0, int n) {
+        __half* sK = sbuf + (long)buf * 2 * FA_KEYS * 128;
+        __half* sV = sK + FA_KEYS * 128;
+        const int rows = (n + 15) & ~15;
+        for (int i = threadIdx.x; i < rows * 16; i += 32 * FA_WARPS) {
+            const int row = i >> 4, ch = i & 15, j = j0 + row;
+            const int so = gqa_swz(row, ch);
+            if (row < n) {
+                const long go = (long)(ring > 0 ? j % ring : j) * stride + g * 128 + 8 * ch;
+                cp_async16(sK + so, kc + go);
+                cp_async16(sV + so, vc + go);
+            } else {
+                *(uint4*)(sK + so) = make_uint4(0, 0, 0, 0);
+                *(uint4*)(sV + so) = make_uint4(0, 0, 0, 0);
+            }
+        }
+        cp_async_commit();
+    };
+    pdl_wait();
+    stage(0, kb0, min(kb1 - kb0, FA_KEYS));
+    // Q as A fragments (the permuted dimension order of attn_decode_gqa): rows r and r + 8 are
+    // query heads g grp + r and g grp + r + 8 of this token (zero past grp).
+    u32 qa[8][4];
+    {
+        const uint4 zero = make_uint4(0, 0, 0, 0);
+        const __half* q0 = q_h + ((long)(g * grp + r) * T + (active ? tok : 0)) * 128;
+        const __half* q1 = q_h + ((long)(g * grp + r + 8) * T + (active ? tok : 0)) * 128;
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            const uint4 h0 = r < grp ? *(const uint4*)(q0 + 32 * s + 8 * c) : zero;
+            const uint4 h1 = r + 8 < grp ? *(const uint4*)(q1 + 32 * s + 8 * c) : zero;
+            qa[2 * s][0] = h0.x; qa[2 * s][1] = h1.x; qa[2 * s][2] = h0.y; qa[2 * s][3] = h1.y;
+            qa[2 * s + 1][0] = h0.z; qa[2 * s + 1][1] = h1.z; qa[2 * s + 1][2] = h0.w; qa[2 * s + 1][3] = h1.w;
+        }
+    }
+    float o[16][4];
+#pragma unroll
+    for (int nt = 0; nt < 16; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows r and r + 8
+    int buf = 0;
+    for (int jb = kb0; jb < kb1; jb += FA_KEYS, buf ^= 1) {
+        const int n = min(kb1 - jb, FA_KEYS);
+        const bool next = jb + FA_KEYS < kb1;
+        if (next) stage(buf ^ 1, jb + FA_KEYS, min(kb1 - jb - FA_KEYS, FA_KEYS));
+        if (next)
+            cp_async_wait<1>();
+        else
+            cp_async_wait<0>();
+        __syncthreads();
+        const __half* sK = sbuf + (long)buf * 2 * FA_KEYS * 128;
+        const __half* sV = sK + FA_KEYS * 128;
+        const int ntiles = (n + 15) >> 4;
+        for (int t = 0; active && t < ntiles; t++) {
+            const int k0 = jb + 16 * t;  // keys k0 .. k0 + 15 of this tile
+            if (k0 > p || k0 + 15 < lo) continue;
+            float sc[2][4];
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+                const int kr = 16 * t + 8 * nt + r;
+#pragma unroll
+                for (int s = 0; s < 4; s++) {
+                    const uint4 kv = *(const uint4*)(sK + gqa_swz(kr, 4 * s + c));
+                    mma_16816(sc[nt], qa[2 * s], kv.x, kv.y);
+                    mma_16816(sc[nt], qa[2 * s + 1], kv.z, kv.w);
+                }
+            }
+            // Each thread holds keys k0 + 8 nt + 2c + (e & 1) for rows r (e = 0, 1) and r + 8.
+            float mx0 = m0, mx1 = m1;
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = k0 + 8 * nt + 2 * c + (e & 1);
+                    sc[nt][e] = (key > p || key < lo || key - jb >= n) ? -INFINITY : sc[nt][e] * scale;
+                }
+                mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
+                mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
+            }
+            float c0, c1, pe[2][4];
+            u32 pa[4];
+            rescale_rows(mx0, mx1, m0, m1, c0, c1, o);
+            tile_probs(sc, mx0, mx1, pe, pa);
+            l0 = l0 * c0 + pe[0][0] + pe[0][1] + pe[1][0] + pe[1][1];
+            l1 = l1 * c1 + pe[0][2] + pe[0][3] + pe[1][2] + pe[1][3];
+            const int mi = lane >> 3, key = 16 * t + 8 * (mi & 1) + (lane & 7);
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                u32 bv[4];
+                ldsm_x4_trans(bv, sV + gqa_swz(key, 2 * u + (mi >> 1)));
+                mma_16816(o[2 * u], pa, bv[0], bv[1]);
+                mma_16816(o[2 * u + 1], pa, bv[2], bv[3]);
+            }
+        }
+        __syncthreads();  // every warp is done with this buffer before it is staged again
+    }
+    if (!active) return;
+    l0 += __shfl_xor_sync(FULL, l0, 1);
+    l0 += __shfl_xor_sync(FULL, l0, 2);
+    l1 += __shfl_xor_sync(FULL, l1, 1);
+    l1 += __shfl_xor_sync(FULL, l1, 2);
+    const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
+    float* d0 = o_out + ((long)(g * grp + r) * T + tok) * 128;
+    float* d1 = o_out + ((long)(g * grp + r + 8) * T + tok) * 128;
+#pragma unroll
+    for (int nt = 0; nt < 16; nt++) {
+        if (r < grp) *(float2*)(d0 + 8 * nt + 2 * c) = make_float2(o[nt][0] * i0, o[nt][1] * i0);
+        if (r + 8 < grp) *(float2*)(d1 + 8 * nt + 2 * c) = make_float2(o[nt][2] * i1, o[nt][3] * i1);
+    }
+}
+
 extern "C" __global__ void softmax_mask(const float* Sc, __half* P, int n, int nk, int p0, int k_lo, int window,
                                        float scale, int cached) {
     pdl_trigger();

@@ -238,11 +238,18 @@ pub const GQA_KEYS: usize = 128;
 /// Dynamic shared memory of an `attn_decode_gqa` block: a pass of keys and values, f16.
 pub const GQA_SMEM_BYTES: u32 = (2 * GQA_KEYS * 128 * 2) as u32;
 
+/// Tokens (one warp each) per block of the flash prefill attention (`FA_WARPS` in kernels.cu).
+pub const FA_WARPS: usize = 8;
+/// Keys it stages per pass (`FA_KEYS`).
+pub const FA_KEYS: usize = 64;
+/// Its dynamic shared memory: two buffers of keys and values (`FA_SMEM`).
+pub const FA_SMEM_BYTES: u32 = (2 * 2 * FA_KEYS * 128 * 2) as u32;
+
 /// Most flash-decoding splits `attn_combine_gate` merges per head (`MAX_SPLITS` in kernels.cu).
 pub const MAX_SPLITS: usize = 256;
 
 /// Kernels other than the GEMVs.
-pub const OTHER_KERNELS: [&str; 19] = [
+pub const OTHER_KERNELS: [&str; 20] = [
     "dequant_bf16",
     "get_rows",
     "quantize_act",
@@ -257,6 +264,7 @@ pub const OTHER_KERNELS: [&str; 19] = [
     "attn_decode_gqr",
     "attn_decode_gqr2",
     "softmax_mask",
+    "attn_prefill_flash",
     "gate_heads_bf16",
     "swiglu",
     "logits_argmax",
@@ -602,6 +610,10 @@ mod tests {
         assert!(src.contains("#define GQA_SMEM (2 * GQA_KEYS * 128 * 2)\n"));
         assert_eq!(GQA_SMEM_BYTES, 65536);
         assert!(src.contains(&format!("#define MAX_SPLITS {MAX_SPLITS}\n")));
+        assert!(src.contains(&format!("#define FA_WARPS {FA_WARPS}\n")));
+        assert!(src.contains(&format!("#define FA_KEYS {FA_KEYS}\n")));
+        assert!(src.contains("#define FA_SMEM (2 * 2 * FA_KEYS * 128 * 2)\n"));
+        assert_eq!(FA_SMEM_BYTES, 65536);
     }
 
     /// Every kernel the runtime loads is defined in kernels.cu (an extern "C" function, a

@@ -291,6 +291,11 @@ pub struct Tuning {
     /// 16-key tiles loaded per step (1 or 2; 1 measured best); 0: `attn_decode_gqa`
     /// (shared-memory staging).
     pub gqa_reg: u32,
+    /// Prefill attention in one kernel (`attn_prefill_flash`: online softmax over staged key
+    /// tiles, no score matrix) instead of two bf16 GEMMs around a masked softmax over scores
+    /// in memory. Off by default until it has been checked on a GPU (written in session 9
+    /// with no device time left; `MUSER_CUDA_TUNE=fa=1` runs every check with it).
+    pub flash_prefill: bool,
 }
 
 impl Default for Tuning {
@@ -322,6 +327,7 @@ impl Default for Tuning {
             nvfp4: None,
             attn_extra_smem: 0,
             gqa_reg: 1,
+            flash_prefill: false,
         }
     }
 }
@@ -331,7 +337,7 @@ impl Tuning {
     /// `pf=MB`, `apf=MB`, `fattn=0|1`, `splits=N`, `swasplits=N`, `gemvonly=0|1`, `attnonly=0|1`,
     /// `rpw=0|1|2|4`, `kmin=N`, `nsl=N`, `akeys=4|8|16`, `skipnorm=0|1`, `skipswiglu=0|1`,
     /// `gqa=POS|off` (full layers), `gqaswa=POS|off`, `gqasplits=N`, `gqamin=N`, `gqaswamin=N`, `gqapass=N`,
-    /// `asmem=BYTES`, `carve=-1..100`, `gcarve=-1..100`, `nv=RxU`, `gqr=0|1|2`.
+    /// `asmem=BYTES`, `carve=-1..100`, `gcarve=-1..100`, `nv=RxU`, `gqr=0|1|2`, `fa=0|1`.
     pub fn parse(mut self, spec: &str) -> Result<Tuning> {
         let bad = || CudaError::Shape(format!("tuning '{spec}'"));
         for kv in spec.split([',', ' ']).filter(|s| !s.is_empty()) {
@@ -361,6 +367,7 @@ impl Tuning {
                 "akeys" => self.attn_keys_per_step = one_of(v, &[4, 8, 16]).ok_or_else(bad)?,
                 "skipnorm" => self.skip_norm = v == "1",
                 "skipswiglu" => self.skip_swiglu = v == "1",
+                "fa" => self.flash_prefill = one_of(v, &[0, 1]).ok_or_else(bad)? == 1,
                 "kmin" => {
                     self.attn_min_keys = v.parse::<u32>().map_err(|_| bad())?.clamp(16, 1 << 20)
                 }
@@ -989,6 +996,8 @@ mod tests {
             (Some((2, 4)), 14, 24.0)
         );
         assert_eq!(Tuning::default().parse("gqr=2").unwrap().gqa_reg, 2);
+        assert!(Tuning::default().parse("fa=1").unwrap().flash_prefill);
+        assert!(Tuning::default().parse("fa=2").is_err());
         for bad in [
             "kmin", "kmin=x", "nosuch=1", "q4k=1", "akeys=5", "nsl=x", "gqa=-1", "nv=2x2", "nv=2",
             "carve=x", "gqr=3",

@@ -215,6 +215,7 @@ fn cmd_check(json_out: Option<PathBuf>) -> Result<bool, CudaError> {
         "attn_decode_gqa",
         "attn_decode_gqr",
         "attn_decode_gqr2",
+        "attn_prefill_flash",
     ] {
         let (regs, local, smem) = gpu.kernel_resources(name)?;
         println!("{name}: {regs} registers, {local} bytes spilled, {smem} bytes static shared");
@@ -775,19 +776,53 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
     }
 
     let mut pp_rows = Vec::new();
-    for &n in &a.pp {
-        let toks = tokens(n);
-        m.prefill(&toks, d)?; // warm-up
+    // Each prefill size also under the other prefill attention (`fa`: the flash kernel or the
+    // GEMMs around a masked softmax): its speed, and its last-token logits against the
+    // default's on the same tokens and context.
+    let time_prefill = |m: &mut CudaGlimmer, toks: &[u32]| -> Result<f64, CudaError> {
         let mut times = Vec::new();
         for _ in 0..a.reps {
             m.sync()?;
             let s = Instant::now();
-            m.prefill(&toks, d)?;
+            m.prefill(toks, d)?;
             times.push(s.elapsed().as_secs_f64());
         }
-        let sec = median(times);
+        Ok(median(times))
+    };
+    for &n in &a.pp {
+        let toks = tokens(n);
+        let (ref_lg, ref_tok) = m.prefill(&toks, d)?; // warm-up
+        let sec = time_prefill(&mut m, &toks)?;
         println!("pp{n}: {:.0} tok/s ({:.1} ms)", n as f64 / sec, sec * 1e3);
-        pp_rows.push(json!({"test": format!("pp{n}"), "tokens": n, "seconds": sec, "tok_per_s": n as f64 / sec}));
+        let alt = Tuning {
+            flash_prefill: !base.flash_prefill,
+            ..base
+        };
+        m.gpu().set_tuning(alt);
+        let other = m
+            .prefill(&toks, d)
+            .and_then(|(lg, tok)| Ok((lg, tok, time_prefill(&mut m, &toks)?)));
+        m.gpu().set_tuning(base);
+        let alt_json = match other {
+            Ok((lg, tok, sec2)) => {
+                let err = rel_err(&lg, &ref_lg.iter().map(|&v| v as f64).collect::<Vec<_>>());
+                println!(
+                    "pp{n} with fa={}: {:.0} tok/s ({:.1} ms), last-token logits rel err {err:.2e} against fa={}, argmax {tok} vs {ref_tok}",
+                    alt.flash_prefill as u8,
+                    n as f64 / sec2,
+                    sec2 * 1e3,
+                    base.flash_prefill as u8
+                );
+                json!({"flash_prefill": alt.flash_prefill, "tok_per_s": n as f64 / sec2,
+                    "logits_rel_err_vs_default": err, "argmax": tok, "argmax_default": ref_tok})
+            }
+            Err(e) => {
+                println!("pp{n} with fa={}: {e}", alt.flash_prefill as u8);
+                json!({"flash_prefill": alt.flash_prefill, "error": e.to_string()})
+            }
+        };
+        pp_rows.push(json!({"test": format!("pp{n}"), "tokens": n, "seconds": sec, "tok_per_s": n as f64 / sec,
+            "other_prefill_attention": alt_json}));
     }
     if let Some(p) = a.json {
         let doc = json!({

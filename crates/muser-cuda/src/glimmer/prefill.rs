@@ -2,6 +2,7 @@
 //! masked-softmax attention, writing the KV cache as decode reads it.
 
 use super::{CudaGlimmer, Result, HEAD_DIM};
+use crate::layout::{FA_SMEM_BYTES, FA_WARPS};
 use crate::runtime::Arg;
 use crate::CudaError;
 
@@ -57,7 +58,6 @@ impl CudaGlimmer {
         let (e, nq, nkv) = (i.n_embd, i.n_head, i.n_head_kv);
         let qw = nq * HEAD_DIM;
         let ld = 2 * qw + 2 * nkv * HEAD_DIM;
-        let group = nq / nkv;
         let ids: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
         let poss: Vec<i32> = (0..t).map(|k| (p0 + k) as i32).collect();
         g.upload(&s.tokens, 0, &ids)?;
@@ -80,84 +80,29 @@ impl CudaGlimmer {
                 .gemm(g, t, s.hb.ptr(), s.y_qkvg.ptr(), s.wbuf.ptr())?;
             self.qk_norm_rope(l, il, t, ld, 0, s.q_h.ptr(), seq as i32, (0, 0))?;
             let w = self.window(il);
-            let k_lo = if w > 0 {
-                (p0 + 1).saturating_sub(w as usize)
-            } else {
-                0
-            };
-            let nk = p0 + t - k_lo;
-            let rows = group * t;
-            let kvw = nkv * HEAD_DIM;
             let seq_off = 2 * seq * self.slot_stride(l);
-            // Keys [k_lo, k_lo + nk) as at most two contiguous row ranges (a ring wraps once):
-            // (first key, count, column of the first key).
-            let mut segs = vec![(k_lo, nk, 0usize)];
-            if l.ring > 0 {
-                let first = nk.min(l.ring - k_lo % l.ring);
-                segs = vec![(k_lo, first, 0)];
-                if first < nk {
-                    segs.push((k_lo + first, nk - first, first));
-                }
-            }
-            let row_of = |p: usize| if l.ring > 0 { p % l.ring } else { p };
-            // scores[g][r][j] = q_h[g][r] · k[k_lo + j]   (r = head-in-group * t + token)
-            for &(k0, n, col) in &segs {
-                g.gemm_f16_batched(
-                    true,
-                    n,
-                    rows,
-                    HEAD_DIM,
-                    l.k_cache.at(seq_off + 2 * row_of(k0) * kvw),
-                    kvw,
-                    HEAD_DIM,
-                    s.q_h.ptr(),
-                    HEAD_DIM,
-                    rows * HEAD_DIM,
-                    s.scores.at(4 * col),
-                    nk,
-                    rows * nk,
-                    nkv,
-                    0.0,
+            if g.tuning().flash_prefill {
+                g.launch_smem(
+                    "attn_prefill_flash",
+                    (t.div_ceil(FA_WARPS) as u32, nkv as u32, 1),
+                    (32 * FA_WARPS) as u32,
+                    FA_SMEM_BYTES,
+                    &[
+                        Arg::P(s.q_h.ptr()),
+                        Arg::I(t as i32),
+                        Arg::I(nq as i32),
+                        Arg::I(nkv as i32),
+                        Arg::P(l.k_cache.at(seq_off)),
+                        Arg::P(l.v_cache.at(seq_off)),
+                        Arg::I(p0 as i32),
+                        Arg::I(w),
+                        Arg::F(i.attn_scale),
+                        Arg::I(l.ring as i32),
+                        Arg::P(s.o_heads.ptr()),
+                    ],
                 )?;
-            }
-            // Rows up to 12288 keys stay in shared memory (one read of the scores).
-            let cached = nk <= 12288;
-            g.launch_smem(
-                "softmax_mask",
-                ((nkv * rows) as u32, 1, 1),
-                256,
-                if cached { 4 * nk as u32 } else { 0 },
-                &[
-                    Arg::P(s.scores.ptr()),
-                    Arg::P(s.probs.ptr()),
-                    Arg::I(t as i32),
-                    Arg::I(nk as i32),
-                    Arg::I(p0 as i32),
-                    Arg::I(k_lo as i32),
-                    Arg::I(w),
-                    Arg::F(i.attn_scale),
-                    Arg::I(cached as i32),
-                ],
-            )?;
-            // o[g][r][d] = Σ_j p[g][r][j] · v[k_lo + j][d]
-            for (k, &(k0, n, col)) in segs.iter().enumerate() {
-                g.gemm_f16_batched(
-                    false,
-                    HEAD_DIM,
-                    rows,
-                    n,
-                    l.v_cache.at(seq_off + 2 * row_of(k0) * kvw),
-                    kvw,
-                    HEAD_DIM,
-                    s.probs.at(2 * col),
-                    nk,
-                    rows * nk,
-                    s.o_heads.ptr(),
-                    HEAD_DIM,
-                    rows * HEAD_DIM,
-                    nkv,
-                    if k == 0 { 0.0 } else { 1.0 },
-                )?;
+            } else {
+                self.attention_gemms(l, t, p0, seq_off, w)?;
             }
             g.launch(
                 "gate_heads_bf16",
@@ -222,5 +167,99 @@ impl CudaGlimmer {
         self.output
             .gemv(g, 1, self.qact(), s.hf.ptr(), s.logits.ptr())?;
         self.finish_logits(1, false)
+    }
+
+    /// The chunk's attention through bf16 GEMMs: scores `[nkv][group * t][nk]` in memory, the
+    /// masked softmax over them (`softmax_mask`), then probabilities times values into
+    /// `o_heads` (the default; `Tuning::flash_prefill` runs `attn_prefill_flash` instead).
+    fn attention_gemms(
+        &self,
+        l: &super::Layer,
+        t: usize,
+        p0: usize,
+        seq_off: usize,
+        w: i32,
+    ) -> Result<()> {
+        let (i, g, s) = (&self.info, &self.gpu, &self.s);
+        let (nq, nkv) = (i.n_head, i.n_head_kv);
+        let k_lo = if w > 0 {
+            (p0 + 1).saturating_sub(w as usize)
+        } else {
+            0
+        };
+        let nk = p0 + t - k_lo;
+        let rows = nq / nkv * t;
+        let kvw = nkv * HEAD_DIM;
+        // Keys [k_lo, k_lo + nk) as at most two contiguous row ranges (a ring wraps once):
+        // (first key, count, column of the first key).
+        let mut segs = vec![(k_lo, nk, 0usize)];
+        if l.ring > 0 {
+            let first = nk.min(l.ring - k_lo % l.ring);
+            segs = vec![(k_lo, first, 0)];
+            if first < nk {
+                segs.push((k_lo + first, nk - first, first));
+            }
+        }
+        let row_of = |p: usize| if l.ring > 0 { p % l.ring } else { p };
+        // scores[g][r][j] = q_h[g][r] · k[k_lo + j]   (r = head-in-group * t + token)
+        for &(k0, n, col) in &segs {
+            g.gemm_f16_batched(
+                true,
+                n,
+                rows,
+                HEAD_DIM,
+                l.k_cache.at(seq_off + 2 * row_of(k0) * kvw),
+                kvw,
+                HEAD_DIM,
+                s.q_h.ptr(),
+                HEAD_DIM,
+                rows * HEAD_DIM,
+                s.scores.at(4 * col),
+                nk,
+                rows * nk,
+                nkv,
+                0.0,
+            )?;
+        }
+        // Rows up to 12288 keys stay in shared memory (one read of the scores).
+        let cached = nk <= 12288;
+        g.launch_smem(
+            "softmax_mask",
+            ((nkv * rows) as u32, 1, 1),
+            256,
+            if cached { 4 * nk as u32 } else { 0 },
+            &[
+                Arg::P(s.scores.ptr()),
+                Arg::P(s.probs.ptr()),
+                Arg::I(t as i32),
+                Arg::I(nk as i32),
+                Arg::I(p0 as i32),
+                Arg::I(k_lo as i32),
+                Arg::I(w),
+                Arg::F(i.attn_scale),
+                Arg::I(cached as i32),
+            ],
+        )?;
+        // o[g][r][d] = Σ_j p[g][r][j] · v[k_lo + j][d]
+        for (k, &(k0, n, col)) in segs.iter().enumerate() {
+            g.gemm_f16_batched(
+                false,
+                HEAD_DIM,
+                rows,
+                n,
+                l.v_cache.at(seq_off + 2 * row_of(k0) * kvw),
+                kvw,
+                HEAD_DIM,
+                s.probs.at(2 * col),
+                nk,
+                rows * nk,
+                s.o_heads.ptr(),
+                HEAD_DIM,
+                rows * HEAD_DIM,
+                nkv,
+                if k == 0 { 0.0 } else { 1.0 },
+            )?;
+        }
+        Ok(())
     }
 }

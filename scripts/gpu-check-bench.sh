@@ -14,8 +14,6 @@
 #                     decode, multi-chunk prefill through the sliding window, 4-sequence decode,
 #                     sliding-window KV rings against full-length caches
 #   gemv              the Q4_K decode GEMVs alone on the 30B shapes, per GEMV shape ($GEMV_TUNES)
-#   (every model stage times each prefill size under both prefill attentions, `fa=0` GEMMs
-#   around a masked softmax and `fa=1` the flash kernel, and compares their logits)
 #   big               the exact-geometry synthetic muse-glimmer 30B (Q4_K): tg128, pp512,
 #                     pp2048, decode choices ($TUNES), 4 sequences; then tg128 and pp2048 after
 #                     an 8192-token context
@@ -28,6 +26,9 @@
 #                     engine's model on the CUDA backend, exact precision; short runs)
 #   comparator        wait for the llama.cpp build; llama-bench -ngl 99 -fa 1 on the same files
 #                     (depth 0, depth 8192, NVFP4)
+# Every model stage (small, big, dev, nvfp4) also times each prefill size under the other
+# prefill attention (`fa=0`: GEMMs around a masked softmax, the default; `fa=1`: the flash
+# kernel) and compares the last-token logits; MUSER_CUDA_TUNE=fa=1 runs every check with it.
 # Decode choices are `name:key=value,...` separated by `;` (keys: Tuning::parse in
 # crates/muser-cuda/src/runtime.rs). Unset TUNES / GEMV_TUNES run a default list; set to empty
 # they run none.

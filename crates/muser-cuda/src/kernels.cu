@@ -1389,6 +1389,56 @@ __device__ __forceinline__ void tile_probs(const float (*sc)[4], float mx0, floa
 // Offset in halves of 16-byte chunk `ch` (0..15) of staged row `row`.
 __device__ __forceinline__ int gqa_swz(int row, int ch) { return row * 128 + 8 * (ch ^ (row & 7)); }
 
+// One 16-key tile t of a grouped attention pass over staged rows (attn_decode_gqa,
+// attn_prefill_flash): S = Q K^T for pass keys 16 t .. 16 t + 15, each score v of pass key i
+// replaced by score(i, v) (the kernel's mask, and its scale where Q is not scaled), then the
+// online-softmax update of the rows' maxima and sums and O += P V (V read transposed with
+// ldmatrix). qa: Q's A fragments in the permuted dimension order of the K chunks.
+template <typename Score>
+__device__ __forceinline__ void gqa_tile(const __half* sK, const __half* sV, int t, const u32 (*qa)[4], Score score,
+                                         float (*o)[4], float& m0, float& m1, float& l0, float& l1) {
+    const int lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
+    float sc[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++) {
+        sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+        const int kr = 16 * t + 8 * nt + r;
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            const uint4 kv = *(const uint4*)(sK + gqa_swz(kr, 4 * s + c));
+            mma_16816(sc[nt], qa[2 * s], kv.x, kv.y);
+            mma_16816(sc[nt], qa[2 * s + 1], kv.z, kv.w);
+        }
+    }
+    // Each thread holds columns 2c, 2c+1 of both 8-key halves, for rows r (elements 0, 1) and
+    // r + 8 (2, 3).
+    const int jl = 16 * t + 2 * c;
+    float mx0 = m0, mx1 = m1;
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) sc[nt][e] = score(jl + 8 * nt + (e & 1), sc[nt][e]);
+        mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
+        mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
+    }
+    float c0, c1, pe[2][4];
+    u32 pa[4];
+    rescale_rows(mx0, mx1, m0, m1, c0, c1, o);
+    tile_probs(sc, mx0, mx1, pe, pa);
+    l0 = l0 * c0 + pe[0][0] + pe[0][1] + pe[1][0] + pe[1][1];
+    l1 = l1 * c1 + pe[0][2] + pe[0][3] + pe[1][2] + pe[1][3];
+    // Lane i addresses row (i & 7) of matrix i >> 3: keys 8 (m & 1) + (i & 7), dims
+    // 16 u + 8 (m >> 1).
+    const int mi = lane >> 3, key = 16 * t + 8 * (mi & 1) + (lane & 7);
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        u32 bv[4];
+        ldsm_x4_trans(bv, sV + gqa_swz(key, 2 * u + (mi >> 1)));
+        mma_16816(o[2 * u], pa, bv[0], bv[1]);
+        mma_16816(o[2 * u + 1], pa, bv[2], bv[3]);
+    }
+}
+
 extern "C" __global__ __launch_bounds__(128) void attn_decode_gqa(
     const float* qkv, long ld, int nq, int nkv, const float* qn_w, const float* kn_w, float eps, const int* pos,
     int rope, float theta_scale, __half* kc, __half* vc, long slot_stride, int window, float scale, float* part,
@@ -1525,49 +1575,8 @@ extern "C" __global__ __launch_bounds__(128) void attn_decode_gqa(
         cp_async_wait<0>();
         __syncthreads();
         const int ntiles = (n + 15) >> 4;
-        for (int t = w; t < ntiles; t += 4) {
-            float sc[2][4];
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
-                const int kr = 16 * t + 8 * nt + r;
-#pragma unroll
-                for (int s = 0; s < 4; s++) {
-                    const uint4 kv = *(const uint4*)(sK + gqa_swz(kr, 4 * s + c));
-                    mma_16816(sc[nt], qa[2 * s], kv.x, kv.y);
-                    mma_16816(sc[nt], qa[2 * s + 1], kv.z, kv.w);
-                }
-            }
-            // Keys past the pass's end are masked; each thread holds columns 2c, 2c+1 of both
-            // 8-key halves, for rows r (elements 0, 1) and r + 8 (2, 3).
-            const int jl = 16 * t + 2 * c;
-            float mx0 = m0, mx1 = m1;
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    if (jl + 8 * nt + (e & 1) >= n) sc[nt][e] = -INFINITY;
-                }
-                mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
-                mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
-            }
-            float c0, c1, pe[2][4];
-            u32 pa[4];
-            rescale_rows(mx0, mx1, m0, m1, c0, c1, o);
-            tile_probs(sc, mx0, mx1, pe, pa);
-            l0 = l0 * c0 + pe[0][0] + pe[0][1] + pe[1][0] + pe[1][1];
-            l1 = l1 * c1 + pe[0][2] + pe[0][3] + pe[1][2] + pe[1][3];
-            // Lane i addresses row (i & 7) of matrix i >> 3: keys 8 (m & 1) + (i & 7), dims
-            // 16 u + 8 (m >> 1).
-            const int mi = lane >> 3, key = 16 * t + 8 * (mi & 1) + (lane & 7);
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                u32 bv[4];
-                ldsm_x4_trans(bv, sV + gqa_swz(key, 2 * u + (mi >> 1)));
-                mma_16816(o[2 * u], pa, bv[0], bv[1]);
-                mma_16816(o[2 * u + 1], pa, bv[2], bv[3]);
-            }
-        }
+        for (int t = w; t < ntiles; t += 4)
+            gqa_tile(sK, sV, t, qa, [&](int i, float v) { return i < n ? v : -INFINITY; }, o, m0, m1, l0, l1);
     }
     l0 += __shfl_xor_sync(FULL, l0, 1);
     l0 += __shfl_xor_sync(FULL, l0, 2);
@@ -2001,44 +2010,13 @@ extern "C" __global__ __launch_bounds__(32 * FA_WARPS) void attn_prefill_flash(
         for (int t = 0; active && t < ntiles; t++) {
             const int k0 = jb + 16 * t;  // keys k0 .. k0 + 15 of this tile
             if (k0 > p || k0 + 15 < lo) continue;
-            float sc[2][4];
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
-                const int kr = 16 * t + 8 * nt + r;
-#pragma unroll
-                for (int s = 0; s < 4; s++) {
-                    const uint4 kv = *(const uint4*)(sK + gqa_swz(kr, 4 * s + c));
-                    mma_16816(sc[nt], qa[2 * s], kv.x, kv.y);
-                    mma_16816(sc[nt], qa[2 * s + 1], kv.z, kv.w);
-                }
-            }
-            // Each thread holds keys k0 + 8 nt + 2c + (e & 1) for rows r (e = 0, 1) and r + 8.
-            float mx0 = m0, mx1 = m1;
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int key = k0 + 8 * nt + 2 * c + (e & 1);
-                    sc[nt][e] = (key > p || key < lo || key - jb >= n) ? -INFINITY : sc[nt][e] * scale;
-                }
-                mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
-                mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
-            }
-            float c0, c1, pe[2][4];
-            u32 pa[4];
-            rescale_rows(mx0, mx1, m0, m1, c0, c1, o);
-            tile_probs(sc, mx0, mx1, pe, pa);
-            l0 = l0 * c0 + pe[0][0] + pe[0][1] + pe[1][0] + pe[1][1];
-            l1 = l1 * c1 + pe[0][2] + pe[0][3] + pe[1][2] + pe[1][3];
-            const int mi = lane >> 3, key = 16 * t + 8 * (mi & 1) + (lane & 7);
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                u32 bv[4];
-                ldsm_x4_trans(bv, sV + gqa_swz(key, 2 * u + (mi >> 1)));
-                mma_16816(o[2 * u], pa, bv[0], bv[1]);
-                mma_16816(o[2 * u + 1], pa, bv[2], bv[3]);
-            }
+            gqa_tile(
+                sK, sV, t, qa,
+                [&](int i, float v) {
+                    const int key = jb + i;
+                    return key > p || key < lo || i >= n ? -INFINITY : v * scale;
+                },
+                o, m0, m1, l0, l1);
         }
         __syncthreads();  // every warp is done with this buffer before it is staged again
     }

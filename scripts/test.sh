@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The whole test suite: fetches the test models (cached), then runs every Rust test.
+# The whole test suite: fetches the test models (cached), runs every Rust test, compiles the
+# CUDA kernels with NVRTC (scripts/cuda-compile-check.sh), then the client tests.
 # Golden data under tests/golden comes from the comparator through scripts/goldens.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export MUSER_MODELS="$(scripts/fetch-models.sh)"
 cargo test --workspace --release --locked
+# The CUDA kernels compiled by NVRTC (no GPU needed) and muser-cuda's tests with the feature.
+scripts/cuda-compile-check.sh
 scripts/test-clients.sh

@@ -1,5 +1,6 @@
-//! Prefill of the fused forward: chunks of prompt tokens through bf16 cuBLAS GEMMs and the
-//! masked-softmax attention, writing the KV cache as decode reads it.
+//! Prefill of the fused forward: chunks of prompt tokens through bf16 cuBLAS GEMMs, writing
+//! the KV cache as decode reads it. Attention: two GEMMs around a masked softmax over scores in
+//! memory, or with `Tuning::flash_prefill` the flash kernel `attn_prefill_flash`.
 
 use super::{CudaGlimmer, Result, HEAD_DIM};
 use crate::layout::{FA_SMEM_BYTES, FA_WARPS};

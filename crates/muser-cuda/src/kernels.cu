@@ -1389,6 +1389,14 @@ __device__ __forceinline__ void tile_probs(const float (*sc)[4], float mx0, floa
 // Offset in halves of 16-byte chunk `ch` (0..15) of staged row `row`.
 __device__ __forceinline__ int gqa_swz(int row, int ch) { return row * 128 + 8 * (ch ^ (row & 7)); }
 
+// Q's A fragments for k-steps 2s and 2s+1 from the lane's 16-byte chunks of rows r (h0) and
+// r + 8 (h1), dims 32s + 8c .. +8: k-step 2s+t covers dims 32s + 8c + 4t + {0,1} (k 2c..) and
+// + {2,3} (k 8+2c..), the order of the 16-byte K chunks gqa_tile reads.
+__device__ __forceinline__ void gqa_q_frags(u32 (*qa)[4], uint4 h0, uint4 h1) {
+    qa[0][0] = h0.x; qa[0][1] = h1.x; qa[0][2] = h0.y; qa[0][3] = h1.y;
+    qa[1][0] = h0.z; qa[1][1] = h1.z; qa[1][2] = h0.w; qa[1][3] = h1.w;
+}
+
 // One 16-key tile t of a grouped attention pass over staged rows (attn_decode_gqa,
 // attn_prefill_flash): S = Q K^T for pass keys 16 t .. 16 t + 15, each score v of pass key i
 // replaced by score(i, v) (the kernel's mask, and its scale where Q is not scaled), then the
@@ -1544,15 +1552,13 @@ extern "C" __global__ __launch_bounds__(128) void attn_decode_gqa(
         nv2[1] = __floats2half2_rn(v4.z, v4.w);
     }
     __syncthreads();
-    // Q as A fragments: k-step 2s+t covers dims 32s + 8c + 4t + {0,1} (k 2c..) and + {2,3}
-    // (k 8+2c..), matching the 16-byte K chunks below.
+    // Q as A fragments (gqa_q_frags).
     u32 qa[8][4];
 #pragma unroll
     for (int s = 0; s < 4; s++) {
         const uint4 h0 = *(const uint4*)&sQ[r][32 * s + 8 * c];
         const uint4 h1 = *(const uint4*)&sQ[r + 8][32 * s + 8 * c];
-        qa[2 * s][0] = h0.x; qa[2 * s][1] = h1.x; qa[2 * s][2] = h0.y; qa[2 * s][3] = h1.y;
-        qa[2 * s + 1][0] = h0.z; qa[2 * s + 1][1] = h1.z; qa[2 * s + 1][2] = h0.w; qa[2 * s + 1][3] = h1.w;
+        gqa_q_frags(qa + 2 * s, h0, h1);
     }
     float o[16][4];
 #pragma unroll
@@ -1986,8 +1992,7 @@ extern "C" __global__ __launch_bounds__(32 * FA_WARPS) void attn_prefill_flash(
         for (int s = 0; s < 4; s++) {
             const uint4 h0 = r < grp ? *(const uint4*)(q0 + 32 * s + 8 * c) : zero;
             const uint4 h1 = r + 8 < grp ? *(const uint4*)(q1 + 32 * s + 8 * c) : zero;
-            qa[2 * s][0] = h0.x; qa[2 * s][1] = h1.x; qa[2 * s][2] = h0.y; qa[2 * s][3] = h1.y;
-            qa[2 * s + 1][0] = h0.z; qa[2 * s + 1][1] = h1.z; qa[2 * s + 1][2] = h0.w; qa[2 * s + 1][3] = h1.w;
+            gqa_q_frags(qa + 2 * s, h0, h1);
         }
     }
     float o[16][4];

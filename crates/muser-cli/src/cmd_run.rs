@@ -40,7 +40,8 @@ pub struct Args {
     /// Compute threads; 0: one per core.
     #[arg(short = 't', long = "threads", default_value_t = 0)]
     threads: usize,
-    /// Where the model runs: cpu, or cuda (a muser built with `--features cuda`).
+    /// Where the model runs: cpu; cuda (muse-glimmer through the fused forward, others op by
+    /// op); cuda-ops (always op by op). CUDA needs a muser built with `--features cuda`.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     device: Device,
     /// Temperature; 0 or less samples greedily.

@@ -57,7 +57,8 @@ pub struct Args {
     /// Compute threads (default: all cores).
     #[arg(short, long)]
     threads: Option<usize>,
-    /// Where the model runs: cpu, or cuda (a muser built with `--features cuda`).
+    /// Where the model runs: cpu; cuda (muse-glimmer through the fused forward, others op by
+    /// op); cuda-ops (always op by op). CUDA needs a muser built with `--features cuda`.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     device: Device,
     /// Requests allowed to wait for a slot before the server answers 429.

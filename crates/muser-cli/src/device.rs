@@ -10,8 +10,13 @@ pub enum Device {
     /// The CPU backend (llama.cpp's CPU numerics, token for token).
     #[default]
     Cpu,
-    /// The first CUDA GPU (needs a muser built with `--features cuda`).
+    /// The first CUDA GPU (needs a muser built with `--features cuda`): muse-glimmer through
+    /// the fused forward (quantized GEMVs, decode steps as CUDA graph replays), other
+    /// architectures through the op-by-op CUDA backend.
     Cuda,
+    /// The first CUDA GPU, always through the op-by-op CUDA backend (the model files op by op;
+    /// the CPU's numerics when the weights fit as f32).
+    CudaOps,
 }
 
 impl Device {
@@ -20,6 +25,7 @@ impl Device {
         match self {
             Device::Cpu => "CPU",
             Device::Cuda => "CUDA",
+            Device::CudaOps => "CUDA (ops)",
         }
     }
 }
@@ -29,7 +35,8 @@ impl Device {
 pub fn load(path: &Path, device: Device, threads: usize) -> anyhow::Result<Model> {
     let model = match device {
         Device::Cpu => Model::load(path, &LoadOptions { threads }).map_err(anyhow::Error::from),
-        Device::Cuda => load_cuda(path),
+        Device::Cuda => load_cuda(path, true),
+        Device::CudaOps => load_cuda(path, false),
     };
     model.with_context(|| format!("loading {}", path.display()))
 }
@@ -51,11 +58,47 @@ fn precision_for(n_weights: u64, mem: usize) -> muser_cuda::backend::Precision {
     }
 }
 
+/// Why the fused forward cannot run the file (None: it can).
 #[cfg(feature = "cuda")]
-fn load_cuda(path: &Path) -> anyhow::Result<Model> {
+fn fused_unfit(g: &muser_gguf::GgufFile) -> Option<String> {
+    match muser_model::ModelInfo::from_gguf(g, g.file_len()) {
+        Ok(i) if i.arch == muser_model::Arch::MuseGlimmer => None,
+        Ok(i) => Some(format!("architecture {}", i.arch.name())),
+        Err(e) => Some(e.to_string()),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn load_cuda(path: &Path, fused: bool) -> anyhow::Result<Model> {
     use muser_cuda::backend::CudaBackend;
+    use muser_cuda::glimmer::FusedGlimmer;
+    use muser_cuda::runtime::Gpu;
     let g =
         muser_gguf::GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?;
+    if fused {
+        match fused_unfit(&g) {
+            None => {
+                let gpu = Gpu::new(0).context("starting CUDA")?;
+                match FusedGlimmer::load(gpu, &g) {
+                    Ok(f) => {
+                        eprintln!(
+                            "CUDA: fused muse-glimmer forward on {} ({:.2} GB of weights per \
+                             decode step)",
+                            f.gpu().info().name,
+                            f.decode_weight_bytes() as f64 / 1e9
+                        );
+                        return Ok(Model::with_fused(g, Box::new(f))?);
+                    }
+                    // Shapes or types the fused kernels do not take: the op-by-op backend.
+                    Err(muser_cuda::CudaError::Unsupported(why)) => {
+                        eprintln!("CUDA: the fused forward does not take this file ({why})")
+                    }
+                    Err(e) => return Err(e).context("loading the fused muse-glimmer model"),
+                }
+            }
+            Some(why) => eprintln!("CUDA: {why} runs on the op-by-op backend"),
+        }
+    }
     let n: u64 = g.tensors().iter().map(|t| t.n_elements()).sum();
     let mut backend = CudaBackend::new(0).context("starting the CUDA backend")?;
     let mem = backend.gpu().info().total_mem;
@@ -71,7 +114,7 @@ fn load_cuda(path: &Path) -> anyhow::Result<Model> {
 }
 
 #[cfg(not(feature = "cuda"))]
-fn load_cuda(_path: &Path) -> anyhow::Result<Model> {
+fn load_cuda(_path: &Path, _fused: bool) -> anyhow::Result<Model> {
     Err(cuda_not_built("--device cuda"))
 }
 

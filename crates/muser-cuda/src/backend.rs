@@ -183,7 +183,12 @@ mod dev {
     }
 
     impl CudaKv {
-        fn new(gpu: Arc<Gpu>, layout: &KvLayout, cells: &[usize], n_seq: usize) -> Result<CudaKv> {
+        pub(crate) fn new(
+            gpu: Arc<Gpu>,
+            layout: &KvLayout,
+            cells: &[usize],
+            n_seq: usize,
+        ) -> Result<CudaKv> {
             if layout.dtype != KvType::F16 {
                 return Err(ModelError::Device(format!(
                     "the CUDA backend keeps the KV cache in f16, not {}",
@@ -199,6 +204,11 @@ mod dev {
             }
             gpu.sync()?;
             Ok(CudaKv { gpu, map, k, v })
+        }
+
+        /// Device addresses of layer `il`'s K and V buffers.
+        pub(crate) fn layer_ptrs(&self, il: usize) -> Option<(u64, u64)> {
+            Some((self.k.get(il)?.ptr(), self.v.get(il)?.ptr()))
         }
     }
 

@@ -805,13 +805,13 @@ __device__ __forceinline__ void head_norm_rope(float* v, const float* nw, float 
 // qkv rows [T][ld]: q heads at 0, k heads at nq*128, v heads at (nq+nkv)*128. head_dim 128.
 // grid (T, nq + 2 nkv), block 32. q goes to q_f [T][nq][128] f32 and/or q_h [nq][T][128] f16.
 // The caches hold one sequence per `slot_stride` halves: token t goes to sequence `slot`, or
-// to sequence t when slot < 0 (a decode step over several sequences). With ring > 0 (sliding
-// layers) position p lives in row p % ring.
+// to sequence slots[t] when slot < 0 (a decode step over several sequences). With ring > 0
+// (sliding layers) position p lives in row p % ring.
 extern "C" __global__ void qk_norm_rope_store(const float* qkv, long ld, int nq, int nkv, const float* qn_w,
                                               const float* kn_w, float eps, const int* pos, int rope,
                                               float theta_scale, float* q_f, __half* q_h, int T, __half* kc,
-                                              __half* vc, long slot_stride, int slot, const u8* pf,
-                                              long pf_bytes, int ring) {
+                                              __half* vc, long slot_stride, const int* slots, int slot,
+                                              const u8* pf, long pf_bytes, int ring) {
     pdl_trigger();
     if (blockIdx.x == 0) {
         // One row of blocks issues the prefetch (grid.y heads).
@@ -829,7 +829,7 @@ extern "C" __global__ void qk_norm_rope_store(const float* qkv, long ld, int nq,
     pdl_wait();
     const int t = blockIdx.x, head = blockIdx.y, lane = threadIdx.x;
     const int p = pos[t];
-    const long soff = (long)(slot < 0 ? t : slot) * slot_stride;
+    const long soff = (long)(slot < 0 ? slots[t] : slot) * slot_stride;
     const float4 v4 = *(const float4*)(qkv + (long)t * ld + (long)head * 128 + 4 * lane);
     float v[4] = {v4.x, v4.y, v4.z, v4.w};
     const bool is_q = head < nq, is_k = !is_q && head < nq + nkv;
@@ -896,12 +896,12 @@ __device__ __forceinline__ void split_keys(int p, int window, int used, int sp, 
 // grid (nq, B, S), block 128. part [B][nq][S][130]: acc[128], max, sum.
 extern "C" __global__ void attn_decode(const float* q_f, const __half* kc, const __half* vc, const int* pos, int nq,
                                        int nkv, int window, float scale, float* part, int S, int kmin,
-                                       long slot_stride, int ring) {
+                                       long slot_stride, const int* slots, int ring) {
     pdl_trigger();
     pdl_wait();
     const int h = blockIdx.x, b = blockIdx.y, sp = blockIdx.z;
-    kc += (long)b * slot_stride;
-    vc += (long)b * slot_stride;
+    kc += (long)slots[b] * slot_stride;
+    vc += (long)slots[b] * slot_stride;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int p = pos[b];
     const int used = attn_splits_used(p, window, S, kmin);
@@ -1098,8 +1098,8 @@ template <int K>
 __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int nq, int nkv, const float* qn_w,
                                                 const float* kn_w, float eps, const int* pos, int rope,
                                                 float theta_scale, __half* kc, __half* vc, long slot_stride,
-                                                int window, float scale, float* part, int S, int kmin,
-                                                unsigned* cnt, float* out_f, i8* q, float* qd, float* qs,
+                                                const int* slots, int window, float scale, float* part, int S,
+                                                int kmin, unsigned* cnt, float* out_f, i8* q, float* qd, float* qs,
                                                 const u8* pf, long pf_bytes, int ring) {
     pdl_trigger();
     l2_prefetch_range(pf, pf_bytes);
@@ -1116,8 +1116,8 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
     const int chunk = (ncache + used - 1) / used;
     const int k0 = lo + sp * chunk, k1 = min(p, k0 + chunk);
     const int grp = nq / nkv, g = h / grp;
-    kc += (long)b * slot_stride;
-    vc += (long)b * slot_stride;
+    kc += (long)slots[b] * slot_stride;
+    vc += (long)slots[b] * slot_stride;
     const long stride = (long)nkv * 128;
     // K keys per warp per step (keys j + 4u), their loads issued together, and the next
     // step's loads issued before this step's arithmetic (the loop is latency-bound).
@@ -1239,11 +1239,11 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
 #define ATTN_FUSED_ENTRY(NAME, K)                                                                               \
     extern "C" __global__ void NAME(const float* qkv, long ld, int nq, int nkv, const float* qn_w,            \
                                     const float* kn_w, float eps, const int* pos, int rope, float theta_scale, \
-                                    __half* kc, __half* vc, long slot_stride, int window, float scale,        \
-                                    float* part, int S, int kmin, unsigned* cnt, float* out_f, i8* q,         \
-                                    float* qd, float* qs, const u8* pf, long pf_bytes, int ring) {            \
+                                    __half* kc, __half* vc, long slot_stride, const int* slots, int window,   \
+                                    float scale, float* part, int S, int kmin, unsigned* cnt, float* out_f,   \
+                                    i8* q, float* qd, float* qs, const u8* pf, long pf_bytes, int ring) {     \
         attn_fused_body<K>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride,    \
-                           window, scale, part, S, kmin, cnt, out_f, q, qd, qs, pf, pf_bytes, ring);          \
+                           slots, window, scale, part, S, kmin, cnt, out_f, q, qd, qs, pf, pf_bytes, ring);          \
     }
 ATTN_FUSED_ENTRY(attn_decode_fused, 4)
 ATTN_FUSED_ENTRY(attn_decode_fused_k8, 8)
@@ -1449,8 +1449,8 @@ __device__ __forceinline__ void gqa_tile(const __half* sK, const __half* sV, int
 
 extern "C" __global__ __launch_bounds__(128) void attn_decode_gqa(
     const float* qkv, long ld, int nq, int nkv, const float* qn_w, const float* kn_w, float eps, const int* pos,
-    int rope, float theta_scale, __half* kc, __half* vc, long slot_stride, int window, float scale, float* part,
-    int S, int kmin, float* out_f, i8* q, float* qd, float* qs, const u8* pf, long pf_bytes, int ring,
+    int rope, float theta_scale, __half* kc, __half* vc, long slot_stride, const int* slots, int window,
+    float scale, float* part, int S, int kmin, float* out_f, i8* q, float* qd, float* qs, const u8* pf, long pf_bytes, int ring,
     int pass_keys) {
     pdl_trigger();
     l2_prefetch_range(pf, pf_bytes);
@@ -1472,8 +1472,8 @@ extern "C" __global__ __launch_bounds__(128) void attn_decode_gqa(
     __shared__ float sm_m[4][16], sm_l[4][16];
     __shared__ __align__(16) float sGate[16][128];
     __shared__ float2 sRope[64];
-    kc += (long)b * slot_stride;
-    vc += (long)b * slot_stride;
+    kc += (long)slots[b] * slot_stride;
+    vc += (long)slots[b] * slot_stride;
     const long stride = (long)nkv * 128;
     // Stages keys [j0, j0 + n) (all cached except p, skipped) and zeroes the rows up to the
     // next multiple of 16, so masked keys multiply finite values.
@@ -1703,8 +1703,8 @@ template <int NT>
 __device__ __forceinline__ void attn_gqr_body(const float* qkv, long ld, int nq, int nkv, const float* qn_w,
                                               const float* kn_w, float eps, const int* pos, int rope,
                                               float theta_scale, __half* kc, __half* vc, long slot_stride,
-                                              int window, float scale, float* part, int S, int kmin,
-                                              const u8* pf, long pf_bytes, int ring) {
+                                              const int* slots, int window, float scale, float* part, int S,
+                                              int kmin, const u8* pf, long pf_bytes, int ring) {
     pdl_trigger();
     l2_prefetch_range(pf, pf_bytes);
     const int g = blockIdx.x, b = blockIdx.y, sp = blockIdx.z;
@@ -1717,8 +1717,9 @@ __device__ __forceinline__ void attn_gqr_body(const float* qkv, long ld, int nq,
     int k0, k1;  // keys [k0, k1)
     split_keys(p, window, used, sp, k0, k1);
     const long stride = (long)nkv * 128;
-    const __half* kl = kc + (long)b * slot_stride + g * 128 + 8 * c;
-    const __half* vl = vc + (long)b * slot_stride + g * 128 + 8 * c;
+    const long soff = (long)slots[b] * slot_stride;
+    const __half* kl = kc + soff + g * 128 + 8 * c;
+    const __half* vl = vc + soff + g * 128 + 8 * c;
     // Rows jb + 8 h + r of NT tiles (keys past the split's end repeat its last row, whose
     // values are finite, and are masked): keys and values loaded apart, so that the next
     // tiles' keys are requested once the scores are computed and their values once the
@@ -1813,8 +1814,8 @@ __device__ __forceinline__ void attn_gqr_body(const float* qkv, long ld, int nq,
             const long o = (long)(ring > 0 ? p % ring : p) * stride;
 #pragma unroll
             for (int s = 0; s < 4; s++) {
-                *(uint4*)(kc + (long)b * slot_stride + g * 128 + 8 * c + o + 32 * s) = nkh[s];
-                *(uint4*)(vc + (long)b * slot_stride + g * 128 + 8 * c + o + 32 * s) = nvh[s];
+                *(uint4*)(kc + soff + g * 128 + 8 * c + o + 32 * s) = nkh[s];
+                *(uint4*)(vc + soff + g * 128 + 8 * c + o + 32 * s) = nvh[s];
             }
         }
 #pragma unroll
@@ -1920,10 +1921,11 @@ __device__ __forceinline__ void attn_gqr_body(const float* qkv, long ld, int nq,
 #define ATTN_GQR_ENTRY(NAME, NT)                                                                               \
     extern "C" __global__ __launch_bounds__(32) void NAME(                                                    \
         const float* qkv, long ld, int nq, int nkv, const float* qn_w, const float* kn_w, float eps,         \
-        const int* pos, int rope, float theta_scale, __half* kc, __half* vc, long slot_stride, int window,    \
-        float scale, float* part, int S, int kmin, const u8* pf, long pf_bytes, int ring) {                   \
+        const int* pos, int rope, float theta_scale, __half* kc, __half* vc, long slot_stride,                \
+        const int* slots, int window, float scale, float* part, int S, int kmin, const u8* pf, long pf_bytes, \
+        int ring) {                                                                                            \
         attn_gqr_body<NT>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride,     \
-                          window, scale, part, S, kmin, pf, pf_bytes, ring);                                  \
+                          slots, window, scale, part, S, kmin, pf, pf_bytes, ring);                                  \
     }
 ATTN_GQR_ENTRY(attn_decode_gqr, 1)
 ATTN_GQR_ENTRY(attn_decode_gqr2, 2)

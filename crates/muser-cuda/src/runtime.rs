@@ -292,9 +292,8 @@ pub struct Tuning {
     /// (shared-memory staging).
     pub gqa_reg: u32,
     /// Prefill attention in one kernel (`attn_prefill_flash`: online softmax over staged key
-    /// tiles, no score matrix) instead of two bf16 GEMMs around a masked softmax over scores
-    /// in memory. Off by default until it has been checked on a GPU (written in session 9
-    /// with no device time left; `MUSER_CUDA_TUNE=fa=1` runs every check with it).
+    /// tiles, no score matrix; the default) instead of two bf16 GEMMs around a masked softmax
+    /// over scores in memory (`fa=0`, whose score buffers are allocated on first use).
     pub flash_prefill: bool,
 }
 
@@ -327,7 +326,7 @@ impl Default for Tuning {
             nvfp4: None,
             attn_extra_smem: 0,
             gqa_reg: 1,
-            flash_prefill: false,
+            flash_prefill: true,
         }
     }
 }
@@ -996,7 +995,7 @@ mod tests {
             (Some((2, 4)), 14, 24.0)
         );
         assert_eq!(Tuning::default().parse("gqr=2").unwrap().gqa_reg, 2);
-        assert!(Tuning::default().parse("fa=1").unwrap().flash_prefill);
+        assert!(!Tuning::default().parse("fa=0").unwrap().flash_prefill);
         assert!(Tuning::default().parse("fa=2").is_err());
         for bad in [
             "kmin", "kmin=x", "nosuch=1", "q4k=1", "akeys=5", "nsl=x", "gqa=-1", "nv=2x2", "nv=2",

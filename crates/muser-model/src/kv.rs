@@ -8,10 +8,13 @@
 //! - per layer one buffer `[n_seq][n_cells][n_head_kv · head_dim]` for K and one for V (not
 //!   transposed), in F16 (default) or F32. A row is head-major: head `h` at `[h·hd, (h+1)·hd)`.
 //!
-//! Cell placement follows llama.cpp's `find_slot`/`apply_ubatch` exactly (search from the head,
-//! reuse a SWA cell once its position left the window, purge older positions that a reuse
-//! would leave dangling). The attention kernels visit cells in index order, so reproducing the
-//! placement reproduces llama.cpp's accumulation order.
+//! Cell placement ([`Placement::LlamaCpp`], the default) follows llama.cpp's
+//! `find_slot`/`apply_ubatch` exactly (search from the head, reuse a SWA cell once its position
+//! left the window, purge older positions that a reuse would leave dangling). The attention
+//! kernels visit cells in index order, so reproducing the placement reproduces llama.cpp's
+//! accumulation order. [`Placement::Positional`] puts position `p` in cell `p % cells` (the
+//! same cells in every flow that never truncates across a ring wrap), for device kernels that
+//! address rows by position.
 
 use crate::error::ModelError;
 use std::any::Any;
@@ -41,6 +44,18 @@ impl KvType {
             KvType::F32 => "f32",
         }
     }
+}
+
+/// How a cache chooses the cells of new positions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// llama.cpp's `find_slot`: the first free (or out-of-window) cells from the search head.
+    #[default]
+    LlamaCpp,
+    /// Position `p` in cell `p % cells`: the base cache holds position `p` in cell `p`, the
+    /// sliding-window ring in cell `p % ring` (the ring holds `n_swa + n_ubatch` or more cells,
+    /// so a batch never overwrites a key that one of its queries still sees).
+    Positional,
 }
 
 /// What a cache (or a snapshot of one) holds: enough to check that a snapshot fits a model.
@@ -107,15 +122,17 @@ struct Cells {
     used: u32,
     /// Window for cell reuse; 0 for the base cache (never reuses occupied cells).
     n_swa: u32,
+    placement: Placement,
 }
 
 impl Cells {
-    fn new(size: u32, n_swa: u32) -> Cells {
+    fn new(size: u32, n_swa: u32, placement: Placement) -> Cells {
         Cells {
             pos: vec![EMPTY; size as usize],
             head: 0,
             used: 0,
             n_swa,
+            placement,
         }
     }
 
@@ -159,6 +176,46 @@ impl Cells {
         if n > self.size() {
             return None;
         }
+        let idxs = match self.placement {
+            Placement::LlamaCpp => self.find_slot(n)?,
+            Placement::Positional => self.positional_slot(positions)?,
+        };
+        let mut max_rm = EMPTY;
+        for (&idx, &p) in idxs.iter().zip(positions) {
+            let cell = &mut self.pos[idx as usize];
+            if *cell != EMPTY {
+                max_rm = max_rm.max(*cell);
+                self.used -= 1;
+            }
+            *cell = p;
+            self.used += 1;
+        }
+        if max_rm != EMPTY && self.pos_min() <= max_rm {
+            self.remove(self.pos_min(), max_rm + 1);
+        }
+        self.head = idxs[idxs.len() - 1] + 1;
+        Some(idxs)
+    }
+
+    /// Cells `p % size` for `positions`, when each is free or holds a position that left the
+    /// window of every query from the current end of the sequence on.
+    fn positional_slot(&self, positions: &[i32]) -> Option<Vec<u32>> {
+        let size = self.size();
+        let seq_max_p1 = self.pos_max() + 1;
+        let mut idxs = Vec::with_capacity(positions.len());
+        for &p in positions {
+            let idx = u32::try_from(p).ok()? % size;
+            let held = self.pos[idx as usize];
+            if held != EMPTY && !self.masked_swa(held, seq_max_p1) {
+                return None;
+            }
+            idxs.push(idx);
+        }
+        Some(idxs)
+    }
+
+    /// llama.cpp's `find_slot` (non-contiguous): `n` cells from the search head.
+    fn find_slot(&self, n: u32) -> Option<Vec<u32>> {
         let size = self.size();
         let mut head = self.head;
         if head > self.used + 2 * n {
@@ -187,20 +244,6 @@ impl Cells {
                 return None;
             }
         }
-        let mut max_rm = EMPTY;
-        for (&idx, &p) in idxs.iter().zip(positions) {
-            let cell = &mut self.pos[idx as usize];
-            if *cell != EMPTY {
-                max_rm = max_rm.max(*cell);
-                self.used -= 1;
-            }
-            *cell = p;
-            self.used += 1;
-        }
-        if max_rm != EMPTY && self.pos_min() <= max_rm {
-            self.remove(self.pos_min(), max_rm + 1);
-        }
-        self.head = idxs[idxs.len() - 1] + 1;
         Some(idxs)
     }
 
@@ -255,6 +298,7 @@ pub struct KvCache {
     streams: Vec<Stream>,
     /// The K and V rows, wherever the backend keeps them.
     store: Box<dyn KvStore>,
+    placement: Placement,
 }
 
 /// Most sequences one pool holds (llama.cpp's `LLAMA_MAX_SEQ`).
@@ -311,10 +355,11 @@ impl KvCache {
             .map(|&swa| if swa { swa_size } else { base_size } as usize)
             .collect();
         let store = make_store(&layout, &cells, n_seq)?;
+        let placement = Placement::default();
         let streams = (0..n_seq)
             .map(|_| Stream {
-                base: Cells::new(base_size, 0),
-                swa: Cells::new(swa_size, layout.n_swa),
+                base: Cells::new(base_size, 0, placement),
+                swa: Cells::new(swa_size, layout.n_swa, placement),
             })
             .collect();
         Ok(KvCache {
@@ -323,7 +368,23 @@ impl KvCache {
             n_ubatch,
             streams,
             store,
+            placement,
         })
+    }
+
+    /// The same cache with cells chosen by `placement` (a fresh cache: nothing placed yet).
+    pub fn with_placement(mut self, placement: Placement) -> KvCache {
+        self.placement = placement;
+        for s in &mut self.streams {
+            s.base = Cells::new(s.base.size(), 0, placement);
+            s.swa = Cells::new(s.swa.size(), self.layout.n_swa, placement);
+        }
+        self
+    }
+
+    /// How cells are chosen.
+    pub fn placement(&self) -> Placement {
+        self.placement
     }
 
     pub fn layout(&self) -> &KvLayout {
@@ -866,6 +927,67 @@ mod tests {
         }
         assert_eq!(kv.streams[0].base.n_kv(), 512);
         assert_eq!(kv.streams[0].swa.n_kv(), 256);
+    }
+
+    #[test]
+    fn positional_placement_equals_llama_cpp_in_order_and_keeps_positions_after_a_wrapped_truncation(
+    ) {
+        for chunk in [1, 3, 8] {
+            let mut a = KvCache::new(layout(), 1024, 1, 8).unwrap();
+            let mut b = KvCache::new(layout(), 1024, 1, 8)
+                .unwrap()
+                .with_placement(Placement::Positional);
+            assert_eq!(b.placement(), Placement::Positional);
+            fill(&mut a, 0, 0..700, chunk);
+            fill(&mut b, 0, 0..700, chunk);
+            for il in 0..2 {
+                assert_eq!(
+                    a.cell_pos(0, il),
+                    b.cell_pos(0, il),
+                    "chunk {chunk} layer {il}"
+                );
+            }
+        }
+        // Positions 250..260 sit in ring cells 250..255 and 0..3; dropping them makes
+        // llama.cpp's search restart at cell 0, while the positional cache keeps p % 256.
+        let mut a = KvCache::new(layout(), 1024, 1, 8).unwrap();
+        let mut b = KvCache::new(layout(), 1024, 1, 8)
+            .unwrap()
+            .with_placement(Placement::Positional);
+        for kv in [&mut a, &mut b] {
+            fill(kv, 0, 0..260, 4);
+            kv.truncate(0, 250);
+            assert_eq!(kv.seq_len(0), 250);
+            fill(kv, 0, 250..300, 5);
+            assert!(kv.holds(0, 296..300));
+        }
+        assert_ne!(a.cell_pos(0, 1), b.cell_pos(0, 1));
+        let ring = b.cell_pos(0, 1);
+        assert!((250..300).all(|p| ring[p % 256] == p as i32));
+        assert!((0..300).all(|p| b.cell_pos(0, 0)[p] == p as i32));
+    }
+
+    #[test]
+    fn positional_placement_never_overwrites_a_key_still_in_the_window() {
+        let lay = KvLayout {
+            n_swa: 252,
+            ..layout()
+        };
+        // n_ubatch 4: a ring of 256 cells.
+        let mut kv = KvCache::new(lay, 1024, 1, 4)
+            .unwrap()
+            .with_placement(Placement::Positional);
+        fill(&mut kv, 0, 0..300, 4);
+        let before: Vec<Vec<i32>> = (0..2).map(|il| kv.cell_pos(0, il).to_vec()).collect();
+        // 8 tokens at 300..308 would land on cells holding 44..51, of which 49..51 are still
+        // within 252 positions of the sequence's end.
+        let pos: Vec<u32> = (300..308).collect();
+        let e = kv.place(&[(0, (0..8).collect())], &pos).unwrap_err();
+        assert!(matches!(e, ModelError::KvFull { seq: 0, .. }), "{e}");
+        for (il, b) in before.iter().enumerate() {
+            assert_eq!(kv.cell_pos(0, il), &b[..]);
+        }
+        assert_eq!(kv.seq_len(0), 300);
     }
 
     #[test]

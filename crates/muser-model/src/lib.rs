@@ -6,6 +6,8 @@
 //! - [`Model::new_kv`] sizes a [`KvCache`] pool once: `n_seq` sequences of `n_ctx` positions.
 //! - [`Model::forward`] runs a [`Batch`] (any mix of sequences, prefill chunks and decode
 //!   tokens) and returns logits for the rows that asked for them.
+//! - [`Model::with_fused`] puts a device's own whole-model forward pass ([`FusedForward`])
+//!   behind the same face: the engine, the server and kvpack use it unchanged.
 //!
 //! Numerics follow llama.cpp b11434's CPU backend with its defaults (flash attention on, F16
 //! KV cache, no weight repacking), so greedy decoding matches it token for token; see
@@ -23,7 +25,7 @@ pub use backend::{AttnInput, Backend, RopeMode, Weight};
 pub use cpu::CpuBackend;
 pub use error::ModelError;
 pub use info::{Arch, ModelInfo};
-pub use kv::{HostKv, KvCache, KvLayout, KvSnapshot, KvStore, KvType, LayerKv};
+pub use kv::{HostKv, KvCache, KvLayout, KvSnapshot, KvStore, KvType, LayerKv, Placement};
 
 use models::{llama::Llama, muse_glimmer::MuseGlimmer, Prepared, Tensors};
 use muser_gguf::{GgmlType, GgufFile};
@@ -98,6 +100,32 @@ impl Output {
     }
 }
 
+/// A device that runs a model's whole forward pass itself (fused kernels) instead of the model
+/// files op by op on a [`Backend`]. [`Model::with_fused`] validates every batch and places its
+/// K/V cells (by position: [`Placement::Positional`]) before calling it, so an implementation
+/// sees only well-formed batches whose positions continue their sequences.
+pub trait FusedForward: Send + Sync {
+    /// Runs `batch` with its K/V rows in `kv` (made by [`FusedForward::new_kv_store`]).
+    /// `groups` lists per sequence its batch indices in position order; returns the logits of
+    /// `out_rows` (`out_rows.len() × n_vocab`, in that order) and, when `batch.embeddings`,
+    /// their final-norm hidden states (`out_rows.len() × n_embd`), on the host.
+    fn forward(
+        &self,
+        kv: &mut KvCache,
+        batch: &Batch,
+        groups: &[(u32, Vec<usize>)],
+        out_rows: &[usize],
+    ) -> Result<(Vec<f32>, Vec<f32>), ModelError>;
+
+    /// Storage for the K/V rows of a pool (as [`Backend::new_kv_store`]).
+    fn new_kv_store(
+        &self,
+        layout: &KvLayout,
+        cells: &[usize],
+        n_seq: usize,
+    ) -> Result<Box<dyn KvStore>, ModelError>;
+}
+
 enum Net {
     MuseGlimmer(MuseGlimmer),
     Llama(Llama),
@@ -128,6 +156,52 @@ trait Executor: Send + Sync {
         cells: &[usize],
         n_seq: usize,
     ) -> Result<Box<dyn KvStore>, ModelError>;
+    /// How caches for this executor place cells.
+    fn placement(&self) -> Placement {
+        Placement::LlamaCpp
+    }
+}
+
+/// A [`FusedForward`] as an executor: the model files are not run.
+struct Fused(Box<dyn FusedForward>);
+
+impl Executor for Fused {
+    fn forward(
+        &self,
+        _net: &Net,
+        _g: &GgufFile,
+        _info: &ModelInfo,
+        kv: &mut KvCache,
+        prep: &Prepared,
+        batch: &Batch,
+    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+        self.0.forward(kv, batch, &prep.groups, &prep.out_rows)
+    }
+
+    fn threads(&self) -> usize {
+        1
+    }
+
+    fn supports(&self, _ty: GgmlType) -> bool {
+        true
+    }
+
+    fn prepare_weight(&self, _w: &Weight) -> Result<(), ModelError> {
+        Ok(())
+    }
+
+    fn new_kv_store(
+        &self,
+        layout: &KvLayout,
+        cells: &[usize],
+        n_seq: usize,
+    ) -> Result<Box<dyn KvStore>, ModelError> {
+        self.0.new_kv_store(layout, cells, n_seq)
+    }
+
+    fn placement(&self) -> Placement {
+        Placement::Positional
+    }
 }
 
 /// The model code run on backend `B`.
@@ -220,7 +294,16 @@ impl Model {
         gguf: GgufFile,
         backend: B,
     ) -> Result<Model, ModelError> {
-        let exec: Box<dyn Executor> = Box::new(On(backend));
+        Model::with_executor(gguf, Box::new(On(backend)))
+    }
+
+    /// A model over `gguf` whose forward passes `fused` runs whole. The file's tensors are
+    /// still bound (and checked) as for any backend; its caches place cells by position.
+    pub fn with_fused(gguf: GgufFile, fused: Box<dyn FusedForward>) -> Result<Model, ModelError> {
+        Model::with_executor(gguf, Box::new(Fused(fused)))
+    }
+
+    fn with_executor(gguf: GgufFile, exec: Box<dyn Executor>) -> Result<Model, ModelError> {
         let info = ModelInfo::from_gguf(&gguf, gguf.file_len())?;
         let supports = |ty| exec.supports(ty);
         let t = Tensors::new(&gguf, &supports);
@@ -308,13 +391,14 @@ impl Model {
     ) -> Result<KvCache, ModelError> {
         let n_ctx = u32::try_from(n_ctx_per_seq)
             .map_err(|_| ModelError::Kv(format!("n_ctx {n_ctx_per_seq} too large")))?;
-        KvCache::with_store(
+        Ok(KvCache::with_store(
             self.kv_layout(kv_type),
             n_ctx,
             n_seq,
             n_ubatch,
             |l, c, n| self.exec.new_kv_store(l, c, n),
-        )
+        )?
+        .with_placement(self.exec.placement()))
     }
 
     fn prepare(&self, kv: &mut KvCache, b: &Batch) -> Result<Prepared, ModelError> {
@@ -544,5 +628,123 @@ mod tests {
             .collect();
         want.sort();
         assert_eq!(got, want);
+    }
+
+    /// A whole-model forward that records what it is handed and answers with the position of
+    /// each output row as its logits.
+    struct Recorder {
+        n_vocab: usize,
+        seen: Arc<Mutex<Vec<(Vec<(u32, Vec<usize>)>, Vec<usize>, Placement)>>>,
+    }
+
+    impl FusedForward for Recorder {
+        fn forward(
+            &self,
+            kv: &mut KvCache,
+            batch: &Batch,
+            groups: &[(u32, Vec<usize>)],
+            out_rows: &[usize],
+        ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+            self.seen
+                .lock()
+                .unwrap()
+                .push((groups.to_vec(), out_rows.to_vec(), kv.placement()));
+            let logits = out_rows
+                .iter()
+                .flat_map(|&r| std::iter::repeat(batch.pos[r] as f32).take(self.n_vocab))
+                .collect();
+            Ok((logits, Vec::new()))
+        }
+
+        fn new_kv_store(
+            &self,
+            layout: &KvLayout,
+            cells: &[usize],
+            n_seq: usize,
+        ) -> Result<Box<dyn KvStore>, ModelError> {
+            Ok(Box::new(HostKv::new(layout, cells, n_seq)?))
+        }
+    }
+
+    /// `Model::with_fused` validates and places every batch before the fused forward sees it
+    /// (by position), hands it the sequence groups and output rows, and returns its logits.
+    #[test]
+    fn a_fused_forward_gets_validated_batches_on_a_positional_cache() {
+        let bytes = tiny();
+        let n_vocab = Model::from_gguf(
+            GgufFile::from_bytes(bytes.clone()).unwrap(),
+            &LoadOptions { threads: 1 },
+        )
+        .unwrap()
+        .info()
+        .n_vocab;
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let rec = Recorder {
+            n_vocab,
+            seen: seen.clone(),
+        };
+        let m = Model::with_fused(GgufFile::from_bytes(bytes).unwrap(), Box::new(rec)).unwrap();
+        let mut kv = m.new_kv(64, 2, KvType::F16).unwrap();
+        assert_eq!(kv.placement(), Placement::Positional);
+        let mut b = Batch::single(1, &[3, 4, 5], 0, true);
+        b.push(7, 0, 0, true);
+        let out = m.forward(&mut kv, &b).unwrap();
+        assert_eq!(out.rows, vec![2, 3]);
+        assert_eq!(out.row(0, n_vocab)[0], 2.0);
+        assert_eq!(out.row(1, n_vocab)[0], 0.0);
+        assert_eq!((kv.seq_len(0), kv.seq_len(1)), (1, 3));
+        assert_eq!(kv.cell_pos(1, 0)[..3], [0, 1, 2]);
+        // A position that does not continue its sequence never reaches the device.
+        let bad = Batch::single(0, &[1], 5, true);
+        assert!(m.forward(&mut kv, &bad).is_err());
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].0, vec![(1, vec![0, 1, 2]), (0, vec![3])]);
+        assert_eq!(seen[0].1, vec![2, 3]);
+        assert_eq!(seen[0].2, Placement::Positional);
+    }
+
+    /// On the CPU a positional cache gives llama.cpp's logits bit for bit in order (the same
+    /// cells). After a truncation whose dropped tail wraps the ring it still does what a run
+    /// that never went past the cut does, bit for bit (llama.cpp's search restarts at cell 0
+    /// there, which reorders the attention's f16 sums).
+    #[test]
+    fn positional_cells_give_the_same_logits_on_the_cpu() {
+        let m = Model::from_gguf(
+            GgufFile::from_bytes(tiny()).unwrap(),
+            &LoadOptions { threads: 1 },
+        )
+        .unwrap();
+        let toks = random_tokens(400, m.info().n_vocab, 3);
+        let swa_layer = m.info().is_swa.iter().position(|&s| s).unwrap();
+        // Chunks of 16 over `range`, last-token logits of each.
+        let feed = |kv: &mut KvCache, range: std::ops::Range<usize>| -> Vec<f32> {
+            let mut logits = Vec::new();
+            for (c, chunk) in toks[range.clone()].chunks(16).enumerate() {
+                let p0 = (range.start + 16 * c) as u32;
+                logits.extend(
+                    m.forward(kv, &Batch::single(0, chunk, p0, true))
+                        .unwrap()
+                        .logits,
+                );
+            }
+            logits
+        };
+        let new = |placement| {
+            m.new_kv_ubatch(512, 1, KvType::F16, 16)
+                .unwrap()
+                .with_placement(placement)
+        };
+        let (mut a, mut b) = (new(Placement::LlamaCpp), new(Placement::Positional));
+        let ring = a.cell_pos(0, swa_layer).len();
+        assert!(ring + 10 < 400);
+        assert_eq!(feed(&mut a, 0..ring + 10), feed(&mut b, 0..ring + 10));
+        // Back to a cut whose dropped positions sit in the ring's last and first cells.
+        let cut = ring - 6;
+        b.truncate(0, cut as u32);
+        let after_cut = feed(&mut b, cut..cut + 60);
+        let mut fresh = new(Placement::LlamaCpp);
+        feed(&mut fresh, 0..cut);
+        assert_eq!(after_cut, feed(&mut fresh, cut..cut + 60));
     }
 }

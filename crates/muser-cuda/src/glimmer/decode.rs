@@ -39,7 +39,7 @@ impl CudaGlimmer {
     /// advances and `history[b][pos]` records it. Reads nothing from the host, so it can be
     /// captured into a graph. `at` (a position at least the latest one's variant threshold)
     /// picks the kernels; every choice gives the same result up to rounding.
-    fn enqueue_decode(&self, nb: usize, advance: bool, at: usize) -> Result<()> {
+    pub(super) fn enqueue_decode(&self, nb: usize, advance: bool, at: usize) -> Result<()> {
         let i = &self.info;
         let g = &self.gpu;
         let s = &self.s;
@@ -121,9 +121,10 @@ impl CudaGlimmer {
                     Arg::P(s.pos.ptr()),
                     Arg::I(i.is_swa[il] as i32),
                     Arg::F(self.theta_scale()),
-                    Arg::P(l.k_cache.ptr()),
-                    Arg::P(l.v_cache.ptr()),
+                    Arg::P(l.k_cache),
+                    Arg::P(l.v_cache),
                     Arg::L(self.slot_stride(l) as i64),
+                    Arg::P(s.slots.ptr()),
                     Arg::I(self.window(il)),
                     Arg::F(i.attn_scale),
                     Arg::P(s.part.ptr()),
@@ -166,8 +167,8 @@ impl CudaGlimmer {
                     128,
                     &[
                         Arg::P(s.q_f.ptr()),
-                        Arg::P(l.k_cache.ptr()),
-                        Arg::P(l.v_cache.ptr()),
+                        Arg::P(l.k_cache),
+                        Arg::P(l.v_cache),
                         Arg::P(s.pos.ptr()),
                         Arg::I(nq as i32),
                         Arg::I(nkv as i32),
@@ -177,6 +178,7 @@ impl CudaGlimmer {
                         Arg::I(splits as i32),
                         Arg::I(tune.attn_min_keys as i32),
                         Arg::L(self.slot_stride(l) as i64),
+                        Arg::P(s.slots.ptr()),
                         Arg::I(l.ring as i32),
                     ],
                 )?;
@@ -248,6 +250,12 @@ impl CudaGlimmer {
 
     /// Captures one decode step of sequences `0..nb` (one token each) as a graph.
     pub fn capture_decode_batch(&self, nb: usize) -> Result<DecodeGraph> {
+        self.capture_steps(nb, true)
+    }
+
+    /// Captures one decode step of `nb` rows; with `advance`, each replay moves the positions
+    /// on and records the greedy tokens (generation loops), else it only computes the logits.
+    pub(super) fn capture_steps(&self, nb: usize, advance: bool) -> Result<DecodeGraph> {
         if nb == 0 || nb > self.opts.n_seq {
             return Err(CudaError::Shape(format!(
                 "decode batch {nb} (the cache holds {} sequences)",
@@ -258,7 +266,7 @@ impl CudaGlimmer {
         let mut graphs = Vec::new();
         for at in self.decode_variants() {
             self.gpu.begin_capture()?;
-            let r = self.enqueue_decode(nb, true, at);
+            let r = self.enqueue_decode(nb, advance, at);
             let graph = self.gpu.end_capture();
             r?;
             graphs.push((at, graph?));
@@ -331,7 +339,7 @@ pub struct DecodeGraph {
 
 impl DecodeGraph {
     /// The variant for a step whose latest position is `pos`.
-    fn for_position(&self, pos: usize) -> &cudarc::driver::CudaGraph {
+    pub(super) fn for_position(&self, pos: usize) -> &cudarc::driver::CudaGraph {
         let i = self.graphs.partition_point(|(from, _)| *from <= pos);
         &self.graphs[i.saturating_sub(1)].1
     }

@@ -20,9 +20,11 @@ use crate::weights::{DevWeight, QAct, WType};
 use crate::CudaError;
 
 mod decode;
+mod engine;
 mod prefill;
 
 pub use decode::DecodeGraph;
+pub use engine::FusedGlimmer;
 
 type Result<T> = std::result::Result<T, CudaError>;
 
@@ -191,8 +193,10 @@ struct Layer {
     gu_il: bool,
     down: Linear,
     post_ffw_norm: DevBuf,
-    k_cache: DevBuf,
-    v_cache: DevBuf,
+    /// Device addresses of the layer's K and V cache (`[n_seq][cache_rows][n_head_kv · 128]`
+    /// f16): the model's own buffers, or a bound `CudaKv`'s.
+    k_cache: u64,
+    v_cache: u64,
     /// Rows of the cache per sequence: `n_ctx`, or for a sliding layer with a ring
     /// `n_swa + max_chunk` (position p in row p % ring).
     cache_rows: usize,
@@ -224,11 +228,18 @@ struct Scratch {
     history: DevBuf,
     /// Per-sequence `SampleParams` (kernels.cu), zero (greedy) until set.
     sample: DevBuf,
+    /// Decode row b's sequence (cache block): `0..MAX_GEMV_BATCH` unless the engine's forward
+    /// (`FusedGlimmer`) runs a subset of its slots.
+    slots: DevBuf,
+    /// Decode rows (sequences) and positions the buffers were sized for.
+    batch: usize,
+    history_ctx: usize,
     // prefill
     hb: DevBuf,
     q_h: DevBuf,
-    scores: DevBuf,
-    probs: DevBuf,
+    /// Scores (f32) and probabilities (f16) of the GEMM prefill attention (`fa=0`), allocated
+    /// on its first use: `n_head · max_chunk · n_ctx` each.
+    gemm_attn: std::sync::Mutex<Option<(DevBuf, DevBuf)>>,
     o_heads: DevBuf,
     wbuf: DevBuf,
 }
@@ -257,9 +268,10 @@ impl Default for GpuOptions {
     }
 }
 
-/// A Muse Glimmer model resident on one GPU, with its KV cache (one sequence).
+/// A Muse Glimmer model resident on one GPU, with its KV cache (`GpuOptions::n_seq`
+/// sequences), or bound to an engine's cache (`FusedGlimmer`).
 pub struct CudaGlimmer {
-    gpu: Gpu,
+    gpu: std::sync::Arc<Gpu>,
     info: ModelInfo,
     opts: GpuOptions,
     tok_embd: DevWeight,
@@ -271,6 +283,10 @@ pub struct CudaGlimmer {
     weight_bytes: usize,
     /// Per-sequence sampling choices as uploaded to `Scratch::sample` (None: greedy).
     sampling: std::sync::Mutex<Vec<Option<Sampling>>>,
+    /// The model's own K/V buffers (empty when bound to an engine's cache).
+    _own_kv: Vec<DevBuf>,
+    /// Sequences the cache in use holds.
+    kv_seqs: usize,
 }
 
 fn norm_vec(gpu: &Gpu, g: &GgufFile, name: &str, n: usize) -> Result<DevBuf> {
@@ -296,6 +312,17 @@ fn f32_scalar(g: &GgufFile, name: &str) -> Option<f32> {
 impl CudaGlimmer {
     /// Uploads a muse-glimmer GGUF to the GPU and allocates its KV cache and scratch.
     pub fn load(gpu: Gpu, g: &GgufFile, opts: GpuOptions) -> Result<CudaGlimmer> {
+        Self::load_shared(std::sync::Arc::new(gpu), g, opts, true)
+    }
+
+    /// [`Self::load`] on a shared device; without `own_kv` no cache is allocated (one must be
+    /// bound with [`Self::bind_kv`] before running).
+    pub(crate) fn load_shared(
+        gpu: std::sync::Arc<Gpu>,
+        g: &GgufFile,
+        opts: GpuOptions,
+        own_kv: bool,
+    ) -> Result<CudaGlimmer> {
         let info =
             ModelInfo::from_gguf(g, g.file_len()).map_err(|e| CudaError::Model(e.to_string()))?;
         if info.arch != Arch::MuseGlimmer {
@@ -345,6 +372,7 @@ impl CudaGlimmer {
         }
 
         let mut layers = Vec::with_capacity(info.n_layer);
+        let mut kv_bufs = Vec::new();
         for il in 0..info.n_layer {
             let n = |s: &str| format!("blk.{il}.{s}.weight");
             // A prefill chunk reads keys [p0 - n_swa + 1, p0 + chunk): a ring of n_swa + chunk
@@ -356,7 +384,18 @@ impl CudaGlimmer {
                 0
             };
             let cache_rows = if ring > 0 { ring } else { opts.n_ctx };
-            let cache_bytes = opts.n_seq * cache_rows * kvw * 2;
+            let (k_cache, v_cache) = if own_kv {
+                let cache_bytes = opts.n_seq * cache_rows * kvw * 2;
+                let (k, v) = (
+                    gpu.alloc_zeroed(cache_bytes)?,
+                    gpu.alloc_zeroed(cache_bytes)?,
+                );
+                let ptrs = (k.ptr(), v.ptr());
+                kv_bufs.extend([k, v]);
+                ptrs
+            } else {
+                (0, 0)
+            };
             let (gate_up, gu_il) = Linear::load_gate_up(&gpu, g, &n("ffn_gate"), &n("ffn_up"), e)?;
             layers.push(Layer {
                 attn_norm: norm_vec(&gpu, g, &n("attn_norm"), e)?,
@@ -375,8 +414,8 @@ impl CudaGlimmer {
                 gu_il,
                 down: Linear::load(&gpu, g, &[n("ffn_down")], f)?,
                 post_ffw_norm: norm_vec(&gpu, g, &n("post_ffw_norm"), e)?,
-                k_cache: gpu.alloc_zeroed(cache_bytes)?,
-                v_cache: gpu.alloc_zeroed(cache_bytes)?,
+                k_cache,
+                v_cache,
                 cache_rows,
                 ring,
             });
@@ -405,7 +444,75 @@ impl CudaGlimmer {
             s,
             weight_bytes,
             sampling: std::sync::Mutex::new(vec![None; opts.n_seq]),
+            _own_kv: kv_bufs,
+            kv_seqs: if own_kv { opts.n_seq } else { 0 },
         })
+    }
+
+    /// Runs on an engine's cache from now on: per layer the K and V addresses of `n_seq`
+    /// blocks of `cells[il]` rows each (`[n_seq][cells][n_head_kv · 128]` f16, `CudaKv`'s
+    /// layout), position p of a sliding layer in row `p % cells`, of a full layer in row p.
+    /// Positions up to `n_ctx`; decode steps of up to `MAX_GEMV_BATCH` sequences. Drops the
+    /// model's own cache; graphs captured before no longer apply.
+    pub(crate) fn bind_kv(
+        &mut self,
+        k: &[u64],
+        v: &[u64],
+        cells: &[usize],
+        n_seq: usize,
+        n_ctx: usize,
+    ) -> Result<()> {
+        let n = self.layers.len();
+        if k.len() != n || v.len() != n || cells.len() != n || n_seq == 0 {
+            return Err(CudaError::Shape(format!(
+                "a cache of {} layers and {n_seq} sequences for a model of {n} layers",
+                cells.len()
+            )));
+        }
+        let batch = n_seq.min(crate::layout::MAX_GEMV_BATCH);
+        // The scratch depends on n_ctx only through the generation history (and the GEMM
+        // attention's lazily made buffers): kept when large enough, so that a new cache of
+        // the same size costs no reallocation.
+        if n_ctx > self.s.history_ctx || batch > self.s.batch {
+            self.opts.n_ctx = n_ctx;
+            self.opts.n_seq = batch;
+            self.s = Self::scratch(&self.gpu, &self.info, &self.opts)?;
+        } else if n_ctx > self.opts.n_ctx {
+            *self.s.gemm_attn.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
+        self.opts.n_ctx = n_ctx;
+        self.opts.n_seq = batch;
+        *self.sampling.lock().unwrap_or_else(|e| e.into_inner()) = vec![None; batch];
+        for (il, l) in self.layers.iter_mut().enumerate() {
+            let full = !self.info.is_swa[il];
+            if full && cells[il] < n_ctx {
+                return Err(CudaError::Shape(format!(
+                    "layer {il}: {} cells for {n_ctx} positions",
+                    cells[il]
+                )));
+            }
+            l.k_cache = k[il];
+            l.v_cache = v[il];
+            l.cache_rows = cells[il];
+            l.ring = if full { 0 } else { cells[il] };
+        }
+        self._own_kv.clear();
+        self.kv_seqs = n_seq;
+        Ok(())
+    }
+
+    /// Sets decode row b's sequence to `seqs[b]` (the others keep theirs).
+    pub(crate) fn set_decode_slots(&self, seqs: &[u32]) -> Result<()> {
+        if seqs.len() > crate::layout::MAX_GEMV_BATCH
+            || seqs.iter().any(|&q| q as usize >= self.kv_seqs)
+        {
+            return Err(CudaError::Shape(format!(
+                "decode rows for sequences {seqs:?} of {}",
+                self.kv_seqs
+            )));
+        }
+        let v: Vec<i32> = seqs.iter().map(|&q| q as i32).collect();
+        self.gpu.upload(&self.s.slots, 0, &v)
     }
 
     fn scratch(gpu: &Gpu, i: &ModelInfo, o: &GpuOptions) -> Result<Scratch> {
@@ -438,10 +545,17 @@ impl CudaGlimmer {
             pos: gpu.alloc_zeroed(4 * t)?,
             history: gpu.alloc_zeroed(4 * (o.n_ctx + 1) * ns)?,
             sample: gpu.alloc_zeroed(16 * ns)?,
+            slots: {
+                let n = crate::layout::MAX_GEMV_BATCH;
+                let b = gpu.alloc(4 * n)?;
+                gpu.upload(&b, 0, &(0..n as i32).collect::<Vec<i32>>())?;
+                b
+            },
             hb: gpu.alloc(2 * t * widest)?,
             q_h: gpu.alloc(2 * t * qw)?,
-            scores: gpu.alloc(4 * i.n_head * t * o.n_ctx)?,
-            probs: gpu.alloc(2 * i.n_head * t * o.n_ctx)?,
+            gemm_attn: std::sync::Mutex::new(None),
+            batch: ns,
+            history_ctx: o.n_ctx,
             o_heads: gpu.alloc(4 * t * qw)?,
             wbuf: gpu.alloc(2 * max_w)?,
         })
@@ -587,9 +701,10 @@ impl CudaGlimmer {
                 Arg::P(q_f),
                 Arg::P(q_h),
                 Arg::I(t as i32),
-                Arg::P(l.k_cache.ptr()),
-                Arg::P(l.v_cache.ptr()),
+                Arg::P(l.k_cache),
+                Arg::P(l.v_cache),
                 Arg::L(self.slot_stride(l) as i64),
+                Arg::P(self.s.slots.ptr()),
                 Arg::I(slot),
                 Arg::P(pf.0),
                 Arg::L(pf.1),

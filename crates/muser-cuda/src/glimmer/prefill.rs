@@ -21,10 +21,10 @@ impl CudaGlimmer {
         pos: usize,
         seq: usize,
     ) -> Result<(Vec<f32>, u32)> {
-        if seq >= self.opts.n_seq {
+        if seq >= self.kv_seqs {
             return Err(CudaError::Shape(format!(
                 "sequence {seq} (the cache holds {})",
-                self.opts.n_seq
+                self.kv_seqs
             )));
         }
         if tokens.is_empty() {
@@ -33,7 +33,7 @@ impl CudaGlimmer {
         self.check_pos(pos, tokens.len())?;
         let mut p = pos;
         for chunk in tokens.chunks(self.opts.max_chunk) {
-            self.enqueue_prefill_seq(chunk, p, seq)?;
+            self.enqueue_prefill_seq(chunk, p, seq, true)?;
             p += chunk.len();
         }
         self.read_logits()
@@ -41,10 +41,19 @@ impl CudaGlimmer {
 
     /// Enqueues a prefill chunk (used by `prefill` and timed by the bench).
     pub fn enqueue_prefill_chunk(&self, tokens: &[u32], p0: usize) -> Result<()> {
-        self.enqueue_prefill_seq(tokens, p0, 0)
+        self.enqueue_prefill_seq(tokens, p0, 0, true)
     }
 
-    fn enqueue_prefill_seq(&self, tokens: &[u32], p0: usize, seq: usize) -> Result<()> {
+    /// Enqueues a prefill chunk of sequence `seq` at positions `p0..`; with `last_logits` the
+    /// last token's logits (and greedy token) land in row 0 of the logits, else the chunk's
+    /// final residual rows stay in the scratch for [`Self::chunk_outputs`].
+    pub(super) fn enqueue_prefill_seq(
+        &self,
+        tokens: &[u32],
+        p0: usize,
+        seq: usize,
+        last_logits: bool,
+    ) -> Result<()> {
         let i = &self.info;
         let g = &self.gpu;
         let s = &self.s;
@@ -93,8 +102,8 @@ impl CudaGlimmer {
                         Arg::I(t as i32),
                         Arg::I(nq as i32),
                         Arg::I(nkv as i32),
-                        Arg::P(l.k_cache.at(seq_off)),
-                        Arg::P(l.v_cache.at(seq_off)),
+                        Arg::P(l.k_cache + seq_off as u64),
+                        Arg::P(l.v_cache + seq_off as u64),
                         Arg::I(p0 as i32),
                         Arg::I(w),
                         Arg::F(i.attn_scale),
@@ -152,6 +161,9 @@ impl CudaGlimmer {
                 (0, 0),
             )?;
         }
+        if !last_logits {
+            return Ok(());
+        }
         // Logits for the last token only.
         let xl = s.x.at(4 * (t - 1) * e);
         self.norm(
@@ -202,6 +214,7 @@ impl CudaGlimmer {
             }
         }
         let row_of = |p: usize| if l.ring > 0 { p % l.ring } else { p };
+        let (scores, probs) = self.gemm_attn_buffers()?;
         // scores[g][r][j] = q_h[g][r] · k[k_lo + j]   (r = head-in-group * t + token)
         for &(k0, n, col) in &segs {
             g.gemm_f16_batched(
@@ -209,13 +222,13 @@ impl CudaGlimmer {
                 n,
                 rows,
                 HEAD_DIM,
-                l.k_cache.at(seq_off + 2 * row_of(k0) * kvw),
+                l.k_cache + (seq_off + 2 * row_of(k0) * kvw) as u64,
                 kvw,
                 HEAD_DIM,
                 s.q_h.ptr(),
                 HEAD_DIM,
                 rows * HEAD_DIM,
-                s.scores.at(4 * col),
+                scores + 4 * col as u64,
                 nk,
                 rows * nk,
                 nkv,
@@ -230,8 +243,8 @@ impl CudaGlimmer {
             256,
             if cached { 4 * nk as u32 } else { 0 },
             &[
-                Arg::P(s.scores.ptr()),
-                Arg::P(s.probs.ptr()),
+                Arg::P(scores),
+                Arg::P(probs),
                 Arg::I(t as i32),
                 Arg::I(nk as i32),
                 Arg::I(p0 as i32),
@@ -248,10 +261,10 @@ impl CudaGlimmer {
                 HEAD_DIM,
                 rows,
                 n,
-                l.v_cache.at(seq_off + 2 * row_of(k0) * kvw),
+                l.v_cache + (seq_off + 2 * row_of(k0) * kvw) as u64,
                 kvw,
                 HEAD_DIM,
-                s.probs.at(2 * col),
+                probs + 2 * col as u64,
                 nk,
                 rows * nk,
                 s.o_heads.ptr(),
@@ -262,5 +275,62 @@ impl CudaGlimmer {
             )?;
         }
         Ok(())
+    }
+
+    /// The score and probability buffers of [`Self::attention_gemms`], allocated on first use.
+    fn gemm_attn_buffers(&self) -> Result<(u64, u64)> {
+        let mut b = self.s.gemm_attn.lock().unwrap_or_else(|e| e.into_inner());
+        if b.is_none() {
+            let n = self.info.n_head * self.opts.max_chunk.max(1) * self.opts.n_ctx;
+            *b = Some((self.gpu.alloc(4 * n)?, self.gpu.alloc(2 * n)?));
+        }
+        match b.as_ref() {
+            Some((s, p)) => Ok((s.ptr(), p.ptr())),
+            None => Err(CudaError::Shape("no attention score buffers".into())),
+        }
+    }
+
+    /// Logits of rows `rows` of the prefill chunk just run (its final residual rows), at most
+    /// `GpuOptions::n_seq` rows, and with `embeddings` their final-norm hidden states.
+    pub(super) fn chunk_outputs(
+        &self,
+        rows: std::ops::Range<usize>,
+        embeddings: bool,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let (s, e, n) = (&self.s, self.info.n_embd, rows.len());
+        if n == 0 || n > self.opts.n_seq || rows.end > self.opts.max_chunk {
+            return Err(CudaError::Shape(format!("output rows {rows:?}")));
+        }
+        self.norm(
+            n,
+            s.x.at(4 * rows.start * e),
+            (0, 1),
+            None,
+            self.output_norm.ptr(),
+            s.hf.ptr(),
+            0,
+            true,
+            (0, 0),
+        )?;
+        self.output
+            .gemv(&self.gpu, n, self.qact(), s.hf.ptr(), s.logits.ptr())?;
+        self.finish_logits(n, false)?;
+        self.download_outputs(n, embeddings)
+    }
+
+    /// The first `n` rows of the logits and, with `embeddings`, of the final-norm hidden states.
+    pub(super) fn download_outputs(
+        &self,
+        n: usize,
+        embeddings: bool,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let mut logits = vec![0f32; n * self.info.n_vocab];
+        self.gpu.download(self.s.logits.ptr(), &mut logits)?;
+        let mut hidden = Vec::new();
+        if embeddings {
+            hidden = vec![0f32; n * self.info.n_embd];
+            self.gpu.download(self.s.hf.ptr(), &mut hidden)?;
+        }
+        Ok((logits, hidden))
     }
 }

@@ -1,0 +1,377 @@
+//! The fused forward as the engine runs it (`Model::with_fused` over `FusedGlimmer`: a
+//! positional `KvCache` in a `CudaKv`, mixed batches, a slot table) against the fused model
+//! run directly (`CudaGlimmer` with its own cache) and against the CPU. Meant for the GPU
+//! machine:
+//!
+//!   muser-fused-check MODEL.gguf [--prompt-len N] [--tokens N] [--chunk N] [--n-ctx N]
+//!                     [--json OUT]
+//!
+//! Checks (one line each; exit 1 when any fails; errors are reported, never a panic):
+//! - `direct`: one sequence, the prompt in `--chunk`-token batches then `--tokens` greedy
+//!   steps through `Model::forward`, against `CudaGlimmer::prefill` and graph generation with
+//!   its own cache: the same kernels, so the same tokens and the same first logits, bit for bit.
+//! - `cpu`: the prompt's last logits against the CPU model's (relative error, max-abs).
+//! - `slots`: four sequences of different prompt lengths scheduled as the engine does (each
+//!   batch: one token of every generating sequence plus a prompt chunk of the next one): each
+//!   sequence's greedy tokens against its own run alone.
+//! - `truncate`: a sequence cut back into its generated tokens and fed them again continues
+//!   as before.
+//! - `kvpack`: a sequence's K/V exported from the device cache and imported into another slot
+//!   continues as the original does.
+//! - `embeddings`: the final-norm hidden state of the prompt's last token against the CPU's.
+//!
+//! With the default sizes the sliding-window ring of the small synthetic models wraps, so
+//! the positional cells are exercised past the ring.
+
+use std::path::PathBuf;
+
+use muser_cuda::glimmer::{CudaGlimmer, FusedGlimmer, GpuOptions};
+use muser_cuda::runtime::Gpu;
+use muser_gguf::GgufFile;
+use muser_model::synth::random_tokens;
+use muser_model::{Batch, KvCache, KvType, LoadOptions, Model};
+use serde_json::{json, Value};
+
+type Error = Box<dyn std::error::Error>;
+
+/// Largest relative error (max-abs) of the fused forward against the CPU that passes: its
+/// int8 activations in 16-value blocks and bf16 prefill GEMMs on random models (as
+/// `muser-backend-check`'s fast precision).
+const REL_MAX_CPU: f64 = 1e-1;
+
+struct Args {
+    model: PathBuf,
+    prompt_len: usize,
+    tokens: usize,
+    chunk: usize,
+    n_ctx: usize,
+    json: Option<PathBuf>,
+}
+
+fn parse() -> Result<Args, Error> {
+    let mut it = std::env::args().skip(1);
+    let mut a = Args {
+        model: it
+            .next()
+            .ok_or("usage: muser-fused-check MODEL.gguf [options]")?
+            .into(),
+        prompt_len: 300,
+        tokens: 200,
+        chunk: 64,
+        n_ctx: 1024,
+        json: None,
+    };
+    while let Some(k) = it.next() {
+        let mut v = || it.next().ok_or(format!("{k} needs a value"));
+        match k.as_str() {
+            "--prompt-len" => a.prompt_len = v()?.parse()?,
+            "--tokens" => a.tokens = v()?.parse()?,
+            "--chunk" => a.chunk = v()?.parse()?,
+            "--n-ctx" => a.n_ctx = v()?.parse()?,
+            "--json" => a.json = Some(v()?.into()),
+            _ => return Err(format!("unknown option {k}").into()),
+        }
+    }
+    if a.prompt_len < 2 || a.chunk == 0 || a.prompt_len + a.tokens + 1 > a.n_ctx {
+        return Err("need 2 <= prompt-len, chunk > 0, prompt-len + tokens < n-ctx".into());
+    }
+    Ok(a)
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// max |a - b| / max |b|.
+fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    let num = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() as f64)
+        .fold(0.0, f64::max);
+    let den = b.iter().map(|y| y.abs() as f64).fold(0.0, f64::max);
+    if a.len() != b.len() {
+        return f64::INFINITY;
+    }
+    num / den.max(1e-30)
+}
+
+/// Prefill of `prompt` into `seq` in `chunk`-token batches; the last logits.
+fn prefill(
+    m: &Model,
+    kv: &mut KvCache,
+    seq: u32,
+    prompt: &[u32],
+    chunk: usize,
+) -> Result<Vec<f32>, Error> {
+    let mut last = Vec::new();
+    let p0 = kv.seq_len(seq) as usize;
+    for (c, part) in prompt.chunks(chunk).enumerate() {
+        let b = Batch::single(seq, part, (p0 + c * chunk) as u32, true);
+        last = m.forward(kv, &b)?.logits;
+    }
+    Ok(last)
+}
+
+/// `n` greedy tokens of `seq` after `logits`, one step at a time.
+fn greedy(
+    m: &Model,
+    kv: &mut KvCache,
+    seq: u32,
+    mut logits: Vec<f32>,
+    n: usize,
+) -> Result<Vec<u32>, Error> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = argmax(&logits);
+        out.push(t);
+        let pos = kv.seq_len(seq);
+        logits = m.forward(kv, &Batch::single(seq, &[t], pos, true))?.logits;
+    }
+    Ok(out)
+}
+
+fn same_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+fn report(results: &mut Vec<Value>, name: &str, pass: bool, detail: String) -> bool {
+    println!("{name}: {} ({detail})", if pass { "ok" } else { "FAILED" });
+    results.push(json!({"check": name, "pass": pass, "detail": detail}));
+    pass
+}
+
+fn run(a: &Args, results: &mut Vec<Value>) -> Result<bool, Error> {
+    let g = GgufFile::open(&a.model)?;
+    let fused = FusedGlimmer::load(Gpu::new(0)?, &g)?;
+    let device = fused.gpu().info().name.clone();
+    let m = Model::with_fused(g, Box::new(fused))?;
+    let info = m.info().clone();
+    println!(
+        "model: {} layers, vocab {}, window {} on {device}",
+        info.n_layer, info.n_vocab, info.n_swa
+    );
+    let prompt = random_tokens(a.prompt_len, info.n_vocab, 11);
+    let mut ok = true;
+
+    // direct
+    let mut kv = m.new_kv_ubatch(a.n_ctx, 4, KvType::F16, a.chunk.max(4) as u32)?;
+    let first = prefill(&m, &mut kv, 0, &prompt, a.chunk)?;
+    let via_model = greedy(&m, &mut kv, 0, first.clone(), a.tokens)?;
+    let direct_logits;
+    let direct_tokens = {
+        let opts = GpuOptions {
+            n_ctx: a.n_ctx,
+            max_chunk: a.chunk,
+            n_seq: 1,
+            swa_ring: true,
+        };
+        let mut d = CudaGlimmer::load(Gpu::new(0)?, &GgufFile::open(&a.model)?, opts)?;
+        let (l, t0) = d.prefill(&prompt, 0)?;
+        direct_logits = l;
+        let graph = d.capture_decode()?;
+        let mut toks = vec![t0];
+        toks.extend(d.generate(&graph, t0, prompt.len(), a.tokens - 1)?);
+        toks
+    };
+    let same = same_prefix(&via_model, &direct_tokens);
+    let e = rel_err(&first, &direct_logits);
+    ok &= report(
+        results,
+        "direct",
+        same == a.tokens && e == 0.0,
+        format!(
+            "{same} of {} greedy tokens equal, first logits rel err {e:.2e}",
+            a.tokens
+        ),
+    );
+
+    // cpu + embeddings
+    let cpu = Model::load(&a.model, &LoadOptions { threads: 0 })?;
+    let mut ckv = cpu.new_kv(a.n_ctx, 1, KvType::F16)?;
+    let ckv_chunked = |m: &Model, kv: &mut KvCache| -> Result<(Vec<f32>, Vec<f32>), Error> {
+        let (head, last) = prompt.split_at(prompt.len() - 1);
+        prefill(m, kv, 0, head, a.chunk)?;
+        let mut lb = Batch::single(0, last, head.len() as u32, true);
+        lb.embeddings = true;
+        let o = m.forward(kv, &lb)?;
+        Ok((o.logits, o.embeddings))
+    };
+    let (cl, ce) = ckv_chunked(&cpu, &mut ckv)?;
+    let e = rel_err(&first, &cl);
+    ok &= report(
+        results,
+        "cpu",
+        e < REL_MAX_CPU,
+        format!(
+            "last-token logits rel err {e:.2e} (bound {REL_MAX_CPU:.0e}), argmax cpu {} gpu {}",
+            argmax(&cl),
+            argmax(&first)
+        ),
+    );
+    let mut ekv = m.new_kv_ubatch(a.n_ctx, 1, KvType::F16, a.chunk.max(4) as u32)?;
+    let (_, ge) = ckv_chunked(&m, &mut ekv)?;
+    let e = rel_err(&ge, &ce);
+    ok &= report(
+        results,
+        "embeddings",
+        ge.len() == info.n_embd && e < REL_MAX_CPU,
+        format!("{} values, rel err {e:.2e} against the cpu", ge.len()),
+    );
+    drop(ekv);
+
+    // slots: solo references first (a fresh cache each).
+    let lens = [37usize, 120, 5, a.prompt_len.min(260)];
+    let n_gen = 48.min(a.tokens);
+    let prompts: Vec<Vec<u32>> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| random_tokens(n, info.n_vocab, 100 + i as u64))
+        .collect();
+    let mut solo = Vec::new();
+    for p in &prompts {
+        let mut kv = m.new_kv_ubatch(a.n_ctx, 4, KvType::F16, a.chunk.max(4) as u32)?;
+        let l = prefill(&m, &mut kv, 0, p, a.chunk)?;
+        solo.push(greedy(&m, &mut kv, 0, l, n_gen)?);
+    }
+    // Engine-like schedule on one cache.
+    let mut kv = m.new_kv_ubatch(a.n_ctx, 4, KvType::F16, (a.chunk + 4) as u32)?;
+    let mut fed = [0usize; 4];
+    let mut got: Vec<Vec<u32>> = vec![Vec::new(); 4];
+    let mut next = [0u32; 4];
+    let mut steps = 0;
+    while got.iter().any(|g| g.len() < n_gen) {
+        steps += 1;
+        let mut batch = Batch::default();
+        let mut who = Vec::new();
+        for s in 0..4 {
+            if fed[s] == prompts[s].len() && got[s].len() < n_gen && !got[s].is_empty() {
+                batch.push(next[s], kv.seq_len(s as u32), s as u32, true);
+                who.push(s);
+            }
+        }
+        if let Some(s) = (0..4).find(|&s| fed[s] < prompts[s].len()) {
+            let end = (fed[s] + a.chunk).min(prompts[s].len());
+            for (k, &t) in prompts[s][fed[s]..end].iter().enumerate() {
+                batch.push(
+                    t,
+                    (fed[s] + k) as u32,
+                    s as u32,
+                    end == prompts[s].len() && fed[s] + k + 1 == end,
+                );
+            }
+            if end == prompts[s].len() {
+                who.push(s);
+            }
+            fed[s] = end;
+        }
+        if batch.is_empty() {
+            break;
+        }
+        let out = m.forward(&mut kv, &batch)?;
+        // Output rows are in batch order: decode rows by slot, then the chunk's last row.
+        for (r, &s) in who.iter().enumerate() {
+            let t = argmax(out.row(r, info.n_vocab));
+            if got[s].len() < n_gen {
+                got[s].push(t);
+                next[s] = t;
+            }
+        }
+    }
+    let agree: Vec<usize> = (0..4).map(|s| same_prefix(&got[s], &solo[s])).collect();
+    ok &= report(
+        results,
+        "slots",
+        agree.iter().all(|&n| n == n_gen),
+        format!("{steps} mixed batches; greedy tokens equal to each sequence alone: {agree:?} of {n_gen}"),
+    );
+
+    // truncate: seq 3 back to 10 tokens after its prompt, fed its own tokens again one step
+    // at a time (as they were first computed), must reproduce them.
+    let s = 3u32;
+    let keep = prompts[3].len() + 10;
+    kv.truncate(s, keep as u32);
+    let mut again = Vec::new();
+    for &t in &got[3][10..n_gen - 1] {
+        let pos = kv.seq_len(s);
+        let l = m
+            .forward(&mut kv, &Batch::single(s, &[t], pos, true))?
+            .logits;
+        again.push(argmax(&l));
+    }
+    let same = same_prefix(&again, &got[3][11..]);
+    ok &= report(
+        results,
+        "truncate",
+        same == n_gen - 11,
+        format!(
+            "cut to {keep} positions, refed {} tokens: {same} next tokens as before",
+            n_gen - 11
+        ),
+    );
+
+    // kvpack: seq 1's cache into slot 2.
+    let len1 = kv.seq_len(1);
+    let snap = kv.export(1, 0..len1)?;
+    kv.clear(2);
+    kv.import(2, &snap)?;
+    let last1 = got[1][n_gen - 1];
+    let a1 = {
+        let l = m
+            .forward(&mut kv, &Batch::single(1, &[last1], len1, true))?
+            .logits;
+        greedy(&m, &mut kv, 1, l, 16)?
+    };
+    let a2 = {
+        let l = m
+            .forward(&mut kv, &Batch::single(2, &[last1], len1, true))?
+            .logits;
+        greedy(&m, &mut kv, 2, l, 16)?
+    };
+    ok &= report(
+        results,
+        "kvpack",
+        a1 == a2,
+        format!(
+            "{len1} positions exported and imported; 16 continuation tokens equal: {}",
+            a1 == a2
+        ),
+    );
+    Ok(ok)
+}
+
+fn main() {
+    let a = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("muser-fused-check: {e}");
+            std::process::exit(2);
+        }
+    };
+    let mut results = Vec::new();
+    let ok = match run(&a, &mut results) {
+        Ok(ok) => ok,
+        Err(e) => {
+            println!("error: {e}");
+            results.push(json!({"check": "run", "pass": false, "detail": e.to_string()}));
+            false
+        }
+    };
+    println!(
+        "fused engine checks: {}",
+        if ok { "all passed" } else { "FAILED" }
+    );
+    if let Some(p) = &a.json {
+        let doc = json!({"model": a.model.display().to_string(), "pass": ok, "checks": results});
+        if let Err(e) = std::fs::write(p, serde_json::to_string_pretty(&doc).unwrap_or_default()) {
+            eprintln!("writing {}: {e}", p.display());
+        }
+    }
+    std::process::exit(if ok { 0 } else { 1 });
+}

@@ -1,0 +1,268 @@
+//! The fused forward as muser-model's [`FusedForward`], so that the engine, the server and
+//! kvpack run Muse Glimmer through [`CudaGlimmer`]'s kernels.
+//!
+//! The K/V rows live in a [`CudaKv`] (the CUDA backend's store: per layer
+//! `[n_seq][cells][n_head_kv · 128]` f16), which the engine's `KvCache` owns and places by
+//! position, so the kernels' row addressing (position p in row p, or p % ring on a sliding
+//! layer) holds for every cell the cache hands out, and kvpack export/import read and write
+//! the same rows. A batch runs as:
+//! - each sequence with two or more tokens: prefill chunks (`enqueue_prefill_seq`) with its
+//!   output rows' logits computed from the chunk's final residual;
+//! - the sequences with one token: decode steps of up to `MAX_GEMV_BATCH` rows, each a
+//!   replay of a graph captured (once per row count) over a slot table in device memory.
+
+use std::sync::{Arc, Mutex};
+
+use muser_gguf::GgufFile;
+use muser_model::{Batch, FusedForward, KvCache, KvLayout, KvStore, ModelError};
+
+use super::{CudaGlimmer, DecodeGraph, GpuOptions, HEAD_DIM};
+use crate::backend::CudaKv;
+use crate::layout::MAX_GEMV_BATCH;
+use crate::runtime::Gpu;
+use crate::CudaError;
+
+/// Largest prefill chunk the fused forward runs at once (longer runs of one sequence in a
+/// batch are split).
+pub const FUSED_MAX_CHUNK: usize = 2048;
+
+/// Muse Glimmer's fused CUDA forward behind `muser_model::Model::with_fused`.
+pub struct FusedGlimmer {
+    gpu: Arc<Gpu>,
+    st: Mutex<State>,
+}
+
+struct State {
+    m: CudaGlimmer,
+    /// The first K buffer's address of the cache the model is bound to.
+    bound: Option<u64>,
+    /// Captured decode steps, index `rows - 1`.
+    graphs: Vec<Option<DecodeGraph>>,
+}
+
+// SAFETY: the only non-Send parts are the graphs' driver handles. cudarc's `CudaGraph`
+// binds its context to the calling thread before launching or destroying them, and the state
+// is reached only through the mutex, so one thread at a time uses them.
+unsafe impl Send for State {}
+
+fn dev(e: CudaError) -> ModelError {
+    ModelError::Device(e.to_string())
+}
+
+impl FusedGlimmer {
+    /// Uploads the weights of a muse-glimmer file to `gpu` (no cache yet: the engine's
+    /// `Model::new_kv` makes one through [`FusedForward::new_kv_store`]).
+    pub fn load(gpu: Gpu, g: &GgufFile) -> Result<FusedGlimmer, CudaError> {
+        let gpu = Arc::new(gpu);
+        let opts = GpuOptions {
+            n_ctx: 4096,
+            max_chunk: FUSED_MAX_CHUNK,
+            n_seq: 1,
+            swa_ring: true,
+        };
+        let m = CudaGlimmer::load_shared(gpu.clone(), g, opts, false)?;
+        Ok(FusedGlimmer {
+            gpu,
+            st: Mutex::new(State {
+                m,
+                bound: None,
+                graphs: Vec::new(),
+            }),
+        })
+    }
+
+    /// The device.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// Bytes of weights one decode step reads.
+    pub fn decode_weight_bytes(&self) -> usize {
+        self.lock().m.decode_weight_bytes()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl State {
+    /// Binds the model to `kv`'s rows unless it already is.
+    fn bind(&mut self, kv: &KvCache) -> Result<(), ModelError> {
+        let store = kv
+            .store()
+            .as_any()
+            .downcast_ref::<CudaKv>()
+            .ok_or_else(|| {
+                ModelError::Device("the KV cache was not made by this CUDA model".into())
+            })?;
+        let n_layer = kv.layout().n_layer;
+        let mut k = Vec::with_capacity(n_layer);
+        let mut v = Vec::with_capacity(n_layer);
+        let mut cells = Vec::with_capacity(n_layer);
+        for il in 0..n_layer {
+            let (kp, vp) = store
+                .layer_ptrs(il)
+                .ok_or_else(|| ModelError::Device(format!("the KV store lacks layer {il}")))?;
+            k.push(kp);
+            v.push(vp);
+            cells.push(kv.cell_pos(0, il).len());
+        }
+        if self.bound == k.first().copied() {
+            return Ok(());
+        }
+        self.graphs.clear();
+        self.bound = None;
+        self.m
+            .bind_kv(&k, &v, &cells, kv.n_seq(), kv.n_ctx() as usize)
+            .map_err(dev)?;
+        self.bound = k.first().copied();
+        Ok(())
+    }
+
+    /// Prefill of one sequence's tokens (`idx`, batch indices in position order); outputs of
+    /// the rows that want them, keyed by batch index.
+    fn prefill(
+        &mut self,
+        batch: &Batch,
+        seq: u32,
+        idx: &[usize],
+        out: &mut Vec<(usize, Vec<f32>, Vec<f32>)>,
+    ) -> Result<(), ModelError> {
+        let (vocab, embd) = (self.m.info.n_vocab, self.m.info.n_embd);
+        let max_rows = self.m.opts.n_seq;
+        for chunk in idx.chunks(FUSED_MAX_CHUNK) {
+            let tokens: Vec<u32> = chunk.iter().map(|&i| batch.tokens[i]).collect();
+            let p0 = batch.pos[chunk[0]] as usize;
+            self.m
+                .enqueue_prefill_seq(&tokens, p0, seq as usize, false)
+                .map_err(dev)?;
+            // Runs of consecutive wanted rows, at most `max_rows` at once.
+            let wanted: Vec<usize> = (0..chunk.len())
+                .filter(|&k| batch.logits[chunk[k]])
+                .collect();
+            let mut k = 0;
+            while k < wanted.len() {
+                let mut end = k + 1;
+                while end < wanted.len() && wanted[end] == wanted[end - 1] + 1 && end - k < max_rows
+                {
+                    end += 1;
+                }
+                let rows = wanted[k]..wanted[end - 1] + 1;
+                let (l, e) = self
+                    .m
+                    .chunk_outputs(rows.clone(), batch.embeddings)
+                    .map_err(dev)?;
+                for (j, r) in rows.enumerate() {
+                    let emb = if batch.embeddings {
+                        e[j * embd..(j + 1) * embd].to_vec()
+                    } else {
+                        Vec::new()
+                    };
+                    out.push((chunk[r], l[j * vocab..(j + 1) * vocab].to_vec(), emb));
+                }
+                k = end;
+            }
+        }
+        Ok(())
+    }
+
+    /// One decode step for `rows` (batch index, sequence), at most `MAX_GEMV_BATCH`.
+    fn decode(
+        &mut self,
+        batch: &Batch,
+        rows: &[(usize, u32)],
+        out: &mut Vec<(usize, Vec<f32>, Vec<f32>)>,
+    ) -> Result<(), ModelError> {
+        let nb = rows.len();
+        let (vocab, embd) = (self.m.info.n_vocab, self.m.info.n_embd);
+        let tokens: Vec<i32> = rows.iter().map(|&(i, _)| batch.tokens[i] as i32).collect();
+        let pos: Vec<i32> = rows.iter().map(|&(i, _)| batch.pos[i] as i32).collect();
+        let seqs: Vec<u32> = rows.iter().map(|&(_, s)| s).collect();
+        let latest = pos.iter().copied().max().unwrap_or(0) as usize;
+        let m = &self.m;
+        m.gpu.upload(&m.s.tokens, 0, &tokens).map_err(dev)?;
+        m.gpu.upload(&m.s.pos, 0, &pos).map_err(dev)?;
+        m.set_decode_slots(&seqs).map_err(dev)?;
+        if self.graphs.len() < nb {
+            self.graphs.resize_with(nb, || None);
+        }
+        if self.graphs[nb - 1].is_none() {
+            self.graphs[nb - 1] = Some(self.m.capture_steps(nb, false).map_err(dev)?);
+        }
+        if let Some(g) = &self.graphs[nb - 1] {
+            g.for_position(latest)
+                .launch()
+                .map_err(|e| dev(crate::runtime::drv_err(e)))?;
+        }
+        let (l, e) = self.m.download_outputs(nb, batch.embeddings).map_err(dev)?;
+        for (j, &(i, _)) in rows.iter().enumerate() {
+            if !batch.logits[i] {
+                continue;
+            }
+            let emb = if batch.embeddings {
+                e[j * embd..(j + 1) * embd].to_vec()
+            } else {
+                Vec::new()
+            };
+            out.push((i, l[j * vocab..(j + 1) * vocab].to_vec(), emb));
+        }
+        Ok(())
+    }
+}
+
+impl FusedForward for FusedGlimmer {
+    fn forward(
+        &self,
+        kv: &mut KvCache,
+        batch: &Batch,
+        groups: &[(u32, Vec<usize>)],
+        out_rows: &[usize],
+    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+        let mut st = self.lock();
+        st.bind(kv)?;
+        let mut out = Vec::with_capacity(out_rows.len());
+        let mut single = Vec::new();
+        for (seq, idx) in groups {
+            match idx[..] {
+                [i] => single.push((i, *seq)),
+                _ => st.prefill(batch, *seq, idx, &mut out)?,
+            }
+        }
+        for rows in single.chunks(MAX_GEMV_BATCH.min(st.m.opts.n_seq)) {
+            st.decode(batch, rows, &mut out)?;
+        }
+        out.sort_unstable_by_key(|o| o.0);
+        if out.iter().map(|o| o.0).ne(out_rows.iter().copied()) {
+            return Err(ModelError::Device(
+                "the fused forward produced other output rows than asked".into(),
+            ));
+        }
+        let logits = out.iter().flat_map(|o| o.1.iter().copied()).collect();
+        let embeddings = out.iter().flat_map(|o| o.2.iter().copied()).collect();
+        Ok((logits, embeddings))
+    }
+
+    fn new_kv_store(
+        &self,
+        layout: &KvLayout,
+        cells: &[usize],
+        n_seq: usize,
+    ) -> Result<Box<dyn KvStore>, ModelError> {
+        if layout.head_dim != HEAD_DIM {
+            return Err(ModelError::Device(format!(
+                "head_dim {} (the fused kernels need {HEAD_DIM})",
+                layout.head_dim
+            )));
+        }
+        let mut st = self.lock();
+        st.bound = None;
+        st.graphs.clear();
+        Ok(Box::new(CudaKv::new(
+            self.gpu.clone(),
+            layout,
+            cells,
+            n_seq,
+        )?))
+    }
+}

@@ -38,6 +38,8 @@ struct State {
     bound: Option<u64>,
     /// Captured decode steps, index `rows - 1`.
     graphs: Vec<Option<DecodeGraph>>,
+    /// The slot table as last uploaded (decode row b's sequence).
+    slots: Vec<u32>,
 }
 
 // SAFETY: the only non-Send parts are the graphs' driver handles. cudarc's `CudaGraph`
@@ -67,6 +69,7 @@ impl FusedGlimmer {
                 m,
                 bound: None,
                 graphs: Vec::new(),
+                slots: Vec::new(),
             }),
         })
     }
@@ -83,6 +86,32 @@ impl FusedGlimmer {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Where a forward pass's outputs go: the rows asked for (batch indices, ascending), their
+/// logits and hidden states, and which are written.
+struct Outputs<'a> {
+    rows: &'a [usize],
+    logits: Vec<f32>,
+    hidden: Vec<f32>,
+    done: Vec<bool>,
+    vocab: usize,
+    embd: usize,
+}
+
+impl Outputs<'_> {
+    /// Copies device output row `j` to the place of batch index `i`, if it was asked for.
+    fn take(&mut self, m: &CudaGlimmer, j: usize, i: usize) -> Result<(), ModelError> {
+        let Ok(k) = self.rows.binary_search(&i) else {
+            return Ok(());
+        };
+        let (v, e) = (self.vocab, self.embd);
+        let hidden = (!self.hidden.is_empty()).then(|| &mut self.hidden[k * e..(k + 1) * e]);
+        m.download_output(j, &mut self.logits[k * v..(k + 1) * v], hidden)
+            .map_err(dev)?;
+        self.done[k] = true;
+        Ok(())
     }
 }
 
@@ -113,6 +142,7 @@ impl State {
         }
         self.graphs.clear();
         self.bound = None;
+        self.slots.clear();
         self.m
             .bind_kv(&k, &v, &cells, kv.n_seq(), kv.n_ctx() as usize)
             .map_err(dev)?;
@@ -120,16 +150,15 @@ impl State {
         Ok(())
     }
 
-    /// Prefill of one sequence's tokens (`idx`, batch indices in position order); outputs of
-    /// the rows that want them, keyed by batch index.
+    /// Prefill of one sequence's tokens (`idx`, batch indices in position order), with the
+    /// outputs of the rows that want them.
     fn prefill(
         &mut self,
         batch: &Batch,
         seq: u32,
         idx: &[usize],
-        out: &mut Vec<(usize, Vec<f32>, Vec<f32>)>,
+        out: &mut Outputs,
     ) -> Result<(), ModelError> {
-        let (vocab, embd) = (self.m.info.n_vocab, self.m.info.n_embd);
         let max_rows = self.m.opts.n_seq;
         for chunk in idx.chunks(FUSED_MAX_CHUNK) {
             let tokens: Vec<u32> = chunk.iter().map(|&i| batch.tokens[i]).collect();
@@ -149,17 +178,9 @@ impl State {
                     end += 1;
                 }
                 let rows = wanted[k]..wanted[end - 1] + 1;
-                let (l, e) = self
-                    .m
-                    .chunk_outputs(rows.clone(), batch.embeddings)
-                    .map_err(dev)?;
+                self.m.chunk_outputs(rows.clone()).map_err(dev)?;
                 for (j, r) in rows.enumerate() {
-                    let emb = if batch.embeddings {
-                        e[j * embd..(j + 1) * embd].to_vec()
-                    } else {
-                        Vec::new()
-                    };
-                    out.push((chunk[r], l[j * vocab..(j + 1) * vocab].to_vec(), emb));
+                    out.take(&self.m, j, chunk[r])?;
                 }
                 k = end;
             }
@@ -172,10 +193,9 @@ impl State {
         &mut self,
         batch: &Batch,
         rows: &[(usize, u32)],
-        out: &mut Vec<(usize, Vec<f32>, Vec<f32>)>,
+        out: &mut Outputs,
     ) -> Result<(), ModelError> {
         let nb = rows.len();
-        let (vocab, embd) = (self.m.info.n_vocab, self.m.info.n_embd);
         let tokens: Vec<i32> = rows.iter().map(|&(i, _)| batch.tokens[i] as i32).collect();
         let pos: Vec<i32> = rows.iter().map(|&(i, _)| batch.pos[i] as i32).collect();
         let seqs: Vec<u32> = rows.iter().map(|&(_, s)| s).collect();
@@ -183,7 +203,11 @@ impl State {
         let m = &self.m;
         m.gpu.upload(&m.s.tokens, 0, &tokens).map_err(dev)?;
         m.gpu.upload(&m.s.pos, 0, &pos).map_err(dev)?;
-        m.set_decode_slots(&seqs).map_err(dev)?;
+        // The slot table changes only when the set of decoding sequences does.
+        if !self.slots.starts_with(&seqs) {
+            m.set_decode_slots(&seqs).map_err(dev)?;
+            self.slots = seqs;
+        }
         if self.graphs.len() < nb {
             self.graphs.resize_with(nb, || None);
         }
@@ -195,17 +219,8 @@ impl State {
                 .launch()
                 .map_err(|e| dev(crate::runtime::drv_err(e)))?;
         }
-        let (l, e) = self.m.download_outputs(nb, batch.embeddings).map_err(dev)?;
         for (j, &(i, _)) in rows.iter().enumerate() {
-            if !batch.logits[i] {
-                continue;
-            }
-            let emb = if batch.embeddings {
-                e[j * embd..(j + 1) * embd].to_vec()
-            } else {
-                Vec::new()
-            };
-            out.push((i, l[j * vocab..(j + 1) * vocab].to_vec(), emb));
+            out.take(&self.m, j, i)?;
         }
         Ok(())
     }
@@ -221,7 +236,20 @@ impl FusedForward for FusedGlimmer {
     ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
         let mut st = self.lock();
         st.bind(kv)?;
-        let mut out = Vec::with_capacity(out_rows.len());
+        let (vocab, embd) = (st.m.info.n_vocab, st.m.info.n_embd);
+        let n = out_rows.len();
+        let mut out = Outputs {
+            rows: out_rows,
+            logits: vec![0f32; n * vocab],
+            hidden: if batch.embeddings {
+                vec![0f32; n * embd]
+            } else {
+                Vec::new()
+            },
+            done: vec![false; n],
+            vocab,
+            embd,
+        };
         let mut single = Vec::new();
         for (seq, idx) in groups {
             match idx[..] {
@@ -232,15 +260,12 @@ impl FusedForward for FusedGlimmer {
         for rows in single.chunks(MAX_GEMV_BATCH.min(st.m.opts.n_seq)) {
             st.decode(batch, rows, &mut out)?;
         }
-        out.sort_unstable_by_key(|o| o.0);
-        if out.iter().map(|o| o.0).ne(out_rows.iter().copied()) {
+        if out.done.contains(&false) {
             return Err(ModelError::Device(
-                "the fused forward produced other output rows than asked".into(),
+                "the fused forward left output rows unwritten".into(),
             ));
         }
-        let logits = out.iter().flat_map(|o| o.1.iter().copied()).collect();
-        let embeddings = out.iter().flat_map(|o| o.2.iter().copied()).collect();
-        Ok((logits, embeddings))
+        Ok((out.logits, out.hidden))
     }
 
     fn new_kv_store(
@@ -258,6 +283,7 @@ impl FusedForward for FusedGlimmer {
         let mut st = self.lock();
         st.bound = None;
         st.graphs.clear();
+        st.slots.clear();
         Ok(Box::new(CudaKv::new(
             self.gpu.clone(),
             layout,

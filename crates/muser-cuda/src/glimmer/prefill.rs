@@ -291,12 +291,9 @@ impl CudaGlimmer {
     }
 
     /// Logits of rows `rows` of the prefill chunk just run (its final residual rows), at most
-    /// `GpuOptions::n_seq` rows, and with `embeddings` their final-norm hidden states.
-    pub(super) fn chunk_outputs(
-        &self,
-        rows: std::ops::Range<usize>,
-        embeddings: bool,
-    ) -> Result<(Vec<f32>, Vec<f32>)> {
+    /// `GpuOptions::n_seq` rows, into output rows `0..rows.len()` (with their final-norm
+    /// hidden states: [`Self::download_output`]).
+    pub(super) fn chunk_outputs(&self, rows: std::ops::Range<usize>) -> Result<()> {
         let (s, e, n) = (&self.s, self.info.n_embd, rows.len());
         if n == 0 || n > self.opts.n_seq || rows.end > self.opts.max_chunk {
             return Err(CudaError::Shape(format!("output rows {rows:?}")));
@@ -314,23 +311,28 @@ impl CudaGlimmer {
         )?;
         self.output
             .gemv(&self.gpu, n, self.qact(), s.hf.ptr(), s.logits.ptr())?;
-        self.finish_logits(n, false)?;
-        self.download_outputs(n, embeddings)
+        self.finish_logits(n, false)
     }
 
-    /// The first `n` rows of the logits and, with `embeddings`, of the final-norm hidden states.
-    pub(super) fn download_outputs(
+    /// Output row `j`'s logits into `logits` (`n_vocab` values) and, when given, its final-norm
+    /// hidden state into `hidden` (`n_embd`), after a decode step or [`Self::chunk_outputs`].
+    pub(super) fn download_output(
         &self,
-        n: usize,
-        embeddings: bool,
-    ) -> Result<(Vec<f32>, Vec<f32>)> {
-        let mut logits = vec![0f32; n * self.info.n_vocab];
-        self.gpu.download(self.s.logits.ptr(), &mut logits)?;
-        let mut hidden = Vec::new();
-        if embeddings {
-            hidden = vec![0f32; n * self.info.n_embd];
-            self.gpu.download(self.s.hf.ptr(), &mut hidden)?;
+        j: usize,
+        logits: &mut [f32],
+        hidden: Option<&mut [f32]>,
+    ) -> Result<()> {
+        let (v, e) = (self.info.n_vocab, self.info.n_embd);
+        if j >= self.opts.n_seq
+            || logits.len() != v
+            || hidden.as_ref().is_some_and(|h| h.len() != e)
+        {
+            return Err(CudaError::Shape(format!("output row {j}")));
         }
-        Ok((logits, hidden))
+        self.gpu.download(self.s.logits.at(4 * j * v), logits)?;
+        if let Some(h) = hidden {
+            self.gpu.download(self.s.hf.at(4 * j * e), h)?;
+        }
+        Ok(())
     }
 }

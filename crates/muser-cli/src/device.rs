@@ -155,4 +155,16 @@ mod tests {
         assert!(format!("{e:#}").contains("--features cuda"), "{e:#}");
         assert!(format!("{e:#}").contains("loading unused.gguf"), "{e:#}");
     }
+
+    #[test]
+    fn both_cuda_devices_parse_and_name_the_missing_feature() {
+        use clap::ValueEnum;
+        for (name, want) in [("cuda", Device::Cuda), ("cuda-ops", Device::CudaOps)] {
+            assert_eq!(Device::from_str(name, false), Ok(want));
+            let Err(e) = load(Path::new("unused.gguf"), want, 0) else {
+                panic!("--device {name} loaded a model without the cuda feature");
+            };
+            assert!(format!("{e:#}").contains("--features cuda"), "{e:#}");
+        }
+    }
 }

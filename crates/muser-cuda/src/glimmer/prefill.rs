@@ -65,7 +65,7 @@ impl CudaGlimmer {
             )));
         }
         self.check_pos(p0, t)?;
-        let (e, nq, nkv) = (i.n_embd, i.n_head, i.n_head_kv);
+        let (nq, nkv) = (i.n_head, i.n_head_kv);
         let qw = nq * HEAD_DIM;
         let ld = 2 * qw + 2 * nkv * HEAD_DIM;
         let ids: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
@@ -161,30 +161,15 @@ impl CudaGlimmer {
                 (0, 0),
             )?;
         }
-        if !last_logits {
-            return Ok(());
+        if last_logits {
+            self.chunk_outputs(t - 1..t)?;
         }
-        // Logits for the last token only.
-        let xl = s.x.at(4 * (t - 1) * e);
-        self.norm(
-            1,
-            xl,
-            (0, 1),
-            None,
-            self.output_norm.ptr(),
-            s.hf.ptr(),
-            0,
-            true,
-            (0, 0),
-        )?;
-        self.output
-            .gemv(g, 1, self.qact(), s.hf.ptr(), s.logits.ptr())?;
-        self.finish_logits(1, false)
+        Ok(())
     }
 
     /// The chunk's attention through bf16 GEMMs: scores `[nkv][group * t][nk]` in memory, the
     /// masked softmax over them (`softmax_mask`), then probabilities times values into
-    /// `o_heads` (the default; `Tuning::flash_prefill` runs `attn_prefill_flash` instead).
+    /// `o_heads` (`fa=0`; the default, `Tuning::flash_prefill`, runs `attn_prefill_flash`).
     fn attention_gemms(
         &self,
         l: &super::Layer,

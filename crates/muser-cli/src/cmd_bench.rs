@@ -93,7 +93,7 @@ enum Engine {
     /// The engine's model, on any device, with the tests' KV cache (one pool kept across tests
     /// and repetitions and cleared before each, as llama-bench does: a device backend keeps
     /// what it built for the cache, such as captured decode graphs).
-    Model(Box<Model>, KvType, Option<KvCache>),
+    Model(Box<Model>, KvType, KvCache),
     /// Muse Glimmer's fused CUDA forward.
     #[cfg(feature = "cuda")]
     Fused(Box<crate::fused::FusedBench>),
@@ -113,7 +113,7 @@ impl Engine {
         let model = device::load(&args.model, args.device, args.threads)?;
         let n_ctx = args.n_prompt.max(args.n_gen).max(32) + 1;
         let kv = model.new_kv_ubatch(n_ctx, 1, kv_type, args.n_prompt.max(32) as u32)?;
-        Ok(Engine::Model(Box::new(model), kv_type, Some(kv)))
+        Ok(Engine::Model(Box::new(model), kv_type, kv))
     }
 
     #[cfg(feature = "cuda")]
@@ -196,24 +196,17 @@ impl Engine {
 }
 
 /// The tests' cache, cleared; made again only when it lacks `n_ctx` positions or batches of
-/// `n_ubatch` tokens.
+/// `n_ubatch` tokens (never with the sizes `Engine::load` makes it with).
 fn test_kv<'a>(
     model: &Model,
-    slot: &'a mut Option<KvCache>,
+    kv: &'a mut KvCache,
     n_ctx: usize,
     n_ubatch: usize,
     kv_type: KvType,
 ) -> anyhow::Result<&'a mut KvCache> {
-    let fits = slot
-        .as_ref()
-        .is_some_and(|kv| kv.n_ctx() as usize >= n_ctx && kv.n_ubatch() as usize >= n_ubatch);
-    if !fits {
-        *slot = None;
-        *slot = Some(model.new_kv_ubatch(n_ctx.max(1), 1, kv_type, n_ubatch.max(1) as u32)?);
+    if (kv.n_ctx() as usize) < n_ctx || (kv.n_ubatch() as usize) < n_ubatch {
+        *kv = model.new_kv_ubatch(n_ctx.max(1), 1, kv_type, n_ubatch.max(1) as u32)?;
     }
-    let kv = slot
-        .as_mut()
-        .ok_or_else(|| anyhow::anyhow!("no KV cache"))?;
     kv.clear(0);
     Ok(kv)
 }

@@ -58,16 +58,6 @@ fn precision_for(n_weights: u64, mem: usize) -> muser_cuda::backend::Precision {
     }
 }
 
-/// Why the fused forward cannot run the file (None: it can).
-#[cfg(feature = "cuda")]
-fn fused_unfit(g: &muser_gguf::GgufFile) -> Option<String> {
-    match muser_model::ModelInfo::from_gguf(g, g.file_len()) {
-        Ok(i) if i.arch == muser_model::Arch::MuseGlimmer => None,
-        Ok(i) => Some(format!("architecture {}", i.arch.name())),
-        Err(e) => Some(e.to_string()),
-    }
-}
-
 #[cfg(feature = "cuda")]
 fn load_cuda(path: &Path, fused: bool) -> anyhow::Result<Model> {
     use muser_cuda::backend::CudaBackend;
@@ -76,27 +66,22 @@ fn load_cuda(path: &Path, fused: bool) -> anyhow::Result<Model> {
     let g =
         muser_gguf::GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?;
     if fused {
-        match fused_unfit(&g) {
-            None => {
-                let gpu = Gpu::new(0).context("starting CUDA")?;
-                match FusedGlimmer::load(gpu, &g) {
-                    Ok(f) => {
-                        eprintln!(
-                            "CUDA: fused muse-glimmer forward on {} ({:.2} GB of weights per \
-                             decode step)",
-                            f.gpu().info().name,
-                            f.decode_weight_bytes() as f64 / 1e9
-                        );
-                        return Ok(Model::with_fused(g, Box::new(f))?);
-                    }
-                    // Shapes or types the fused kernels do not take: the op-by-op backend.
-                    Err(muser_cuda::CudaError::Unsupported(why)) => {
-                        eprintln!("CUDA: the fused forward does not take this file ({why})")
-                    }
-                    Err(e) => return Err(e).context("loading the fused muse-glimmer model"),
-                }
+        let gpu = Gpu::new(0).context("starting CUDA")?;
+        match FusedGlimmer::load(gpu, &g) {
+            Ok(f) => {
+                eprintln!(
+                    "CUDA: fused muse-glimmer forward on {} ({:.2} GB of weights per decode \
+                     step)",
+                    f.gpu().info().name,
+                    f.decode_weight_bytes() as f64 / 1e9
+                );
+                return Ok(Model::with_fused(g, Box::new(f))?);
             }
-            Some(why) => eprintln!("CUDA: {why} runs on the op-by-op backend"),
+            // Other architectures, shapes or types: the op-by-op backend.
+            Err(muser_cuda::CudaError::Unsupported(why)) => {
+                eprintln!("CUDA: {why}; running op by op")
+            }
+            Err(e) => return Err(e).context("loading the fused muse-glimmer model"),
         }
     }
     let n: u64 = g.tensors().iter().map(|t| t.n_elements()).sum();

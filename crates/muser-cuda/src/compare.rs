@@ -35,9 +35,43 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0f32, f32::max)
 }
 
+/// max |want - got| / max |want|: the relative error the checks report (infinite when the
+/// lengths differ or `got` holds a non-finite value).
+pub fn rel_err(want: &[f32], got: &[f32]) -> f64 {
+    if want.len() != got.len() || got.iter().any(|v| !v.is_finite()) {
+        return f64::INFINITY;
+    }
+    let (mut d, mut m) = (0f64, 0f64);
+    for (a, b) in want.iter().zip(got) {
+        d = d.max((*a as f64 - *b as f64).abs());
+        m = m.max((*a as f64).abs());
+    }
+    d / m.max(1e-30)
+}
+
+/// Index of the largest value (the first of equals; 0 when empty).
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rel_err_and_argmax() {
+        assert_eq!(rel_err(&[2.0, -4.0], &[2.0, -3.0]), 0.25);
+        assert_eq!(rel_err(&[1.0], &[1.0, 2.0]), f64::INFINITY);
+        assert_eq!(rel_err(&[1.0], &[f32::NAN]), f64::INFINITY);
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, -1.0]), 1);
+        assert_eq!(argmax(&[]), 0);
+    }
 
     #[test]
     fn norm_slices_only_when_no_block_overwrites_what_another_reads() {

@@ -124,6 +124,10 @@ pub trait FusedForward: Send + Sync {
         cells: &[usize],
         n_seq: usize,
     ) -> Result<Box<dyn KvStore>, ModelError>;
+
+    /// Whether `kv` can run here (its rows in a store this forward made), checked before a
+    /// batch changes anything.
+    fn accepts(&self, kv: &KvCache) -> Result<(), ModelError>;
 }
 
 enum Net {
@@ -159,6 +163,10 @@ trait Executor: Send + Sync {
     /// How caches for this executor place cells.
     fn placement(&self) -> Placement {
         Placement::LlamaCpp
+    }
+    /// Refuses a cache this executor cannot run (before anything is placed).
+    fn accepts(&self, _kv: &KvCache) -> Result<(), ModelError> {
+        Ok(())
     }
 }
 
@@ -201,6 +209,15 @@ impl Executor for Fused {
 
     fn placement(&self) -> Placement {
         Placement::Positional
+    }
+
+    fn accepts(&self, kv: &KvCache) -> Result<(), ModelError> {
+        if kv.placement() != Placement::Positional {
+            return Err(ModelError::BadBatch(
+                "this model runs on caches that place cells by position (Model::new_kv)".into(),
+            ));
+        }
+        self.0.accepts(kv)
     }
 }
 
@@ -422,6 +439,7 @@ impl Model {
                 "the KV cache was made for another model".into(),
             ));
         }
+        self.exec.accepts(kv)?;
         let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
         for i in 0..n {
             let (tok, seq, pos) = (b.tokens[i], b.seq[i], b.pos[i]);
@@ -667,6 +685,13 @@ mod tests {
         ) -> Result<Box<dyn KvStore>, ModelError> {
             Ok(Box::new(HostKv::new(layout, cells, n_seq)?))
         }
+
+        fn accepts(&self, kv: &KvCache) -> Result<(), ModelError> {
+            match kv.store().as_any().is::<HostKv>() {
+                true => Ok(()),
+                false => Err(ModelError::Device("not a host cache".into())),
+            }
+        }
     }
 
     /// `Model::with_fused` validates and places every batch before the fused forward sees it
@@ -697,9 +722,19 @@ mod tests {
         assert_eq!(out.row(1, n_vocab)[0], 0.0);
         assert_eq!((kv.seq_len(0), kv.seq_len(1)), (1, 3));
         assert_eq!(kv.cell_pos(1, 0)[..3], [0, 1, 2]);
-        // A position that does not continue its sequence never reaches the device.
+        // A position that does not continue its sequence never reaches the device, nor does
+        // a cache placed another way (nothing is placed in it).
         let bad = Batch::single(0, &[1], 5, true);
         assert!(m.forward(&mut kv, &bad).is_err());
+        let mut other = m
+            .new_kv(64, 1, KvType::F16)
+            .unwrap()
+            .with_placement(Placement::LlamaCpp);
+        let e = m
+            .forward(&mut other, &Batch::single(0, &[1], 0, true))
+            .unwrap_err();
+        assert!(e.to_string().contains("by position"), "{e}");
+        assert_eq!(other.seq_len(0), 0);
         let seen = seen.lock().unwrap();
         assert_eq!(seen.len(), 1);
         assert_eq!(seen[0].0, vec![(1, vec![0, 1, 2]), (0, vec![3])]);

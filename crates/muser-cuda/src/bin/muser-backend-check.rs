@@ -36,6 +36,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use muser_cuda::backend::{CudaBackend, Precision};
+use muser_cuda::compare::{argmax, rel_err};
 use muser_model::synth::{presets::preset, random_tokens, Plan, WeightType};
 use muser_model::{Batch, KvSnapshot, KvType, LoadOptions, Model};
 use serde_json::{json, Value};
@@ -102,28 +103,6 @@ fn rel_l2(want: &[f32], got: &[f32]) -> f64 {
 }
 
 /// max|a-b| / max|a| (infinite when any value is not finite or the lengths differ).
-fn rel_err(want: &[f32], got: &[f32]) -> f64 {
-    if want.len() != got.len() || got.iter().any(|v| !v.is_finite()) {
-        return f64::INFINITY;
-    }
-    let (mut d, mut m) = (0f64, 0f64);
-    for (a, b) in want.iter().zip(got) {
-        d = d.max((*a as f64 - *b as f64).abs());
-        m = m.max((*a as f64).abs());
-    }
-    d / m.max(1e-30)
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, x) in v.iter().enumerate() {
-        if *x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
 fn f16s(b: &[u8]) -> impl Iterator<Item = f32> + '_ {
     b.chunks_exact(2)
         .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())

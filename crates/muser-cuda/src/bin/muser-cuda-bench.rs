@@ -497,13 +497,7 @@ fn cpu_logits(path: &std::path::Path, prompt: &[u32]) -> Result<Vec<f32>, CudaEr
 }
 
 fn argmax(v: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, x) in v.iter().enumerate() {
-        if *x > v[best] {
-            best = i;
-        }
-    }
-    best
+    muser_cuda::compare::argmax(v) as usize
 }
 
 fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {

@@ -25,6 +25,7 @@
 
 use std::path::PathBuf;
 
+use muser_cuda::compare::{argmax, rel_err};
 use muser_cuda::glimmer::{CudaGlimmer, FusedGlimmer, GpuOptions};
 use muser_cuda::runtime::Gpu;
 use muser_gguf::GgufFile;
@@ -72,34 +73,12 @@ fn parse() -> Result<Args, Error> {
             _ => return Err(format!("unknown option {k}").into()),
         }
     }
-    if a.prompt_len < 2 || a.chunk == 0 || a.prompt_len + a.tokens + 1 > a.n_ctx {
-        return Err("need 2 <= prompt-len, chunk > 0, prompt-len + tokens < n-ctx".into());
+    if a.prompt_len < 2 || a.tokens < 16 || a.chunk == 0 || a.prompt_len + a.tokens + 1 > a.n_ctx {
+        return Err(
+            "need prompt-len >= 2, tokens >= 16, chunk > 0, prompt-len + tokens < n-ctx".into(),
+        );
     }
     Ok(a)
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-/// max |a - b| / max |b|.
-fn rel_err(a: &[f32], b: &[f32]) -> f64 {
-    let num = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs() as f64)
-        .fold(0.0, f64::max);
-    let den = b.iter().map(|y| y.abs() as f64).fold(0.0, f64::max);
-    if a.len() != b.len() {
-        return f64::INFINITY;
-    }
-    num / den.max(1e-30)
 }
 
 /// Prefill of `prompt` into `seq` in `chunk`-token batches; the last logits.
@@ -181,7 +160,7 @@ fn run(a: &Args, results: &mut Vec<Value>) -> Result<bool, Error> {
         toks
     };
     let same = same_prefix(&via_model, &direct_tokens);
-    let e = rel_err(&first, &direct_logits);
+    let e = rel_err(&direct_logits, &first);
     ok &= report(
         results,
         "direct",
@@ -204,7 +183,7 @@ fn run(a: &Args, results: &mut Vec<Value>) -> Result<bool, Error> {
         Ok((o.logits, o.embeddings))
     };
     let (cl, ce) = ckv_chunked(&cpu, &mut ckv)?;
-    let e = rel_err(&first, &cl);
+    let e = rel_err(&cl, &first);
     ok &= report(
         results,
         "cpu",
@@ -217,7 +196,7 @@ fn run(a: &Args, results: &mut Vec<Value>) -> Result<bool, Error> {
     );
     let mut ekv = m.new_kv_ubatch(a.n_ctx, 1, KvType::F16, a.chunk.max(4) as u32)?;
     let (_, ge) = ckv_chunked(&m, &mut ekv)?;
-    let e = rel_err(&ge, &ce);
+    let e = rel_err(&ce, &ge);
     ok &= report(
         results,
         "embeddings",

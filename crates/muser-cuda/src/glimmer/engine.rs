@@ -34,8 +34,8 @@ pub struct FusedGlimmer {
 
 struct State {
     m: CudaGlimmer,
-    /// The first K buffer's address of the cache the model is bound to.
-    bound: Option<u64>,
+    /// The cache the model is bound to: its K buffers, cells per layer, sequences, positions.
+    bound: Option<(Vec<u64>, Vec<usize>, usize, u32)>,
     /// Captured decode steps, index `rows - 1`.
     graphs: Vec<Option<DecodeGraph>>,
     /// The slot table as last uploaded (decode row b's sequence).
@@ -46,10 +46,6 @@ struct State {
 // binds its context to the calling thread before launching or destroying them, and the state
 // is reached only through the mutex, so one thread at a time uses them.
 unsafe impl Send for State {}
-
-fn dev(e: CudaError) -> ModelError {
-    ModelError::Device(e.to_string())
-}
 
 impl FusedGlimmer {
     /// Uploads the weights of a muse-glimmer file to `gpu` (no cache yet: the engine's
@@ -101,16 +97,18 @@ struct Outputs<'a> {
 }
 
 impl Outputs<'_> {
-    /// Copies device output row `j` to the place of batch index `i`, if it was asked for.
-    fn take(&mut self, m: &CudaGlimmer, j: usize, i: usize) -> Result<(), ModelError> {
-        let Ok(k) = self.rows.binary_search(&i) else {
-            return Ok(());
-        };
+    /// Copies device output rows to the places of their batch indices (`(row, batch index)`
+    /// pairs; rows not asked for are skipped), one transfer per run of consecutive rows.
+    fn take(&mut self, m: &CudaGlimmer, rows: &[(usize, usize)]) -> Result<(), ModelError> {
+        let pairs = rows
+            .iter()
+            .filter_map(|&(j, i)| self.rows.binary_search(&i).ok().map(|k| (j, k)));
         let (v, e) = (self.vocab, self.embd);
-        let hidden = (!self.hidden.is_empty()).then(|| &mut self.hidden[k * e..(k + 1) * e]);
-        m.download_output(j, &mut self.logits[k * v..(k + 1) * v], hidden)
-            .map_err(dev)?;
-        self.done[k] = true;
+        for (j, k, n) in muser_model::kv::runs(pairs) {
+            let hidden = (!self.hidden.is_empty()).then(|| &mut self.hidden[k * e..(k + n) * e]);
+            m.download_outputs(j, n, &mut self.logits[k * v..(k + n) * v], hidden)?;
+            self.done[k..k + n].fill(true);
+        }
         Ok(())
     }
 }
@@ -118,13 +116,7 @@ impl Outputs<'_> {
 impl State {
     /// Binds the model to `kv`'s rows unless it already is.
     fn bind(&mut self, kv: &KvCache) -> Result<(), ModelError> {
-        let store = kv
-            .store()
-            .as_any()
-            .downcast_ref::<CudaKv>()
-            .ok_or_else(|| {
-                ModelError::Device("the KV cache was not made by this CUDA model".into())
-            })?;
+        let store = cuda_kv(kv)?;
         let n_layer = kv.layout().n_layer;
         let mut k = Vec::with_capacity(n_layer);
         let mut v = Vec::with_capacity(n_layer);
@@ -137,16 +129,16 @@ impl State {
             v.push(vp);
             cells.push(kv.cell_pos(0, il).len());
         }
-        if self.bound == k.first().copied() {
+        let key = (k.clone(), cells.clone(), kv.n_seq(), kv.n_ctx());
+        if self.bound.as_ref() == Some(&key) {
             return Ok(());
         }
         self.graphs.clear();
         self.bound = None;
         self.slots.clear();
         self.m
-            .bind_kv(&k, &v, &cells, kv.n_seq(), kv.n_ctx() as usize)
-            .map_err(dev)?;
-        self.bound = k.first().copied();
+            .bind_kv(&k, &v, &cells, kv.n_seq(), kv.n_ctx() as usize)?;
+        self.bound = Some(key);
         Ok(())
     }
 
@@ -160,12 +152,11 @@ impl State {
         out: &mut Outputs,
     ) -> Result<(), ModelError> {
         let max_rows = self.m.opts.n_seq;
-        for chunk in idx.chunks(FUSED_MAX_CHUNK) {
+        for chunk in idx.chunks(self.m.opts.max_chunk) {
             let tokens: Vec<u32> = chunk.iter().map(|&i| batch.tokens[i]).collect();
             let p0 = batch.pos[chunk[0]] as usize;
             self.m
-                .enqueue_prefill_seq(&tokens, p0, seq as usize, false)
-                .map_err(dev)?;
+                .enqueue_prefill_seq(&tokens, p0, seq as usize, false)?;
             // Runs of consecutive wanted rows, at most `max_rows` at once.
             let wanted: Vec<usize> = (0..chunk.len())
                 .filter(|&k| batch.logits[chunk[k]])
@@ -178,10 +169,10 @@ impl State {
                     end += 1;
                 }
                 let rows = wanted[k]..wanted[end - 1] + 1;
-                self.m.chunk_outputs(rows.clone()).map_err(dev)?;
-                for (j, r) in rows.enumerate() {
-                    out.take(&self.m, j, chunk[r])?;
-                }
+                self.m.chunk_outputs(rows.clone())?;
+                let taken: Vec<(usize, usize)> =
+                    rows.enumerate().map(|(j, r)| (j, chunk[r])).collect();
+                out.take(&self.m, &taken)?;
                 k = end;
             }
         }
@@ -201,29 +192,36 @@ impl State {
         let seqs: Vec<u32> = rows.iter().map(|&(_, s)| s).collect();
         let latest = pos.iter().copied().max().unwrap_or(0) as usize;
         let m = &self.m;
-        m.gpu.upload(&m.s.tokens, 0, &tokens).map_err(dev)?;
-        m.gpu.upload(&m.s.pos, 0, &pos).map_err(dev)?;
+        m.gpu.upload(&m.s.tokens, 0, &tokens)?;
+        m.gpu.upload(&m.s.pos, 0, &pos)?;
         // The slot table changes only when the set of decoding sequences does.
         if !self.slots.starts_with(&seqs) {
-            m.set_decode_slots(&seqs).map_err(dev)?;
+            m.set_decode_slots(&seqs)?;
             self.slots = seqs;
         }
         if self.graphs.len() < nb {
             self.graphs.resize_with(nb, || None);
         }
         if self.graphs[nb - 1].is_none() {
-            self.graphs[nb - 1] = Some(self.m.capture_steps(nb, false).map_err(dev)?);
+            self.graphs[nb - 1] = Some(self.m.capture_steps(nb, false)?);
         }
         if let Some(g) = &self.graphs[nb - 1] {
             g.for_position(latest)
                 .launch()
-                .map_err(|e| dev(crate::runtime::drv_err(e)))?;
+                .map_err(crate::runtime::drv_err)?;
         }
-        for (j, &(i, _)) in rows.iter().enumerate() {
-            out.take(&self.m, j, i)?;
-        }
-        Ok(())
+        let taken: Vec<(usize, usize)> =
+            rows.iter().enumerate().map(|(j, &(i, _))| (j, i)).collect();
+        out.take(&self.m, &taken)
     }
+}
+
+/// `kv`'s rows as the CUDA store they must be.
+fn cuda_kv(kv: &KvCache) -> Result<&CudaKv, ModelError> {
+    kv.store()
+        .as_any()
+        .downcast_ref::<CudaKv>()
+        .ok_or_else(|| ModelError::Device("the KV cache was not made by a CUDA model".into()))
 }
 
 impl FusedForward for FusedGlimmer {
@@ -266,6 +264,10 @@ impl FusedForward for FusedGlimmer {
             ));
         }
         Ok((out.logits, out.hidden))
+    }
+
+    fn accepts(&self, kv: &KvCache) -> Result<(), ModelError> {
+        cuda_kv(kv).map(drop)
     }
 
     fn new_kv_store(

@@ -238,8 +238,8 @@ struct Scratch {
     hb: DevBuf,
     q_h: DevBuf,
     /// Scores (f32) and probabilities (f16) of the GEMM prefill attention (`fa=0`), allocated
-    /// on its first use: `n_head · max_chunk · n_ctx` each.
-    gemm_attn: std::sync::Mutex<Option<(DevBuf, DevBuf)>>,
+    /// on its first use with the values they hold (`n_head · max_chunk · n_ctx` each).
+    gemm_attn: std::sync::Mutex<Option<(DevBuf, DevBuf, usize)>>,
     o_heads: DevBuf,
     wbuf: DevBuf,
 }
@@ -469,28 +469,27 @@ impl CudaGlimmer {
                 cells.len()
             )));
         }
+        for (il, (&c, &swa)) in cells.iter().zip(&self.info.is_swa).enumerate() {
+            if !swa && c < n_ctx {
+                return Err(CudaError::Shape(format!(
+                    "layer {il}: {c} cells for {n_ctx} positions"
+                )));
+            }
+        }
         let batch = n_seq.min(crate::layout::MAX_GEMV_BATCH);
         // The scratch depends on n_ctx only through the generation history (and the GEMM
-        // attention's lazily made buffers): kept when large enough, so that a new cache of
-        // the same size costs no reallocation.
+        // attention's buffers, sized when used): kept when large enough, so that a new cache
+        // of the same size costs no reallocation.
         if n_ctx > self.s.history_ctx || batch > self.s.batch {
             self.opts.n_ctx = n_ctx;
             self.opts.n_seq = batch;
             self.s = Self::scratch(&self.gpu, &self.info, &self.opts)?;
-        } else if n_ctx > self.opts.n_ctx {
-            *self.s.gemm_attn.lock().unwrap_or_else(|e| e.into_inner()) = None;
         }
         self.opts.n_ctx = n_ctx;
         self.opts.n_seq = batch;
         *self.sampling.lock().unwrap_or_else(|e| e.into_inner()) = vec![None; batch];
         for (il, l) in self.layers.iter_mut().enumerate() {
             let full = !self.info.is_swa[il];
-            if full && cells[il] < n_ctx {
-                return Err(CudaError::Shape(format!(
-                    "layer {il}: {} cells for {n_ctx} positions",
-                    cells[il]
-                )));
-            }
             l.k_cache = k[il];
             l.v_cache = v[il];
             l.cache_rows = cells[il];

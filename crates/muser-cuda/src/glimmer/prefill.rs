@@ -265,12 +265,13 @@ impl CudaGlimmer {
     /// The score and probability buffers of [`Self::attention_gemms`], allocated on first use.
     fn gemm_attn_buffers(&self) -> Result<(u64, u64)> {
         let mut b = self.s.gemm_attn.lock().unwrap_or_else(|e| e.into_inner());
-        if b.is_none() {
-            let n = self.info.n_head * self.opts.max_chunk.max(1) * self.opts.n_ctx;
-            *b = Some((self.gpu.alloc(4 * n)?, self.gpu.alloc(2 * n)?));
+        let n = self.info.n_head * self.opts.max_chunk.max(1) * self.opts.n_ctx;
+        if b.as_ref().is_none_or(|(_, _, held)| *held < n) {
+            *b = None;
+            *b = Some((self.gpu.alloc(4 * n)?, self.gpu.alloc(2 * n)?, n));
         }
         match b.as_ref() {
-            Some((s, p)) => Ok((s.ptr(), p.ptr())),
+            Some((s, p, _)) => Ok((s.ptr(), p.ptr())),
             None => Err(CudaError::Shape("no attention score buffers".into())),
         }
     }
@@ -299,20 +300,22 @@ impl CudaGlimmer {
         self.finish_logits(n, false)
     }
 
-    /// Output row `j`'s logits into `logits` (`n_vocab` values) and, when given, its final-norm
-    /// hidden state into `hidden` (`n_embd`), after a decode step or [`Self::chunk_outputs`].
-    pub(super) fn download_output(
+    /// Output rows `j..j + n`: logits into `logits` (`n · n_vocab` values) and, when given,
+    /// final-norm hidden states into `hidden` (`n · n_embd`), after a decode step or
+    /// [`Self::chunk_outputs`].
+    pub(super) fn download_outputs(
         &self,
         j: usize,
+        n: usize,
         logits: &mut [f32],
         hidden: Option<&mut [f32]>,
     ) -> Result<()> {
         let (v, e) = (self.info.n_vocab, self.info.n_embd);
-        if j >= self.opts.n_seq
-            || logits.len() != v
-            || hidden.as_ref().is_some_and(|h| h.len() != e)
+        if j + n > self.opts.n_seq
+            || logits.len() != n * v
+            || hidden.as_ref().is_some_and(|h| h.len() != n * e)
         {
-            return Err(CudaError::Shape(format!("output row {j}")));
+            return Err(CudaError::Shape(format!("output rows {j}..{}", j + n)));
         }
         self.gpu.download(self.s.logits.at(4 * j * v), logits)?;
         if let Some(h) = hidden {

@@ -213,8 +213,11 @@ impl Cells {
             self.max = self.max.max(p);
             self.hi = self.hi.max(idx + 1);
         }
-        if max_rm != EMPTY && self.pos_min() <= max_rm {
-            self.remove(self.pos_min(), max_rm + 1);
+        if max_rm != EMPTY {
+            let min = self.pos_min();
+            if min <= max_rm {
+                self.remove(min, max_rm + 1);
+            }
         }
         if let Some(&last) = idxs.last() {
             self.head = last + 1;
@@ -401,12 +404,12 @@ impl KvCache {
         })
     }
 
-    /// The same cache with cells chosen by `placement` (a fresh cache: nothing placed yet).
+    /// The same cache with cells chosen by `placement` from now on (meant for a fresh cache).
     pub fn with_placement(mut self, placement: Placement) -> KvCache {
         self.placement = placement;
         for s in &mut self.streams {
-            s.base = Cells::new(s.base.size(), 0, placement);
-            s.swa = Cells::new(s.swa.size(), self.layout.n_swa, placement);
+            s.base.placement = placement;
+            s.swa.placement = placement;
         }
         self
     }

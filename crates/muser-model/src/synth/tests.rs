@@ -270,3 +270,19 @@ fn a_vocabulary_only_file_is_a_donor_again() {
     let again = Vocab::from_donor(&only, &specials, "T").unwrap();
     assert_eq!(again, vocab);
 }
+
+#[test]
+fn unknown_names_are_errors() {
+    assert!(matches!(
+        preset("huge"),
+        Err(SynthError::UnknownPreset { .. })
+    ));
+    assert!(matches!(
+        WeightType::from_name("q3_k"),
+        Err(SynthError::UnknownType { .. })
+    ));
+    assert_eq!(WeightType::from_name("Q4_K_M").unwrap(), WeightType::Q4_K_M);
+    for name in WeightType::NAMES {
+        assert_eq!(WeightType::from_name(name).unwrap().name(), name);
+    }
+}

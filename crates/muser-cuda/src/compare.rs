@@ -1,5 +1,8 @@
-//! Comparisons of two runs' outputs for the GPU checks (`muser-cuda-bench`), and the rule that
-//! decides how many blocks a decode norm may use. Plain host code, tested without a GPU.
+//! Comparisons of two runs' outputs for the GPU checks (`muser-cuda-bench`,
+//! `muser-backend-check`, `muser-fused-check`), and the rule that decides how many blocks a
+//! decode norm may use. Plain host code, tested without a GPU.
+
+use muser_model::{Batch, KvCache, Model, ModelError};
 
 /// Blocks per row for `norm_fused` (kernels.cu) that reads the residual at `x` and writes the
 /// new one to `x_out` (0: in place) and the normalized row to `out_f`, when `want` are asked
@@ -58,6 +61,24 @@ pub fn argmax(v: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// Runs `tokens` of sequence `seq` from where its cache ends, in batches of `chunk`; the last
+/// row's logits.
+pub fn prefill_chunks(
+    m: &Model,
+    kv: &mut KvCache,
+    seq: u32,
+    tokens: &[u32],
+    chunk: usize,
+) -> Result<Vec<f32>, ModelError> {
+    let mut last = Vec::new();
+    let mut p = kv.seq_len(seq);
+    for c in tokens.chunks(chunk.max(1)) {
+        last = m.forward(kv, &Batch::single(seq, c, p, true))?.logits;
+        p += c.len() as u32;
+    }
+    Ok(last)
 }
 
 #[cfg(test)]

@@ -36,7 +36,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use muser_cuda::backend::{CudaBackend, Precision};
-use muser_cuda::compare::{argmax, rel_err};
+use muser_cuda::compare::{argmax, prefill_chunks, rel_err};
 use muser_model::synth::{presets::preset, random_tokens, Plan, WeightType};
 use muser_model::{Batch, KvSnapshot, KvType, LoadOptions, Model};
 use serde_json::{json, Value};
@@ -146,24 +146,6 @@ fn prompt(model: &Model, a: &Args) -> Result<Vec<u32>, Error> {
     }
 }
 
-/// Runs `tokens` of `seq` from `start` in batches of `chunk`; the last row's logits.
-fn prefill(
-    m: &Model,
-    kv: &mut muser_model::KvCache,
-    seq: u32,
-    tokens: &[u32],
-    start: u32,
-    chunk: usize,
-) -> Result<Vec<f32>, Error> {
-    let mut last = Vec::new();
-    let mut p = start;
-    for c in tokens.chunks(chunk.max(1)) {
-        last = m.forward(kv, &Batch::single(seq, c, p, true))?.logits;
-        p += c.len() as u32;
-    }
-    Ok(last)
-}
-
 fn check_model(t: &Target, a: &Args) -> Result<(Value, bool), Error> {
     let (path, chunk, rel_max) = (&t.path, t.chunk, t.rel_max());
     let cpu = Model::load(
@@ -190,10 +172,10 @@ fn check_model(t: &Target, a: &Args) -> Result<(Value, bool), Error> {
 
     // (a) prompt logits.
     let s = Instant::now();
-    let lc = prefill(&cpu, &mut kc, 0, &p, 0, chunk)?;
+    let lc = prefill_chunks(&cpu, &mut kc, 0, &p, chunk)?;
     let cpu_s = s.elapsed().as_secs_f64();
     let s = Instant::now();
-    let lg = prefill(&gpu, &mut kg, 0, &p, 0, chunk)?;
+    let lg = prefill_chunks(&gpu, &mut kg, 0, &p, chunk)?;
     let gpu_s = s.elapsed().as_secs_f64();
     let logits_err = rel_err(&lc, &lg);
     let logits_l2 = rel_l2(&lc, &lg);

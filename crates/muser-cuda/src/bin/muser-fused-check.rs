@@ -25,7 +25,7 @@
 
 use std::path::PathBuf;
 
-use muser_cuda::compare::{argmax, rel_err};
+use muser_cuda::compare::{argmax, prefill_chunks, rel_err};
 use muser_cuda::glimmer::{CudaGlimmer, FusedGlimmer, GpuOptions};
 use muser_cuda::runtime::Gpu;
 use muser_gguf::GgufFile;
@@ -81,23 +81,6 @@ fn parse() -> Result<Args, Error> {
     Ok(a)
 }
 
-/// Prefill of `prompt` into `seq` in `chunk`-token batches; the last logits.
-fn prefill(
-    m: &Model,
-    kv: &mut KvCache,
-    seq: u32,
-    prompt: &[u32],
-    chunk: usize,
-) -> Result<Vec<f32>, Error> {
-    let mut last = Vec::new();
-    let p0 = kv.seq_len(seq) as usize;
-    for (c, part) in prompt.chunks(chunk).enumerate() {
-        let b = Batch::single(seq, part, (p0 + c * chunk) as u32, true);
-        last = m.forward(kv, &b)?.logits;
-    }
-    Ok(last)
-}
-
 /// `n` greedy tokens of `seq` after `logits`, one step at a time.
 fn greedy(
     m: &Model,
@@ -141,7 +124,7 @@ fn run(a: &Args, results: &mut Vec<Value>) -> Result<bool, Error> {
 
     // direct
     let mut kv = m.new_kv_ubatch(a.n_ctx, 4, KvType::F16, a.chunk.max(4) as u32)?;
-    let first = prefill(&m, &mut kv, 0, &prompt, a.chunk)?;
+    let first = prefill_chunks(&m, &mut kv, 0, &prompt, a.chunk)?;
     let via_model = greedy(&m, &mut kv, 0, first.clone(), a.tokens)?;
     let direct_logits;
     let direct_tokens = {
@@ -176,7 +159,7 @@ fn run(a: &Args, results: &mut Vec<Value>) -> Result<bool, Error> {
     let mut ckv = cpu.new_kv(a.n_ctx, 1, KvType::F16)?;
     let ckv_chunked = |m: &Model, kv: &mut KvCache| -> Result<(Vec<f32>, Vec<f32>), Error> {
         let (head, last) = prompt.split_at(prompt.len() - 1);
-        prefill(m, kv, 0, head, a.chunk)?;
+        prefill_chunks(m, kv, 0, head, a.chunk)?;
         let mut lb = Batch::single(0, last, head.len() as u32, true);
         lb.embeddings = true;
         let o = m.forward(kv, &lb)?;
@@ -216,7 +199,7 @@ fn run(a: &Args, results: &mut Vec<Value>) -> Result<bool, Error> {
     let mut solo = Vec::new();
     for p in &prompts {
         let mut kv = m.new_kv_ubatch(a.n_ctx, 4, KvType::F16, a.chunk.max(4) as u32)?;
-        let l = prefill(&m, &mut kv, 0, p, a.chunk)?;
+        let l = prefill_chunks(&m, &mut kv, 0, p, a.chunk)?;
         solo.push(greedy(&m, &mut kv, 0, l, n_gen)?);
     }
     // Engine-like schedule on one cache.

@@ -237,10 +237,19 @@ impl CudaGlimmer {
     /// greedy next token.
     pub fn decode(&mut self, token: u32, pos: usize) -> Result<(Vec<f32>, u32)> {
         self.check_pos(pos, 1)?;
-        self.gpu.upload(&self.s.tokens, 0, &[token as i32])?;
-        self.gpu.upload(&self.s.pos, 0, &[pos as i32])?;
+        self.upload_step(&[token], &[pos])?;
         self.enqueue_decode(1, false, pos)?;
         self.read_logits()
+    }
+
+    /// Uploads a decode step's inputs (row b: `tokens[b]` at `pos[b]`); returns the latest
+    /// position, which picks the graph variant.
+    pub(super) fn upload_step(&self, tokens: &[u32], pos: &[usize]) -> Result<usize> {
+        let t: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
+        let p: Vec<i32> = pos.iter().map(|&x| x as i32).collect();
+        self.gpu.upload(&self.s.tokens, 0, &t)?;
+        self.gpu.upload(&self.s.pos, 0, &p)?;
+        Ok(pos.iter().copied().max().unwrap_or(0))
     }
 
     /// Captures one decode step (token and position read from device memory) as a graph.
@@ -294,16 +303,9 @@ impl CudaGlimmer {
         for &p in pos {
             self.check_pos(p, n)?;
         }
-        let t: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
-        let p: Vec<i32> = pos.iter().map(|&x| x as i32).collect();
-        self.gpu.upload(&self.s.tokens, 0, &t)?;
-        self.gpu.upload(&self.s.pos, 0, &p)?;
-        let latest = pos.iter().copied().max().unwrap_or(0);
+        let latest = self.upload_step(tokens, pos)?;
         for step in 0..n {
-            graph
-                .for_position(latest + step)
-                .launch()
-                .map_err(crate::runtime::drv_err)?;
+            graph.replay(latest + step)?;
         }
         let hl = self.opts.n_ctx + 1;
         let mut out = Vec::with_capacity(nb);
@@ -339,8 +341,15 @@ pub struct DecodeGraph {
 
 impl DecodeGraph {
     /// The variant for a step whose latest position is `pos`.
-    pub(super) fn for_position(&self, pos: usize) -> &cudarc::driver::CudaGraph {
+    fn for_position(&self, pos: usize) -> &cudarc::driver::CudaGraph {
         let i = self.graphs.partition_point(|(from, _)| *from <= pos);
         &self.graphs[i.saturating_sub(1)].1
+    }
+
+    /// Launches the variant for a step whose latest position is `pos`.
+    pub(super) fn replay(&self, pos: usize) -> Result<()> {
+        self.for_position(pos)
+            .launch()
+            .map_err(crate::runtime::drv_err)
     }
 }

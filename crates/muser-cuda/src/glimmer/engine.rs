@@ -187,13 +187,11 @@ impl State {
         out: &mut Outputs,
     ) -> Result<(), ModelError> {
         let nb = rows.len();
-        let tokens: Vec<i32> = rows.iter().map(|&(i, _)| batch.tokens[i] as i32).collect();
-        let pos: Vec<i32> = rows.iter().map(|&(i, _)| batch.pos[i] as i32).collect();
+        let tokens: Vec<u32> = rows.iter().map(|&(i, _)| batch.tokens[i]).collect();
+        let pos: Vec<usize> = rows.iter().map(|&(i, _)| batch.pos[i] as usize).collect();
         let seqs: Vec<u32> = rows.iter().map(|&(_, s)| s).collect();
-        let latest = pos.iter().copied().max().unwrap_or(0) as usize;
         let m = &self.m;
-        m.gpu.upload(&m.s.tokens, 0, &tokens)?;
-        m.gpu.upload(&m.s.pos, 0, &pos)?;
+        let latest = m.upload_step(&tokens, &pos)?;
         // The slot table changes only when the set of decoding sequences does.
         if !self.slots.starts_with(&seqs) {
             m.set_decode_slots(&seqs)?;
@@ -206,9 +204,7 @@ impl State {
             self.graphs[nb - 1] = Some(self.m.capture_steps(nb, false)?);
         }
         if let Some(g) = &self.graphs[nb - 1] {
-            g.for_position(latest)
-                .launch()
-                .map_err(crate::runtime::drv_err)?;
+            g.replay(latest)?;
         }
         let taken: Vec<(usize, usize)> =
             rows.iter().enumerate().map(|(j, &(i, _))| (j, i)).collect();

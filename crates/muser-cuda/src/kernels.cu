@@ -232,44 +232,15 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
 // constant, so this may run before the previous kernel finishes. bytes: a multiple of 16.
 __device__ __forceinline__ void l2_prefetch_range(const u8* p, long bytes) {
 #if __CUDA_ARCH__ >= 900
-    // Bits 56.. of `bytes` pick how (Tuning::prefetch_mode): 0, bulk copies of 64 KiB issued by
-    // the blocks of the first (y, z) slice; 1, bulk copies of 16 KiB spread over every block;
-    // 2, one L2 line prefetch per 128 bytes spread over every thread; 3, the same with the
-    // evict-last priority.
-    const int mode = (int)(bytes >> 56);
-    bytes &= (1L << 56) - 1;
-    if (!p || bytes <= 0) return;
-    if (mode == 0) {
-        if (blockIdx.y != 0 || blockIdx.z != 0) return;
-        constexpr long CH = 1 << 16;
-        const long nch = (bytes + CH - 1) / CH;
-        const long tid = (long)blockIdx.x * blockDim.x + threadIdx.x;
-        const long nth = (long)gridDim.x * blockDim.x;
-        for (long i = tid; i < nch; i += nth) {
-            const long off = i * CH;
-            const unsigned n = (unsigned)(min(CH, bytes - off) & ~15L);
-            if (n) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(n) : "memory");
-        }
-        return;
-    }
-    const long blk = ((long)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-    const long nblk = (long)gridDim.x * gridDim.y * gridDim.z;
-    if (mode == 1) {
-        constexpr long CH = 1 << 14;
-        const long nch = (bytes + CH - 1) / CH;
-        for (long i = blk * blockDim.x + threadIdx.x; i < nch; i += nblk * blockDim.x) {
-            const long off = i * CH;
-            const unsigned n = (unsigned)(min(CH, bytes - off) & ~15L);
-            if (n) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(n) : "memory");
-        }
-        return;
-    }
-    const long nl = (bytes + 127) / 128;
-    for (long i = blk * blockDim.x + threadIdx.x; i < nl; i += nblk * blockDim.x) {
-        if (mode == 2)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(p + i * 128));
-        else
-            asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p + i * 128));
+    if (!p || bytes <= 0 || blockIdx.y != 0 || blockIdx.z != 0) return;
+    constexpr long CH = 1 << 16;
+    const long nch = (bytes + CH - 1) / CH;
+    const long tid = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long nth = (long)gridDim.x * blockDim.x;
+    for (long i = tid; i < nch; i += nth) {
+        const long off = i * CH;
+        const unsigned n = (unsigned)(min(CH, bytes - off) & ~15L);
+        if (n) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(n) : "memory");
     }
 #endif
 }
@@ -880,38 +851,26 @@ extern "C" __global__ void qk_norm_rope_store(const float* qkv, long ld, int nq,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Barrier over 128-thread group `sub` of a block of HB such groups (HB == 1: the block). Groups
-// use named barriers 1..HB, so one group's barrier never waits on another's threads.
-template <int HB>
-__device__ __forceinline__ void group_sync(int sub) {
-    if (HB == 1)
-        __syncthreads();
-    else
-        asm volatile("bar.sync %0, 128;" ::"r"(sub + 1) : "memory");
-}
-
-// Merges the four warps of a 128-thread flash-decoding group (group threadIdx.x / 128 of HB),
-// each with its running max `m`, sum `l` and four dimensions per lane in `acc`: thread d of the
-// group gets dimension d's combined max M, sum L and accumulator A. Every thread of the group
-// must call it.
-template <int HB = 1>
+// Merges the four warps of a 128-thread flash-decoding block, each with its running max `m`,
+// sum `l` and four dimensions per lane in `acc`: thread d gets dimension d's combined max M,
+// sum L and accumulator A. Every thread of the block must call it.
 __device__ void merge_warps(float m, float l, const float* acc, float& M, float& L, float& A) {
-    __shared__ float sm[HB][4], sl[HB][4], sa[HB][4][128];
-    const int sub = threadIdx.x >> 7, d = threadIdx.x & 127, w = d >> 5, lane = d & 31;
-    if (lane == 0) { sm[sub][w] = m; sl[sub][w] = l; }
+    __shared__ float sm[4], sl[4], sa[4][128];
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, d = threadIdx.x;
+    if (lane == 0) { sm[w] = m; sl[w] = l; }
 #pragma unroll
-    for (int i = 0; i < 4; i++) sa[sub][w][4 * lane + i] = acc[i];
-    group_sync<HB>(sub);
-    M = fmaxf(fmaxf(sm[sub][0], sm[sub][1]), fmaxf(sm[sub][2], sm[sub][3]));
+    for (int i = 0; i < 4; i++) sa[w][4 * lane + i] = acc[i];
+    __syncthreads();
+    M = fmaxf(fmaxf(sm[0], sm[1]), fmaxf(sm[2], sm[3]));
     L = 0.f;
     A = 0.f;
     if (M != -INFINITY) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            if (sm[sub][i] != -INFINITY) {
-                const float f = __expf(sm[sub][i] - M);
-                L += sl[sub][i] * f;
-                A += sa[sub][i][d] * f;
+            if (sm[i] != -INFINITY) {
+                const float f = __expf(sm[i] - M);
+                L += sl[i] * f;
+                A += sa[i][d] * f;
             }
         }
     }
@@ -1012,18 +971,15 @@ __device__ __forceinline__ unsigned arrive_acq_rel(unsigned* cnt) {
 }
 
 // Merges `used` flash-decoding splits of one (sequence, head) at `base` ([split][130]: acc[128],
-// max, sum), for a 128-thread block (or group threadIdx.x / 128 of HB), thread d owning dimension d: thread d reads the max and
+// max, sum), for a 128-thread block, thread d owning dimension d: thread d reads the max and
 // sum of splits d, d + 128, ... (used <= MAXS) while every thread reads its dimension of the
 // first R splits, all in one round trip; the block reduces the maxima and sums, and each thread
 // sums its dimension in split order (R loads in flight at a time). The result does not depend
 // on MAXS or R. Every thread of the block must call it.
-template <int MAXS, int R, int HB = 1>
+template <int MAXS, int R>
 __device__ void merge_splits(const float* base, int used, int d, float& M, float& L, float& A) {
     constexpr int PER = MAXS / 128;
-    __shared__ float fws[HB][MAXS], reds[HB][4];
-    const int sub = HB == 1 ? 0 : threadIdx.x >> 7;
-    float* fw = fws[sub];
-    float* red = reds[sub];
+    __shared__ float fw[MAXS], red[4];
     const int w = d >> 5, lane = d & 31;
     float ms[PER], ls[PER];
 #pragma unroll
@@ -1040,7 +996,7 @@ __device__ void merge_splits(const float* base, int used, int d, float& M, float
     for (int k = 1; k < PER; k++) mt = fmaxf(mt, ms[k]);
     const float mw = warp_max(mt);
     if (lane == 0) red[w] = mw;
-    group_sync<HB>(sub);
+    __syncthreads();
     M = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
     float lt = 0.f;
 #pragma unroll
@@ -1050,9 +1006,9 @@ __device__ void merge_splits(const float* base, int used, int d, float& M, float
         lt = k == 0 ? ls[k] * f : lt + ls[k] * f;
     }
     const float lw = warp_sum(lt);
-    group_sync<HB>(sub);
+    __syncthreads();
     if (lane == 0) red[w] = lw;
-    group_sync<HB>(sub);
+    __syncthreads();
     L = red[0] + red[1] + red[2] + red[3];
     A = 0.f;
 #pragma unroll
@@ -1138,7 +1094,7 @@ __device__ __forceinline__ void warp_sum_k(const float* p, float* out) {
 // measured on the H200 and dropped (commit 84642e3 has it): 1-2% slower at depth 0 and, with
 // K = 8, at depth 8192 too; the loop is bound by load latency more than by L2 bytes, which is
 // what K addresses.
-template <int K, int HB>
+template <int K>
 __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int nq, int nkv, const float* qn_w,
                                                 const float* kn_w, float eps, const int* pos, int rope,
                                                 float theta_scale, __half* kc, __half* vc, long slot_stride,
@@ -1147,11 +1103,8 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
                                                 const u8* pf, long pf_bytes, int ring) {
     pdl_trigger();
     l2_prefetch_range(pf, pf_bytes);
-    // HB heads of one KV group per block, 128 threads each (their cached keys and values are
-    // the same rows, so all but the first request can hit the SM's L1).
-    const int sub = HB == 1 ? 0 : threadIdx.x >> 7, t = threadIdx.x & 127;
-    const int h = blockIdx.x * HB + sub, b = blockIdx.y, sp = blockIdx.z;
-    const int w = t >> 5, lane = t & 31;
+    const int h = blockIdx.x, b = blockIdx.y, sp = blockIdx.z;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     // Positions are written only at the end of the previous step (or by the host), so the
     // splits this step needs are known before waiting: the others leave at once instead of
     // holding a slot while the projection finishes.
@@ -1191,7 +1144,7 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
         head_norm_rope(v, nw, eps, rope, p, theta_scale, lane);
     };
     // The gate value of this thread's output dimension, needed last, requested first.
-    const float gt = row[(long)(nq + 2 * nkv) * 128 + h * 128 + t];
+    const float gt = row[(long)(nq + 2 * nkv) * 128 + h * 128 + threadIdx.x];
     float qv[4];
     norm_rope(row + (long)h * 128, qn_w, qv);
 #pragma unroll
@@ -1261,42 +1214,40 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
             vr[u] = vn[u];
         }
     }
-    __shared__ unsigned last[HB];
-    const int d = t;
+    __shared__ unsigned last;
+    const int d = threadIdx.x;
     float M, L, A;
-    merge_warps<HB>(m, l, acc, M, L, A);
+    merge_warps(m, l, acc, M, L, A);
     if (used > 1) {
         float* o = part + (((long)b * nq + h) * S + sp) * 130;
         o[d] = A;
         if (d == 0) { o[128] = M; o[129] = L; }
-        group_sync<HB>(sub);
+        __syncthreads();
         if (d == 0) {
             const unsigned prev = arrive_acq_rel(cnt + (long)b * nq + h);
-            last[sub] = prev == (unsigned)(used - 1);
-            if (last[sub]) cnt[(long)b * nq + h] = 0;
+            last = prev == (unsigned)(used - 1);
+            if (last) cnt[(long)b * nq + h] = 0;
         }
-        group_sync<HB>(sub);
-        if (!last[sub]) return;
-        merge_splits<128, 32, HB>(part + ((long)b * nq + h) * S * 130, used, d, M, L, A);
+        __syncthreads();
+        if (!last) return;
+        merge_splits<128, 32>(part + ((long)b * nq + h) * S * 130, used, d, M, L, A);
     }
     const float v = (L > 0.f ? A / L : 0.f) * (1.f / (1.f + __expf(-gt)));
     store_head_out(v, (long)b * nq * 128 + h * 128 + d, out_f, q, qd, qs);
 }
 
-#define ATTN_FUSED_ENTRY(NAME, K, HB)                                                                           \
-    extern "C" __global__ __launch_bounds__(128 * HB) void NAME(                                               \
-        const float* qkv, long ld, int nq, int nkv, const float* qn_w, const float* kn_w, float eps,          \
-        const int* pos, int rope, float theta_scale, __half* kc, __half* vc, long slot_stride,                 \
-        const int* slots, int window, float scale, float* part, int S, int kmin, unsigned* cnt, float* out_f, \
-        i8* q, float* qd, float* qs, const u8* pf, long pf_bytes, int ring) {                                  \
-        attn_fused_body<K, HB>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride, \
-                               slots, window, scale, part, S, kmin, cnt, out_f, q, qd, qs, pf, pf_bytes, ring);      \
+#define ATTN_FUSED_ENTRY(NAME, K)                                                                               \
+    extern "C" __global__ void NAME(const float* qkv, long ld, int nq, int nkv, const float* qn_w,            \
+                                    const float* kn_w, float eps, const int* pos, int rope, float theta_scale, \
+                                    __half* kc, __half* vc, long slot_stride, const int* slots, int window,   \
+                                    float scale, float* part, int S, int kmin, unsigned* cnt, float* out_f,   \
+                                    i8* q, float* qd, float* qs, const u8* pf, long pf_bytes, int ring) {     \
+        attn_fused_body<K>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride,    \
+                           slots, window, scale, part, S, kmin, cnt, out_f, q, qd, qs, pf, pf_bytes, ring);          \
     }
-ATTN_FUSED_ENTRY(attn_decode_fused, 4, 1)
-ATTN_FUSED_ENTRY(attn_decode_fused_k8, 8, 1)
-ATTN_FUSED_ENTRY(attn_decode_fused_k16, 16, 1)
-ATTN_FUSED_ENTRY(attn_decode_fused_k8_h2, 8, 2)
-ATTN_FUSED_ENTRY(attn_decode_fused_k8_h4, 8, 4)
+ATTN_FUSED_ENTRY(attn_decode_fused, 4)
+ATTN_FUSED_ENTRY(attn_decode_fused_k8, 8)
+ATTN_FUSED_ENTRY(attn_decode_fused_k16, 16)
 
 // head_norm_rope with the norm weights of this lane's dims in `nw4` and the rotation of pair
 // i as (cos, sin) in tab[i] (rope_table), for kernels that rotate several heads at one position.

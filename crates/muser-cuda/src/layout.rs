@@ -249,7 +249,7 @@ pub const FA_SMEM_BYTES: u32 = (2 * 2 * FA_KEYS * 128 * 2) as u32;
 pub const MAX_SPLITS: usize = 256;
 
 /// Kernels other than the GEMVs.
-pub const OTHER_KERNELS: [&str; 22] = [
+pub const OTHER_KERNELS: [&str; 20] = [
     "dequant_bf16",
     "get_rows",
     "quantize_act",
@@ -260,8 +260,6 @@ pub const OTHER_KERNELS: [&str; 22] = [
     "attn_decode_fused",
     "attn_decode_fused_k8",
     "attn_decode_fused_k16",
-    "attn_decode_fused_k8_h2",
-    "attn_decode_fused_k8_h4",
     "attn_decode_gqa",
     "attn_decode_gqr",
     "attn_decode_gqr2",

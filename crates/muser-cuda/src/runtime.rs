@@ -221,12 +221,6 @@ pub struct Tuning {
     /// the memory bus mostly idle for several microseconds per layer, which this would fill.
     /// Not yet measured; `prefetch_mb` on every kernel was much slower at depth 0.
     pub attn_prefetch_mb: f32,
-    /// How the prefetches are issued (`l2_prefetch_range` in kernels.cu): 0, bulk copies from
-    /// one slice of blocks; 1, smaller bulk copies from every block; 2, line prefetches from
-    /// every thread; 3, the same with the evict-last priority.
-    pub prefetch_mode: u32,
-    /// Megabytes of `wo` the decode attention prefetches (0: `prefetch_mb`).
-    pub wo_prefetch_mb: f32,
     /// One attention kernel per layer (Q/K norm, RoPE, cache store, flash-decoding, merge,
     /// gate) instead of three.
     pub fused_attn: bool,
@@ -254,10 +248,6 @@ pub struct Tuning {
     /// loads are in flight together). 8 with 16 splits measured best on the H200: 3.6% faster
     /// than 4 with 32 at depth 8192 (16-layer model), the same at depth 0.
     pub attn_keys_per_step: u32,
-    /// Query heads per block of the per-head decode attention (1, 2 or 4 heads of one KV
-    /// group, 128 threads each, with 8 keys per step): their blocks read the same cached rows,
-    /// which the SM's L1 then serves once instead of L2 once per head.
-    pub attn_heads_per_block: u32,
     /// Diagnostics only (wrong results): the per-layer norms are skipped.
     pub skip_norm: bool,
     /// Diagnostics only (wrong results): the SwiGLU kernel is skipped.
@@ -314,8 +304,6 @@ impl Default for Tuning {
             l2_256: true,
             prefetch_mb: 0.0,
             attn_prefetch_mb: 0.0,
-            prefetch_mode: 0,
-            wo_prefetch_mb: 0.0,
             fused_attn: true,
             attn_splits: 16,
             attn_swa_splits: 0,
@@ -325,7 +313,6 @@ impl Default for Tuning {
             rows_per_warp: 0,
             norm_slices: 8,
             attn_keys_per_step: 8,
-            attn_heads_per_block: 1,
             skip_norm: false,
             skip_swiglu: false,
             gqa_full_from: 4096,
@@ -349,8 +336,7 @@ impl Tuning {
     /// `pf=MB`, `apf=MB`, `fattn=0|1`, `splits=N`, `swasplits=N`, `gemvonly=0|1`, `attnonly=0|1`,
     /// `rpw=0|1|2|4`, `kmin=N`, `nsl=N`, `akeys=4|8|16`, `skipnorm=0|1`, `skipswiglu=0|1`,
     /// `gqa=POS|off` (full layers), `gqaswa=POS|off`, `gqasplits=N`, `gqamin=N`, `gqaswamin=N`, `gqapass=N`,
-    /// `asmem=BYTES`, `carve=-1..100`, `gcarve=-1..100`, `nv=RxU`, `gqr=0|1|2`, `fa=0|1`,
-    /// `ahb=1|2|4`, `pfm=0..3`, `pfwo=MB`.
+    /// `asmem=BYTES`, `carve=-1..100`, `gcarve=-1..100`, `nv=RxU`, `gqr=0|1|2`, `fa=0|1`.
     pub fn parse(mut self, spec: &str) -> Result<Tuning> {
         let bad = || CudaError::Shape(format!("tuning '{spec}'"));
         for kv in spec.split([',', ' ']).filter(|s| !s.is_empty()) {
@@ -372,15 +358,12 @@ impl Tuning {
                 "l2" => self.l2_256 = v == "1",
                 "pf" => self.prefetch_mb = v.parse().map_err(|_| bad())?,
                 "apf" => self.attn_prefetch_mb = v.parse().map_err(|_| bad())?,
-                "pfm" => self.prefetch_mode = one_of(v, &[0, 1, 2, 3]).ok_or_else(bad)?,
-                "pfwo" => self.wo_prefetch_mb = v.parse().map_err(|_| bad())?,
                 "fattn" => self.fused_attn = v == "1",
                 "gemvonly" => self.gemv_only = v == "1",
                 "rpw" => self.rows_per_warp = v.parse::<u32>().map_err(|_| bad())?.min(4),
                 "attnonly" => self.attn_only = v == "1",
                 "nsl" => self.norm_slices = v.parse::<u32>().map_err(|_| bad())?.clamp(1, 32),
                 "akeys" => self.attn_keys_per_step = one_of(v, &[4, 8, 16]).ok_or_else(bad)?,
-                "ahb" => self.attn_heads_per_block = one_of(v, &[1, 2, 4]).ok_or_else(bad)?,
                 "skipnorm" => self.skip_norm = v == "1",
                 "skipswiglu" => self.skip_swiglu = v == "1",
                 "fa" => self.flash_prefill = one_of(v, &[0, 1]).ok_or_else(bad)? == 1,

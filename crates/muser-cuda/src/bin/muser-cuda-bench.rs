@@ -212,7 +212,6 @@ fn cmd_check(json_out: Option<PathBuf>) -> Result<bool, CudaError> {
     // What the decode attention kernels cost in registers, spills and shared memory.
     for name in [
         "attn_decode_fused_k8",
-        "attn_decode_fused_k8_h4",
         "attn_decode_gqa",
         "attn_decode_gqr",
         "attn_decode_gqr2",

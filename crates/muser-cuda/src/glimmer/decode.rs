@@ -45,7 +45,6 @@ impl CudaGlimmer {
         let s = &self.s;
         let tune = g.tuning();
         let pf = tune.prefetch_mb;
-        let pm = tune.prefetch_mode;
         let (nq, nkv) = (i.n_head, i.n_head_kv);
         let qw = nq * HEAD_DIM;
         let ld = 2 * qw + 2 * nkv * HEAD_DIM;
@@ -61,7 +60,7 @@ impl CudaGlimmer {
             s.hf.ptr(),
             0,
             true,
-            self.layers[0].qkvg.prefetch(pf, pm),
+            self.layers[0].qkvg.prefetch(pf),
         )?;
         for (il, l) in self.layers.iter().enumerate() {
             if !tune.attn_only {
@@ -71,16 +70,9 @@ impl CudaGlimmer {
             let qa = self.qact();
             // What the attention asks the copy engine to bring into L2 while it waits and runs.
             let pf_wo = if tune.attn_prefetch_mb > 0.0 {
-                l.gate_up.prefetch(tune.attn_prefetch_mb, pm)
+                l.gate_up.prefetch(tune.attn_prefetch_mb)
             } else {
-                l.wo.prefetch(
-                    if tune.wo_prefetch_mb > 0.0 {
-                        tune.wo_prefetch_mb
-                    } else {
-                        pf
-                    },
-                    pm,
-                )
+                l.wo.prefetch(pf)
             };
             if tune.gemv_only {
                 l.wo.gemv(g, nb, qa, s.hf.ptr(), s.y_o.ptr())?;
@@ -98,11 +90,6 @@ impl CudaGlimmer {
                 // One kernel per layer: per query head, or per KV group (then the splits are
                 // merged by attn_combine_gate; the per-head kernel merges its own).
                 let reg = grouped && tune.gqa_reg > 0;
-                // Heads per block of the per-head kernel: a divisor of the KV group size.
-                let hb = match tune.attn_heads_per_block as usize {
-                    n if !grouped && tune.attn_keys_per_step == 8 && (nq / nkv) % n == 0 => n,
-                    _ => 1,
-                };
                 let (kernel, blocks, splits, kmin) = if grouped {
                     let gs = (tune.gqa_splits as usize).clamp(1, MAX_GQA_SPLITS);
                     let kmin = match tune.gqa_swa_min_keys {
@@ -116,14 +103,12 @@ impl CudaGlimmer {
                     };
                     (kernel, nkv, gs, kmin as usize)
                 } else {
-                    let kernel = match (tune.attn_keys_per_step, hb) {
-                        (8, 4) => "attn_decode_fused_k8_h4",
-                        (8, 2) => "attn_decode_fused_k8_h2",
-                        (16, _) => "attn_decode_fused_k16",
-                        (8, _) => "attn_decode_fused_k8",
+                    let kernel = match tune.attn_keys_per_step {
+                        16 => "attn_decode_fused_k16",
+                        8 => "attn_decode_fused_k8",
                         _ => "attn_decode_fused",
                     };
-                    (kernel, nq / hb, splits, tune.attn_min_keys as usize)
+                    (kernel, nq, splits, tune.attn_min_keys as usize)
                 };
                 let mut args = vec![
                     Arg::P(s.y_qkvg.ptr()),
@@ -162,7 +147,7 @@ impl CudaGlimmer {
                 } else {
                     tune.attn_extra_smem
                 };
-                let block = if reg { 32 } else { 128 * hb as u32 };
+                let block = if reg { 32 } else { 128 };
                 g.launch_smem(
                     kernel,
                     (blocks as u32, nb as u32, splits as u32),
@@ -215,18 +200,18 @@ impl CudaGlimmer {
                     s.hf.ptr(),
                     0,
                     true,
-                    l.gate_up.prefetch(pf, pm),
+                    l.gate_up.prefetch(pf),
                 )?;
             }
             l.gate_up.gemv(g, nb, qa, s.hf.ptr(), s.y_gu.ptr())?;
-            let pf_down = l.down.prefetch(pf, pm);
+            let pf_down = l.down.prefetch(pf);
             if !tune.skip_swiglu {
                 self.swiglu(l, nb, 64, (s.hf.ptr(), 0), Some(qa), pf_down)?;
             }
             l.down.gemv(g, nb, qa, s.hf.ptr(), s.y_d.ptr())?;
             let (next, pf_next) = match self.layers.get(il + 1) {
-                Some(n) => (n.attn_norm.ptr(), n.qkvg.prefetch(pf, pm)),
-                None => (self.output_norm.ptr(), self.output.prefetch(pf, pm)),
+                Some(n) => (n.attn_norm.ptr(), n.qkvg.prefetch(pf)),
+                None => (self.output_norm.ptr(), self.output.prefetch(pf)),
             };
             if tune.skip_norm {
                 continue;

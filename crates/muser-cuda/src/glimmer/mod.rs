@@ -141,9 +141,7 @@ impl Linear {
     }
 
     /// (address, bytes) of the first `mb` megabytes of the weights, for an L2 prefetch hint.
-    /// The kernel reads how it prefetches from bits 56.. of the byte count
-    /// (`Tuning::prefetch_mode`).
-    fn prefetch(&self, mb: f32, mode: u32) -> (u64, i64) {
+    fn prefetch(&self, mb: f32) -> (u64, i64) {
         let Some((w, _)) = self.segs.first() else {
             return (0, 0);
         };
@@ -151,7 +149,7 @@ impl Linear {
         if n == 0 {
             (0, 0)
         } else {
-            (w.ptr(), n as i64 | (i64::from(mode) << 56))
+            (w.ptr(), n as i64)
         }
     }
 

@@ -294,6 +294,11 @@ impl Penalties {
         }
     }
 
+    /// Whether [`Penalties::apply`] would change nothing now.
+    pub fn is_noop(&self) -> bool {
+        self.disabled() || self.counts.is_empty()
+    }
+
     fn disabled(&self) -> bool {
         self.window == 0 || (self.repeat == 1.0 && self.frequency == 0.0 && self.presence == 0.0)
     }
@@ -603,11 +608,24 @@ impl Sampler {
     /// masked logits.
     pub fn sample(&mut self, logits: &[f32]) -> Sampled {
         let p = &self.params;
+        let greedy = p.temperature <= 0.0 && p.typical_p >= 1.0;
+        if greedy
+            && self.guide.is_none()
+            && p.logit_bias.is_empty()
+            && p.n_probs == 0
+            && self.penalties.is_noop()
+        {
+            // Nothing changes the raw row: its argmax, without building the candidate list
+            // (on a 200k vocabulary that list costs more than the GPU's whole output layer).
+            return Sampled {
+                id: argmax_logits(logits),
+                logprobs: None,
+            };
+        }
         let cands = &mut self.cands;
         cands.fill(logits);
         apply_logit_bias(cands, &p.logit_bias);
         self.penalties.apply(cands);
-        let greedy = p.temperature <= 0.0 && p.typical_p >= 1.0;
 
         let (id, post) = match &mut self.guide {
             None if greedy => {
@@ -730,6 +748,35 @@ fn guided_argmax(cands: &Candidates, g: &mut Guide) -> u32 {
 }
 
 /// The id of the highest logit; the first (lowest id) on a tie.
+/// The id of the highest logit of a raw row, as [`argmax`] over its candidates gives it: NaN
+/// counts as -inf and a tie goes to the lowest id (0 for an empty or all -inf/NaN row). Two
+/// passes the compiler vectorizes: the maximum (`f32::max` skips NaN), then its first index.
+pub fn argmax_logits(logits: &[f32]) -> u32 {
+    // 16 running maxima (a comparison, so NaN never wins), merged at the end.
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let mut chunks = logits.chunks_exact(16);
+    for c in &mut chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = if v > *m { v } else { *m };
+        }
+    }
+    let m = chunks
+        .remainder()
+        .iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |a, &v| if v > a { v } else { a });
+    if m == f32::NEG_INFINITY {
+        return 0;
+    }
+    // The first 16-value chunk holding it (a branch-free test per chunk), then its index.
+    let at = logits
+        .chunks(16)
+        .position(|c| c.iter().fold(false, |a, &v| a | (v == m)))
+        .unwrap_or(0);
+    let c = &logits[16 * at..];
+    (16 * at + c.iter().position(|&v| v == m).unwrap_or(0)) as u32
+}
+
 fn argmax(data: &[Candidate]) -> u32 {
     let mut best = 0;
     for i in 1..data.len() {
@@ -765,6 +812,48 @@ mod tests {
         temperature(&mut c, 0.0);
         let i = dist(&mut c, &mut Mt19937::new(1)).unwrap();
         assert_eq!(c.data[i].id, 1);
+    }
+
+    #[test]
+    fn raw_row_argmax_equals_the_candidate_argmax_on_every_row() {
+        // Rows with ties, NaN and infinities (the fast greedy path against the list's).
+        let mut rng = Mt19937::new(7);
+        let specials = [f32::NAN, f32::NEG_INFINITY, f32::INFINITY, 0.0, -0.0, 3.0];
+        for n in [0usize, 1, 2, 3, 17, 1000] {
+            for _ in 0..200 {
+                let row: Vec<f32> = (0..n)
+                    .map(|_| {
+                        let r = rng.next_u32();
+                        match r % 8 {
+                            0 => specials[(r as usize / 8) % specials.len()],
+                            1 => 3.0,
+                            _ => (r % 1000) as f32 / 100.0 - 5.0,
+                        }
+                    })
+                    .collect();
+                let slow = argmax(&Candidates::from_logits(&row).data);
+                assert_eq!(argmax_logits(&row), slow, "{row:?}");
+            }
+        }
+        assert_eq!(argmax_logits(&[f32::NAN, f32::NEG_INFINITY]), 0);
+        assert_eq!(argmax_logits(&[f32::NEG_INFINITY, 2.0, f32::NAN, 2.0]), 1);
+    }
+
+    #[test]
+    fn greedy_fast_path_gives_the_full_path_tokens() {
+        // A run through `sample` (fast path) and through the chain with penalties present but
+        // neutral (repeat 1.0 with a window: the list path) gives the same tokens.
+        let mut fast = Sampler::new(&SamplingParams::greedy(), 64).unwrap();
+        let mut listed = Sampler::new(&SamplingParams::greedy(), 64).unwrap();
+        listed.params.n_probs = 1;
+        let mut rng = Mt19937::new(11);
+        for _ in 0..50 {
+            let row: Vec<f32> = (0..500).map(|_| (rng.next_u32() % 64) as f32).collect();
+            let a = fast.sample(&row);
+            let b = listed.sample(&row);
+            assert!(a.logprobs.is_none() && b.logprobs.is_some());
+            assert_eq!(a.id, b.id);
+        }
     }
 
     #[test]

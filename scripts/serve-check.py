@@ -5,7 +5,8 @@
                    [--json OUT]
 
 Starts `MUSER up -m MODEL --device D --slots N`, waits for /health, then:
-- `solo`: each of four prompts of different lengths alone (temperature 0, /v1/completions);
+- `solo`: each of four prompts of different lengths alone (temperature 0, /v1/completions),
+  with each request's decode rate from the server's timings;
 - `concurrent`: the same four at once: the engine batches their decode steps (and a prompt
   chunk beside them). On `--device cuda` (the fused forward: every batch size sums in the same
   order, prompt chunks run apart from decode rows) each text must equal its solo text; on the
@@ -42,7 +43,8 @@ def complete(port, prompt, n):
     # whose rounding differs).
     r = post(port, "/v1/completions", {"prompt": prompt, "max_tokens": n, "temperature": 0,
                                        "cache_prompt": False})
-    return r["choices"][0]["text"], r["usage"]["completion_tokens"], time.time() - t
+    gen = r.get("timings", {}).get("predicted_per_second")
+    return r["choices"][0]["text"], r["usage"]["completion_tokens"], time.time() - t, gen
 
 
 def main():
@@ -78,8 +80,10 @@ def main():
         else:
             raise RuntimeError("the server did not come up")
         solo = [complete(a.port, p, a.tokens) for p in PROMPTS]
-        report("solo", all(n > 0 for _, n, _ in solo),
-               f"{[n for _, n, _ in solo]} tokens; first text {solo[0][0][:60]!r}")
+        rates = [round(g, 1) for *_, g in solo if g]
+        report("solo", all(n > 0 for _, n, *_ in solo),
+               f"{[n for _, n, *_ in solo]} tokens at {rates} tok/s (server timings); "
+               f"first text {solo[0][0][:60]!r}")
         got = [None] * len(PROMPTS)
         t0 = time.time()
         threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, complete(a.port, PROMPTS[i], a.tokens)))

@@ -689,13 +689,6 @@ extern "C" __global__ void read_probe(const u8* p, long bytes, u32* sink) {
     if (acc == 0x9E3779B9u) sink[0] = acc;
 }
 
-// Diagnostics only: an empty kernel that waits for its predecessor (what a kernel boundary
-// costs in the decode graph, `Tuning::nop_kernels`).
-extern "C" __global__ void nop_wait() {
-    pdl_trigger();
-    pdl_wait();
-}
-
 // Quantize f32 activations [B][n] (n a multiple of 16) for the integer GEMV paths.
 extern "C" __global__ void quantize_act(const float* x, long n, long total_groups, i8* q, float* qd, float* qs) {
     pdl_trigger();

@@ -249,7 +249,7 @@ pub const FA_SMEM_BYTES: u32 = (2 * 2 * FA_KEYS * 128 * 2) as u32;
 pub const MAX_SPLITS: usize = 256;
 
 /// Kernels other than the GEMVs.
-pub const OTHER_KERNELS: [&str; 21] = [
+pub const OTHER_KERNELS: [&str; 20] = [
     "dequant_bf16",
     "get_rows",
     "quantize_act",
@@ -270,7 +270,6 @@ pub const OTHER_KERNELS: [&str; 21] = [
     "logits_argmax",
     "logits_sample",
     "read_probe",
-    "nop_wait",
 ];
 
 /// Every kernel the backend loads from kernels.cu.

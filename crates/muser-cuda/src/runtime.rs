@@ -248,10 +248,6 @@ pub struct Tuning {
     /// loads are in flight together). 8 with 16 splits measured best on the H200: 3.6% faster
     /// than 4 with 32 at depth 8192 (16-layer model), the same at depth 0.
     pub attn_keys_per_step: u32,
-    /// Diagnostics only: empty kernels (`nop_wait`) after each layer's post-attention norm,
-    /// and their blocks, to time a kernel boundary in the decode graph.
-    pub nop_kernels: u32,
-    pub nop_blocks: u32,
     /// Diagnostics only (wrong results): the per-layer norms are skipped.
     pub skip_norm: bool,
     /// Diagnostics only (wrong results): the SwiGLU kernel is skipped.
@@ -317,8 +313,6 @@ impl Default for Tuning {
             rows_per_warp: 0,
             norm_slices: 8,
             attn_keys_per_step: 8,
-            nop_kernels: 0,
-            nop_blocks: 1,
             skip_norm: false,
             skip_swiglu: false,
             gqa_full_from: 4096,
@@ -371,8 +365,6 @@ impl Tuning {
                 "nsl" => self.norm_slices = v.parse::<u32>().map_err(|_| bad())?.clamp(1, 32),
                 "akeys" => self.attn_keys_per_step = one_of(v, &[4, 8, 16]).ok_or_else(bad)?,
                 "skipnorm" => self.skip_norm = v == "1",
-                "nop" => self.nop_kernels = v.parse::<u32>().map_err(|_| bad())?.min(16),
-                "nopb" => self.nop_blocks = v.parse::<u32>().map_err(|_| bad())?.clamp(1, 4096),
                 "skipswiglu" => self.skip_swiglu = v == "1",
                 "fa" => self.flash_prefill = one_of(v, &[0, 1]).ok_or_else(bad)? == 1,
                 "kmin" => {

@@ -76,9 +76,6 @@ impl CudaGlimmer {
             };
             if tune.gemv_only {
                 l.wo.gemv(g, nb, qa, s.hf.ptr(), s.y_o.ptr())?;
-                for _ in 0..tune.nop_kernels {
-                    g.launch("nop_wait", (tune.nop_blocks, 1, 1), 128, &[])?;
-                }
                 l.gate_up.gemv(g, nb, qa, s.hf.ptr(), s.y_gu.ptr())?;
                 l.down.gemv(g, nb, qa, s.hf.ptr(), s.y_d.ptr())?;
                 continue;

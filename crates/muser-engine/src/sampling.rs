@@ -599,6 +599,19 @@ impl Sampler {
         }
     }
 
+    /// Whether the next token is the argmax of the raw logits row: greedy, and nothing
+    /// changes the row (no grammar, logit bias or active penalties) or asks for more than the
+    /// token (logprobs). Then the model may hand over the argmax instead of the row.
+    pub fn plain_greedy(&self) -> bool {
+        let p = &self.params;
+        p.temperature <= 0.0
+            && p.typical_p >= 1.0
+            && self.guide.is_none()
+            && p.logit_bias.is_empty()
+            && p.n_probs == 0
+            && self.penalties.is_noop()
+    }
+
     /// Samples the next token from one logits row. Does not `accept` it.
     ///
     /// With a constraint, the token the unconstrained chain picks is checked first; only if
@@ -607,14 +620,7 @@ impl Sampler {
     /// candidates in order before masking, which gives the same token as the argmax of the
     /// masked logits.
     pub fn sample(&mut self, logits: &[f32]) -> Sampled {
-        let p = &self.params;
-        let greedy = p.temperature <= 0.0 && p.typical_p >= 1.0;
-        if greedy
-            && self.guide.is_none()
-            && p.logit_bias.is_empty()
-            && p.n_probs == 0
-            && self.penalties.is_noop()
-        {
+        if self.plain_greedy() {
             // Nothing changes the raw row: its argmax, without building the candidate list
             // (on a 200k vocabulary that list costs more than the GPU's whole output layer).
             return Sampled {
@@ -622,6 +628,8 @@ impl Sampler {
                 logprobs: None,
             };
         }
+        let p = &self.params;
+        let greedy = p.temperature <= 0.0 && p.typical_p >= 1.0;
         let cands = &mut self.cands;
         cands.fill(logits);
         apply_logit_bias(cands, &p.logit_bias);

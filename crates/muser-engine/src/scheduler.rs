@@ -20,7 +20,7 @@ use crate::engine::{
 };
 use crate::kvpack_bridge::{snapshot_to_state, state_to_snapshot};
 use crate::prompt_cache::{Lookup, Resume};
-use crate::sampling::Sampler;
+use crate::sampling::{Sampled, Sampler};
 use crate::stop::StopMatcher;
 
 /// Longest wait between two looks at the queue while idle (queued requests can time out).
@@ -456,10 +456,17 @@ impl<'t> Scheduler<'t> {
         for (i, s) in self.slots.iter().enumerate() {
             if let Some(Task {
                 phase: Phase::Decode(id),
+                sampler,
                 ..
             }) = &s.task
             {
-                batch.push(*id, s.tokens.len() as u32, i as u32, true);
+                // A plain greedy step needs only the row's argmax, which a fused device
+                // forward hands over without moving the logits.
+                if sampler.plain_greedy() {
+                    batch.push_argmax(*id, s.tokens.len() as u32, i as u32);
+                } else {
+                    batch.push(*id, s.tokens.len() as u32, i as u32, true);
+                }
                 rows.push(Row {
                     slot: i,
                     samples: true,
@@ -530,6 +537,13 @@ impl<'t> Scheduler<'t> {
                 self.sample(row.slot, out.row(r, n_vocab));
             }
         }
+        // Rows the forward answered with their argmax (only plain greedy decode steps).
+        for &(b, id) in &out.argmax {
+            let row = rows[b];
+            if row.samples && self.slots[row.slot].task.is_some() {
+                self.emit(row.slot, Sampled { id, logprobs: None });
+            }
+        }
     }
 
     fn embed(&mut self, slot: usize, hidden: &[f32]) {
@@ -542,15 +556,23 @@ impl<'t> Scheduler<'t> {
         self.finish(slot, FinishReason::Stop);
     }
 
-    /// Samples the next token, streams it, and decides whether the request goes on.
+    /// Samples the next token from its logits row, then [`Self::emit`]s it.
     fn sample(&mut self, slot: usize, logits: &[f32]) {
+        let Some(t) = &mut self.slots[slot].task else {
+            return;
+        };
+        let sampled = t.sampler.sample(logits);
+        self.emit(slot, sampled);
+    }
+
+    /// Takes the sampled token, streams it, and decides whether the request goes on.
+    fn emit(&mut self, slot: usize, sampled: Sampled) {
         let n_ctx = self.cfg.n_ctx;
         let tok = self.tok;
         let s = &mut self.slots[slot];
         let Some(t) = &mut s.task else {
             return;
         };
-        let sampled = t.sampler.sample(logits);
         let id = sampled.id;
         t.sampler.accept(id);
         t.n_gen += 1;

@@ -49,6 +49,12 @@ pub struct Batch {
     pub logits: Vec<bool>,
     /// Also return the final-norm hidden state of the output rows.
     pub embeddings: bool,
+    /// Empty, or per token: the caller needs only the argmax of this output row (the highest
+    /// logit, the lowest id on a tie, NaN as -inf). A forward pass may then answer the row with
+    /// that token in [`Output::argmax`] instead of its logits (the fused CUDA decode step
+    /// does: its graph already takes the argmax, so 4 bytes cross instead of the whole row);
+    /// others return the logits as usual.
+    pub argmax_only: Vec<bool>,
 }
 
 impl Batch {
@@ -62,6 +68,7 @@ impl Batch {
             seq: vec![seq; n],
             logits: (0..n).map(|i| !last_logits_only || i + 1 == n).collect(),
             embeddings: false,
+            argmax_only: Vec::new(),
         }
     }
 
@@ -71,6 +78,19 @@ impl Batch {
         self.pos.push(pos);
         self.seq.push(seq);
         self.logits.push(logits);
+        if !self.argmax_only.is_empty() {
+            self.argmax_only.push(false);
+        }
+    }
+
+    /// Append one token whose output the caller needs only as its argmax
+    /// ([`Batch::argmax_only`]).
+    pub fn push_argmax(&mut self, token: u32, pos: u32, seq: u32) {
+        self.push(token, pos, seq, true);
+        self.argmax_only.resize(self.tokens.len(), false);
+        if let Some(last) = self.argmax_only.last_mut() {
+            *last = true;
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -91,6 +111,23 @@ pub struct Output {
     pub embeddings: Vec<f32>,
     /// Batch indices of the rows, in order.
     pub rows: Vec<usize>,
+    /// (batch index, token) of the output rows answered by their argmax instead of logits
+    /// (only rows marked in [`Batch::argmax_only`]; they are not in `rows`).
+    pub argmax: Vec<(usize, u32)>,
+}
+
+/// What a whole forward pass returns ([`FusedForward::forward`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FusedOutput {
+    /// `rows.len() × n_vocab`.
+    pub logits: Vec<f32>,
+    /// `rows.len() × n_embd` when the batch asked for embeddings, else empty.
+    pub hidden: Vec<f32>,
+    /// Batch indices of the logits rows, ascending.
+    pub rows: Vec<usize>,
+    /// (batch index, token) of the output rows answered by their argmax instead; the batch's
+    /// output rows are exactly `rows` and these.
+    pub argmax: Vec<(usize, u32)>,
 }
 
 impl Output {
@@ -107,15 +144,15 @@ impl Output {
 pub trait FusedForward: Send + Sync {
     /// Runs `batch` with its K/V rows in `kv` (made by [`FusedForward::new_kv_store`]).
     /// `groups` lists per sequence its batch indices in position order; returns the logits of
-    /// `out_rows` (`out_rows.len() × n_vocab`, in that order) and, when `batch.embeddings`,
-    /// their final-norm hidden states (`out_rows.len() × n_embd`), on the host.
+    /// `out_rows` and, when `batch.embeddings`, their final-norm hidden states, on the host;
+    /// rows marked in `batch.argmax_only` may come back as their argmax token instead.
     fn forward(
         &self,
         kv: &mut KvCache,
         batch: &Batch,
         groups: &[(u32, Vec<usize>)],
         out_rows: &[usize],
-    ) -> Result<(Vec<f32>, Vec<f32>), ModelError>;
+    ) -> Result<FusedOutput, ModelError>;
 
     /// Storage for the K/V rows of a pool (as [`Backend::new_kv_store`]).
     fn new_kv_store(
@@ -140,7 +177,7 @@ enum Net {
 /// files with that backend.
 trait Executor: Send + Sync {
     /// Runs a validated batch; returns the logits and (when asked) the final hidden states of
-    /// the output rows, on the host.
+    /// the output rows, on the host (some `argmax_only` rows possibly as their argmax).
     #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
@@ -150,7 +187,7 @@ trait Executor: Send + Sync {
         kv: &mut KvCache,
         prep: &Prepared,
         batch: &Batch,
-    ) -> Result<(Vec<f32>, Vec<f32>), ModelError>;
+    ) -> Result<FusedOutput, ModelError>;
     fn threads(&self) -> usize;
     fn supports(&self, ty: GgmlType) -> bool;
     fn prepare_weight(&self, w: &Weight) -> Result<(), ModelError>;
@@ -182,7 +219,7 @@ impl Executor for Fused {
         kv: &mut KvCache,
         prep: &Prepared,
         batch: &Batch,
-    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+    ) -> Result<FusedOutput, ModelError> {
         self.0.forward(kv, batch, &prep.groups, &prep.out_rows)
     }
 
@@ -233,7 +270,7 @@ impl<B: Backend> Executor for On<B> {
         kv: &mut KvCache,
         prep: &Prepared,
         batch: &Batch,
-    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+    ) -> Result<FusedOutput, ModelError> {
         let be = &self.0;
         let (tokens, pos) = (&batch.tokens[..], &batch.pos[..]);
         let (hidden, logits) = be.run(|| match net {
@@ -245,7 +282,12 @@ impl<B: Backend> Executor for On<B> {
         } else {
             Vec::new()
         };
-        Ok((be.download(&logits)?, embeddings))
+        Ok(FusedOutput {
+            logits: be.download(&logits)?,
+            hidden: embeddings,
+            rows: prep.out_rows.clone(),
+            argmax: Vec::new(),
+        })
     }
 
     fn threads(&self) -> usize {
@@ -428,6 +470,18 @@ impl Model {
                 "tokens, pos, seq and logits differ in length".into(),
             ));
         }
+        if !b.argmax_only.is_empty() {
+            if b.argmax_only.len() != n {
+                return Err(ModelError::BadBatch(
+                    "argmax_only is neither empty nor one flag per token".into(),
+                ));
+            }
+            if let Some(i) = (0..n).find(|&i| b.argmax_only[i] && !b.logits[i]) {
+                return Err(ModelError::BadBatch(format!(
+                    "token {i} asks for its argmax but not for an output"
+                )));
+            }
+        }
         if n > kv.n_ubatch() as usize {
             return Err(ModelError::BadBatch(format!(
                 "{n} tokens exceed the cache's batch limit {}",
@@ -494,14 +548,55 @@ impl Model {
     /// Run a batch, writing its K/V into `kv`.
     pub fn forward(&self, kv: &mut KvCache, batch: &Batch) -> Result<Output, ModelError> {
         let prep = self.prepare(kv, batch)?;
-        let (logits, embeddings) = self
+        let a = self
             .exec
             .forward(&self.net, &self.gguf, &self.info, kv, &prep, batch)?;
+        self.check_answer(batch, &prep.out_rows, &a)?;
         Ok(Output {
-            logits,
-            embeddings,
-            rows: prep.out_rows,
+            logits: a.logits,
+            embeddings: a.hidden,
+            rows: a.rows,
+            argmax: a.argmax,
         })
+    }
+
+    /// A forward pass's answer covers the batch's output rows exactly once (logits rows in
+    /// order, argmax only where it was asked for) with buffers of the right sizes.
+    fn check_answer(
+        &self,
+        batch: &Batch,
+        out_rows: &[usize],
+        a: &FusedOutput,
+    ) -> Result<(), ModelError> {
+        let bad = |what: &str| Err(ModelError::Device(format!("the forward pass {what}")));
+        let (v, e) = (self.info.n_vocab, self.info.n_embd);
+        if a.logits.len() != a.rows.len() * v {
+            return bad("returned logits of the wrong size");
+        }
+        if a.hidden.len()
+            != if batch.embeddings {
+                a.rows.len() * e
+            } else {
+                0
+            }
+        {
+            return bad("returned hidden states of the wrong size");
+        }
+        if a.rows.windows(2).any(|w| w[0] >= w[1]) {
+            return bad("returned rows out of order");
+        }
+        for &(i, t) in &a.argmax {
+            if !batch.argmax_only.get(i).copied().unwrap_or(false) || t as usize >= v {
+                return bad("answered a row with an argmax it was not asked for");
+            }
+        }
+        let mut got = a.rows.to_vec();
+        got.extend(a.argmax.iter().map(|&(i, _)| i));
+        got.sort_unstable();
+        if got != out_rows {
+            return bad("did not answer exactly the output rows");
+        }
+        Ok(())
     }
 }
 
@@ -665,16 +760,33 @@ mod tests {
             batch: &Batch,
             groups: &[(u32, Vec<usize>)],
             out_rows: &[usize],
-        ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+        ) -> Result<FusedOutput, ModelError> {
             self.seen
                 .lock()
                 .unwrap()
                 .push((groups.to_vec(), out_rows.to_vec(), kv.placement()));
-            let logits = out_rows
+            // Rows asked for their argmax get the position as their token.
+            let argmax_only = |r: usize| batch.argmax_only.get(r).copied().unwrap_or(false);
+            let rows: Vec<usize> = out_rows
+                .iter()
+                .copied()
+                .filter(|&r| !argmax_only(r))
+                .collect();
+            let logits = rows
                 .iter()
                 .flat_map(|&r| std::iter::repeat_n(batch.pos[r] as f32, self.n_vocab))
                 .collect();
-            Ok((logits, Vec::new()))
+            let argmax = out_rows
+                .iter()
+                .filter(|&&r| argmax_only(r))
+                .map(|&r| (r, batch.pos[r]))
+                .collect();
+            Ok(FusedOutput {
+                logits,
+                hidden: Vec::new(),
+                rows,
+                argmax,
+            })
         }
 
         fn new_kv_store(
@@ -740,6 +852,67 @@ mod tests {
         assert_eq!(seen[0].0, vec![(1, vec![0, 1, 2]), (0, vec![3])]);
         assert_eq!(seen[0].1, vec![2, 3]);
         assert_eq!(seen[0].2, Placement::Positional);
+    }
+
+    /// Rows marked `argmax_only` may come back as tokens (a fused forward), or as logits (the
+    /// op-by-op path, which ignores the mark); a batch whose marks do not fit is refused, and
+    /// an answer that does not cover the output rows exactly is an error.
+    #[test]
+    fn argmax_only_rows_come_back_as_tokens_or_logits() {
+        let bytes = tiny();
+        let cpu = Model::from_gguf(
+            GgufFile::from_bytes(bytes.clone()).unwrap(),
+            &LoadOptions { threads: 1 },
+        )
+        .unwrap();
+        let n_vocab = cpu.info().n_vocab;
+        let rec = Recorder {
+            n_vocab,
+            seen: Arc::new(Mutex::new(Vec::new())),
+        };
+        let fused = Model::with_fused(GgufFile::from_bytes(bytes).unwrap(), Box::new(rec)).unwrap();
+        let mut first = Batch::default();
+        first.push_argmax(9, 0, 0);
+        first.push(8, 1, 0, false);
+        assert_eq!(first.argmax_only, vec![true, false]);
+        let mut b = Batch::single(0, &[3, 4], 0, true);
+        b.push_argmax(5, 0, 1);
+        b.push(6, 0, 2, true);
+        assert_eq!(b.argmax_only, vec![false, false, true, false]);
+        let mut kv = fused.new_kv(64, 3, KvType::F16).unwrap();
+        let out = fused.forward(&mut kv, &b).unwrap();
+        assert_eq!(out.rows, vec![1, 3]);
+        assert_eq!(out.argmax, vec![(2, 0)]);
+        assert_eq!(out.logits.len(), 2 * n_vocab);
+        let mut kv = cpu.new_kv(64, 3, KvType::F16).unwrap();
+        let out = cpu.forward(&mut kv, &b).unwrap();
+        assert_eq!(out.rows, vec![1, 2, 3]);
+        assert!(out.argmax.is_empty());
+        // Marks that do not fit the batch change nothing.
+        let mut kv = cpu.new_kv(64, 3, KvType::F16).unwrap();
+        let mut short = b.clone();
+        short.argmax_only.pop();
+        assert!(cpu.forward(&mut kv, &short).is_err());
+        let mut silent = b.clone();
+        silent.logits[2] = false;
+        assert!(cpu.forward(&mut kv, &silent).is_err());
+        assert_eq!(kv.seq_len(0), 0);
+        // An answer with a row twice, or an argmax nobody asked for, is refused.
+        let mut a = FusedOutput {
+            logits: vec![0.0; 2 * n_vocab],
+            hidden: Vec::new(),
+            rows: vec![1, 3],
+            argmax: vec![(2, 7)],
+        };
+        assert!(cpu.check_answer(&b, &[1, 2, 3], &a).is_ok());
+        a.argmax.push((3, 7));
+        assert!(cpu.check_answer(&b, &[1, 2, 3], &a).is_err());
+        a.argmax = vec![(1, 7)];
+        a.rows = vec![2, 3];
+        assert!(cpu.check_answer(&b, &[1, 2, 3], &a).is_err());
+        a.argmax = vec![(2, n_vocab as u32)];
+        a.rows = vec![1, 3];
+        assert!(cpu.check_answer(&b, &[1, 2, 3], &a).is_err());
     }
 
     /// On the CPU a positional cache gives llama.cpp's logits bit for bit in order (the same

@@ -10,6 +10,8 @@
 //! - `direct`: one sequence, the prompt in `--chunk`-token batches then `--tokens` greedy
 //!   steps through `Model::forward`, against `CudaGlimmer::prefill` and graph generation with
 //!   its own cache: the same kernels, so the same tokens and the same first logits, bit for bit.
+//! - `argmax`: the same greedy run with its decode rows marked `argmax_only`: the tokens the
+//!   decode graph's argmax hands back (no logits cross) equal the logits path's.
 //! - `cpu`: the prompt's last logits against the CPU model's (relative error, max-abs).
 //! - `slots`: four sequences of different prompt lengths scheduled as the engine does (each
 //!   batch: one token of every generating sequence plus a prompt chunk of the next one): each
@@ -150,6 +152,35 @@ fn run(a: &Args, results: &mut Vec<Value>) -> Result<bool, Error> {
         same == a.tokens && e == 0.0,
         format!(
             "{same} of {} greedy tokens equal, first logits rel err {e:.2e}",
+            a.tokens
+        ),
+    );
+
+    // argmax: the same run with its decode rows marked `argmax_only`: each step's token comes
+    // back from the graph's own argmax (4 bytes instead of the logits) and equals the host's
+    // argmax of the logits above.
+    let first1 = prefill_chunks(&m, &mut kv, 1, &prompt, a.chunk)?;
+    let (mut t, mut toks, mut by_token) = (argmax(&first1), Vec::new(), 0);
+    for _ in 0..a.tokens {
+        toks.push(t);
+        let mut b = Batch::default();
+        b.push_argmax(t, kv.seq_len(1), 1);
+        let o = m.forward(&mut kv, &b)?;
+        t = match o.argmax[..] {
+            [(0, next)] if o.rows.is_empty() => {
+                by_token += 1;
+                next
+            }
+            _ => argmax(&o.logits),
+        };
+    }
+    let same = same_prefix(&toks, &via_model);
+    ok &= report(
+        results,
+        "argmax",
+        same == a.tokens && by_token == a.tokens,
+        format!(
+            "{same} of {} greedy tokens equal to the logits path's, {by_token} steps answered by the device argmax",
             a.tokens
         ),
     );

@@ -9,12 +9,14 @@
 //! - each sequence with two or more tokens: prefill chunks (`enqueue_prefill_seq`) with its
 //!   output rows' logits computed from the chunk's final residual;
 //! - the sequences with one token: decode steps of up to `MAX_GEMV_BATCH` rows, each a
-//!   replay of a graph captured (once per row count) over a slot table in device memory.
+//!   replay of a graph captured (once per row count) over a slot table in device memory. The
+//!   graph ends with each row's argmax (`logits_argmax`), so a row the batch marks
+//!   `argmax_only` comes back as that token (4 bytes) instead of its logits.
 
 use std::sync::{Arc, Mutex};
 
 use muser_gguf::GgufFile;
-use muser_model::{Batch, FusedForward, KvCache, KvLayout, KvStore, ModelError};
+use muser_model::{Batch, FusedForward, FusedOutput, KvCache, KvLayout, KvStore, ModelError};
 
 use super::{CudaGlimmer, DecodeGraph, GpuOptions, HEAD_DIM};
 use crate::backend::CudaKv;
@@ -85,18 +87,21 @@ impl FusedGlimmer {
     }
 }
 
-/// Where a forward pass's outputs go: the rows asked for (batch indices, ascending), their
-/// logits and hidden states, and which are written.
-struct Outputs<'a> {
-    rows: &'a [usize],
+/// Where a forward pass's outputs go: the rows whose logits are asked for (batch indices,
+/// ascending), their logits and hidden states, which are written, and the rows answered by
+/// their argmax (batch indices in `by_argmax`, ascending; tokens in `argmax`).
+struct Outputs {
+    rows: Vec<usize>,
     logits: Vec<f32>,
     hidden: Vec<f32>,
     done: Vec<bool>,
     vocab: usize,
     embd: usize,
+    by_argmax: Vec<usize>,
+    argmax: Vec<(usize, u32)>,
 }
 
-impl Outputs<'_> {
+impl Outputs {
     /// Copies device output rows to the places of their batch indices (`(row, batch index)`
     /// pairs; rows not asked for are skipped), one transfer per run of consecutive rows.
     fn take(&mut self, m: &CudaGlimmer, rows: &[(usize, usize)]) -> Result<(), ModelError> {
@@ -208,6 +213,23 @@ impl State {
         }
         let taken: Vec<(usize, usize)> =
             rows.iter().enumerate().map(|(j, &(i, _))| (j, i)).collect();
+        if rows
+            .iter()
+            .any(|(i, _)| out.by_argmax.binary_search(i).is_ok())
+        {
+            // The step's greedy tokens (the graph's last kernel); a row with no finite logit
+            // has none (the host's rule gives token 0 then).
+            let mut tok = vec![0i32; nb];
+            self.m.download_tokens(&mut tok)?;
+            for (j, &(i, _)) in rows.iter().enumerate() {
+                if out.by_argmax.binary_search(&i).is_ok() {
+                    let t = u32::try_from(tok[j])
+                        .ok()
+                        .filter(|&t| (t as usize) < out.vocab);
+                    out.argmax.push((i, t.unwrap_or(0)));
+                }
+            }
+        }
         out.take(&self.m, &taken)
     }
 }
@@ -227,13 +249,31 @@ impl FusedForward for FusedGlimmer {
         batch: &Batch,
         groups: &[(u32, Vec<usize>)],
         out_rows: &[usize],
-    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+    ) -> Result<FusedOutput, ModelError> {
         let mut st = self.lock();
         st.bind(kv)?;
         let (vocab, embd) = (st.m.info.n_vocab, st.m.info.n_embd);
-        let n = out_rows.len();
+        // Decode rows that want only their argmax, when the graph's last kernel takes it.
+        let greedy_graph = !st.m.samples();
+        let by_argmax: Vec<usize> = groups
+            .iter()
+            .filter_map(|(_, idx)| match idx[..] {
+                [i] if greedy_graph && batch.argmax_only.get(i).copied().unwrap_or(false) => {
+                    Some(i)
+                }
+                _ => None,
+            })
+            .collect::<std::collections::BTreeSet<usize>>()
+            .into_iter()
+            .collect();
+        let rows: Vec<usize> = out_rows
+            .iter()
+            .copied()
+            .filter(|i| by_argmax.binary_search(i).is_err())
+            .collect();
+        let n = rows.len();
         let mut out = Outputs {
-            rows: out_rows,
+            rows,
             logits: vec![0f32; n * vocab],
             hidden: if batch.embeddings {
                 vec![0f32; n * embd]
@@ -243,6 +283,8 @@ impl FusedForward for FusedGlimmer {
             done: vec![false; n],
             vocab,
             embd,
+            by_argmax,
+            argmax: Vec::new(),
         };
         let mut single = Vec::new();
         for (seq, idx) in groups {
@@ -254,12 +296,18 @@ impl FusedForward for FusedGlimmer {
         for rows in single.chunks(MAX_GEMV_BATCH.min(st.m.opts.n_seq)) {
             st.decode(batch, rows, &mut out)?;
         }
-        if out.done.contains(&false) {
+        if out.done.contains(&false) || out.argmax.len() != out.by_argmax.len() {
             return Err(ModelError::Device(
                 "the fused forward left output rows unwritten".into(),
             ));
         }
-        Ok((out.logits, out.hidden))
+        out.argmax.sort_unstable();
+        Ok(FusedOutput {
+            logits: out.logits,
+            hidden: out.hidden,
+            rows: out.rows,
+            argmax: out.argmax,
+        })
     }
 
     fn accepts(&self, kv: &KvCache) -> Result<(), ModelError> {

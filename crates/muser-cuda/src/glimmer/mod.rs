@@ -827,6 +827,15 @@ impl CudaGlimmer {
         Ok(())
     }
 
+    /// The last decode step's tokens (rows `0..out.len()`): the argmax of each row's logits,
+    /// or the sampled token with sampling set.
+    pub(super) fn download_tokens(&self, out: &mut [i32]) -> Result<()> {
+        if out.len() > self.opts.n_seq {
+            return Err(CudaError::Shape(format!("{} token rows", out.len())));
+        }
+        self.gpu.download(self.s.tokens.ptr(), out)
+    }
+
     fn read_logits(&self) -> Result<(Vec<f32>, u32)> {
         let mut logits = vec![0f32; self.info.n_vocab];
         self.gpu.download(self.s.logits.ptr(), &mut logits)?;

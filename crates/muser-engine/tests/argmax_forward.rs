@@ -3,7 +3,6 @@
 //! only plain greedy decode rows are asked for an argmax. The forward here is SmolLM2 on the
 //! CPU behind `Model::with_fused` (from `MUSER_MODELS`, as tests/engine.rs).
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -15,19 +14,7 @@ use muser_model::{
 };
 use muser_text::Tokenizer;
 
-fn model_path() -> PathBuf {
-    let dir = std::env::var_os("MUSER_MODELS")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/muser/models")))
-        .expect("set MUSER_MODELS or HOME");
-    let path = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/fetch-models.sh",
-        path.display()
-    );
-    path
-}
+mod common;
 
 /// The CPU model run on its own cache, mirroring the outer cache's sequences (a batch that
 /// starts a sequence lower than the inner cache holds truncates it first); output rows marked
@@ -131,7 +118,7 @@ fn ids(e: &Engine, prompt: Vec<u32>, params: SamplingParams) -> Vec<u32> {
 
 #[test]
 fn argmax_answers_give_the_cpu_engines_tokens() {
-    let path = model_path();
+    let path = common::smollm_path();
     let opts = LoadOptions { threads: 2 };
     let cpu = Arc::new(Model::load(&path, &opts).unwrap());
     let tok = Arc::new(Tokenizer::from_gguf(cpu.gguf()).unwrap());

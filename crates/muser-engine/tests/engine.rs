@@ -3,7 +3,6 @@
 //! limits behave, prompt prefixes are reused without changing the output, stop strings and
 //! embeddings work end to end.
 
-use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -14,26 +13,12 @@ use muser_model::{LoadOptions, Model};
 use muser_text::Tokenizer;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-const MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-
-fn model_path() -> PathBuf {
-    let dir = std::env::var_os("MUSER_MODELS")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/muser/models")))
-        .expect("set MUSER_MODELS or HOME");
-    let path = dir.join(MODEL);
-    assert!(
-        path.exists(),
-        "test model {} is missing: run scripts/fetch-models.sh (or set MUSER_MODELS)",
-        path.display()
-    );
-    path
-}
+mod common;
 
 fn loaded() -> (Arc<Model>, Arc<Tokenizer>) {
     static M: OnceLock<(Arc<Model>, Arc<Tokenizer>)> = OnceLock::new();
     M.get_or_init(|| {
-        let model = Model::load(&model_path(), &LoadOptions { threads: 2 }).unwrap();
+        let model = Model::load(&common::smollm_path(), &LoadOptions { threads: 2 }).unwrap();
         let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
         (Arc::new(model), Arc::new(tok))
     })

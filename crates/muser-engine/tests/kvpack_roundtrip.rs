@@ -5,7 +5,6 @@
 //! for another model, identity, key or token sequence are rejected with kvpack's typed error
 //! and leave the slot as it was.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -15,22 +14,10 @@ use muser_kvpack::{IdentityField, Keys, KvpackError, PrefixHasher, ReadLimits};
 use muser_model::synth::{presets, Plan, WeightType};
 use muser_model::{Batch, KvType, LoadOptions, Model};
 
+mod common;
+
 const CHUNK: usize = 64;
 const STEPS: usize = 6;
-
-fn smollm_path() -> PathBuf {
-    let dir = std::env::var_os("MUSER_MODELS")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/muser/models")))
-        .expect("set MUSER_MODELS or HOME");
-    let path = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.exists(),
-        "test model {} is missing: run scripts/fetch-models.sh (or set MUSER_MODELS)",
-        path.display()
-    );
-    path
-}
 
 fn tiny_model(seed: u64) -> Arc<Model> {
     let dir = std::env::temp_dir().join(format!("muser-kvpack-bridge-{}", std::process::id()));
@@ -195,7 +182,7 @@ fn roundtrip(model: Arc<Model>, n_prompt: usize) {
 
 #[test]
 fn smollm_full_and_delta_packs_restore_bit_identical() {
-    let model = Model::load(&smollm_path(), &LoadOptions { threads: 2 }).unwrap();
+    let model = Model::load(&common::smollm_path(), &LoadOptions { threads: 2 }).unwrap();
     roundtrip(Arc::new(model), 300);
 }
 

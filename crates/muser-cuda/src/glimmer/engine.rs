@@ -255,7 +255,7 @@ impl FusedForward for FusedGlimmer {
         let (vocab, embd) = (st.m.info.n_vocab, st.m.info.n_embd);
         // Decode rows that want only their argmax, when the graph's last kernel takes it.
         let greedy_graph = !st.m.samples();
-        let by_argmax: Vec<usize> = groups
+        let mut by_argmax: Vec<usize> = groups
             .iter()
             .filter_map(|(_, idx)| match idx[..] {
                 [i] if greedy_graph && batch.argmax_only.get(i).copied().unwrap_or(false) => {
@@ -263,9 +263,8 @@ impl FusedForward for FusedGlimmer {
                 }
                 _ => None,
             })
-            .collect::<std::collections::BTreeSet<usize>>()
-            .into_iter()
             .collect();
+        by_argmax.sort_unstable();
         let rows: Vec<usize> = out_rows
             .iter()
             .copied()

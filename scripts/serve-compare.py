@@ -13,49 +13,20 @@ short completion, then through llama.cpp's native `POST /completion` (temperatur
 - `four`: the same four at once; tokens generated over the wall time (aggregate).
 Prints a table with the ratios and writes JSON. Uses the Python standard library only.
 """
-import argparse, json, socket, subprocess, sys, threading, time, urllib.request
+import argparse, json, threading, time
 
-PROMPTS = [
-    "The quick brown fox",
-    "Once upon a time, in a small village by the sea, there lived an old fisherman who",
-    "List three colors:",
-    "In the beginning " * 40 + "and then",
-]
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+from serve_util import PROMPTS, free_port, post, server
 
 
 def complete(port, prompt, n):
     body = {"prompt": prompt, "n_predict": n, "temperature": 0, "cache_prompt": False, "ignore_eos": True}
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=600) as r:
-        out = json.load(r)
+    out = post(port, "/completion", body)
     t = out.get("timings", {})
     return out.get("tokens_predicted", t.get("predicted_n", 0)), t.get("predicted_per_second")
 
 
 def measure(name, cmd, port, n, log):
-    srv = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        for _ in range(1200):
-            if srv.poll() is not None:
-                raise RuntimeError(f"{name} exited with {srv.returncode}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except Exception:
-                pass
-            time.sleep(0.5)
-        else:
-            raise RuntimeError(f"{name} did not come up")
+    with server(name, cmd, port, log):
         complete(port, "Warm up", 8)
         solo = [complete(port, p, n) for p in PROMPTS]
         got = [None] * len(PROMPTS)
@@ -67,17 +38,11 @@ def measure(name, cmd, port, n, log):
         for t in th:
             t.join()
         wall = time.time() - t0
-        rates = [r for _, r in solo if r]
-        return {"solo_tokens": [k for k, _ in solo], "solo_tok_per_s": rates,
-                "solo_mean": sum(rates) / len(rates) if rates else None,
-                "four_tokens": sum(g[0] for g in got if g), "four_wall_s": wall,
-                "four_aggregate": sum(g[0] for g in got if g) / wall}
-    finally:
-        srv.terminate()
-        try:
-            srv.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            srv.kill()
+    rates = [r for _, r in solo if r]
+    return {"solo_tokens": [k for k, _ in solo], "solo_tok_per_s": rates,
+            "solo_mean": sum(rates) / len(rates) if rates else None,
+            "four_tokens": sum(g[0] for g in got if g), "four_wall_s": wall,
+            "four_aggregate": sum(g[0] for g in got if g) / wall}
 
 
 def main():

@@ -6,6 +6,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use muser_engine::sampling::argmax_logits;
 use muser_engine::{Engine, EngineConfig, Event, GenerateRequest, SamplingParams};
 use muser_gguf::GgufFile;
 use muser_model::{
@@ -23,17 +24,6 @@ struct ArgmaxForward {
     inner: Model,
     kv: Mutex<KvCache>,
     answered: Arc<AtomicUsize>,
-}
-
-/// Highest logit, lowest id on a tie, NaN as -inf.
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] || (row[best].is_nan() && !v.is_nan()) {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 impl FusedForward for ArgmaxForward {
@@ -61,7 +51,7 @@ impl FusedForward for ArgmaxForward {
         for (r, &i) in out_rows.iter().enumerate() {
             let row = out.row(r, v);
             if batch.argmax_only.get(i).copied().unwrap_or(false) {
-                a.argmax.push((i, argmax(row)));
+                a.argmax.push((i, argmax_logits(row)));
             } else {
                 a.rows.push(i);
                 a.logits.extend_from_slice(row);

@@ -12,7 +12,8 @@
 #                                     muser synth --preset bench-310m --vocab-from SMOLLM2.gguf
 #                                       --vocab-only -o .carry/muse-vocab.gguf
 # Stages, in order (default: all):
-#   comparator-start  start the llama.cpp CUDA build (llama-bench) in the background
+#   comparator-start  start the llama.cpp CUDA build in the background (llama-bench; $CMP_TARGETS
+#                     names other targets, e.g. "llama-bench llama-server" for serve-compare)
 #   check             kernel checks on random data against the CPU reference
 #   small             a small synthetic muse-glimmer: GPU against the CPU model, prefill against
 #                     decode, multi-chunk prefill through the sliding window, 4-sequence decode,
@@ -93,7 +94,7 @@ for stage in $stages; do
       rm -f "$work/comparator.done"
       [ -x "$work/cmp/llama.cpp-11434/build-cuda/bin/llama-bench" ] && { touch "$work/comparator.done"; continue; }
       setsid nohup bash -c "MUSER_CACHE=$work/cmp LLAMA_SDIST=$sdist LLAMA_CUDA=1 JOBS=$(nproc) \
-        LLAMA_TARGETS=llama-bench nice -n 10 bash $root/scripts/comparator.sh; touch $work/comparator.done" \
+        LLAMA_TARGETS=\"${CMP_TARGETS:-llama-bench}\" nice -n 10 bash $root/scripts/comparator.sh; touch $work/comparator.done" \
         >"$work/comparator.log" 2>&1 </dev/null &
       ;;
     check)

@@ -195,6 +195,16 @@ __device__ __forceinline__ int dot16(uint4 w, int4 x, int acc) {
     return acc;
 }
 
+// The same over unsigned weight bytes (dp4a.u32.s32): a Q4_K word masked to its high
+// nibbles in place is 16x their values, with no shift.
+__device__ __forceinline__ int dot16u(uint4 w, int4 x, int acc) {
+    asm("dp4a.u32.s32 %0, %1, %2, %0;" : "+r"(acc) : "r"(w.x), "r"(x.x));
+    asm("dp4a.u32.s32 %0, %1, %2, %0;" : "+r"(acc) : "r"(w.y), "r"(x.y));
+    asm("dp4a.u32.s32 %0, %1, %2, %0;" : "+r"(acc) : "r"(w.z), "r"(x.z));
+    asm("dp4a.u32.s32 %0, %1, %2, %0;" : "+r"(acc) : "r"(w.w), "r"(x.w));
+    return acc;
+}
+
 __device__ __forceinline__ uint4 and4(uint4 v, u32 m) { return make_uint4(v.x & m, v.y & m, v.z & m, v.w & m); }
 __device__ __forceinline__ uint4 shr4(uint4 v, int s) { return make_uint4(v.x >> s, v.y >> s, v.z >> s, v.w >> s); }
 
@@ -314,7 +324,10 @@ __device__ void gemv_q4k(const u8* __restrict__ W, long rows, long cols, Act x, 
                         xb[b] = *(const int4*)(xp + 32);
                         const long go = b * gn + STEP * u * 16;
                         d0[b] = xd[go];
-                        d2[b] = xd[go + 2];
+                        // The high nibbles' sums come 16x too large (dot16u); the power of two
+                        // moves into their activation scale, where it is exact, so the product
+                        // and every sum after it are bit-identical to the shifted form.
+                        d2[b] = xd[go + 2] * 0.0625f;
                         s0v[b] = xs[go];
                         s2v[b] = xs[go + 2];
                     }
@@ -328,10 +341,10 @@ __device__ void gemv_q4k(const u8* __restrict__ W, long rows, long cols, Act x, 
                         const u32 aux1 = clo ? (Z & 0x3f3fu) : (((Wd >> 4) & 0x0f0fu) | ((Z & 0xc0c0u) >> 2));
                         const int sc1 = aux0 & 0xff, sc2 = (aux0 >> 8) & 0xff;
                         const float m1 = (float)(aux1 & 0xff), m2 = (float)((aux1 >> 8) & 0xff);
-                        const uint4 lo = and4(qv[r][u], 0x0F0F0F0Fu), hi = and4(shr4(qv[r][u], 4), 0x0F0F0F0Fu);
+                        const uint4 lo = and4(qv[r][u], 0x0F0F0F0Fu), hi = and4(qv[r][u], 0xF0F0F0F0u);
 #pragma unroll
                         for (int b = 0; b < B; b++) {
-                            const int sa = dot16(lo, xa[b], 0) * sc1, sb = dot16(hi, xb[b], 0) * sc2;
+                            const int sa = dot16(lo, xa[b], 0) * sc1, sb = dot16u(hi, xb[b], 0) * sc2;
                             acc[r][b] += d * (d0[b] * (float)sa + d2[b] * (float)sb) - dmin * (m1 * s0v[b] + m2 * s2v[b]);
                         }
                     }

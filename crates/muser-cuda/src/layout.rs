@@ -199,21 +199,18 @@ pub fn q4k_kernel_r2(w: u32, u: u32, batch: usize) -> String {
 /// Shapes instantiated with four rows per warp.
 pub const Q4K_R4_SHAPES: [(u32, u32); 3] = [(1, 4), (2, 4), (4, 5)];
 
-/// The four-rows-per-warp shape that covers a row of `nsb` super-blocks in the fewest passes,
-/// then with the fewest idle lanes.
+/// The four-rows-per-warp shape for rows of `nsb` super-blocks: the one with as many warps per
+/// row as `q4k_shape(nsb)`, so that each row sums its super-blocks in the same order as the
+/// two-rows-per-warp kernel (a warp's lane group takes super-blocks in ascending steps of
+/// 4 * warps-per-row whatever the unroll, and the row's warps are added in the same order).
+/// A sequence's tokens then do not depend on how many rows its warp shares.
 pub fn q4k_shape_r4(nsb: usize) -> (u32, u32) {
-    let mut best = Q4K_R4_SHAPES[0];
-    let mut best_key = (usize::MAX, usize::MAX);
-    for &(w, u) in &Q4K_R4_SHAPES {
-        let cover = 4 * (w * u) as usize;
-        let passes = nsb.div_ceil(cover).max(1);
-        let key = (passes, passes * cover - nsb);
-        if key < best_key {
-            best_key = key;
-            best = (w, u);
-        }
-    }
-    best
+    let (w, _) = q4k_shape(nsb);
+    Q4K_R4_SHAPES
+        .iter()
+        .copied()
+        .find(|&(w4, _)| w4 == w)
+        .unwrap_or(Q4K_R4_SHAPES[0])
 }
 
 /// NVFP4 GEMV shapes besides the default (two rows per warp, 2 chunks in flight per row):
@@ -472,6 +469,15 @@ mod tests {
 
     /// Muse Glimmer's widths get one-pass shapes: 26 super-blocks (n_embd 6656) one warp
     /// unrolled 7, 16 (4096) one warp unrolled 4, 78 (19968) four warps unrolled 5.
+    #[test]
+    fn four_row_shapes_keep_the_summation_order() {
+        for nsb in 1..200 {
+            assert_eq!(q4k_shape_r4(nsb).0, q4k_shape(nsb).0, "{nsb}");
+        }
+        assert_eq!(q4k_shape_r4(26), (1, 4));
+        assert_eq!(q4k_shape_r4(78), (4, 5));
+    }
+
     #[test]
     fn q4k_shapes_cover_rows_in_one_pass() {
         assert_eq!(q4k_shape(26), (1, 7));

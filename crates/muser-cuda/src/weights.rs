@@ -136,12 +136,13 @@ impl DevWeight {
                 let n2 = q4k_kernel_r2(w, u, batch);
                 let (w4, u4) = q4k_shape_r4(self.cols / 256);
                 let n4 = q4k_kernel_r4(w4, u4, batch);
-                // Two rows per warp for every batch size: the same per-row summation order in
-                // a batched step as in a single-sequence one (four rows per warp are 6% faster
-                // at four sequences, but would make a sequence's tokens depend on its company).
-                let rpw = match t.rows_per_warp {
-                    0 => 2,
-                    r => r,
+                // Every rows-per-warp choice sums a row in the same order (q4k_shape_r4 keeps
+                // the warps per row), so a batched step may share more rows per warp than a
+                // single-sequence one without changing any sequence's tokens.
+                let rpw = match (batch, t.batch_rows_per_warp, t.rows_per_warp) {
+                    (2.., b, _) if b > 0 => b,
+                    (_, _, 0) => 2,
+                    (_, _, r) => r,
                 };
                 if rpw == 4 && gpu.has_kernel(&n4) {
                     name = n4;

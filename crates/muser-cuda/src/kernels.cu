@@ -255,6 +255,31 @@ __device__ __forceinline__ void l2_prefetch_range(const u8* p, long bytes) {
 #endif
 }
 
+// One lane's share of a Q4_K super-block (header hd, 16 bytes of quants qv of chunk c: the
+// low nibbles are sub-block 2c, the high ones 2c + 1; sh = 16 (c & 1), clo = c < 2) against B
+// activation rows: xa, xb their 16 int8 values under each half, d0/s0v and d2/s2v the two
+// groups' scale and scale * sum, d2 already divided by 16 (the high nibbles are summed in place
+// by dot16u, 16x too large; the power of two moves into the scale exactly, so the product and
+// every sum after it are bit-identical to the shifted form).
+template <int B>
+__device__ __forceinline__ void q4k_lane_term(uint4 hd, uint4 qv, const int4* xa, const int4* xb, const float* d0,
+                                              const float* d2, const float* s0v, const float* s2v, int sh, bool clo,
+                                              float* acc) {
+    const float d = h2f(hd.x & 0xffff), dmin = h2f(hd.x >> 16);
+    // Scales and mins of sub-blocks 2c and 2c+1 as byte pairs (get_scale_min_k4).
+    const u32 Y = hd.y >> sh, Z = hd.z >> sh, Wd = hd.w >> sh;
+    const u32 aux0 = clo ? (Y & 0x3f3fu) : ((Wd & 0x0f0fu) | ((Y & 0xc0c0u) >> 2));
+    const u32 aux1 = clo ? (Z & 0x3f3fu) : (((Wd >> 4) & 0x0f0fu) | ((Z & 0xc0c0u) >> 2));
+    const int sc1 = aux0 & 0xff, sc2 = (aux0 >> 8) & 0xff;
+    const float m1 = (float)(aux1 & 0xff), m2 = (float)((aux1 >> 8) & 0xff);
+    const uint4 lo = and4(qv, 0x0F0F0F0Fu), hi = and4(qv, 0xF0F0F0F0u);
+#pragma unroll
+    for (int b = 0; b < B; b++) {
+        const int sa = dot16(lo, xa[b], 0) * sc1, sb = dot16u(hi, xb[b], 0) * sc2;
+        acc[b] += d * (d0[b] * (float)sa + d2[b] * (float)sb) - dmin * (m1 * s0v[b] + m2 * s2v[b]);
+    }
+}
+
 // Q4_K GEMV. A group of 8 lanes works on one super-block (lane j: 16 bytes of quants, chunk
 // c = j/2, half h = j%2); a row is shared by WPR warps of the 4-warp block; each lane keeps
 // Q4K_UNROLL super-blocks of loads in flight. Strides are compile-time constants so the loads
@@ -324,30 +349,12 @@ __device__ void gemv_q4k(const u8* __restrict__ W, long rows, long cols, Act x, 
                         xb[b] = *(const int4*)(xp + 32);
                         const long go = b * gn + STEP * u * 16;
                         d0[b] = xd[go];
-                        // The high nibbles' sums come 16x too large (dot16u); the power of two
-                        // moves into their activation scale, where it is exact, so the product
-                        // and every sum after it are bit-identical to the shifted form.
-                        d2[b] = xd[go + 2] * 0.0625f;
+                        d2[b] = xd[go + 2] * 0.0625f;  // q4k_lane_term's high-nibble scale
                         s0v[b] = xs[go];
                         s2v[b] = xs[go + 2];
                     }
 #pragma unroll
-                    for (int r = 0; r < RPW; r++) {
-                        const uint4 hd = hv[r][u];
-                        const float d = h2f(hd.x & 0xffff), dmin = h2f(hd.x >> 16);
-                        // Scales and mins of sub-blocks 2c and 2c+1 as byte pairs (get_scale_min_k4).
-                        const u32 Y = hd.y >> sh, Z = hd.z >> sh, Wd = hd.w >> sh;
-                        const u32 aux0 = clo ? (Y & 0x3f3fu) : ((Wd & 0x0f0fu) | ((Y & 0xc0c0u) >> 2));
-                        const u32 aux1 = clo ? (Z & 0x3f3fu) : (((Wd >> 4) & 0x0f0fu) | ((Z & 0xc0c0u) >> 2));
-                        const int sc1 = aux0 & 0xff, sc2 = (aux0 >> 8) & 0xff;
-                        const float m1 = (float)(aux1 & 0xff), m2 = (float)((aux1 >> 8) & 0xff);
-                        const uint4 lo = and4(qv[r][u], 0x0F0F0F0Fu), hi = and4(qv[r][u], 0xF0F0F0F0u);
-#pragma unroll
-                        for (int b = 0; b < B; b++) {
-                            const int sa = dot16(lo, xa[b], 0) * sc1, sb = dot16u(hi, xb[b], 0) * sc2;
-                            acc[r][b] += d * (d0[b] * (float)sa + d2[b] * (float)sb) - dmin * (m1 * s0v[b] + m2 * s2v[b]);
-                        }
-                    }
+                    for (int r = 0; r < RPW; r++) q4k_lane_term<B>(hv[r][u], qv[r][u], xa, xb, d0, d2, s0v, s2v, sh, clo, acc[r]);
                 }
             }
             wh += STEP * U * 144;

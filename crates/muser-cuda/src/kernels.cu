@@ -255,24 +255,6 @@ __device__ __forceinline__ void l2_prefetch_range(const u8* p, long bytes) {
 #endif
 }
 
-// The same spread over the grid: 32 KB chunk i is asked for by thread 0 of block i % 256 (of
-// the first 256 blocks), so the copy engines of many SMs share the work and no block issues
-// more than a few. (l2_prefetch_range hands chunks out by thread index, so a few megabytes
-// land on one block, which then waits for them.)
-__device__ __forceinline__ void l2_prefetch_spread(const u8* p, long bytes) {
-#if __CUDA_ARCH__ >= 900
-    if (!p || bytes <= 0 || threadIdx.x != 0 || blockIdx.y != 0 || blockIdx.z != 0) return;
-    constexpr long CH = 1 << 15;
-    const long nb = min((long)gridDim.x, 256L);
-    if (blockIdx.x >= nb) return;
-    for (long k = blockIdx.x; k * CH < bytes; k += nb) {
-        const long off = k * CH;
-        const unsigned n = (unsigned)(min(CH, bytes - off) & ~15L);
-        if (n) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(n) : "memory");
-    }
-#endif
-}
-
 // One lane's share of a Q4_K super-block (header hd, 16 bytes of quants qv of chunk c: the
 // low nibbles are sub-block 2c, the high ones 2c + 1; sh = 16 (c & 1), clo = c < 2) against B
 // activation rows: xa, xb their 16 int8 values under each half, d0/s0v and d2/s2v the two
@@ -669,11 +651,9 @@ GEMV_ENTRIES(8)
 // that covers a row in one pass (weights.rs). Instantiated for batches 1-4.
 #define Q4K_ENTRY(NAME, WPR, U, L, RPW, B)                                                                  \
     extern "C" __global__ void NAME(const u8* W, const u8* S, long rows, long cols, const i8* xq,          \
-                                    const float* xd, const float* xs, const float* xf, float* y, long ldy, \
-                                    const u8* pf, long pf_bytes) {                                          \
+                                    const float* xd, const float* xs, const float* xf, float* y, long ldy) { \
         Act x = {xq, xd, xs, cols};                                                                         \
         pdl_trigger();                                                                                      \
-        l2_prefetch_spread(pf, pf_bytes);                                                                   \
         gemv_q4k<B, WPR, U, L, RPW>(W, rows, cols, x, y, ldy);                                              \
     }
 #define Q4K_CFG(WPR, U, L, B) Q4K_ENTRY(gemv_q4k_w##WPR##u##U##l##L##_b##B, WPR, U, L, 1, B)

@@ -221,10 +221,6 @@ pub struct Tuning {
     /// the memory bus mostly idle for several microseconds per layer, which this would fill.
     /// Not yet measured; `prefetch_mb` on every kernel was much slower at depth 0.
     pub attn_prefetch_mb: f32,
-    /// Megabytes of the next matrix (wo after qkv+gate, gate+up after wo, down after gate+up,
-    /// the next layer's qkv+gate or the output head after down) each decode GEMV asks L2 for,
-    /// spread over its first blocks, so the next GEMV starts from L2 (0: off).
-    pub gemv_prefetch_mb: f32,
     /// One attention kernel per layer (Q/K norm, RoPE, cache store, flash-decoding, merge,
     /// gate) instead of three.
     pub fused_attn: bool,
@@ -314,7 +310,6 @@ impl Default for Tuning {
             l2_256: true,
             prefetch_mb: 0.0,
             attn_prefetch_mb: 0.0,
-            gemv_prefetch_mb: 0.0,
             fused_attn: true,
             attn_splits: 16,
             attn_swa_splits: 0,
@@ -370,7 +365,6 @@ impl Tuning {
                 "l2" => self.l2_256 = v == "1",
                 "pf" => self.prefetch_mb = v.parse().map_err(|_| bad())?,
                 "apf" => self.attn_prefetch_mb = v.parse().map_err(|_| bad())?,
-                "gpf" => self.gemv_prefetch_mb = v.parse().map_err(|_| bad())?,
                 "fattn" => self.fused_attn = v == "1",
                 "gemvonly" => self.gemv_only = v == "1",
                 "rpw" => self.rows_per_warp = v.parse::<u32>().map_err(|_| bad())?.min(4),

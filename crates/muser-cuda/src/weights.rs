@@ -110,24 +110,6 @@ impl DevWeight {
         y: u64,
         ldy: usize,
     ) -> Result<()> {
-        self.gemv_prefetch(gpu, batch, qa, xf, y, ldy, (0, 0))
-    }
-
-    /// [`Self::gemv`], asking L2 for `pf` (address, bytes: a multiple of 16) on the way: the
-    /// shaped Q4_K kernels spread those bulk prefetches over their first blocks (a hint for
-    /// the matrix that comes next; other kernels ignore it).
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemv_prefetch(
-        &self,
-        gpu: &Gpu,
-        batch: usize,
-        qa: QAct,
-        xf: u64,
-        y: u64,
-        ldy: usize,
-        pf: (u64, i64),
-    ) -> Result<()> {
-        let mut shaped = false;
         if batch == 0 || batch > MAX_GEMV_BATCH {
             return Err(CudaError::Shape(format!(
                 "GEMV batch {batch} (1..={MAX_GEMV_BATCH})"
@@ -162,7 +144,6 @@ impl DevWeight {
                     (_, _, 0) => 2,
                     (_, _, r) => r,
                 };
-                shaped = true;
                 if rpw == 4 && gpu.has_kernel(&n4) {
                     name = n4;
                     rows_per_block = 4 * 4 / w4 as usize;
@@ -172,8 +153,6 @@ impl DevWeight {
                 } else if gpu.has_kernel(&n) {
                     name = n;
                     rows_per_block = 4 / w as usize;
-                } else {
-                    shaped = false;
                 }
             }
         }
@@ -185,22 +164,23 @@ impl DevWeight {
             }
         }
         let grid = self.rows.div_ceil(rows_per_block) as u32;
-        let mut args = vec![
-            Arg::P(self.buf.ptr()),
-            Arg::P(self.aux()),
-            Arg::L(self.rows as i64),
-            Arg::L(self.cols as i64),
-            Arg::P(qa.q),
-            Arg::P(qa.d),
-            Arg::P(qa.s),
-            Arg::P(xf),
-            Arg::P(y),
-            Arg::L(ldy as i64),
-        ];
-        if shaped {
-            args.extend([Arg::P(pf.0), Arg::L(pf.1 & !15)]);
-        }
-        gpu.launch(&name, (grid, 1, 1), 128, &args)
+        gpu.launch(
+            &name,
+            (grid, 1, 1),
+            128,
+            &[
+                Arg::P(self.buf.ptr()),
+                Arg::P(self.aux()),
+                Arg::L(self.rows as i64),
+                Arg::L(self.cols as i64),
+                Arg::P(qa.q),
+                Arg::P(qa.d),
+                Arg::P(qa.s),
+                Arg::P(xf),
+                Arg::P(y),
+                Arg::L(ldy as i64),
+            ],
+        )
     }
 
     /// Dequantizes the whole matrix to bf16 `[rows][cols]` at `out`.

@@ -62,17 +62,10 @@ impl CudaGlimmer {
             true,
             self.layers[0].qkvg.prefetch(pf),
         )?;
-        let gpf = tune.gemv_prefetch_mb;
         for (il, l) in self.layers.iter().enumerate() {
             if !tune.attn_only {
-                l.qkvg.gemv_prefetch(
-                    g,
-                    nb,
-                    self.qact(),
-                    s.hf.ptr(),
-                    s.y_qkvg.ptr(),
-                    l.wo.prefetch(gpf),
-                )?;
+                l.qkvg
+                    .gemv(g, nb, self.qact(), s.hf.ptr(), s.y_qkvg.ptr())?;
             }
             let qa = self.qact();
             // What the attention asks the copy engine to bring into L2 while it waits and runs.
@@ -194,7 +187,7 @@ impl CudaGlimmer {
             if tune.attn_only {
                 continue;
             }
-            l.wo.gemv_prefetch(g, nb, qa, s.hf.ptr(), s.y_o.ptr(), l.gate_up.prefetch(gpf))?;
+            l.wo.gemv(g, nb, qa, s.hf.ptr(), s.y_o.ptr())?;
             // The residual moves to x2 and back within the layer, so the norms may run in slices.
             let (xa, xb) = (s.x.ptr(), s.x2.ptr());
             if !tune.skip_norm {
@@ -210,22 +203,16 @@ impl CudaGlimmer {
                     l.gate_up.prefetch(pf),
                 )?;
             }
-            l.gate_up
-                .gemv_prefetch(g, nb, qa, s.hf.ptr(), s.y_gu.ptr(), l.down.prefetch(gpf))?;
+            l.gate_up.gemv(g, nb, qa, s.hf.ptr(), s.y_gu.ptr())?;
             let pf_down = l.down.prefetch(pf);
             if !tune.skip_swiglu {
                 self.swiglu(l, nb, 64, (s.hf.ptr(), 0), Some(qa), pf_down)?;
             }
-            let (next, pf_next, gpf_next) = match self.layers.get(il + 1) {
-                Some(n) => (n.attn_norm.ptr(), n.qkvg.prefetch(pf), n.qkvg.prefetch(gpf)),
-                None => (
-                    self.output_norm.ptr(),
-                    self.output.prefetch(pf),
-                    self.output.prefetch(gpf),
-                ),
+            l.down.gemv(g, nb, qa, s.hf.ptr(), s.y_d.ptr())?;
+            let (next, pf_next) = match self.layers.get(il + 1) {
+                Some(n) => (n.attn_norm.ptr(), n.qkvg.prefetch(pf)),
+                None => (self.output_norm.ptr(), self.output.prefetch(pf)),
             };
-            l.down
-                .gemv_prefetch(g, nb, qa, s.hf.ptr(), s.y_d.ptr(), gpf_next)?;
             if tune.skip_norm {
                 continue;
             }

@@ -155,22 +155,8 @@ impl Linear {
 
     /// Decode: `y[b][0..rows]` (row stride `rows`) for `batch` activation rows.
     fn gemv(&self, gpu: &Gpu, batch: usize, qa: QAct, xf: u64, y: u64) -> Result<()> {
-        self.gemv_prefetch(gpu, batch, qa, xf, y, (0, 0))
-    }
-
-    /// [`Self::gemv`] whose first segment asks L2 for `pf` (see `DevWeight::gemv_prefetch`).
-    fn gemv_prefetch(
-        &self,
-        gpu: &Gpu,
-        batch: usize,
-        qa: QAct,
-        xf: u64,
-        y: u64,
-        pf: (u64, i64),
-    ) -> Result<()> {
-        for (k, (w, off)) in self.segs.iter().enumerate() {
-            let pf = if k == 0 { pf } else { (0, 0) };
-            w.gemv_prefetch(gpu, batch, qa, xf, y + 4 * *off as u64, self.rows, pf)?;
+        for (w, off) in &self.segs {
+            w.gemv(gpu, batch, qa, xf, y + 4 * *off as u64, self.rows)?;
         }
         Ok(())
     }

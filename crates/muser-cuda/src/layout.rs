@@ -467,8 +467,9 @@ mod tests {
         assert!(repack(WType::Q4K, 1, 256, &[&[0u8; 144]]).is_none());
     }
 
-    /// Muse Glimmer's widths get one-pass shapes: 26 super-blocks (n_embd 6656) one warp
-    /// unrolled 7, 16 (4096) one warp unrolled 4, 78 (19968) four warps unrolled 5.
+    /// A four-rows-per-warp shape splits a row over as many warps as the two-row shape, so
+    /// batched steps sum each row in a single step's order (26 super-blocks: one warp, unrolled
+    /// 4 instead of 7).
     #[test]
     fn four_row_shapes_keep_the_summation_order() {
         for nsb in 1..200 {
@@ -478,6 +479,8 @@ mod tests {
         assert_eq!(q4k_shape_r4(78), (4, 5));
     }
 
+    /// Muse Glimmer's widths get one-pass shapes: 26 super-blocks (n_embd 6656) one warp
+    /// unrolled 7, 16 (4096) one warp unrolled 4, 78 (19968) four warps unrolled 5.
     #[test]
     fn q4k_shapes_cover_rows_in_one_pass() {
         assert_eq!(q4k_shape(26), (1, 7));

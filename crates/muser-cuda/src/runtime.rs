@@ -236,9 +236,9 @@ pub struct Tuning {
     pub gemv_only: bool,
     /// Diagnostics only (wrong results): a decode step runs only the attention kernels.
     pub attn_only: bool,
-    /// Rows per warp of the shaped Q4_K GEMVs (1, 2 or 4; they share each activation load;
-    /// with 4 the shape is `layout::q4k_shape_r4`'s). 0: 2 (measured best for one sequence on
-    /// the H200; the same for every batch size keeps batched tokens equal to single ones).
+    /// Rows per warp of the shaped Q4_K GEMVs in one-sequence steps (1, 2 or 4; they share each
+    /// activation load; with 4 the shape is `layout::q4k_shape_r4`'s). 0: 2 (measured best for
+    /// one sequence on the H200: four are 7.7% slower there).
     pub rows_per_warp: u32,
     /// Rows per warp of the shaped Q4_K GEMVs in steps of two or more sequences (0: as
     /// `rows_per_warp`). Every choice sums each row in the same order (`layout::q4k_shape_r4`

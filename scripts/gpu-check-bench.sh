@@ -42,6 +42,8 @@
 #                     with CLI_BACKEND=1, `--device cuda-ops` (the op-by-op backend; short runs)
 #   comparator        wait for the llama.cpp build; llama-bench -ngl 99 -fa 1 on the same files
 #                     (depth 0, depth 8192, NVFP4)
+#   table             the table of the run: Muser beside llama.cpp from the JSON in $OUT, with
+#                     ratios, shares of the floor and the bars (scripts/gpu_table.py)
 # Every model stage (small, big, dev, nvfp4) also times each prefill size under the other
 # prefill attention (`fa=0`: GEMMs around a masked softmax, the default; `fa=1`: the flash
 # kernel) and compares the last-token logits; MUSER_CUDA_TUNE=fa=1 runs every check with it.
@@ -62,7 +64,7 @@ small=$work/muse-glimmer-small-q4k.gguf
 mkdir -p "$out" "$work"
 export MUSER_CACHE=$work/cache
 export PATH=/usr/local/cuda/bin:$PATH
-stages=${*:-comparator-start check small engine serve gemv big nvfp4 cli comparator}
+stages=${*:-comparator-start check small engine serve gemv big nvfp4 cli comparator table}
 TUNES=${TUNES-"legacy:q4k=legacy,fattn=0;legacy-fused:q4k=legacy;tuned-3k:fattn=0;l2:l2=1;pf8:pf=8;pf24:pf=24;gemv-only:gemvonly=1"}
 GEMV_TUNES=${GEMV_TUNES-"legacy:q4k=legacy;tuned:q4k=tuned;tuned-l2:l2=1;1x4:q4k=1x4;2x2:q4k=2x2;2x4:q4k=2x4;1x7:q4k=1x7;4x5:q4k=4x5"}
 
@@ -186,6 +188,9 @@ for stage in $stages; do
         llama_bench "$big" llama-bench-d8192 -d 8192 -p 2048 -n 128
       fi
       [ -f "$nvfp4" ] && llama_bench "$nvfp4" llama-bench-nvfp4 -p 512,2048 -n 128
+      ;;
+    table)
+      python3 "$root/scripts/gpu_table.py" "$out" --json "$out/table.json"
       ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: fetches the test models (cached), runs every Rust test, compiles the
-# CUDA kernels with NVRTC (scripts/cuda-compile-check.sh), then the client tests.
+# CUDA kernels with NVRTC (scripts/cuda-compile-check.sh), the GPU table script's tests, then the
+# client tests.
 # Golden data under tests/golden comes from the comparator through scripts/goldens.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,4 +9,6 @@ export MUSER_MODELS="$(scripts/fetch-models.sh)"
 cargo test --workspace --release --locked
 # The CUDA kernels compiled by NVRTC (no GPU needed) and muser-cuda's tests with the feature.
 scripts/cuda-compile-check.sh
+# The GPU run's summary table (scripts/gpu_table.py) on made-up bench outputs.
+python3 scripts/test_gpu_table.py
 scripts/test-clients.sh

@@ -139,9 +139,14 @@ __global__ __launch_bounds__(32 * NW) void gemv_bulk(const u8* __restrict__ W, l
         if (ci == NCH - 1)
 #pragma unroll
             for (int r = 0; r < RPW; r++) {
+                // The register kernel's reduction: one warp's sum, or 0 plus its warps' in order.
                 float v = 0.f;
+                if constexpr (WPR == 1) {
+                    v = warp_sum(acc[r][0]);
+                } else {
 #pragma unroll
-                for (int k = 0; k < WPR; k++) v = WPR == 1 ? warp_sum(acc[r][0]) : v + warp_sum(acc[r][k]);
+                    for (int k = 0; k < WPR; k++) v += warp_sum(acc[r][k]);
+                }
                 if (lane == 0 && ra + r < r1) y[ra + r] = v;
             }
     }

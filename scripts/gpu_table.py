@@ -70,10 +70,10 @@ def table(title, mine, theirs, size, params, bw, flops):
             floor = flops / (2.0 * params)
         elif "aggregate" in test and size:
             floor = int(test.split()[0]) * bw / size
+        base = f"{other:.1f}" if other else "—"
         ratio = f"{v / other:.2f}x" if other else "—"
         share = f"{v / floor:.0%}" if floor else "—"
-        print(f"| {test} | {v:.1f} | {other:.1f} | {ratio} | {share} |" if other else
-              f"| {test} | {v:.1f} | — | {ratio} | {share} |")
+        print(f"| {test} | {v:.1f} | {base} | {ratio} | {share} |")
         rows.append({"test": test, "muser": v, "llama_cpp": other, "ratio": v / other if other else None,
                      "share_of_floor": v / floor if floor else None})
     return rows

@@ -1109,98 +1109,21 @@ __device__ __forceinline__ void warp_sum_k(const float* p, float* out) {
     for (int u = 0; u < K; u++) out[u] = __shfl_sync(FULL, v[0], u * (32 / K));
 }
 
-// Asks L2 for cached rows [j0, j1) of KV group g (its 128 halves of each K and V row: two
-// 128-byte lines each), spread over the block's threads; rows wrap at `ring` when it is set.
-// Line prefetches need no registers and no completion, so a decode attention can request every
-// row of its split before the launch wait (the rows were written by earlier steps) and find
-// them in L2 when its loop reaches them.
-__device__ __forceinline__ void prefetch_kv_rows(const __half* kc, const __half* vc, long stride, int g, int j0,
-                                                 int j1, int ring) {
-    const int n = (j1 - j0) * 4;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const int j = j0 + (i >> 2);
-        const long jr = ring > 0 ? j % ring : j;
-        const __half* a = ((i & 2) ? vc : kc) + jr * stride + g * 128 + (i & 1) * 64;
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
-    }
-}
-
-// Merges `used` flash-decoding splits of H heads at once (head hh's records at base + hh·hs,
-// [split][130] each), for a 128-thread block, thread d owning dimension d: as merge_splits for
-// every head (the same order of operations, so each head's result is bit-identical to
-// merge_splits'), with all heads' first R splits requested in one round trip. used <= 128.
-template <int H, int R>
-__device__ void merge_splits_h(const float* base, long hs, int used, int d, float* M, float* L, float* A) {
-    __shared__ float fw[H][128], red[H][4];
-    const int w = d >> 5, lane = d & 31;
-    float ms[H], ls[H], av[H][R];
-#pragma unroll
-    for (int hh = 0; hh < H; hh++) {
-        ms[hh] = d < used ? __ldcg(base + hh * hs + d * 130 + 128) : -INFINITY;
-        ls[hh] = d < used ? __ldcg(base + hh * hs + d * 130 + 129) : 0.f;
-#pragma unroll
-        for (int u = 0; u < R; u++) av[hh][u] = u < used ? __ldcg(base + hh * hs + u * 130 + d) : 0.f;
-    }
-#pragma unroll
-    for (int hh = 0; hh < H; hh++) {
-        const float mw = warp_max(ms[hh]);
-        if (lane == 0) red[hh][w] = mw;
-    }
-    __syncthreads();
-    float lt[H];
-#pragma unroll
-    for (int hh = 0; hh < H; hh++) {
-        M[hh] = fmaxf(fmaxf(red[hh][0], red[hh][1]), fmaxf(red[hh][2], red[hh][3]));
-        const float f = (ms[hh] == -INFINITY || M[hh] == -INFINITY) ? 0.f : __expf(ms[hh] - M[hh]);
-        fw[hh][d] = f;
-        lt[hh] = ls[hh] * f;
-    }
-#pragma unroll
-    for (int hh = 0; hh < H; hh++) lt[hh] = warp_sum(lt[hh]);
-    __syncthreads();
-#pragma unroll
-    for (int hh = 0; hh < H; hh++)
-        if (lane == 0) red[hh][w] = lt[hh];
-    __syncthreads();
-#pragma unroll
-    for (int hh = 0; hh < H; hh++) {
-        L[hh] = red[hh][0] + red[hh][1] + red[hh][2] + red[hh][3];
-        A[hh] = 0.f;
-#pragma unroll
-        for (int u = 0; u < R; u++)
-            if (u < used) A[hh] += av[hh][u] * fw[hh][u];
-    }
-    for (int s0 = R; s0 < used; s0 += R) {
-#pragma unroll
-        for (int hh = 0; hh < H; hh++)
-#pragma unroll
-            for (int u = 0; u < R; u++)
-                av[hh][u] = s0 + u < used ? __ldcg(base + hh * hs + (s0 + u) * 130 + d) : 0.f;
-#pragma unroll
-        for (int hh = 0; hh < H; hh++)
-#pragma unroll
-            for (int u = 0; u < R; u++)
-                if (s0 + u < used) A[hh] += av[hh][u] * fw[hh][s0 + u];
-    }
-}
-
-// The fused decode attention of H query heads of one KV group (heads H·x .. H·x + H - 1), one
-// sequence and one split, K cached keys per warp per step. The H heads share every key and
-// value load (H-fold fewer L2 bytes), so with H times the splits a warp takes H times fewer
-// steps: the loop is bound by its loads' latency, and at a 2048-key window one step of eight
-// keys per warp, issued before the launch wait, is the whole loop at H = 4 and 64 splits. Each
-// head's arithmetic is the same sequence whatever H, so for the same split count the outputs
-// are bit-identical (commit 84642e3 measured H > 1 at the same split count: no gain).
-template <int K, int H>
+// The fused decode attention of one (query head, sequence, split), K cached keys per warp per
+// step. Sharing each key load among 2 or 4 heads of a KV group (16x fewer L2 bytes at most) was
+// measured on the H200 and dropped (commit 84642e3 has it): 1-2% slower at depth 0 and, with
+// K = 8, at depth 8192 too; the loop is bound by load latency more than by L2 bytes, which is
+// what K addresses.
+template <int K>
 __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int nq, int nkv, const float* qn_w,
                                                 const float* kn_w, float eps, const int* pos, int rope,
                                                 float theta_scale, __half* kc, __half* vc, long slot_stride,
                                                 const int* slots, int window, float scale, float* part, int S,
                                                 int kmin, unsigned* cnt, float* out_f, i8* q, float* qd, float* qs,
-                                                const u8* pf, long pf_bytes, int ring, int kvpf) {
+                                                const u8* pf, long pf_bytes, int ring) {
     pdl_trigger();
     l2_prefetch_range(pf, pf_bytes);
-    const int h0 = blockIdx.x * H, b = blockIdx.y, sp = blockIdx.z;
+    const int h = blockIdx.x, b = blockIdx.y, sp = blockIdx.z;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     // Positions are written only at the end of the previous step (or by the host), so the
     // splits this step needs are known before waiting: the others leave at once instead of
@@ -1212,7 +1135,7 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
     const int ncache = p - lo;                 // cached keys [lo, p)
     const int chunk = (ncache + used - 1) / used;
     const int k0 = lo + sp * chunk, k1 = min(p, k0 + chunk);
-    const int grp = nq / nkv, g = h0 / grp;
+    const int grp = nq / nkv, g = h / grp;
     kc += (long)slots[b] * slot_stride;
     vc += (long)slots[b] * slot_stride;
     const long stride = (long)nkv * 128;
@@ -1232,8 +1155,6 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
     // a stream-ordered prefill ago), never by the kernel this one waits on: load them before
     // waiting, so their latency overlaps the projection's tail.
     if (k0 + w < k1) load_keys(k0 + w, kr, vr);
-    // The later steps' rows into L2, once per KV group (kvpf).
-    if (kvpf && h0 % grp == 0) prefetch_kv_rows(kc, vc, stride, g, k0 + 4 * K, k1, ring);
     pdl_wait();
     const float* row = qkv + (long)b * ld;
     // q (and, for the new key, k) normalized and rotated: lane holds dims 4*lane .. 4*lane+3.
@@ -1242,19 +1163,13 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
         v[0] = v4.x; v[1] = v4.y; v[2] = v4.z; v[3] = v4.w;
         head_norm_rope(v, nw, eps, rope, p, theta_scale, lane);
     };
-    // The gate values of this thread's output dimension, needed last, requested first.
-    float gt[H], qv[H][4], m[H], l[H], acc[H][4];
+    // The gate value of this thread's output dimension, needed last, requested first.
+    const float gt = row[(long)(nq + 2 * nkv) * 128 + h * 128 + threadIdx.x];
+    float qv[4];
+    norm_rope(row + (long)h * 128, qn_w, qv);
 #pragma unroll
-    for (int hh = 0; hh < H; hh++) {
-        gt[hh] = row[(long)(nq + 2 * nkv) * 128 + (h0 + hh) * 128 + threadIdx.x];
-        norm_rope(row + (long)(h0 + hh) * 128, qn_w, qv[hh]);
-#pragma unroll
-        for (int i = 0; i < 4; i++) qv[hh][i] *= scale;
-        m[hh] = -INFINITY;
-        l[hh] = 0.f;
-#pragma unroll
-        for (int i = 0; i < 4; i++) acc[hh][i] = 0.f;
-    }
+    for (int i = 0; i < 4; i++) qv[i] *= scale;
+    float m = -INFINITY, l = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
     const bool owner = sp == 0 && w == 0;  // this warp also takes the new key
     if (owner) {
         float kv[4];
@@ -1266,13 +1181,10 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
         for (int i = 0; i < 4; i++) kv[i] = __half2float(__float2half(kv[i]));
         v4 = make_float4(__half2float(__float2half(v4.x)), __half2float(__float2half(v4.y)),
                          __half2float(__float2half(v4.z)), __half2float(__float2half(v4.w)));
-#pragma unroll
-        for (int hh = 0; hh < H; hh++) {
-            m[hh] = warp_sum(qv[hh][0] * kv[0] + qv[hh][1] * kv[1] + qv[hh][2] * kv[2] + qv[hh][3] * kv[3]);
-            l[hh] = 1.f;
-            acc[hh][0] = v4.x; acc[hh][1] = v4.y; acc[hh][2] = v4.z; acc[hh][3] = v4.w;
-        }
-        if (h0 % grp == 0) {
+        m = warp_sum(qv[0] * kv[0] + qv[1] * kv[1] + qv[2] * kv[2] + qv[3] * kv[3]);
+        l = 1.f;
+        acc[0] = v4.x; acc[1] = v4.y; acc[2] = v4.z; acc[3] = v4.w;
+        if (h % grp == 0) {
             // The group's first head stores the new K/V for later steps (this launch reads
             // cached keys below p only).
             const long o = (long)(ring > 0 ? p % ring : p) * nkv * 128 + g * 128 + 4 * lane;
@@ -1290,35 +1202,32 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
             va[u] = __half22float2(*(const __half2*)&vr[u].x);
             vb[u] = __half22float2(*(const __half2*)&vr[u].y);
         }
+        float sv[K];
+        float mx = m;
+        float pd[K];
 #pragma unroll
-        for (int hh = 0; hh < H; hh++) {
-            float sv[K];
-            float mx = m[hh];
-            float pd[K];
+        for (int u = 0; u < K; u++)
+            pd[u] = qv[0] * ka[u].x + qv[1] * ka[u].y + qv[2] * kb[u].x + qv[3] * kb[u].y;
+        warp_sum_k<K>(pd, sv);
 #pragma unroll
-            for (int u = 0; u < K; u++)
-                pd[u] = qv[hh][0] * ka[u].x + qv[hh][1] * ka[u].y + qv[hh][2] * kb[u].x + qv[hh][3] * kb[u].y;
-            warp_sum_k<K>(pd, sv);
-#pragma unroll
-            for (int u = 0; u < K; u++) {
-                if (j + 4 * u >= k1) sv[u] = -INFINITY;
-                mx = fmaxf(mx, sv[u]);
-            }
-            const float corr = __expf(m[hh] - mx);
-            l[hh] *= corr;
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[hh][i] *= corr;
-#pragma unroll
-            for (int u = 0; u < K; u++) {
-                const float pe = j + 4 * u < k1 ? __expf(sv[u] - mx) : 0.f;
-                l[hh] += pe;
-                acc[hh][0] += pe * va[u].x;
-                acc[hh][1] += pe * va[u].y;
-                acc[hh][2] += pe * vb[u].x;
-                acc[hh][3] += pe * vb[u].y;
-            }
-            m[hh] = mx;
+        for (int u = 0; u < K; u++) {
+            if (j + 4 * u >= k1) sv[u] = -INFINITY;
+            mx = fmaxf(mx, sv[u]);
         }
+        const float corr = __expf(m - mx);
+        l *= corr;
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[i] *= corr;
+#pragma unroll
+        for (int u = 0; u < K; u++) {
+            const float pe = j + 4 * u < k1 ? __expf(sv[u] - mx) : 0.f;
+            l += pe;
+            acc[0] += pe * va[u].x;
+            acc[1] += pe * va[u].y;
+            acc[2] += pe * vb[u].x;
+            acc[3] += pe * vb[u].y;
+        }
+        m = mx;
 #pragma unroll
         for (int u = 0; u < K; u++) {
             kr[u] = kn[u];
@@ -1327,53 +1236,38 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
     }
     __shared__ unsigned last;
     const int d = threadIdx.x;
-    float M[H], L[H], A[H];
-#pragma unroll
-    for (int hh = 0; hh < H; hh++) {
-        if (hh > 0) __syncthreads();  // merge_warps reuses its shared arrays
-        merge_warps(m[hh], l[hh], acc[hh], M[hh], L[hh], A[hh]);
-    }
+    float M, L, A;
+    merge_warps(m, l, acc, M, L, A);
     if (used > 1) {
-#pragma unroll
-        for (int hh = 0; hh < H; hh++) {
-            float* o = part + (((long)b * nq + h0 + hh) * S + sp) * 130;
-            o[d] = A[hh];
-            if (d == 0) { o[128] = M[hh]; o[129] = L[hh]; }
-        }
+        float* o = part + (((long)b * nq + h) * S + sp) * 130;
+        o[d] = A;
+        if (d == 0) { o[128] = M; o[129] = L; }
         __syncthreads();
         if (d == 0) {
-            const unsigned prev = arrive_acq_rel(cnt + (long)b * nq + h0);
+            const unsigned prev = arrive_acq_rel(cnt + (long)b * nq + h);
             last = prev == (unsigned)(used - 1);
-            if (last) cnt[(long)b * nq + h0] = 0;
+            if (last) cnt[(long)b * nq + h] = 0;
         }
         __syncthreads();
         if (!last) return;
-        merge_splits_h<H, (H == 1 ? 32 : 64 / H)>(part + ((long)b * nq + h0) * S * 130, (long)S * 130, used, d, M, L, A);
+        merge_splits<128, 32>(part + ((long)b * nq + h) * S * 130, used, d, M, L, A);
     }
-#pragma unroll
-    for (int hh = 0; hh < H; hh++) {
-        const float v = (L[hh] > 0.f ? A[hh] / L[hh] : 0.f) * (1.f / (1.f + __expf(-gt[hh])));
-        store_head_out(v, (long)b * nq * 128 + (h0 + hh) * 128 + d, out_f, q, qd, qs);
-    }
+    const float v = (L > 0.f ? A / L : 0.f) * (1.f / (1.f + __expf(-gt)));
+    store_head_out(v, (long)b * nq * 128 + h * 128 + d, out_f, q, qd, qs);
 }
 
-#define ATTN_FUSED_ENTRY(NAME, K, H)                                                                            \
+#define ATTN_FUSED_ENTRY(NAME, K)                                                                               \
     extern "C" __global__ void NAME(const float* qkv, long ld, int nq, int nkv, const float* qn_w,            \
                                     const float* kn_w, float eps, const int* pos, int rope, float theta_scale, \
                                     __half* kc, __half* vc, long slot_stride, const int* slots, int window,   \
                                     float scale, float* part, int S, int kmin, unsigned* cnt, float* out_f,   \
-                                    i8* q, float* qd, float* qs, const u8* pf, long pf_bytes, int ring,       \
-                                    int kvpf) {                                                               \
-        attn_fused_body<K, H>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride, \
-                              slots, window, scale, part, S, kmin, cnt, out_f, q, qd, qs, pf, pf_bytes, ring, \
-                              kvpf);                                                                          \
+                                    i8* q, float* qd, float* qs, const u8* pf, long pf_bytes, int ring) {     \
+        attn_fused_body<K>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride,    \
+                           slots, window, scale, part, S, kmin, cnt, out_f, q, qd, qs, pf, pf_bytes, ring);          \
     }
-ATTN_FUSED_ENTRY(attn_decode_fused, 4, 1)
-ATTN_FUSED_ENTRY(attn_decode_fused_k8, 8, 1)
-ATTN_FUSED_ENTRY(attn_decode_fused_k16, 16, 1)
-ATTN_FUSED_ENTRY(attn_decode_fused_k8h2, 8, 2)
-ATTN_FUSED_ENTRY(attn_decode_fused_k8h4, 8, 4)
-ATTN_FUSED_ENTRY(attn_decode_fused_k4h4, 4, 4)
+ATTN_FUSED_ENTRY(attn_decode_fused, 4)
+ATTN_FUSED_ENTRY(attn_decode_fused_k8, 8)
+ATTN_FUSED_ENTRY(attn_decode_fused_k16, 16)
 
 // head_norm_rope with the norm weights of this lane's dims in `nw4` and the rotation of pair
 // i as (cos, sin) in tab[i] (rope_table), for kernels that rotate several heads at one position.
@@ -1825,102 +1719,12 @@ __device__ __forceinline__ void quad_head(float* v, const float* nw, float eps, 
                           pack_half2(v[8 * q + 4], v[8 * q + 5]), pack_half2(v[8 * q + 6], v[8 * q + 7]));
 }
 
-// The split merge inside the grouped kernel (attn_decode_gqm): after a warp has written its
-// records it arrives on the group's counter (cnt[0], acquire-release). The warps that arrive
-// last, one per head while there are more splits than heads, each wait for the count to reach
-// `used` and then merge their heads' splits as attn_combine_gate would, apply the sigmoid gate
-// and store the output; the last of them to finish (cnt[1]) resets both counters for the next
-// launch. No warp waits on one that has not started: a waiting warp arrived after all but at
-// most grp - 1 others, and the kernel after this one starts only when every warp of this one
-// has (programmatic launch), so the rest hold or will get an SM.
-__device__ __forceinline__ unsigned ld_acquire_u32(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ void gqm_merge(const float* part, const float* row, int nq, int nkv, int g, int b, int S, int used,
-                          unsigned* cnt, float* out_f, i8* q, float* qd, float* qs) {
-    const int lane = threadIdx.x & 31, grp = nq / nkv;
-    unsigned a = 0;
-    __syncwarp();
-    if (lane == 0) a = arrive_acq_rel(cnt);
-    a = __shfl_sync(FULL, a, 0);
-    const int nm = min(grp, used);  // warps that merge
-    if ((int)a < used - nm) return;
-    const int mi = (int)a - (used - nm);
-    if (lane == 0) {
-        while ((int)ld_acquire_u32(cnt) < used) __nanosleep(32);
-    }
-    __syncwarp();
-    for (int hl = mi; hl < grp; hl += nm) {
-        const int h = g * grp + hl;
-        const float* base = part + ((long)b * nq + h) * S * 130;
-        const float4 gv = *(const float4*)(row + (long)(nq + 2 * nkv) * 128 + h * 128 + 4 * lane);
-        // Maxima and sums of splits lane, lane + 32, ... (used <= 256).
-        float ms[8], ls[8];
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const int sp = lane + 32 * k;
-            ms[k] = sp < used ? __ldcg(base + sp * 130 + 128) : -INFINITY;
-            ls[k] = sp < used ? __ldcg(base + sp * 130 + 129) : 0.f;
-        }
-        float mt = ms[0];
-#pragma unroll
-        for (int k = 1; k < 8; k++) mt = fmaxf(mt, ms[k]);
-        const float M = warp_max(mt);
-        float fk[8], lt = 0.f;
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            fk[k] = (ms[k] == -INFINITY || M == -INFINITY) ? 0.f : __expf(ms[k] - M);
-            lt += ls[k] * fk[k];
-        }
-        const float L = warp_sum(lt);
-        // Each lane sums its four dimensions over the splits in split order, 16 records at a time.
-        float A[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int s0 = 0; s0 < used; s0 += 16) {
-            // (Records are 520 bytes apart: 8-byte loads.)
-            float2 av0[16], av1[16];
-#pragma unroll
-            for (int u = 0; u < 16; u++) {
-                const float2* rp = (const float2*)(base + (s0 + u) * 130 + 4 * lane);
-                av0[u] = s0 + u < used ? __ldcg(rp) : make_float2(0.f, 0.f);
-                av1[u] = s0 + u < used ? __ldcg(rp + 1) : make_float2(0.f, 0.f);
-            }
-            float fsel = 0.f;
-#pragma unroll
-            for (int k = 0; k < 8; k++)
-                if (k == (s0 >> 5)) fsel = fk[k];
-#pragma unroll
-            for (int u = 0; u < 16; u++) {
-                const float f = __shfl_sync(FULL, fsel, (s0 & 31) + u);
-                if (s0 + u < used) {
-                    A[0] += av0[u].x * f; A[1] += av0[u].y * f; A[2] += av1[u].x * f; A[3] += av1[u].y * f;
-                }
-            }
-        }
-        const float gt[4] = {gv.x, gv.y, gv.z, gv.w};
-        float v[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) v[i] = (L > 0.f ? A[i] / L : 0.f) * (1.f / (1.f + __expf(-gt[i])));
-        store_head_out4(v, (long)b * nq * 128 + h * 128 + 4 * lane, out_f, q, qd, qs);
-    }
-    __syncwarp();
-    if (lane == 0) {
-        const unsigned done = atomicAdd(cnt + 1, 1u);
-        if ((int)done == nm - 1) {
-            cnt[0] = 0;
-            cnt[1] = 0;
-        }
-    }
-}
-
-template <int NT, bool MERGE>
+template <int NT>
 __device__ __forceinline__ void attn_gqr_body(const float* qkv, long ld, int nq, int nkv, const float* qn_w,
                                               const float* kn_w, float eps, const int* pos, int rope,
                                               float theta_scale, __half* kc, __half* vc, long slot_stride,
                                               const int* slots, int window, float scale, float* part, int S,
-                                              int kmin, unsigned* cnt, float* out_f, i8* q, float* qd,
-                                              float* qs, const u8* pf, long pf_bytes, int ring, int kvpf) {
+                                              int kmin, const u8* pf, long pf_bytes, int ring) {
     pdl_trigger();
     l2_prefetch_range(pf, pf_bytes);
     const int g = blockIdx.x, b = blockIdx.y, sp = blockIdx.z;
@@ -1962,7 +1766,6 @@ __device__ __forceinline__ void attn_gqr_body(const float* qkv, long ld, int nq,
     // the rotation of the lane's pairs 16 s + 4 c + k (lane i computes pairs 2 i, 2 i + 1).
     load_half(k0, false);
     load_half(k0, true);
-    if (kvpf) prefetch_kv_rows(kc + soff, vc + soff, stride, g, k0 + 16 * NT, k1, ring);
     float cs[16] = {}, sn[16] = {};
     if (rope) {
         float tc[2], ts[2];
@@ -2133,7 +1936,6 @@ __device__ __forceinline__ void attn_gqr_body(const float* qkv, long ld, int nq,
             po[129] = hh ? l1 : l0;
         }
     }
-    if (MERGE) gqm_merge(part, row, nq, nkv, g, b, S, used, cnt + ((long)b * nkv + g) * 2, out_f, q, qd, qs);
 }
 
 #define ATTN_GQR_ENTRY(NAME, NT)                                                                               \
@@ -2141,24 +1943,12 @@ __device__ __forceinline__ void attn_gqr_body(const float* qkv, long ld, int nq,
         const float* qkv, long ld, int nq, int nkv, const float* qn_w, const float* kn_w, float eps,         \
         const int* pos, int rope, float theta_scale, __half* kc, __half* vc, long slot_stride,                \
         const int* slots, int window, float scale, float* part, int S, int kmin, const u8* pf, long pf_bytes, \
-        int ring, int kvpf) {                                                                                  \
-        attn_gqr_body<NT, false>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc,           \
-                                 slot_stride, slots, window, scale, part, S, kmin, nullptr, nullptr, nullptr,  \
-                                 nullptr, nullptr, pf, pf_bytes, ring, kvpf);                                  \
+        int ring) {                                                                                            \
+        attn_gqr_body<NT>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride,     \
+                          slots, window, scale, part, S, kmin, pf, pf_bytes, ring);                                  \
     }
 ATTN_GQR_ENTRY(attn_decode_gqr, 1)
 ATTN_GQR_ENTRY(attn_decode_gqr2, 2)
-// attn_decode_gqr with the split merge, gate and output in the same launch (gqm_merge); takes
-// the per-head kernel's arguments. cnt: two counters per (sequence, KV group), zero between
-// launches.
-extern "C" __global__ __launch_bounds__(32) void attn_decode_gqm(
-    const float* qkv, long ld, int nq, int nkv, const float* qn_w, const float* kn_w, float eps, const int* pos,
-    int rope, float theta_scale, __half* kc, __half* vc, long slot_stride, const int* slots, int window,
-    float scale, float* part, int S, int kmin, unsigned* cnt, float* out_f, i8* q, float* qd, float* qs,
-    const u8* pf, long pf_bytes, int ring, int kvpf) {
-    attn_gqr_body<1, true>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride, slots,
-                           window, scale, part, S, kmin, cnt, out_f, q, qd, qs, pf, pf_bytes, ring, kvpf);
-}
 
 // Prefill attention pieces (scores from cuBLAS). S rows: [2 * 16 * n] x nk laid out per KV group g
 // as rows (h_local, t). Query t is at position p0 + t, key j at position k_lo + j.

@@ -246,7 +246,7 @@ pub const FA_SMEM_BYTES: u32 = (2 * 2 * FA_KEYS * 128 * 2) as u32;
 pub const MAX_SPLITS: usize = 256;
 
 /// Kernels other than the GEMVs.
-pub const OTHER_KERNELS: [&str; 24] = [
+pub const OTHER_KERNELS: [&str; 20] = [
     "dequant_bf16",
     "get_rows",
     "quantize_act",
@@ -257,13 +257,9 @@ pub const OTHER_KERNELS: [&str; 24] = [
     "attn_decode_fused",
     "attn_decode_fused_k8",
     "attn_decode_fused_k16",
-    "attn_decode_fused_k8h2",
-    "attn_decode_fused_k8h4",
-    "attn_decode_fused_k4h4",
     "attn_decode_gqa",
     "attn_decode_gqr",
     "attn_decode_gqr2",
-    "attn_decode_gqm",
     "softmax_mask",
     "attn_prefill_flash",
     "gate_heads_bf16",

@@ -254,13 +254,6 @@ pub struct Tuning {
     /// loads are in flight together). 8 with 16 splits measured best on the H200: 3.6% faster
     /// than 4 with 32 at depth 8192 (16-layer model), the same at depth 0.
     pub attn_keys_per_step: u32,
-    /// Query heads of one KV group per warp of the fused per-head decode attention (1, 2 or 4;
-    /// with 8 keys per step, or 4 with 4 heads). They share every key and value load, so with
-    /// `attn_splits` raised as many times, each warp takes that many times fewer loop steps.
-    pub attn_heads_per_warp: u32,
-    /// The decode attention asks L2 for the rest of its split's cached keys and values (line
-    /// prefetches) before its launch wait, so that its later loop steps find them there.
-    pub kv_prefetch: bool,
     /// Diagnostics only (wrong results): the per-layer norms are skipped.
     pub skip_norm: bool,
     /// Diagnostics only (wrong results): the SwiGLU kernel is skipped.
@@ -327,8 +320,6 @@ impl Default for Tuning {
             batch_rows_per_warp: 4,
             norm_slices: 8,
             attn_keys_per_step: 8,
-            attn_heads_per_warp: 1,
-            kv_prefetch: false,
             skip_norm: false,
             skip_swiglu: false,
             gqa_full_from: 4096,
@@ -350,9 +341,9 @@ impl Default for Tuning {
 impl Tuning {
     /// Applies `key=value` pairs separated by commas: `q4k=legacy|tuned|W,U`, `l2=0|1`,
     /// `pf=MB`, `apf=MB`, `fattn=0|1`, `splits=N`, `swasplits=N`, `gemvonly=0|1`, `attnonly=0|1`,
-    /// `rpw=0|1|2|4`, `kmin=N`, `nsl=N`, `akeys=4|8|16`, `ahpw=1|2|4`, `kvpf=0|1`, `skipnorm=0|1`, `skipswiglu=0|1`,
+    /// `rpw=0|1|2|4`, `kmin=N`, `nsl=N`, `akeys=4|8|16`, `skipnorm=0|1`, `skipswiglu=0|1`,
     /// `gqa=POS|off` (full layers), `gqaswa=POS|off`, `gqasplits=N`, `gqamin=N`, `gqaswamin=N`, `gqapass=N`,
-    /// `asmem=BYTES`, `carve=-1..100`, `gcarve=-1..100`, `nv=RxU`, `gqr=0|1|2|3`, `fa=0|1`.
+    /// `asmem=BYTES`, `carve=-1..100`, `gcarve=-1..100`, `nv=RxU`, `gqr=0|1|2`, `fa=0|1`.
     pub fn parse(mut self, spec: &str) -> Result<Tuning> {
         let bad = || CudaError::Shape(format!("tuning '{spec}'"));
         for kv in spec.split([',', ' ']).filter(|s| !s.is_empty()) {
@@ -381,8 +372,6 @@ impl Tuning {
                 "attnonly" => self.attn_only = v == "1",
                 "nsl" => self.norm_slices = v.parse::<u32>().map_err(|_| bad())?.clamp(1, 32),
                 "akeys" => self.attn_keys_per_step = one_of(v, &[4, 8, 16]).ok_or_else(bad)?,
-                "kvpf" => self.kv_prefetch = one_of(v, &[0, 1]).ok_or_else(bad)? == 1,
-                "ahpw" => self.attn_heads_per_warp = one_of(v, &[1, 2, 4]).ok_or_else(bad)?,
                 "skipnorm" => self.skip_norm = v == "1",
                 "skipswiglu" => self.skip_swiglu = v == "1",
                 "fa" => self.flash_prefill = one_of(v, &[0, 1]).ok_or_else(bad)? == 1,
@@ -418,7 +407,7 @@ impl Tuning {
                 "gqapass" => {
                     self.gqa_pass_keys = v.parse::<u32>().map_err(|_| bad())?.clamp(16, 128) & !15
                 }
-                "gqr" => self.gqa_reg = one_of(v, &[0, 1, 2, 3]).ok_or_else(bad)?,
+                "gqr" => self.gqa_reg = one_of(v, &[0, 1, 2]).ok_or_else(bad)?,
                 "gqasplits" => self.gqa_splits = v.parse::<u32>().map_err(|_| bad())?.clamp(1, 256),
                 "gqaswamin" => {
                     self.gqa_swa_min_keys = v.parse::<u32>().map_err(|_| bad())?.clamp(16, 1 << 20)
@@ -1020,7 +1009,7 @@ mod tests {
         assert!(Tuning::default().parse("fa=2").is_err());
         for bad in [
             "kmin", "kmin=x", "nosuch=1", "q4k=1", "akeys=5", "nsl=x", "gqa=-1", "nv=2x2", "nv=2",
-            "carve=x", "gqr=4",
+            "carve=x", "gqr=3",
         ] {
             assert!(Tuning::default().parse(bad).is_err(), "{bad}");
         }

@@ -90,8 +90,6 @@ impl CudaGlimmer {
                 // One kernel per layer: per query head, or per KV group (then the splits are
                 // merged by attn_combine_gate; the per-head kernel merges its own).
                 let reg = grouped && tune.gqa_reg > 0;
-                // attn_decode_gqm: the register kernel that merges its own splits.
-                let merged = grouped && tune.gqa_reg == 3;
                 let (kernel, blocks, splits, kmin) = if grouped {
                     let gs = (tune.gqa_splits as usize).clamp(1, MAX_GQA_SPLITS);
                     let kmin = match tune.gqa_swa_min_keys {
@@ -101,22 +99,16 @@ impl CudaGlimmer {
                     let kernel = match tune.gqa_reg {
                         0 => "attn_decode_gqa",
                         1 => "attn_decode_gqr",
-                        2 => "attn_decode_gqr2",
-                        _ => "attn_decode_gqm",
+                        _ => "attn_decode_gqr2",
                     };
                     (kernel, nkv, gs, kmin as usize)
                 } else {
-                    let hpw = tune.attn_heads_per_warp as usize;
-                    let kernel = match (tune.attn_keys_per_step, hpw) {
-                        (8, 2) => "attn_decode_fused_k8h2",
-                        (8, 4) => "attn_decode_fused_k8h4",
-                        (4, 4) => "attn_decode_fused_k4h4",
-                        (16, _) => "attn_decode_fused_k16",
-                        (8, _) => "attn_decode_fused_k8",
+                    let kernel = match tune.attn_keys_per_step {
+                        16 => "attn_decode_fused_k16",
+                        8 => "attn_decode_fused_k8",
                         _ => "attn_decode_fused",
                     };
-                    let hpw = if kernel.contains('h') { hpw } else { 1 };
-                    (kernel, nq / hpw, splits, tune.attn_min_keys as usize)
+                    (kernel, nq, splits, tune.attn_min_keys as usize)
                 };
                 let mut args = vec![
                     Arg::P(s.y_qkvg.ptr()),
@@ -139,22 +131,20 @@ impl CudaGlimmer {
                     Arg::I(splits as i32),
                     Arg::I(kmin as i32),
                 ];
-                if !grouped || merged {
+                if !grouped {
                     args.push(Arg::P(s.attn_cnt.ptr()));
                 }
-                if !reg || merged {
+                if !reg {
                     // (attn_decode_gqr writes split records only: the combine finishes.)
                     args.extend([Arg::P(s.hf.ptr()), Arg::P(qa.q), Arg::P(qa.d), Arg::P(qa.s)]);
                 }
                 args.extend([Arg::P(pf_wo.0), Arg::L(pf_wo.1), Arg::I(l.ring as i32)]);
                 let smem = if reg {
-                    args.push(Arg::I(tune.kv_prefetch as i32));
                     0
                 } else if grouped {
                     args.push(Arg::I(tune.gqa_pass_keys as i32));
                     crate::layout::GQA_SMEM_BYTES
                 } else {
-                    args.push(Arg::I(tune.kv_prefetch as i32));
                     tune.attn_extra_smem
                 };
                 let block = if reg { 32 } else { 128 };
@@ -165,7 +155,7 @@ impl CudaGlimmer {
                     smem,
                     &args,
                 )?;
-                if grouped && !merged {
+                if grouped {
                     // The register kernel leaves even a single split to the combine.
                     self.combine_gate(il, nb, splits, kmin, !reg)?;
                 }

@@ -1719,28 +1719,25 @@ __device__ __forceinline__ void quad_head(float* v, const float* nw, float eps, 
                           pack_half2(v[8 * q + 4], v[8 * q + 5]), pack_half2(v[8 * q + 6], v[8 * q + 7]));
 }
 
-template <int NT>
-__device__ __forceinline__ void attn_gqr_body(const float* qkv, long ld, int nq, int nkv, const float* qn_w,
-                                              const float* kn_w, float eps, const int* pos, int rope,
-                                              float theta_scale, __half* kc, __half* vc, long slot_stride,
-                                              const int* slots, int window, float scale, float* part, int S,
-                                              int kmin, const u8* pf, long pf_bytes, int ring) {
-    pdl_trigger();
-    l2_prefetch_range(pf, pf_bytes);
-    const int g = blockIdx.x, b = blockIdx.y, sp = blockIdx.z;
+// One warp's pass of the grouped register attention over keys [k0, k1) (k0 < k1, within
+// [lo, p]) of KV group g for sequence b: the 16 rows of its outputs are the group's query heads
+// (lane (r, c): o[4 s + i] holds dims 32 s + 8 c + 2 i + {0, 1} of heads r (0, 1) and r + 8
+// (2, 3)), with their running maxima m0, m1 and sums l0, l1 (summed over the lane quad). Waits
+// for the previous kernel (pdl_wait) after requesting its first tiles. The warp whose range
+// holds p also normalizes and stores the new key and value. soff: the sequence's cache offset.
+// With PF, the rows past the first tiles are also requested into L2 before the wait (one
+// 128-byte line per lane and instruction), so that the later tiles' loads hit L2.
+template <int NT, bool PF = false>
+__device__ __forceinline__ void gqr_warp(const float* qkv, long ld, int nq, int nkv, const float* qn_w,
+                                         const float* kn_w, float eps, int rope, float theta_scale, __half* kc,
+                                         __half* vc, long soff, int ring, float scale, int g, int b, int p, int k0,
+                                         int k1, float (*o)[4], float& m0, float& m1, float& l0, float& l1) {
     const int lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
     const int grp = nq / nkv;
-    // Positions are written only at the end of the previous step (or by the host).
-    const int p = pos[b];
-    const int used = attn_splits_used(p, window, S, kmin);
-    if (sp >= used) return;
-    int k0, k1;  // keys [k0, k1)
-    split_keys(p, window, used, sp, k0, k1);
     const long stride = (long)nkv * 128;
-    const long soff = (long)slots[b] * slot_stride;
     const __half* kl = kc + soff + g * 128 + 8 * c;
     const __half* vl = vc + soff + g * 128 + 8 * c;
-    // Rows jb + 8 h + r of NT tiles (keys past the split's end repeat its last row, whose
+    // Rows jb + 8 h + r of NT tiles (keys past the range's end repeat its last row, whose
     // values are finite, and are masked): keys and values loaded apart, so that the next
     // tiles' keys are requested once the scores are computed and their values once the
     // values are used, with no registers beyond one set of tiles.
@@ -1751,13 +1748,13 @@ __device__ __forceinline__ void attn_gqr_body(const float* qkv, long ld, int nq,
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int j = min(jb + 16 * u + 8 * h + r, k1 - 1);
-                const long o = (long)(ring > 0 ? j % ring : j) * stride;
+                const long off = (long)(ring > 0 ? j % ring : j) * stride;
 #pragma unroll
                 for (int s = 0; s < 4; s++) {
                     if (values)
-                        vt[u][h][s] = *(const uint4*)(vl + o + 32 * s);
+                        vt[u][h][s] = *(const uint4*)(vl + off + 32 * s);
                     else
-                        kt[u][h][s] = *(const uint4*)(kl + o + 32 * s);
+                        kt[u][h][s] = *(const uint4*)(kl + off + 32 * s);
                 }
             }
         }
@@ -1766,6 +1763,15 @@ __device__ __forceinline__ void attn_gqr_body(const float* qkv, long ld, int nq,
     // the rotation of the lane's pairs 16 s + 4 c + k (lane i computes pairs 2 i, 2 i + 1).
     load_half(k0, false);
     load_half(k0, true);
+    if (PF) {
+        // Line i of the rest: row k0 + 16 NT + i / 4, its K (i % 4 < 2) or V half i % 2.
+        const int first = k0 + 16 * NT, nl = 4 * max(0, k1 - first);
+        for (int i = lane; i < nl; i += 32) {
+            const int j = first + (i >> 2);
+            const __half* src = ((i & 2) ? vc : kc) + soff + (long)(ring > 0 ? j % ring : j) * stride + g * 128 + 64 * (i & 1);
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(src));
+        }
+    }
     float cs[16] = {}, sn[16] = {};
     if (rope) {
         float tc[2], ts[2];
@@ -1813,7 +1819,7 @@ __device__ __forceinline__ void attn_gqr_body(const float* qkv, long ld, int nq,
             qa[2 * s + 1][2 + hh] = hq[s].w;
         }
     }
-    // The split holding the new key: every lane normalizes and rotates its chunks of it,
+    // The range holding the new key: every lane normalizes and rotates its chunks of it,
     // lanes 0..3 store it and its value into the cache (later tiles load them from there),
     // and the first tiles' rows at or past p take them.
     if (k0 <= p && p < k1) {
@@ -1831,11 +1837,11 @@ __device__ __forceinline__ void attn_gqr_body(const float* qkv, long ld, int nq,
             nvh[s] = make_uint4(pack_half2(v[8 * s], v[8 * s + 1]), pack_half2(v[8 * s + 2], v[8 * s + 3]),
                                 pack_half2(v[8 * s + 4], v[8 * s + 5]), pack_half2(v[8 * s + 6], v[8 * s + 7]));
         if (r == 0) {
-            const long o = (long)(ring > 0 ? p % ring : p) * stride;
+            const long off = (long)(ring > 0 ? p % ring : p) * stride;
 #pragma unroll
             for (int s = 0; s < 4; s++) {
-                *(uint4*)(kc + soff + g * 128 + 8 * c + o + 32 * s) = nkh[s];
-                *(uint4*)(vc + soff + g * 128 + 8 * c + o + 32 * s) = nvh[s];
+                *(uint4*)(kc + soff + g * 128 + 8 * c + off + 32 * s) = nkh[s];
+                *(uint4*)(vc + soff + g * 128 + 8 * c + off + 32 * s) = nvh[s];
             }
         }
 #pragma unroll
@@ -1853,10 +1859,9 @@ __device__ __forceinline__ void attn_gqr_body(const float* qkv, long ld, int nq,
         }
         __syncwarp();  // orders the stores before this warp's later loads of row p
     }
-    float o[16][4];
 #pragma unroll
     for (int nt = 0; nt < 16; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows r and r + 8
+    m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows r and r + 8
     for (int jb = k0; jb < k1; jb += 16 * NT) {
         const int jn = jb + 16 * NT;  // the next step's first key
         // Scores: two accumulation chains per 8-key half (dims 0..63, 64..127), then summed.
@@ -1919,6 +1924,28 @@ __device__ __forceinline__ void attn_gqr_body(const float* qkv, long ld, int nq,
     l0 += __shfl_xor_sync(FULL, l0, 2);
     l1 += __shfl_xor_sync(FULL, l1, 1);
     l1 += __shfl_xor_sync(FULL, l1, 2);
+}
+
+template <int NT>
+__device__ __forceinline__ void attn_gqr_body(const float* qkv, long ld, int nq, int nkv, const float* qn_w,
+                                              const float* kn_w, float eps, const int* pos, int rope,
+                                              float theta_scale, __half* kc, __half* vc, long slot_stride,
+                                              const int* slots, int window, float scale, float* part, int S,
+                                              int kmin, const u8* pf, long pf_bytes, int ring) {
+    pdl_trigger();
+    l2_prefetch_range(pf, pf_bytes);
+    const int g = blockIdx.x, b = blockIdx.y, sp = blockIdx.z;
+    const int lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
+    const int grp = nq / nkv;
+    // Positions are written only at the end of the previous step (or by the host).
+    const int p = pos[b];
+    const int used = attn_splits_used(p, window, S, kmin);
+    if (sp >= used) return;
+    int k0, k1;  // keys [k0, k1)
+    split_keys(p, window, used, sp, k0, k1);
+    float o[16][4], m0, m1, l0, l1;
+    gqr_warp<NT>(qkv, ld, nq, nkv, qn_w, kn_w, eps, rope, theta_scale, kc, vc, (long)slots[b] * slot_stride, ring,
+                 scale, g, b, p, k0, k1, o, m0, m1, l0, l1);
     // Output tile (s, i) holds dims 32 s + 8 c + 2 i + {0, 1} of heads r (0, 1) and r + 8 (2, 3).
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
@@ -1949,6 +1976,126 @@ __device__ __forceinline__ void attn_gqr_body(const float* qkv, long ld, int nq,
     }
 ATTN_GQR_ENTRY(attn_decode_gqr, 1)
 ATTN_GQR_ENTRY(attn_decode_gqr2, 2)
+
+// ---------------------------------------------------------------------------------------------
+// Grouped decode attention in one launch, its splits merged behind a thread-block cluster
+// barrier (attn_decode_gqc*; sm_90). grid (nkv, B, CL) with cluster (1, 1, CL): the CL blocks
+// of a (KV group, sequence) are one cluster, and each of their GQC_WARPS warps takes one of
+// CL * GQC_WARPS key ranges ("virtual splits", as attn_splits_used and split_keys divide
+// [lo, p]) with gqr_warp and writes its record to `part` as it holds it (fragment layout,
+// GQC_REC floats: element e of lane l at 128 (e / 4) + 4 l + e % 4, then m0, m1, l0, l1 of
+// lane l at 2048 + 4 l). After the cluster barrier (release / acquire at cluster scope) block
+// k finishes heads k, k + CL, ... of the group: thread d reads dimension d of that head from
+// every record that has keys (L2 loads, all in flight), merges in record order, applies the
+// sigmoid gate and stores the output (f32 and/or quantized). No shared memory (a decode kernel
+// that asks for some cannot start beside the GEMV before it: docs/benchmarks.md), no arrival
+// counters, no combine kernel. part: [B][nkv][CL * GQC_WARPS][GQC_REC] floats.
+#define GQC_WARPS 4
+#define GQC_REC 2176
+__device__ __forceinline__ void cluster_barrier() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+template <int NT, int CL, bool PF, int W = GQC_WARPS>
+__device__ __forceinline__ void attn_gqc_body(const float* qkv, long ld, int nq, int nkv, const float* qn_w,
+                                              const float* kn_w, float eps, const int* pos, int rope,
+                                              float theta_scale, __half* kc, __half* vc, long slot_stride,
+                                              const int* slots, int window, float scale, float* part, int kmin,
+                                              float* out_f, i8* q, float* qd, float* qs, const u8* pf,
+                                              long pf_bytes, int ring) {
+    constexpr int NR = CL * W;  // records per (group, sequence), at most 128
+    pdl_trigger();
+    l2_prefetch_range(pf, pf_bytes);
+    const int g = blockIdx.x, b = blockIdx.y, rank = blockIdx.z;  // gridDim.z == CL
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int grp = nq / nkv;
+    const int p = pos[b];
+    const int used = attn_splits_used(p, window, NR, kmin);
+    const int vs = rank * W + w;
+    float* base = part + ((long)b * nkv + g) * NR * GQC_REC;
+    if (vs < used) {
+        float o[16][4], m0, m1, l0, l1;
+        int k0, k1;
+        split_keys(p, window, used, vs, k0, k1);
+        gqr_warp<NT, PF>(qkv, ld, nq, nkv, qn_w, kn_w, eps, rope, theta_scale, kc, vc,
+                         (long)slots[b] * slot_stride, ring, scale, g, b, p, k0, k1, o, m0, m1, l0, l1);
+        float* rec = base + (long)vs * GQC_REC;
+#pragma unroll
+        for (int t = 0; t < 16; t++) *(float4*)(rec + 128 * t + 4 * lane) = make_float4(o[t][0], o[t][1], o[t][2], o[t][3]);
+        *(float4*)(rec + 2048 + 4 * lane) = make_float4(m0, m1, l0, l1);
+    } else {
+        pdl_wait();
+    }
+    cluster_barrier();
+    // 128 threads per head; with W = 8 the block's second half takes head + CL.
+    const int d = threadIdx.x & 127;
+    for (int hl = rank + CL * (threadIdx.x >> 7); hl < 16; hl += CL * (W / 4)) {
+        if (hl >= grp) break;
+        const int h = g * grp + hl;
+        const float gt = qkv[(long)b * ld + (long)(nq + 2 * nkv) * 128 + h * 128 + d];
+        // Head hl is row rr of the fragments, in elements 2 hh + {0, 1}; dimension d is
+        // 32 s + 8 cc + 2 i + e2 of tile 4 s + i in lane 4 rr + cc.
+        const int rr = hl & 7, hh = hl >> 3;
+        const int e = (4 * (d >> 5) + ((d >> 1) & 3)) * 4 + 2 * hh + (d & 1);
+        const int off = 128 * (e >> 2) + 4 * (4 * rr + ((d >> 3) & 3)) + (e & 3);
+        constexpr int NA = NR < 64 ? NR : 64;  // record values in flight
+        float av[NA];
+#pragma unroll
+        for (int j = 0; j < NA; j++) av[j] = j < used ? __ldcg(base + (long)j * GQC_REC + off) : 0.f;
+        // Records lane + 32 k: maxima, then factors and sums.
+        constexpr int NK = (NR + 31) / 32;
+        float mj[NK], lj[NK], fj[NK];
+#pragma unroll
+        for (int k = 0; k < NK; k++) {
+            const int j = lane + 32 * k;
+            const bool has = j < NR && j < used;
+            mj[k] = has ? __ldcg(base + (long)j * GQC_REC + 2048 + 16 * rr + hh) : -INFINITY;
+            lj[k] = has ? __ldcg(base + (long)j * GQC_REC + 2048 + 16 * rr + 2 + hh) : 0.f;
+        }
+        float mt = mj[0];
+#pragma unroll
+        for (int k = 1; k < NK; k++) mt = fmaxf(mt, mj[k]);
+        const float M = warp_max(mt);
+        float lt = 0.f;
+#pragma unroll
+        for (int k = 0; k < NK; k++) {
+            fj[k] = mj[k] == -INFINITY ? 0.f : __expf(mj[k] - M);
+            lt += lj[k] * fj[k];
+        }
+        const float L = warp_sum(lt);
+        float A = 0.f;
+#pragma unroll
+        for (int j0 = 0; j0 < NR; j0 += NA) {
+            if (j0 > 0) {
+#pragma unroll
+                for (int j = 0; j < NA; j++)
+                    av[j] = j0 + j < used ? __ldcg(base + (long)(j0 + j) * GQC_REC + off) : 0.f;
+            }
+#pragma unroll
+            for (int j = 0; j < NA; j++) A += av[j] * __shfl_sync(FULL, fj[(j0 + j) >> 5], (j0 + j) & 31);
+        }
+        const float v = (L > 0.f ? A / L : 0.f) * (1.f / (1.f + __expf(-gt)));
+        store_head_out(v, (long)b * nq * 128 + h * 128 + d, out_f, q, qd, qs);
+    }
+}
+
+#define ATTN_GQC_ENTRY(NAME, NT, CL, PF, W)                                                                           \
+    extern "C" __global__ __launch_bounds__(32 * W) void NAME(                                                        \
+        const float* qkv, long ld, int nq, int nkv, const float* qn_w, const float* kn_w, float eps,              \
+        const int* pos, int rope, float theta_scale, __half* kc, __half* vc, long slot_stride,                     \
+        const int* slots, int window, float scale, float* part, int S, int kmin, float* out_f, i8* q, float* qd,  \
+        float* qs, const u8* pf, long pf_bytes, int ring) {                                                         \
+        attn_gqc_body<NT, CL, PF, W>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride,      \
+                              slots, window, scale, part, kmin, out_f, q, qd, qs, pf, pf_bytes, ring);              \
+    }
+ATTN_GQC_ENTRY(attn_decode_gqc16, 2, 16, false, 4)
+ATTN_GQC_ENTRY(attn_decode_gqc8, 2, 8, false, 4)
+ATTN_GQC_ENTRY(attn_decode_gqc16n1, 1, 16, false, 4)
+ATTN_GQC_ENTRY(attn_decode_gqc16n1p, 1, 16, true, 4)
+ATTN_GQC_ENTRY(attn_decode_gqc8n1p, 1, 8, true, 4)
+ATTN_GQC_ENTRY(attn_decode_gqc16w8, 1, 16, false, 8)
 
 // Prefill attention pieces (scores from cuBLAS). S rows: [2 * 16 * n] x nk laid out per KV group g
 // as rows (h_local, t). Query t is at position p0 + t, key j at position k_lo + j.

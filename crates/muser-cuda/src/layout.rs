@@ -242,11 +242,17 @@ pub const FA_KEYS: usize = 64;
 /// Its dynamic shared memory: two buffers of keys and values (`FA_SMEM`).
 pub const FA_SMEM_BYTES: u32 = (2 * 2 * FA_KEYS * 128 * 2) as u32;
 
+/// Floats of one warp's record in the cluster decode attention (`GQC_REC` in kernels.cu:
+/// 16 heads x 128 dims of output, then four maxima and sums per lane).
+pub const GQC_REC: usize = 2176;
+/// Most records it writes per (KV group, sequence): 16 blocks of 8 warps.
+pub const GQC_RECORDS: usize = 128;
+
 /// Most flash-decoding splits `attn_combine_gate` merges per head (`MAX_SPLITS` in kernels.cu).
 pub const MAX_SPLITS: usize = 256;
 
 /// Kernels other than the GEMVs.
-pub const OTHER_KERNELS: [&str; 20] = [
+pub const OTHER_KERNELS: [&str; 26] = [
     "dequant_bf16",
     "get_rows",
     "quantize_act",
@@ -260,6 +266,12 @@ pub const OTHER_KERNELS: [&str; 20] = [
     "attn_decode_gqa",
     "attn_decode_gqr",
     "attn_decode_gqr2",
+    "attn_decode_gqc16",
+    "attn_decode_gqc8",
+    "attn_decode_gqc16n1",
+    "attn_decode_gqc16n1p",
+    "attn_decode_gqc8n1p",
+    "attn_decode_gqc16w8",
     "softmax_mask",
     "attn_prefill_flash",
     "gate_heads_bf16",
@@ -620,6 +632,8 @@ mod tests {
         assert_eq!(GQA_SMEM_BYTES, 65536);
         assert!(src.contains(&format!("#define MAX_SPLITS {MAX_SPLITS}\n")));
         assert!(src.contains(&format!("#define FA_WARPS {FA_WARPS}\n")));
+        assert!(src.contains(&format!("#define GQC_REC {GQC_REC}\n")));
+        assert_eq!(GQC_REC, 68 * 32);
         assert!(src.contains(&format!("#define FA_KEYS {FA_KEYS}\n")));
         assert!(src.contains("#define FA_SMEM (2 * 2 * FA_KEYS * 128 * 2)\n"));
         assert_eq!(FA_SMEM_BYTES, 65536);
@@ -655,7 +669,8 @@ mod tests {
                 })
                 .unwrap_or(false);
             let attn = src.contains(&format!("ATTN_FUSED_ENTRY({name},"))
-                || src.contains(&format!("ATTN_GQR_ENTRY({name},"));
+                || src.contains(&format!("ATTN_GQR_ENTRY({name},"))
+                || src.contains(&format!("ATTN_GQC_ENTRY({name},"));
             let nv = name
                 .strip_prefix("gemv_nvfp4_r")
                 .and_then(|r| r.rsplit_once("_b"))

@@ -262,12 +262,13 @@ pub struct Tuning {
     /// a grouped tensor-core kernel (`gqa_reg`: each cached key and value read once per KV
     /// group, not once per query head) instead of the per-head one (`u32::MAX`: never).
     /// A captured decode graph holds one variant per threshold and replays the one that fits.
-    /// 4096 measured best on the H200 (16-layer model of the 30B's geometry): the grouped
-    /// kernel is 1.2% slower at position 512, even at 4096, 2.3% faster at 8192.
+    /// 1024 with the cluster kernel (`gqa_reg` 5) on the H200: below about a thousand keys the
+    /// per-head kernel's shorter start wins (docs/benchmarks.md, session 14). Before sm_90
+    /// (no clusters) `fit_device` puts back 4096 with `attn_decode_gqr`, measured best there
+    /// in session 8 on the H200 (1.2% slower at position 512, even at 4096, 2.3% faster at 8192).
     pub gqa_full_from: u32,
-    /// The same for the sliding-window layers (never by default: with the 2048-key window the
-    /// grouped kernel's separate split merge costs more than it saves, at every split count
-    /// measured).
+    /// The same for the sliding-window layers (1024 with the cluster kernel; before sm_90
+    /// never: the register kernel's separate split merge costs more than it saves there).
     pub gqa_swa_from: u32,
     /// Splits of the grouped decode attention per (KV group, sequence) (at most 256).
     pub gqa_splits: u32,
@@ -295,8 +296,14 @@ pub struct Tuning {
     /// The grouped decode attention keeps everything in registers (`attn_decode_gqr`: one warp
     /// per split, no shared memory, so it starts beside the GEMV before it) with this many
     /// 16-key tiles loaded per step (1 or 2; 1 measured best); 0: `attn_decode_gqa`
-    /// (shared-memory staging).
+    /// (shared-memory staging). 3 to 7: the cluster kernels (`attn_decode_gqc16`, `gqc8`,
+    /// `gqc16n1`, `gqc16n1p`, `gqc8n1p`: 16 or 8 blocks of 4 warps per KV group in one
+    /// thread-block cluster, 2 or 1 tiles per step, `p`: the rest of each warp's rows requested
+    /// into L2 before the launch wait; the splits are merged in the same launch after a cluster
+    /// barrier, no combine kernel; 4 splits per block, `gqa_min_keys` still bounds them).
     pub gqa_reg: u32,
+    /// The same for the sliding-window layers (`u32::MAX`: as `gqa_reg`).
+    pub gqa_swa_reg: u32,
     /// Prefill attention in one kernel (`attn_prefill_flash`: online softmax over staged key
     /// tiles, no score matrix; the default) instead of two bf16 GEMMs around a masked softmax
     /// over scores in memory (`fa=0`, whose score buffers are allocated on first use).
@@ -322,28 +329,47 @@ impl Default for Tuning {
             attn_keys_per_step: 8,
             skip_norm: false,
             skip_swiglu: false,
-            gqa_full_from: 4096,
-            gqa_swa_from: u32::MAX,
+            gqa_full_from: 1024,
+            gqa_swa_from: 1024,
             gqa_splits: 128,
             gqa_min_keys: 64,
-            gqa_swa_min_keys: 0,
+            gqa_swa_min_keys: 32,
             gqa_pass_keys: 128,
             carveout: -1,
             gemv_carveout: -1,
             nvfp4: None,
             attn_extra_smem: 0,
-            gqa_reg: 1,
+            gqa_reg: 5,
+            gqa_swa_reg: u32::MAX,
             flash_prefill: true,
         }
     }
 }
 
 impl Tuning {
+    /// These choices as a device of compute capability `cc` can run them: before sm_90 (no
+    /// thread-block clusters) the cluster decode attention gives way to `attn_decode_gqr` on
+    /// the full-attention layers from position 4096 and to the per-head kernel on the
+    /// sliding-window ones.
+    pub fn fit_device(mut self, cc: (i32, i32)) -> Tuning {
+        if cc.0 < 9 {
+            if self.gqa_reg >= 3 {
+                self.gqa_reg = 1;
+                self.gqa_full_from = self.gqa_full_from.max(4096);
+                self.gqa_swa_from = u32::MAX;
+            }
+            if self.gqa_swa_reg >= 3 && self.gqa_swa_reg != u32::MAX {
+                self.gqa_swa_reg = 1;
+            }
+        }
+        self
+    }
+
     /// Applies `key=value` pairs separated by commas: `q4k=legacy|tuned|W,U`, `l2=0|1`,
     /// `pf=MB`, `apf=MB`, `fattn=0|1`, `splits=N`, `swasplits=N`, `gemvonly=0|1`, `attnonly=0|1`,
     /// `rpw=0|1|2|4`, `kmin=N`, `nsl=N`, `akeys=4|8|16`, `skipnorm=0|1`, `skipswiglu=0|1`,
     /// `gqa=POS|off` (full layers), `gqaswa=POS|off`, `gqasplits=N`, `gqamin=N`, `gqaswamin=N`, `gqapass=N`,
-    /// `asmem=BYTES`, `carve=-1..100`, `gcarve=-1..100`, `nv=RxU`, `gqr=0|1|2`, `fa=0|1`.
+    /// `asmem=BYTES`, `carve=-1..100`, `gcarve=-1..100`, `nv=RxU`, `gqr=0..8`, `gqrswa=0..8`, `fa=0|1`.
     pub fn parse(mut self, spec: &str) -> Result<Tuning> {
         let bad = || CudaError::Shape(format!("tuning '{spec}'"));
         for kv in spec.split([',', ' ']).filter(|s| !s.is_empty()) {
@@ -407,7 +433,10 @@ impl Tuning {
                 "gqapass" => {
                     self.gqa_pass_keys = v.parse::<u32>().map_err(|_| bad())?.clamp(16, 128) & !15
                 }
-                "gqr" => self.gqa_reg = one_of(v, &[0, 1, 2]).ok_or_else(bad)?,
+                "gqr" => self.gqa_reg = one_of(v, &[0, 1, 2, 3, 4, 5, 6, 7, 8]).ok_or_else(bad)?,
+                "gqrswa" => {
+                    self.gqa_swa_reg = one_of(v, &[0, 1, 2, 3, 4, 5, 6, 7, 8]).ok_or_else(bad)?
+                }
                 "gqasplits" => self.gqa_splits = v.parse::<u32>().map_err(|_| bad())?.clamp(1, 256),
                 "gqaswamin" => {
                     self.gqa_swa_min_keys = v.parse::<u32>().map_err(|_| bad())?.clamp(16, 1 << 20)
@@ -570,7 +599,8 @@ impl Gpu {
         let tuning = match std::env::var("MUSER_CUDA_TUNE") {
             Ok(spec) => Tuning::default().parse(&spec)?,
             Err(_) => Tuning::default(),
-        };
+        }
+        .fit_device(cc);
         Ok(Gpu {
             ctx,
             stream,
@@ -592,6 +622,7 @@ impl Gpu {
 
     /// Changes the decode-path choices; graphs captured before keep the old ones.
     pub fn set_tuning(&self, t: Tuning) {
+        let t = t.fit_device(self.info.compute_capability);
         *self.tuning.lock().unwrap_or_else(|e| e.into_inner()) = t;
     }
 
@@ -738,6 +769,38 @@ impl Gpu {
         smem: u32,
         args: &[Arg],
     ) -> Result<()> {
+        self.launch_ex(name, grid, block, smem, 0, args)
+    }
+
+    /// [`Self::launch`] with the blocks grouped in thread-block clusters of `cluster` blocks
+    /// along z (sm_90; the grid's z a multiple of it; past 8, the kernel is allowed a
+    /// non-portable size first).
+    pub fn launch_cluster(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        cluster: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        if cluster == 0 || !grid.2.is_multiple_of(cluster) {
+            return Err(CudaError::Shape(format!(
+                "{name}: cluster of {cluster} blocks over a grid z of {}",
+                grid.2
+            )));
+        }
+        self.launch_ex(name, grid, block, 0, cluster, args)
+    }
+
+    fn launch_ex(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        cluster: u32,
+        args: &[Arg],
+    ) -> Result<()> {
         let f = self
             .funcs
             .get(name)
@@ -786,11 +849,29 @@ impl Gpu {
             .iter_mut()
             .map(|s| s as *mut u64 as *mut c_void)
             .collect();
+        if cluster > 8 {
+            f.set_attribute(
+                drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                1,
+            )
+            .map_err(|e| CudaError::Driver(format!("{name}: cluster of {cluster}: {e:?}")))?;
+        }
         // SAFETY: a zeroed attribute is a valid "ignore" value; we set the fields we use.
-        let mut attr: drv_sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id =
-            drv_sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
+        let mut attrs: [drv_sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+        let mut nattr = 0usize;
+        if cluster > 0 {
+            attrs[nattr].id = drv_sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            attrs[nattr].value.clusterDim.x = 1;
+            attrs[nattr].value.clusterDim.y = 1;
+            attrs[nattr].value.clusterDim.z = cluster;
+            nattr += 1;
+        }
+        if self.pdl {
+            attrs[nattr].id =
+                drv_sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attrs[nattr].value.programmaticStreamSerializationAllowed = 1;
+            nattr += 1;
+        }
         let cfg = drv_sys::CUlaunchConfig {
             gridDimX: grid.0,
             gridDimY: grid.1,
@@ -800,8 +881,8 @@ impl Gpu {
             blockDimZ: 1,
             sharedMemBytes: smem,
             hStream: self.stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: u32::from(self.pdl),
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: nattr as u32,
         };
         self.ctx.bind_to_thread().map_err(drv_err)?;
         // SAFETY: argument lists match the kernel signatures in kernels.cu (kept side by side);
@@ -1005,11 +1086,28 @@ mod tests {
             (Some((2, 4)), 14, 24.0)
         );
         assert_eq!(Tuning::default().parse("gqr=2").unwrap().gqa_reg, 2);
+        assert_eq!(Tuning::default().parse("gqr=4").unwrap().gqa_reg, 4);
+        // Without clusters (before sm_90) the cluster kernels give way to the register one.
+        let old = Tuning::default().fit_device((8, 0));
+        assert_eq!(
+            (old.gqa_reg, old.gqa_full_from, old.gqa_swa_from),
+            (1, 4096, u32::MAX)
+        );
+        let h = Tuning::default().fit_device((9, 0));
+        assert_eq!(
+            (h.gqa_reg, h.gqa_full_from, h.gqa_swa_from),
+            (5, 1024, 1024)
+        );
+        let swa = Tuning::default()
+            .parse("gqrswa=3")
+            .unwrap()
+            .fit_device((8, 6));
+        assert_eq!(swa.gqa_swa_reg, 1);
         assert!(!Tuning::default().parse("fa=0").unwrap().flash_prefill);
         assert!(Tuning::default().parse("fa=2").is_err());
         for bad in [
             "kmin", "kmin=x", "nosuch=1", "q4k=1", "akeys=5", "nsl=x", "gqa=-1", "nv=2x2", "nv=2",
-            "carve=x", "gqr=3",
+            "carve=x", "gqr=9",
         ] {
             assert!(Tuning::default().parse(bad).is_err(), "{bad}");
         }

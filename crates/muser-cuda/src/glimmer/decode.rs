@@ -89,17 +89,36 @@ impl CudaGlimmer {
             if grouped || tune.fused_attn {
                 // One kernel per layer: per query head, or per KV group (then the splits are
                 // merged by attn_combine_gate; the per-head kernel merges its own).
-                let reg = grouped && tune.gqa_reg > 0;
+                // The cluster kernels merge their own splits (no combine, no split records).
+                let greg = match tune.gqa_swa_reg {
+                    r if r != u32::MAX && i.is_swa[il] => r,
+                    _ => tune.gqa_reg,
+                };
+                let cluster = match greg {
+                    3 | 5 | 6 | 8 if grouped => 16,
+                    4 | 7 if grouped => 8,
+                    _ => 0,
+                };
+                let reg = grouped && greg > 0 && cluster == 0;
                 let (kernel, blocks, splits, kmin) = if grouped {
-                    let gs = (tune.gqa_splits as usize).clamp(1, MAX_GQA_SPLITS);
+                    let gs = match cluster {
+                        0 => (tune.gqa_splits as usize).clamp(1, MAX_GQA_SPLITS),
+                        c => c,
+                    };
                     let kmin = match tune.gqa_swa_min_keys {
                         k if k > 0 && i.is_swa[il] => k,
                         _ => tune.gqa_min_keys,
                     };
-                    let kernel = match tune.gqa_reg {
+                    let kernel = match greg {
                         0 => "attn_decode_gqa",
                         1 => "attn_decode_gqr",
-                        _ => "attn_decode_gqr2",
+                        2 => "attn_decode_gqr2",
+                        3 => "attn_decode_gqc16",
+                        4 => "attn_decode_gqc8",
+                        5 => "attn_decode_gqc16n1",
+                        6 => "attn_decode_gqc16n1p",
+                        7 => "attn_decode_gqc8n1p",
+                        _ => "attn_decode_gqc16w8",
                     };
                     (kernel, nkv, gs, kmin as usize)
                 } else {
@@ -139,7 +158,7 @@ impl CudaGlimmer {
                     args.extend([Arg::P(s.hf.ptr()), Arg::P(qa.q), Arg::P(qa.d), Arg::P(qa.s)]);
                 }
                 args.extend([Arg::P(pf_wo.0), Arg::L(pf_wo.1), Arg::I(l.ring as i32)]);
-                let smem = if reg {
+                let smem = if reg || cluster > 0 {
                     0
                 } else if grouped {
                     args.push(Arg::I(tune.gqa_pass_keys as i32));
@@ -147,15 +166,18 @@ impl CudaGlimmer {
                 } else {
                     tune.attn_extra_smem
                 };
-                let block = if reg { 32 } else { 128 };
-                g.launch_smem(
-                    kernel,
-                    (blocks as u32, nb as u32, splits as u32),
-                    block,
-                    smem,
-                    &args,
-                )?;
-                if grouped {
+                let block = match (reg, greg) {
+                    (true, _) => 32,
+                    (false, 8) if grouped => 256,
+                    _ => 128,
+                };
+                let grid = (blocks as u32, nb as u32, splits as u32);
+                if cluster > 0 {
+                    g.launch_cluster(kernel, grid, block, cluster as u32, &args)?;
+                } else {
+                    g.launch_smem(kernel, grid, block, smem, &args)?;
+                }
+                if grouped && cluster == 0 {
                     // The register kernel leaves even a single split to the combine.
                     self.combine_gate(il, nb, splits, kmin, !reg)?;
                 }

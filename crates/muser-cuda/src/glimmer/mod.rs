@@ -533,7 +533,11 @@ impl CudaGlimmer {
             q8s: gpu.alloc(4 * t * widest / 16)?,
             y_qkvg: gpu.alloc(4 * t * rows_qkvg)?,
             q_f: gpu.alloc(4 * t * qw)?,
-            part: gpu.alloc(4 * ns * i.n_head * MAX_ATTN_SPLITS.max(MAX_GQA_SPLITS) * 130)?,
+            part: gpu.alloc(
+                4 * ns
+                    * (i.n_head * MAX_ATTN_SPLITS.max(MAX_GQA_SPLITS) * 130)
+                        .max(i.n_head_kv * crate::layout::GQC_RECORDS * crate::layout::GQC_REC),
+            )?,
             attn_cnt: gpu.alloc_zeroed(4 * ns * i.n_head)?,
             x2: gpu.alloc(4 * ns * e)?,
             y_o: gpu.alloc(4 * t * e)?,

@@ -1727,7 +1727,13 @@ __device__ __forceinline__ void quad_head(float* v, const float* nw, float eps, 
 // holds p also normalizes and stores the new key and value. soff: the sequence's cache offset.
 // With PF, the rows past the first tiles are also requested into L2 before the wait (one
 // 128-byte line per lane and instruction), so that the later tiles' loads hit L2.
-template <int NT, bool PF = false>
+// DG: diagnostics that time parts of the cluster kernel in the decode graph (wrong results):
+// GQC_NOQ packs Q unnormalized and unrotated, GQC_NOKEYS skips the tile loop.
+#define GQC_NOMERGE 1
+#define GQC_NOBARRIER 2
+#define GQC_NOKEYS 4
+#define GQC_NOQ 8
+template <int NT, bool PF = false, int DG = 0>
 __device__ __forceinline__ void gqr_warp(const float* qkv, long ld, int nq, int nkv, const float* qn_w,
                                          const float* kn_w, float eps, int rope, float theta_scale, __half* kc,
                                          __half* vc, long soff, int ring, float scale, int g, int b, int p, int k0,
@@ -1810,7 +1816,14 @@ __device__ __forceinline__ void gqr_warp(const float* qkv, long ld, int nq, int 
 #pragma unroll
             for (int i = 0; i < 32; i++) v[i] = 0.f;
         }
-        quad_head(v, nw, eps, rope, cs, sn, scale, hq);
+        if (DG & GQC_NOQ) {
+#pragma unroll
+            for (int q4 = 0; q4 < 4; q4++)
+                hq[q4] = make_uint4(pack_half2(v[8 * q4], v[8 * q4 + 1]), pack_half2(v[8 * q4 + 2], v[8 * q4 + 3]),
+                                    pack_half2(v[8 * q4 + 4], v[8 * q4 + 5]), pack_half2(v[8 * q4 + 6], v[8 * q4 + 7]));
+        } else {
+            quad_head(v, nw, eps, rope, cs, sn, scale, hq);
+        }
 #pragma unroll
         for (int s = 0; s < 4; s++) {
             qa[2 * s][hh] = hq[s].x;
@@ -1862,7 +1875,7 @@ __device__ __forceinline__ void gqr_warp(const float* qkv, long ld, int nq, int 
 #pragma unroll
     for (int nt = 0; nt < 16; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
     m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows r and r + 8
-    for (int jb = k0; jb < k1; jb += 16 * NT) {
+    for (int jb = k0; jb < ((DG & GQC_NOKEYS) ? k0 : k1); jb += 16 * NT) {
         const int jn = jb + 16 * NT;  // the next step's first key
         // Scores: two accumulation chains per 8-key half (dims 0..63, 64..127), then summed.
         float sc[NT][2][4];
@@ -1998,7 +2011,7 @@ __device__ __forceinline__ void cluster_barrier() {
 #endif
 }
 
-template <int NT, int CL, bool PF, int W = GQC_WARPS>
+template <int NT, int CL, bool PF, int W = GQC_WARPS, int DG = 0>
 __device__ __forceinline__ void attn_gqc_body(const float* qkv, long ld, int nq, int nkv, const float* qn_w,
                                               const float* kn_w, float eps, const int* pos, int rope,
                                               float theta_scale, __half* kc, __half* vc, long slot_stride,
@@ -2019,7 +2032,7 @@ __device__ __forceinline__ void attn_gqc_body(const float* qkv, long ld, int nq,
         float o[16][4], m0, m1, l0, l1;
         int k0, k1;
         split_keys(p, window, used, vs, k0, k1);
-        gqr_warp<NT, PF>(qkv, ld, nq, nkv, qn_w, kn_w, eps, rope, theta_scale, kc, vc,
+        gqr_warp<NT, PF, DG>(qkv, ld, nq, nkv, qn_w, kn_w, eps, rope, theta_scale, kc, vc,
                          (long)slots[b] * slot_stride, ring, scale, g, b, p, k0, k1, o, m0, m1, l0, l1);
         float* rec = base + (long)vs * GQC_REC;
 #pragma unroll
@@ -2028,7 +2041,9 @@ __device__ __forceinline__ void attn_gqc_body(const float* qkv, long ld, int nq,
     } else {
         pdl_wait();
     }
+    if (DG & GQC_NOBARRIER) return;
     cluster_barrier();
+    if (DG & GQC_NOMERGE) return;
     // 128 threads per head; with W = 8 the block's second half takes head + CL.
     const int d = threadIdx.x & 127;
     for (int hl = rank + CL * (threadIdx.x >> 7); hl < 16; hl += CL * (W / 4)) {
@@ -2081,21 +2096,29 @@ __device__ __forceinline__ void attn_gqc_body(const float* qkv, long ld, int nq,
     }
 }
 
-#define ATTN_GQC_ENTRY(NAME, NT, CL, PF, W)                                                                           \
-    extern "C" __global__ __launch_bounds__(32 * W) void NAME(                                                        \
+#define ATTN_GQC_ENTRY(NAME, NT, CL, PF, W, DG) ATTN_GQC_ENTRY_B(NAME, NT, CL, PF, W, DG, 1)
+#define ATTN_GQC_ENTRY_B(NAME, NT, CL, PF, W, DG, MINB)                                                               \
+    extern "C" __global__ __launch_bounds__(32 * W, MINB) void NAME(                                                        \
         const float* qkv, long ld, int nq, int nkv, const float* qn_w, const float* kn_w, float eps,              \
         const int* pos, int rope, float theta_scale, __half* kc, __half* vc, long slot_stride,                     \
         const int* slots, int window, float scale, float* part, int S, int kmin, float* out_f, i8* q, float* qd,  \
         float* qs, const u8* pf, long pf_bytes, int ring) {                                                         \
-        attn_gqc_body<NT, CL, PF, W>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride,      \
+        attn_gqc_body<NT, CL, PF, W, DG>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride,      \
                               slots, window, scale, part, kmin, out_f, q, qd, qs, pf, pf_bytes, ring);              \
     }
-ATTN_GQC_ENTRY(attn_decode_gqc16, 2, 16, false, 4)
-ATTN_GQC_ENTRY(attn_decode_gqc8, 2, 8, false, 4)
-ATTN_GQC_ENTRY(attn_decode_gqc16n1, 1, 16, false, 4)
-ATTN_GQC_ENTRY(attn_decode_gqc16n1p, 1, 16, true, 4)
-ATTN_GQC_ENTRY(attn_decode_gqc8n1p, 1, 8, true, 4)
-ATTN_GQC_ENTRY(attn_decode_gqc16w8, 1, 16, false, 8)
+ATTN_GQC_ENTRY(attn_decode_gqc16, 2, 16, false, 4, 0)
+ATTN_GQC_ENTRY(attn_decode_gqc8, 2, 8, false, 4, 0)
+ATTN_GQC_ENTRY(attn_decode_gqc16n1, 1, 16, false, 4, 0)
+ATTN_GQC_ENTRY(attn_decode_gqc16n1p, 1, 16, true, 4, 0)
+ATTN_GQC_ENTRY(attn_decode_gqc8n1p, 1, 8, true, 4, 0)
+ATTN_GQC_ENTRY(attn_decode_gqc16w8, 1, 16, false, 8, 0)
+ATTN_GQC_ENTRY(attn_decode_gqc16n1_d1, 1, 16, false, 4, 1)
+ATTN_GQC_ENTRY(attn_decode_gqc16n1_d3, 1, 16, false, 4, 3)
+ATTN_GQC_ENTRY(attn_decode_gqc16n1_d4, 1, 16, false, 4, 4)
+ATTN_GQC_ENTRY(attn_decode_gqc16n1_d8, 1, 16, false, 4, 8)
+ATTN_GQC_ENTRY(attn_decode_gqc16n1_d12, 1, 16, false, 4, 12)
+// At most 170 registers (3 blocks per SM), so a block fits beside more of the GEMV's.
+ATTN_GQC_ENTRY_B(attn_decode_gqc16n1r3, 1, 16, false, 4, 0, 3)
 
 // Prefill attention pieces (scores from cuBLAS). S rows: [2 * 16 * n] x nk laid out per KV group g
 // as rows (h_local, t). Query t is at position p0 + t, key j at position k_lo + j.

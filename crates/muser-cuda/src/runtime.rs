@@ -304,6 +304,10 @@ pub struct Tuning {
     pub gqa_reg: u32,
     /// The same for the sliding-window layers (`u32::MAX`: as `gqa_reg`).
     pub gqa_swa_reg: u32,
+    /// Diagnostics only (wrong results): parts of `attn_decode_gqc16n1` left out, to time the
+    /// rest in the decode graph (0: none; 1: the merge; 3: the cluster barrier and the merge;
+    /// 4: the key tiles; 8: the Q norm and rotation; 12: both).
+    pub gqc_diag: u32,
     /// Prefill attention in one kernel (`attn_prefill_flash`: online softmax over staged key
     /// tiles, no score matrix; the default) instead of two bf16 GEMMs around a masked softmax
     /// over scores in memory (`fa=0`, whose score buffers are allocated on first use).
@@ -341,6 +345,7 @@ impl Default for Tuning {
             attn_extra_smem: 0,
             gqa_reg: 5,
             gqa_swa_reg: u32::MAX,
+            gqc_diag: 0,
             flash_prefill: true,
         }
     }
@@ -369,7 +374,7 @@ impl Tuning {
     /// `pf=MB`, `apf=MB`, `fattn=0|1`, `splits=N`, `swasplits=N`, `gemvonly=0|1`, `attnonly=0|1`,
     /// `rpw=0|1|2|4`, `kmin=N`, `nsl=N`, `akeys=4|8|16`, `skipnorm=0|1`, `skipswiglu=0|1`,
     /// `gqa=POS|off` (full layers), `gqaswa=POS|off`, `gqasplits=N`, `gqamin=N`, `gqaswamin=N`, `gqapass=N`,
-    /// `asmem=BYTES`, `carve=-1..100`, `gcarve=-1..100`, `nv=RxU`, `gqr=0..8`, `gqrswa=0..8`, `fa=0|1`.
+    /// `asmem=BYTES`, `carve=-1..100`, `gcarve=-1..100`, `nv=RxU`, `gqr=0..9`, `gqrswa=0..9`, `gqcdiag=0|1|3|4|8|12`, `fa=0|1`.
     pub fn parse(mut self, spec: &str) -> Result<Tuning> {
         let bad = || CudaError::Shape(format!("tuning '{spec}'"));
         for kv in spec.split([',', ' ']).filter(|s| !s.is_empty()) {
@@ -433,10 +438,13 @@ impl Tuning {
                 "gqapass" => {
                     self.gqa_pass_keys = v.parse::<u32>().map_err(|_| bad())?.clamp(16, 128) & !15
                 }
-                "gqr" => self.gqa_reg = one_of(v, &[0, 1, 2, 3, 4, 5, 6, 7, 8]).ok_or_else(bad)?,
-                "gqrswa" => {
-                    self.gqa_swa_reg = one_of(v, &[0, 1, 2, 3, 4, 5, 6, 7, 8]).ok_or_else(bad)?
+                "gqr" => {
+                    self.gqa_reg = one_of(v, &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]).ok_or_else(bad)?
                 }
+                "gqrswa" => {
+                    self.gqa_swa_reg = one_of(v, &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]).ok_or_else(bad)?
+                }
+                "gqcdiag" => self.gqc_diag = one_of(v, &[0, 1, 3, 4, 8, 12]).ok_or_else(bad)?,
                 "gqasplits" => self.gqa_splits = v.parse::<u32>().map_err(|_| bad())?.clamp(1, 256),
                 "gqaswamin" => {
                     self.gqa_swa_min_keys = v.parse::<u32>().map_err(|_| bad())?.clamp(16, 1 << 20)
@@ -1087,6 +1095,8 @@ mod tests {
         );
         assert_eq!(Tuning::default().parse("gqr=2").unwrap().gqa_reg, 2);
         assert_eq!(Tuning::default().parse("gqr=4").unwrap().gqa_reg, 4);
+        assert_eq!(Tuning::default().parse("gqcdiag=12").unwrap().gqc_diag, 12);
+        assert!(Tuning::default().parse("gqcdiag=2").is_err());
         // Without clusters (before sm_90) the cluster kernels give way to the register one.
         let old = Tuning::default().fit_device((8, 0));
         assert_eq!(
@@ -1107,7 +1117,7 @@ mod tests {
         assert!(Tuning::default().parse("fa=2").is_err());
         for bad in [
             "kmin", "kmin=x", "nosuch=1", "q4k=1", "akeys=5", "nsl=x", "gqa=-1", "nv=2x2", "nv=2",
-            "carve=x", "gqr=9",
+            "carve=x", "gqr=10",
         ] {
             assert!(Tuning::default().parse(bad).is_err(), "{bad}");
         }

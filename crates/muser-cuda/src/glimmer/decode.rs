@@ -95,7 +95,7 @@ impl CudaGlimmer {
                     _ => tune.gqa_reg,
                 };
                 let cluster = match greg {
-                    3 | 5 | 6 | 8 if grouped => 16,
+                    3 | 5 | 6 | 8 | 9 if grouped => 16,
                     4 | 7 if grouped => 8,
                     _ => 0,
                 };
@@ -115,10 +115,18 @@ impl CudaGlimmer {
                         2 => "attn_decode_gqr2",
                         3 => "attn_decode_gqc16",
                         4 => "attn_decode_gqc8",
-                        5 => "attn_decode_gqc16n1",
+                        5 => match tune.gqc_diag {
+                            1 => "attn_decode_gqc16n1_d1",
+                            3 => "attn_decode_gqc16n1_d3",
+                            4 => "attn_decode_gqc16n1_d4",
+                            8 => "attn_decode_gqc16n1_d8",
+                            12 => "attn_decode_gqc16n1_d12",
+                            _ => "attn_decode_gqc16n1",
+                        },
                         6 => "attn_decode_gqc16n1p",
                         7 => "attn_decode_gqc8n1p",
-                        _ => "attn_decode_gqc16w8",
+                        8 => "attn_decode_gqc16w8",
+                        _ => "attn_decode_gqc16n1r3",
                     };
                     (kernel, nkv, gs, kmin as usize)
                 } else {

@@ -1725,15 +1725,13 @@ __device__ __forceinline__ void quad_head(float* v, const float* nw, float eps, 
 // (2, 3)), with their running maxima m0, m1 and sums l0, l1 (summed over the lane quad). Waits
 // for the previous kernel (pdl_wait) after requesting its first tiles. The warp whose range
 // holds p also normalizes and stores the new key and value. soff: the sequence's cache offset.
-// With PF, the rows past the first tiles are also requested into L2 before the wait (one
-// 128-byte line per lane and instruction), so that the later tiles' loads hit L2.
 // DG: diagnostics that time parts of the cluster kernel in the decode graph (wrong results):
 // GQC_NOQ packs Q unnormalized and unrotated, GQC_NOKEYS skips the tile loop.
 #define GQC_NOMERGE 1
 #define GQC_NOBARRIER 2
 #define GQC_NOKEYS 4
 #define GQC_NOQ 8
-template <int NT, bool PF = false, int DG = 0>
+template <int NT, int DG = 0>
 __device__ __forceinline__ void gqr_warp(const float* qkv, long ld, int nq, int nkv, const float* qn_w,
                                          const float* kn_w, float eps, int rope, float theta_scale, __half* kc,
                                          __half* vc, long soff, int ring, float scale, int g, int b, int p, int k0,
@@ -1769,15 +1767,6 @@ __device__ __forceinline__ void gqr_warp(const float* qkv, long ld, int nq, int 
     // the rotation of the lane's pairs 16 s + 4 c + k (lane i computes pairs 2 i, 2 i + 1).
     load_half(k0, false);
     load_half(k0, true);
-    if (PF) {
-        // Line i of the rest: row k0 + 16 NT + i / 4, its K (i % 4 < 2) or V half i % 2.
-        const int first = k0 + 16 * NT, nl = 4 * max(0, k1 - first);
-        for (int i = lane; i < nl; i += 32) {
-            const int j = first + (i >> 2);
-            const __half* src = ((i & 2) ? vc : kc) + soff + (long)(ring > 0 ? j % ring : j) * stride + g * 128 + 64 * (i & 1);
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(src));
-        }
-    }
     float cs[16] = {}, sn[16] = {};
     if (rope) {
         float tc[2], ts[2];
@@ -2011,7 +2000,7 @@ __device__ __forceinline__ void cluster_barrier() {
 #endif
 }
 
-template <int NT, int CL, bool PF, int W = GQC_WARPS, int DG = 0>
+template <int NT, int CL, int W = GQC_WARPS, int DG = 0>
 __device__ __forceinline__ void attn_gqc_body(const float* qkv, long ld, int nq, int nkv, const float* qn_w,
                                               const float* kn_w, float eps, const int* pos, int rope,
                                               float theta_scale, __half* kc, __half* vc, long slot_stride,
@@ -2032,7 +2021,7 @@ __device__ __forceinline__ void attn_gqc_body(const float* qkv, long ld, int nq,
         float o[16][4], m0, m1, l0, l1;
         int k0, k1;
         split_keys(p, window, used, vs, k0, k1);
-        gqr_warp<NT, PF, DG>(qkv, ld, nq, nkv, qn_w, kn_w, eps, rope, theta_scale, kc, vc,
+        gqr_warp<NT, DG>(qkv, ld, nq, nkv, qn_w, kn_w, eps, rope, theta_scale, kc, vc,
                          (long)slots[b] * slot_stride, ring, scale, g, b, p, k0, k1, o, m0, m1, l0, l1);
         float* rec = base + (long)vs * GQC_REC;
 #pragma unroll
@@ -2096,29 +2085,24 @@ __device__ __forceinline__ void attn_gqc_body(const float* qkv, long ld, int nq,
     }
 }
 
-#define ATTN_GQC_ENTRY(NAME, NT, CL, PF, W, DG) ATTN_GQC_ENTRY_B(NAME, NT, CL, PF, W, DG, 1)
-#define ATTN_GQC_ENTRY_B(NAME, NT, CL, PF, W, DG, MINB)                                                               \
-    extern "C" __global__ __launch_bounds__(32 * W, MINB) void NAME(                                                        \
+#define ATTN_GQC_ENTRY(NAME, NT, CL, W, DG)                                                                           \
+    extern "C" __global__ __launch_bounds__(32 * W) void NAME(                                                        \
         const float* qkv, long ld, int nq, int nkv, const float* qn_w, const float* kn_w, float eps,              \
         const int* pos, int rope, float theta_scale, __half* kc, __half* vc, long slot_stride,                     \
         const int* slots, int window, float scale, float* part, int S, int kmin, float* out_f, i8* q, float* qd,  \
         float* qs, const u8* pf, long pf_bytes, int ring) {                                                         \
-        attn_gqc_body<NT, CL, PF, W, DG>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride,      \
+        attn_gqc_body<NT, CL, W, DG>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride,      \
                               slots, window, scale, part, kmin, out_f, q, qd, qs, pf, pf_bytes, ring);              \
     }
-ATTN_GQC_ENTRY(attn_decode_gqc16, 2, 16, false, 4, 0)
-ATTN_GQC_ENTRY(attn_decode_gqc8, 2, 8, false, 4, 0)
-ATTN_GQC_ENTRY(attn_decode_gqc16n1, 1, 16, false, 4, 0)
-ATTN_GQC_ENTRY(attn_decode_gqc16n1p, 1, 16, true, 4, 0)
-ATTN_GQC_ENTRY(attn_decode_gqc8n1p, 1, 8, true, 4, 0)
-ATTN_GQC_ENTRY(attn_decode_gqc16w8, 1, 16, false, 8, 0)
-ATTN_GQC_ENTRY(attn_decode_gqc16n1_d1, 1, 16, false, 4, 1)
-ATTN_GQC_ENTRY(attn_decode_gqc16n1_d3, 1, 16, false, 4, 3)
-ATTN_GQC_ENTRY(attn_decode_gqc16n1_d4, 1, 16, false, 4, 4)
-ATTN_GQC_ENTRY(attn_decode_gqc16n1_d8, 1, 16, false, 4, 8)
-ATTN_GQC_ENTRY(attn_decode_gqc16n1_d12, 1, 16, false, 4, 12)
-// At most 170 registers (3 blocks per SM), so a block fits beside more of the GEMV's.
-ATTN_GQC_ENTRY_B(attn_decode_gqc16n1r3, 1, 16, false, 4, 0, 3)
+// Measured on the H200 and dropped in session 14 (commit dd5bd30 has them): two tiles per
+// step (spills), 8-block clusters, L2 prefetch of each warp's later rows, at most 170
+// registers (3 blocks per SM). Eight warps per block (gqc16w8) was within noise.
+ATTN_GQC_ENTRY(attn_decode_gqc16n1, 1, 16, 4, 0)
+ATTN_GQC_ENTRY(attn_decode_gqc16w8, 1, 16, 8, 0)
+ATTN_GQC_ENTRY(attn_decode_gqc16n1_d1, 1, 16, 4, 1)
+ATTN_GQC_ENTRY(attn_decode_gqc16n1_d3, 1, 16, 4, 3)
+ATTN_GQC_ENTRY(attn_decode_gqc16n1_d4, 1, 16, 4, 4)
+ATTN_GQC_ENTRY(attn_decode_gqc16n1_d8, 1, 16, 4, 8)
 
 // Prefill attention pieces (scores from cuBLAS). S rows: [2 * 16 * n] x nk laid out per KV group g
 // as rows (h_local, t). Query t is at position p0 + t, key j at position k_lo + j.

@@ -252,7 +252,7 @@ pub const GQC_RECORDS: usize = 128;
 pub const MAX_SPLITS: usize = 256;
 
 /// Kernels other than the GEMVs.
-pub const OTHER_KERNELS: [&str; 32] = [
+pub const OTHER_KERNELS: [&str; 26] = [
     "dequant_bf16",
     "get_rows",
     "quantize_act",
@@ -266,18 +266,12 @@ pub const OTHER_KERNELS: [&str; 32] = [
     "attn_decode_gqa",
     "attn_decode_gqr",
     "attn_decode_gqr2",
-    "attn_decode_gqc16",
-    "attn_decode_gqc8",
     "attn_decode_gqc16n1",
-    "attn_decode_gqc16n1p",
-    "attn_decode_gqc8n1p",
     "attn_decode_gqc16w8",
     "attn_decode_gqc16n1_d1",
     "attn_decode_gqc16n1_d3",
     "attn_decode_gqc16n1_d4",
     "attn_decode_gqc16n1_d8",
-    "attn_decode_gqc16n1_d12",
-    "attn_decode_gqc16n1r3",
     "softmax_mask",
     "attn_prefill_flash",
     "gate_heads_bf16",
@@ -676,8 +670,7 @@ mod tests {
                 .unwrap_or(false);
             let attn = src.contains(&format!("ATTN_FUSED_ENTRY({name},"))
                 || src.contains(&format!("ATTN_GQR_ENTRY({name},"))
-                || src.contains(&format!("ATTN_GQC_ENTRY({name},"))
-                || src.contains(&format!("ATTN_GQC_ENTRY_B({name},"));
+                || src.contains(&format!("ATTN_GQC_ENTRY({name},"));
             let nv = name
                 .strip_prefix("gemv_nvfp4_r")
                 .and_then(|r| r.rsplit_once("_b"))

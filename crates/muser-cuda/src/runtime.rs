@@ -262,7 +262,7 @@ pub struct Tuning {
     /// a grouped tensor-core kernel (`gqa_reg`: each cached key and value read once per KV
     /// group, not once per query head) instead of the per-head one (`u32::MAX`: never).
     /// A captured decode graph holds one variant per threshold and replays the one that fits.
-    /// 1024 with the cluster kernel (`gqa_reg` 5) on the H200: below about a thousand keys the
+    /// 1024 with the cluster kernel (`gqa_reg` 3) on the H200: below about a thousand keys the
     /// per-head kernel's shorter start wins (docs/benchmarks.md, session 14). Before sm_90
     /// (no clusters) `fit_device` puts back 4096 with `attn_decode_gqr`, measured best there
     /// in session 8 on the H200 (1.2% slower at position 512, even at 4096, 2.3% faster at 8192).
@@ -296,17 +296,16 @@ pub struct Tuning {
     /// The grouped decode attention keeps everything in registers (`attn_decode_gqr`: one warp
     /// per split, no shared memory, so it starts beside the GEMV before it) with this many
     /// 16-key tiles loaded per step (1 or 2; 1 measured best); 0: `attn_decode_gqa`
-    /// (shared-memory staging). 3 to 7: the cluster kernels (`attn_decode_gqc16`, `gqc8`,
-    /// `gqc16n1`, `gqc16n1p`, `gqc8n1p`: 16 or 8 blocks of 4 warps per KV group in one
-    /// thread-block cluster, 2 or 1 tiles per step, `p`: the rest of each warp's rows requested
-    /// into L2 before the launch wait; the splits are merged in the same launch after a cluster
-    /// barrier, no combine kernel; 4 splits per block, `gqa_min_keys` still bounds them).
+    /// (shared-memory staging). 3 (the default on sm_90), 4: the cluster kernels
+    /// (`attn_decode_gqc16n1`, `attn_decode_gqc16w8`: 16 blocks of 4 or 8 warps per KV group in
+    /// one thread-block cluster, one key range per warp, merged in the same launch after a
+    /// cluster barrier, no combine kernel; `gqa_min_keys` still bounds the ranges).
     pub gqa_reg: u32,
     /// The same for the sliding-window layers (`u32::MAX`: as `gqa_reg`).
     pub gqa_swa_reg: u32,
     /// Diagnostics only (wrong results): parts of `attn_decode_gqc16n1` left out, to time the
     /// rest in the decode graph (0: none; 1: the merge; 3: the cluster barrier and the merge;
-    /// 4: the key tiles; 8: the Q norm and rotation; 12: both).
+    /// 4: the key tiles; 8: the Q norm and rotation).
     pub gqc_diag: u32,
     /// Prefill attention in one kernel (`attn_prefill_flash`: online softmax over staged key
     /// tiles, no score matrix; the default) instead of two bf16 GEMMs around a masked softmax
@@ -343,7 +342,7 @@ impl Default for Tuning {
             gemv_carveout: -1,
             nvfp4: None,
             attn_extra_smem: 0,
-            gqa_reg: 5,
+            gqa_reg: 3,
             gqa_swa_reg: u32::MAX,
             gqc_diag: 0,
             flash_prefill: true,
@@ -374,7 +373,7 @@ impl Tuning {
     /// `pf=MB`, `apf=MB`, `fattn=0|1`, `splits=N`, `swasplits=N`, `gemvonly=0|1`, `attnonly=0|1`,
     /// `rpw=0|1|2|4`, `kmin=N`, `nsl=N`, `akeys=4|8|16`, `skipnorm=0|1`, `skipswiglu=0|1`,
     /// `gqa=POS|off` (full layers), `gqaswa=POS|off`, `gqasplits=N`, `gqamin=N`, `gqaswamin=N`, `gqapass=N`,
-    /// `asmem=BYTES`, `carve=-1..100`, `gcarve=-1..100`, `nv=RxU`, `gqr=0..9`, `gqrswa=0..9`, `gqcdiag=0|1|3|4|8|12`, `fa=0|1`.
+    /// `asmem=BYTES`, `carve=-1..100`, `gcarve=-1..100`, `nv=RxU`, `gqr=0..4`, `gqrswa=0..4`, `gqcdiag=0|1|3|4|8`, `fa=0|1`.
     pub fn parse(mut self, spec: &str) -> Result<Tuning> {
         let bad = || CudaError::Shape(format!("tuning '{spec}'"));
         for kv in spec.split([',', ' ']).filter(|s| !s.is_empty()) {
@@ -438,13 +437,9 @@ impl Tuning {
                 "gqapass" => {
                     self.gqa_pass_keys = v.parse::<u32>().map_err(|_| bad())?.clamp(16, 128) & !15
                 }
-                "gqr" => {
-                    self.gqa_reg = one_of(v, &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]).ok_or_else(bad)?
-                }
-                "gqrswa" => {
-                    self.gqa_swa_reg = one_of(v, &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]).ok_or_else(bad)?
-                }
-                "gqcdiag" => self.gqc_diag = one_of(v, &[0, 1, 3, 4, 8, 12]).ok_or_else(bad)?,
+                "gqr" => self.gqa_reg = one_of(v, &[0, 1, 2, 3, 4]).ok_or_else(bad)?,
+                "gqrswa" => self.gqa_swa_reg = one_of(v, &[0, 1, 2, 3, 4]).ok_or_else(bad)?,
+                "gqcdiag" => self.gqc_diag = one_of(v, &[0, 1, 3, 4, 8]).ok_or_else(bad)?,
                 "gqasplits" => self.gqa_splits = v.parse::<u32>().map_err(|_| bad())?.clamp(1, 256),
                 "gqaswamin" => {
                     self.gqa_swa_min_keys = v.parse::<u32>().map_err(|_| bad())?.clamp(16, 1 << 20)
@@ -1095,7 +1090,7 @@ mod tests {
         );
         assert_eq!(Tuning::default().parse("gqr=2").unwrap().gqa_reg, 2);
         assert_eq!(Tuning::default().parse("gqr=4").unwrap().gqa_reg, 4);
-        assert_eq!(Tuning::default().parse("gqcdiag=12").unwrap().gqc_diag, 12);
+        assert_eq!(Tuning::default().parse("gqcdiag=8").unwrap().gqc_diag, 8);
         assert!(Tuning::default().parse("gqcdiag=2").is_err());
         // Without clusters (before sm_90) the cluster kernels give way to the register one.
         let old = Tuning::default().fit_device((8, 0));
@@ -1106,7 +1101,7 @@ mod tests {
         let h = Tuning::default().fit_device((9, 0));
         assert_eq!(
             (h.gqa_reg, h.gqa_full_from, h.gqa_swa_from),
-            (5, 1024, 1024)
+            (3, 1024, 1024)
         );
         let swa = Tuning::default()
             .parse("gqrswa=3")
@@ -1117,7 +1112,7 @@ mod tests {
         assert!(Tuning::default().parse("fa=2").is_err());
         for bad in [
             "kmin", "kmin=x", "nosuch=1", "q4k=1", "akeys=5", "nsl=x", "gqa=-1", "nv=2x2", "nv=2",
-            "carve=x", "gqr=10",
+            "carve=x", "gqr=5",
         ] {
             assert!(Tuning::default().parse(bad).is_err(), "{bad}");
         }

@@ -215,12 +215,8 @@ fn cmd_check(json_out: Option<PathBuf>) -> Result<bool, CudaError> {
         "attn_decode_gqa",
         "attn_decode_gqr",
         "attn_decode_gqr2",
-        "attn_decode_gqc16",
-        "attn_decode_gqc8",
         "attn_decode_gqc16n1",
-        "attn_decode_gqc16n1p",
         "attn_decode_gqc16w8",
-        "attn_decode_gqc16n1r3",
         "attn_prefill_flash",
     ] {
         let (regs, local, smem) = gpu.kernel_resources(name)?;

@@ -95,8 +95,7 @@ impl CudaGlimmer {
                     _ => tune.gqa_reg,
                 };
                 let cluster = match greg {
-                    3 | 5 | 6 | 8 | 9 if grouped => 16,
-                    4 | 7 if grouped => 8,
+                    3 | 4 if grouped => 16,
                     _ => 0,
                 };
                 let reg = grouped && greg > 0 && cluster == 0;
@@ -113,20 +112,14 @@ impl CudaGlimmer {
                         0 => "attn_decode_gqa",
                         1 => "attn_decode_gqr",
                         2 => "attn_decode_gqr2",
-                        3 => "attn_decode_gqc16",
-                        4 => "attn_decode_gqc8",
-                        5 => match tune.gqc_diag {
+                        3 => match tune.gqc_diag {
                             1 => "attn_decode_gqc16n1_d1",
                             3 => "attn_decode_gqc16n1_d3",
                             4 => "attn_decode_gqc16n1_d4",
                             8 => "attn_decode_gqc16n1_d8",
-                            12 => "attn_decode_gqc16n1_d12",
                             _ => "attn_decode_gqc16n1",
                         },
-                        6 => "attn_decode_gqc16n1p",
-                        7 => "attn_decode_gqc8n1p",
-                        8 => "attn_decode_gqc16w8",
-                        _ => "attn_decode_gqc16n1r3",
+                        _ => "attn_decode_gqc16w8",
                     };
                     (kernel, nkv, gs, kmin as usize)
                 } else {
@@ -176,7 +169,7 @@ impl CudaGlimmer {
                 };
                 let block = match (reg, greg) {
                     (true, _) => 32,
-                    (false, 8) if grouped => 256,
+                    (false, 4) if grouped => 256,
                     _ => 128,
                 };
                 let grid = (blocks as u32, nb as u32, splits as u32);

@@ -2000,7 +2000,7 @@ __device__ __forceinline__ void cluster_barrier() {
 #endif
 }
 
-template <int NT, int CL, int W = GQC_WARPS, int DG = 0>
+template <int NT, int CL, int W = GQC_WARPS, int DG = 0, bool HR = false>
 __device__ __forceinline__ void attn_gqc_body(const float* qkv, long ld, int nq, int nkv, const float* qn_w,
                                               const float* kn_w, float eps, const int* pos, int rope,
                                               float theta_scale, __half* kc, __half* vc, long slot_stride,
@@ -2023,10 +2023,31 @@ __device__ __forceinline__ void attn_gqc_body(const float* qkv, long ld, int nq,
         split_keys(p, window, used, vs, k0, k1);
         gqr_warp<NT, DG>(qkv, ld, nq, nkv, qn_w, kn_w, eps, rope, theta_scale, kc, vc,
                          (long)slots[b] * slot_stride, ring, scale, g, b, p, k0, k1, o, m0, m1, l0, l1);
-        float* rec = base + (long)vs * GQC_REC;
+        if (HR) {
+            // Half records: output h as [16 heads][128 dims] f16, divided by its sum (a convex
+            // combination of cached values, so within their f16 range), then (max, sum) per
+            // head as f32 at half 2048.
+            __half* hr = (__half*)(base + (long)vs * GQC_REC);
+            float* ml = (float*)(hr + 2048);
+            const int r = lane >> 2, c = lane & 3;
 #pragma unroll
-        for (int t = 0; t < 16; t++) *(float4*)(rec + 128 * t + 4 * lane) = make_float4(o[t][0], o[t][1], o[t][2], o[t][3]);
-        *(float4*)(rec + 2048 + 4 * lane) = make_float4(m0, m1, l0, l1);
+            for (int hh = 0; hh < 2; hh++) {
+                const int hl = r + 8 * hh;
+                if (hl >= grp) continue;
+                const float lt = hh ? l1 : l0, inv = lt > 0.f ? 1.f / lt : 0.f;
+#pragma unroll
+                for (int t = 0; t < 16; t++)
+                    *(__half2*)(hr + hl * 128 + 32 * (t >> 2) + 8 * c + 2 * (t & 3)) =
+                        __floats2half2_rn(o[t][2 * hh] * inv, o[t][2 * hh + 1] * inv);
+                if (c == 0) *(float2*)(ml + 2 * hl) = make_float2(hh ? m1 : m0, lt);
+            }
+        } else {
+            float* rec = base + (long)vs * GQC_REC;
+#pragma unroll
+            for (int t = 0; t < 16; t++)
+                *(float4*)(rec + 128 * t + 4 * lane) = make_float4(o[t][0], o[t][1], o[t][2], o[t][3]);
+            *(float4*)(rec + 2048 + 4 * lane) = make_float4(m0, m1, l0, l1);
+        }
     } else {
         pdl_wait();
     }
@@ -2039,6 +2060,44 @@ __device__ __forceinline__ void attn_gqc_body(const float* qkv, long ld, int nq,
         if (hl >= grp) break;
         const int h = g * grp + hl;
         const float gt = qkv[(long)b * ld + (long)(nq + 2 * nkv) * 128 + h * 128 + d];
+        if (HR) {
+            // Thread d reads dimension d of head hl from every record with keys (64 bytes per
+            // warp and record, contiguous), weights each by its sum times exp(max - M).
+            constexpr int NK = (NR + 31) / 32;
+            const __half* hb = (const __half*)base;
+            float hv[NR];
+#pragma unroll
+            for (int j = 0; j < NR; j++)
+                hv[j] = j < used ? __half2float(__ldcg(hb + (long)j * 2 * GQC_REC + hl * 128 + d)) : 0.f;
+            float mj[NK], wj[NK];
+#pragma unroll
+            for (int k = 0; k < NK; k++) {
+                const int j = lane + 32 * k;
+                const float* ml = (const float*)(hb + (long)j * 2 * GQC_REC + 2048) + 2 * hl;
+                const bool has = j < NR && j < used;
+                mj[k] = has ? __ldcg(ml) : -INFINITY;
+                wj[k] = has ? __ldcg(ml + 1) : 0.f;
+            }
+            float mt = mj[0];
+#pragma unroll
+            for (int k = 1; k < NK; k++) mt = fmaxf(mt, mj[k]);
+            const float M = warp_max(mt);
+            float lt = 0.f;
+#pragma unroll
+            for (int k = 0; k < NK; k++) {
+                wj[k] = mj[k] == -INFINITY ? 0.f : wj[k] * __expf(mj[k] - M);
+                lt += wj[k];
+            }
+            const float L = warp_sum(lt);
+            // Four partial sums, so the chain is a quarter as long.
+            float A4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int j = 0; j < NR; j++) A4[j & 3] += hv[j] * __shfl_sync(FULL, wj[j >> 5], j & 31);
+            const float A = (A4[0] + A4[1]) + (A4[2] + A4[3]);
+            const float v = (L > 0.f ? A / L : 0.f) * (1.f / (1.f + __expf(-gt)));
+            store_head_out(v, (long)b * nq * 128 + h * 128 + d, out_f, q, qd, qs);
+            continue;
+        }
         // Head hl is row rr of the fragments, in elements 2 hh + {0, 1}; dimension d is
         // 32 s + 8 cc + 2 i + e2 of tile 4 s + i in lane 4 rr + cc.
         const int rr = hl & 7, hh = hl >> 3;
@@ -2085,24 +2144,26 @@ __device__ __forceinline__ void attn_gqc_body(const float* qkv, long ld, int nq,
     }
 }
 
-#define ATTN_GQC_ENTRY(NAME, NT, CL, W, DG)                                                                           \
+#define ATTN_GQC_ENTRY(NAME, NT, CL, W, DG, HR)                                                                       \
     extern "C" __global__ __launch_bounds__(32 * W) void NAME(                                                        \
         const float* qkv, long ld, int nq, int nkv, const float* qn_w, const float* kn_w, float eps,              \
         const int* pos, int rope, float theta_scale, __half* kc, __half* vc, long slot_stride,                     \
         const int* slots, int window, float scale, float* part, int S, int kmin, float* out_f, i8* q, float* qd,  \
         float* qs, const u8* pf, long pf_bytes, int ring) {                                                         \
-        attn_gqc_body<NT, CL, W, DG>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride,      \
+        attn_gqc_body<NT, CL, W, DG, HR>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride,      \
                               slots, window, scale, part, kmin, out_f, q, qd, qs, pf, pf_bytes, ring);              \
     }
 // Measured on the H200 and dropped in session 14 (commit dd5bd30 has them): two tiles per
 // step (spills), 8-block clusters, L2 prefetch of each warp's later rows, at most 170
 // registers (3 blocks per SM). Eight warps per block (gqc16w8) was within noise.
-ATTN_GQC_ENTRY(attn_decode_gqc16n1, 1, 16, 4, 0)
-ATTN_GQC_ENTRY(attn_decode_gqc16w8, 1, 16, 8, 0)
-ATTN_GQC_ENTRY(attn_decode_gqc16n1_d1, 1, 16, 4, 1)
-ATTN_GQC_ENTRY(attn_decode_gqc16n1_d3, 1, 16, 4, 3)
-ATTN_GQC_ENTRY(attn_decode_gqc16n1_d4, 1, 16, 4, 4)
-ATTN_GQC_ENTRY(attn_decode_gqc16n1_d8, 1, 16, 4, 8)
+ATTN_GQC_ENTRY(attn_decode_gqc16n1, 1, 16, 4, 0, false)
+ATTN_GQC_ENTRY(attn_decode_gqc16w8, 1, 16, 8, 0, false)
+ATTN_GQC_ENTRY(attn_decode_gqc16n1_d1, 1, 16, 4, 1, false)
+ATTN_GQC_ENTRY(attn_decode_gqc16n1_d3, 1, 16, 4, 3, false)
+ATTN_GQC_ENTRY(attn_decode_gqc16n1_d4, 1, 16, 4, 4, false)
+ATTN_GQC_ENTRY(attn_decode_gqc16n1_d8, 1, 16, 4, 8, false)
+// Half records (HR), not yet measured on the GPU: a third of the merge's L2 sectors.
+ATTN_GQC_ENTRY(attn_decode_gqc16n1h, 1, 16, 4, 0, true)
 
 // Prefill attention pieces (scores from cuBLAS). S rows: [2 * 16 * n] x nk laid out per KV group g
 // as rows (h_local, t). Query t is at position p0 + t, key j at position k_lo + j.

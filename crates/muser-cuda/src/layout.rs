@@ -252,7 +252,7 @@ pub const GQC_RECORDS: usize = 128;
 pub const MAX_SPLITS: usize = 256;
 
 /// Kernels other than the GEMVs.
-pub const OTHER_KERNELS: [&str; 26] = [
+pub const OTHER_KERNELS: [&str; 27] = [
     "dequant_bf16",
     "get_rows",
     "quantize_act",
@@ -268,6 +268,7 @@ pub const OTHER_KERNELS: [&str; 26] = [
     "attn_decode_gqr2",
     "attn_decode_gqc16n1",
     "attn_decode_gqc16w8",
+    "attn_decode_gqc16n1h",
     "attn_decode_gqc16n1_d1",
     "attn_decode_gqc16n1_d3",
     "attn_decode_gqc16n1_d4",

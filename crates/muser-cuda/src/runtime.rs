@@ -299,7 +299,9 @@ pub struct Tuning {
     /// (shared-memory staging). 3 (the default on sm_90), 4: the cluster kernels
     /// (`attn_decode_gqc16n1`, `attn_decode_gqc16w8`: 16 blocks of 4 or 8 warps per KV group in
     /// one thread-block cluster, one key range per warp, merged in the same launch after a
-    /// cluster barrier, no combine kernel; `gqa_min_keys` still bounds the ranges).
+    /// cluster barrier, no combine kernel; `gqa_min_keys` still bounds the ranges). 5:
+    /// `attn_decode_gqc16n1h`, the same with half records (each warp's output divided by its
+    /// sum, f16, [head][dim]: the merge reads a third of the L2 sectors); not yet measured.
     pub gqa_reg: u32,
     /// The same for the sliding-window layers (`u32::MAX`: as `gqa_reg`).
     pub gqa_swa_reg: u32,
@@ -373,7 +375,7 @@ impl Tuning {
     /// `pf=MB`, `apf=MB`, `fattn=0|1`, `splits=N`, `swasplits=N`, `gemvonly=0|1`, `attnonly=0|1`,
     /// `rpw=0|1|2|4`, `kmin=N`, `nsl=N`, `akeys=4|8|16`, `skipnorm=0|1`, `skipswiglu=0|1`,
     /// `gqa=POS|off` (full layers), `gqaswa=POS|off`, `gqasplits=N`, `gqamin=N`, `gqaswamin=N`, `gqapass=N`,
-    /// `asmem=BYTES`, `carve=-1..100`, `gcarve=-1..100`, `nv=RxU`, `gqr=0..4`, `gqrswa=0..4`, `gqcdiag=0|1|3|4|8`, `fa=0|1`.
+    /// `asmem=BYTES`, `carve=-1..100`, `gcarve=-1..100`, `nv=RxU`, `gqr=0..5`, `gqrswa=0..5`, `gqcdiag=0|1|3|4|8`, `fa=0|1`.
     pub fn parse(mut self, spec: &str) -> Result<Tuning> {
         let bad = || CudaError::Shape(format!("tuning '{spec}'"));
         for kv in spec.split([',', ' ']).filter(|s| !s.is_empty()) {
@@ -437,8 +439,8 @@ impl Tuning {
                 "gqapass" => {
                     self.gqa_pass_keys = v.parse::<u32>().map_err(|_| bad())?.clamp(16, 128) & !15
                 }
-                "gqr" => self.gqa_reg = one_of(v, &[0, 1, 2, 3, 4]).ok_or_else(bad)?,
-                "gqrswa" => self.gqa_swa_reg = one_of(v, &[0, 1, 2, 3, 4]).ok_or_else(bad)?,
+                "gqr" => self.gqa_reg = one_of(v, &[0, 1, 2, 3, 4, 5]).ok_or_else(bad)?,
+                "gqrswa" => self.gqa_swa_reg = one_of(v, &[0, 1, 2, 3, 4, 5]).ok_or_else(bad)?,
                 "gqcdiag" => self.gqc_diag = one_of(v, &[0, 1, 3, 4, 8]).ok_or_else(bad)?,
                 "gqasplits" => self.gqa_splits = v.parse::<u32>().map_err(|_| bad())?.clamp(1, 256),
                 "gqaswamin" => {
@@ -1112,7 +1114,7 @@ mod tests {
         assert!(Tuning::default().parse("fa=2").is_err());
         for bad in [
             "kmin", "kmin=x", "nosuch=1", "q4k=1", "akeys=5", "nsl=x", "gqa=-1", "nv=2x2", "nv=2",
-            "carve=x", "gqr=5",
+            "carve=x", "gqr=6",
         ] {
             assert!(Tuning::default().parse(bad).is_err(), "{bad}");
         }

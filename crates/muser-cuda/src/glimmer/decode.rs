@@ -95,7 +95,7 @@ impl CudaGlimmer {
                     _ => tune.gqa_reg,
                 };
                 let cluster = match greg {
-                    3 | 4 if grouped => 16,
+                    3..=5 if grouped => 16,
                     _ => 0,
                 };
                 let reg = grouped && greg > 0 && cluster == 0;
@@ -119,7 +119,8 @@ impl CudaGlimmer {
                             8 => "attn_decode_gqc16n1_d8",
                             _ => "attn_decode_gqc16n1",
                         },
-                        _ => "attn_decode_gqc16w8",
+                        4 => "attn_decode_gqc16w8",
+                        _ => "attn_decode_gqc16n1h",
                     };
                     (kernel, nkv, gs, kmin as usize)
                 } else {

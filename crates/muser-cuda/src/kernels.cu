@@ -2000,6 +2000,24 @@ __device__ __forceinline__ void cluster_barrier() {
 #endif
 }
 
+// The merge factors of a head's records, record lane + 32 k with maximum mj[k] (-inf: none)
+// and sum lj[k]: fj[k] = exp(mj[k] - M) against the maximum M over the warp (0 for none); returns
+// the merged sum over the warp, sum of lj fj.
+template <int NK>
+__device__ __forceinline__ float gqc_factors(const float* mj, const float* lj, float* fj) {
+    float mt = mj[0];
+#pragma unroll
+    for (int k = 1; k < NK; k++) mt = fmaxf(mt, mj[k]);
+    const float M = warp_max(mt);
+    float lt = 0.f;
+#pragma unroll
+    for (int k = 0; k < NK; k++) {
+        fj[k] = mj[k] == -INFINITY ? 0.f : __expf(mj[k] - M);
+        lt += lj[k] * fj[k];
+    }
+    return warp_sum(lt);
+}
+
 template <int NT, int CL, int W = GQC_WARPS, int DG = 0, bool HR = false>
 __device__ __forceinline__ void attn_gqc_body(const float* qkv, long ld, int nq, int nkv, const float* qn_w,
                                               const float* kn_w, float eps, const int* pos, int rope,
@@ -2069,26 +2087,18 @@ __device__ __forceinline__ void attn_gqc_body(const float* qkv, long ld, int nq,
 #pragma unroll
             for (int j = 0; j < NR; j++)
                 hv[j] = j < used ? __half2float(__ldcg(hb + (long)j * 2 * GQC_REC + hl * 128 + d)) : 0.f;
-            float mj[NK], wj[NK];
+            float mj[NK], lj[NK], wj[NK];
 #pragma unroll
             for (int k = 0; k < NK; k++) {
                 const int j = lane + 32 * k;
                 const float* ml = (const float*)(hb + (long)j * 2 * GQC_REC + 2048) + 2 * hl;
                 const bool has = j < NR && j < used;
                 mj[k] = has ? __ldcg(ml) : -INFINITY;
-                wj[k] = has ? __ldcg(ml + 1) : 0.f;
+                lj[k] = has ? __ldcg(ml + 1) : 0.f;
             }
-            float mt = mj[0];
+            const float L = gqc_factors<NK>(mj, lj, wj);
 #pragma unroll
-            for (int k = 1; k < NK; k++) mt = fmaxf(mt, mj[k]);
-            const float M = warp_max(mt);
-            float lt = 0.f;
-#pragma unroll
-            for (int k = 0; k < NK; k++) {
-                wj[k] = mj[k] == -INFINITY ? 0.f : wj[k] * __expf(mj[k] - M);
-                lt += wj[k];
-            }
-            const float L = warp_sum(lt);
+            for (int k = 0; k < NK; k++) wj[k] *= lj[k];
             // Four partial sums, so the chain is a quarter as long.
             float A4[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -2117,17 +2127,7 @@ __device__ __forceinline__ void attn_gqc_body(const float* qkv, long ld, int nq,
             mj[k] = has ? __ldcg(base + (long)j * GQC_REC + 2048 + 16 * rr + hh) : -INFINITY;
             lj[k] = has ? __ldcg(base + (long)j * GQC_REC + 2048 + 16 * rr + 2 + hh) : 0.f;
         }
-        float mt = mj[0];
-#pragma unroll
-        for (int k = 1; k < NK; k++) mt = fmaxf(mt, mj[k]);
-        const float M = warp_max(mt);
-        float lt = 0.f;
-#pragma unroll
-        for (int k = 0; k < NK; k++) {
-            fj[k] = mj[k] == -INFINITY ? 0.f : __expf(mj[k] - M);
-            lt += lj[k] * fj[k];
-        }
-        const float L = warp_sum(lt);
+        const float L = gqc_factors<NK>(mj, lj, fj);
         float A = 0.f;
 #pragma unroll
         for (int j0 = 0; j0 < NR; j0 += NA) {

@@ -537,6 +537,8 @@ pub struct Gpu {
     tuning: std::sync::Mutex<Tuning>,
     /// The shared-memory carveout last set on each kernel (`Tuning::carveout`).
     carveouts: std::sync::Mutex<HashMap<String, i32>>,
+    /// Kernels already allowed clusters past the portable 8 blocks.
+    wide_clusters: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Whether any launch has asked for a carveout other than the driver's.
     carveout_set: std::sync::atomic::AtomicBool,
 }
@@ -616,6 +618,7 @@ impl Gpu {
             pdl,
             tuning: std::sync::Mutex::new(tuning),
             carveouts: std::sync::Mutex::new(HashMap::new()),
+            wide_clusters: std::sync::Mutex::new(Default::default()),
             carveout_set: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -855,11 +858,15 @@ impl Gpu {
             .map(|s| s as *mut u64 as *mut c_void)
             .collect();
         if cluster > 8 {
-            f.set_attribute(
-                drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
-                1,
-            )
-            .map_err(|e| CudaError::Driver(format!("{name}: cluster of {cluster}: {e:?}")))?;
+            let mut set = self.wide_clusters.lock().unwrap_or_else(|e| e.into_inner());
+            if !set.contains(name) {
+                f.set_attribute(
+                    drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                    1,
+                )
+                .map_err(|e| CudaError::Driver(format!("{name}: cluster of {cluster}: {e:?}")))?;
+                set.insert(name.to_string());
+            }
         }
         // SAFETY: a zeroed attribute is a valid "ignore" value; we set the fields we use.
         let mut attrs: [drv_sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };

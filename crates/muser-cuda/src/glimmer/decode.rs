@@ -94,10 +94,22 @@ impl CudaGlimmer {
                     r if r != u32::MAX && i.is_swa[il] => r,
                     _ => tune.gqa_reg,
                 };
-                let cluster = match greg {
-                    3..=5 if grouped => 16,
-                    _ => 0,
+                // Grouped kernel: name, cluster size (0: none) and block size.
+                let (gkernel, cluster, gblock) = match greg {
+                    0 => ("attn_decode_gqa", 0, 128),
+                    1 => ("attn_decode_gqr", 0, 32),
+                    2 => ("attn_decode_gqr2", 0, 32),
+                    3 => match tune.gqc_diag {
+                        1 => ("attn_decode_gqc16n1_d1", 16, 128),
+                        3 => ("attn_decode_gqc16n1_d3", 16, 128),
+                        4 => ("attn_decode_gqc16n1_d4", 16, 128),
+                        8 => ("attn_decode_gqc16n1_d8", 16, 128),
+                        _ => ("attn_decode_gqc16n1", 16, 128),
+                    },
+                    4 => ("attn_decode_gqc16w8", 16, 256),
+                    _ => ("attn_decode_gqc16n1h", 16, 128),
                 };
+                let cluster = if grouped { cluster } else { 0 };
                 let reg = grouped && greg > 0 && cluster == 0;
                 let (kernel, blocks, splits, kmin) = if grouped {
                     let gs = match cluster {
@@ -108,21 +120,7 @@ impl CudaGlimmer {
                         k if k > 0 && i.is_swa[il] => k,
                         _ => tune.gqa_min_keys,
                     };
-                    let kernel = match greg {
-                        0 => "attn_decode_gqa",
-                        1 => "attn_decode_gqr",
-                        2 => "attn_decode_gqr2",
-                        3 => match tune.gqc_diag {
-                            1 => "attn_decode_gqc16n1_d1",
-                            3 => "attn_decode_gqc16n1_d3",
-                            4 => "attn_decode_gqc16n1_d4",
-                            8 => "attn_decode_gqc16n1_d8",
-                            _ => "attn_decode_gqc16n1",
-                        },
-                        4 => "attn_decode_gqc16w8",
-                        _ => "attn_decode_gqc16n1h",
-                    };
-                    (kernel, nkv, gs, kmin as usize)
+                    (gkernel, nkv, gs, kmin as usize)
                 } else {
                     let kernel = match tune.attn_keys_per_step {
                         16 => "attn_decode_fused_k16",
@@ -168,11 +166,7 @@ impl CudaGlimmer {
                 } else {
                     tune.attn_extra_smem
                 };
-                let block = match (reg, greg) {
-                    (true, _) => 32,
-                    (false, 4) if grouped => 256,
-                    _ => 128,
-                };
+                let block = if grouped { gblock } else { 128 };
                 let grid = (blocks as u32, nb as u32, splits as u32);
                 if cluster > 0 {
                     g.launch_cluster(kernel, grid, block, cluster as u32, &args)?;

@@ -252,11 +252,12 @@ pub const GQC_RECORDS: usize = 128;
 pub const MAX_SPLITS: usize = 256;
 
 /// Kernels other than the GEMVs.
-pub const OTHER_KERNELS: [&str; 27] = [
+pub const OTHER_KERNELS: [&str; 28] = [
     "dequant_bf16",
     "get_rows",
     "quantize_act",
     "norm_fused",
+    "norm_fused8",
     "qk_norm_rope_store",
     "attn_decode",
     "attn_combine_gate",
@@ -268,7 +269,7 @@ pub const OTHER_KERNELS: [&str; 27] = [
     "attn_decode_gqr2",
     "attn_decode_gqc16n1",
     "attn_decode_gqc16w8",
-    "attn_decode_gqc16n1h",
+    "pdl_nop",
     "attn_decode_gqc16n1_d1",
     "attn_decode_gqc16n1_d3",
     "attn_decode_gqc16n1_d4",

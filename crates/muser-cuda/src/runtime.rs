@@ -258,6 +258,13 @@ pub struct Tuning {
     pub skip_norm: bool,
     /// Diagnostics only (wrong results): the SwiGLU kernel is skipped.
     pub skip_swiglu: bool,
+    /// Diagnostics only: a skipped norm or SwiGLU launches an empty kernel (`pdl_nop`) in its
+    /// place, so the difference from skipping it is what a kernel boundary costs.
+    pub skip_as_nop: bool,
+    /// Values per thread of the decode norms: 8 (`norm_fused8`, one barrier per sum; rows of
+    /// at most 8192 values, longer ones take 16) or 16 (`norm_fused`, as before session 15;
+    /// 0.5 us slower per norm on the H200, and a different rounding order).
+    pub norm_vpt: u32,
     /// Decode steps whose latest position is at least this run the full-attention layers with
     /// a grouped tensor-core kernel (`gqa_reg`: each cached key and value read once per KV
     /// group, not once per query head) instead of the per-head one (`u32::MAX`: never).
@@ -296,14 +303,16 @@ pub struct Tuning {
     /// The grouped decode attention keeps everything in registers (`attn_decode_gqr`: one warp
     /// per split, no shared memory, so it starts beside the GEMV before it) with this many
     /// 16-key tiles loaded per step (1 or 2; 1 measured best); 0: `attn_decode_gqa`
-    /// (shared-memory staging). 3 (the default on sm_90), 4: the cluster kernels
-    /// (`attn_decode_gqc16n1`, `attn_decode_gqc16w8`: 16 blocks of 4 or 8 warps per KV group in
-    /// one thread-block cluster, one key range per warp, merged in the same launch after a
-    /// cluster barrier, no combine kernel; `gqa_min_keys` still bounds the ranges). 5:
-    /// `attn_decode_gqc16n1h`, the same with half records (each warp's output divided by its
-    /// sum, f16, [head][dim]: the merge reads a third of the L2 sectors); not yet measured.
+    /// (shared-memory staging). 3, 4: the cluster kernels (`attn_decode_gqc16n1`,
+    /// `attn_decode_gqc16w8`: 16 blocks of 4 or 8 warps per KV group in one thread-block
+    /// cluster, one key range per warp, merged in the same launch after a cluster barrier, no
+    /// combine kernel; `gqa_min_keys` still bounds the ranges). 4 is the default on sm_90 for
+    /// the full-attention layers: twice the key ranges halve each warp's dependent tiles at
+    /// depth, 0.5% faster per token at 8192 on the 16-layer model and 0.2% slower at 2048
+    /// (docs/benchmarks.md, session 15).
     pub gqa_reg: u32,
-    /// The same for the sliding-window layers (`u32::MAX`: as `gqa_reg`).
+    /// The same for the sliding-window layers (`u32::MAX`: as `gqa_reg`); 3 by default (a
+    /// 2048-key window is 32 keys per warp with four warps per block).
     pub gqa_swa_reg: u32,
     /// Diagnostics only (wrong results): parts of `attn_decode_gqc16n1` left out, to time the
     /// rest in the decode graph (0: none; 1: the merge; 3: the cluster barrier and the merge;
@@ -334,6 +343,8 @@ impl Default for Tuning {
             attn_keys_per_step: 8,
             skip_norm: false,
             skip_swiglu: false,
+            skip_as_nop: false,
+            norm_vpt: 8,
             gqa_full_from: 1024,
             gqa_swa_from: 1024,
             gqa_splits: 128,
@@ -344,8 +355,8 @@ impl Default for Tuning {
             gemv_carveout: -1,
             nvfp4: None,
             attn_extra_smem: 0,
-            gqa_reg: 3,
-            gqa_swa_reg: u32::MAX,
+            gqa_reg: 4,
+            gqa_swa_reg: 3,
             gqc_diag: 0,
             flash_prefill: true,
         }
@@ -373,9 +384,9 @@ impl Tuning {
 
     /// Applies `key=value` pairs separated by commas: `q4k=legacy|tuned|W,U`, `l2=0|1`,
     /// `pf=MB`, `apf=MB`, `fattn=0|1`, `splits=N`, `swasplits=N`, `gemvonly=0|1`, `attnonly=0|1`,
-    /// `rpw=0|1|2|4`, `kmin=N`, `nsl=N`, `akeys=4|8|16`, `skipnorm=0|1`, `skipswiglu=0|1`,
+    /// `rpw=0|1|2|4`, `kmin=N`, `nsl=N`, `akeys=4|8|16`, `skipnorm=0|1`, `skipswiglu=0|1`, `skipnop=0|1`, `nvpt=8|16`,
     /// `gqa=POS|off` (full layers), `gqaswa=POS|off`, `gqasplits=N`, `gqamin=N`, `gqaswamin=N`, `gqapass=N`,
-    /// `asmem=BYTES`, `carve=-1..100`, `gcarve=-1..100`, `nv=RxU`, `gqr=0..5`, `gqrswa=0..5`, `gqcdiag=0|1|3|4|8`, `fa=0|1`.
+    /// `asmem=BYTES`, `carve=-1..100`, `gcarve=-1..100`, `nv=RxU`, `gqr=0..4`, `gqrswa=0..4`, `gqcdiag=0|1|3|4|8`, `fa=0|1`.
     pub fn parse(mut self, spec: &str) -> Result<Tuning> {
         let bad = || CudaError::Shape(format!("tuning '{spec}'"));
         for kv in spec.split([',', ' ']).filter(|s| !s.is_empty()) {
@@ -406,6 +417,8 @@ impl Tuning {
                 "akeys" => self.attn_keys_per_step = one_of(v, &[4, 8, 16]).ok_or_else(bad)?,
                 "skipnorm" => self.skip_norm = v == "1",
                 "skipswiglu" => self.skip_swiglu = v == "1",
+                "skipnop" => self.skip_as_nop = v == "1",
+                "nvpt" => self.norm_vpt = one_of(v, &[8, 16]).ok_or_else(bad)?,
                 "fa" => self.flash_prefill = one_of(v, &[0, 1]).ok_or_else(bad)? == 1,
                 "kmin" => {
                     self.attn_min_keys = v.parse::<u32>().map_err(|_| bad())?.clamp(16, 1 << 20)
@@ -439,8 +452,8 @@ impl Tuning {
                 "gqapass" => {
                     self.gqa_pass_keys = v.parse::<u32>().map_err(|_| bad())?.clamp(16, 128) & !15
                 }
-                "gqr" => self.gqa_reg = one_of(v, &[0, 1, 2, 3, 4, 5]).ok_or_else(bad)?,
-                "gqrswa" => self.gqa_swa_reg = one_of(v, &[0, 1, 2, 3, 4, 5]).ok_or_else(bad)?,
+                "gqr" => self.gqa_reg = one_of(v, &[0, 1, 2, 3, 4]).ok_or_else(bad)?,
+                "gqrswa" => self.gqa_swa_reg = one_of(v, &[0, 1, 2, 3, 4]).ok_or_else(bad)?,
                 "gqcdiag" => self.gqc_diag = one_of(v, &[0, 1, 3, 4, 8]).ok_or_else(bad)?,
                 "gqasplits" => self.gqa_splits = v.parse::<u32>().map_err(|_| bad())?.clamp(1, 256),
                 "gqaswamin" => {
@@ -1104,14 +1117,21 @@ mod tests {
         // Without clusters (before sm_90) the cluster kernels give way to the register one.
         let old = Tuning::default().fit_device((8, 0));
         assert_eq!(
-            (old.gqa_reg, old.gqa_full_from, old.gqa_swa_from),
-            (1, 4096, u32::MAX)
+            (
+                old.gqa_reg,
+                old.gqa_swa_reg,
+                old.gqa_full_from,
+                old.gqa_swa_from
+            ),
+            (1, 1, 4096, u32::MAX)
         );
         let h = Tuning::default().fit_device((9, 0));
         assert_eq!(
-            (h.gqa_reg, h.gqa_full_from, h.gqa_swa_from),
-            (3, 1024, 1024)
+            (h.gqa_reg, h.gqa_swa_reg, h.gqa_full_from, h.gqa_swa_from),
+            (4, 3, 1024, 1024)
         );
+        assert_eq!(Tuning::default().parse("nvpt=16").unwrap().norm_vpt, 16);
+        assert!(Tuning::default().parse("nvpt=4").is_err());
         let swa = Tuning::default()
             .parse("gqrswa=3")
             .unwrap()
@@ -1121,7 +1141,7 @@ mod tests {
         assert!(Tuning::default().parse("fa=2").is_err());
         for bad in [
             "kmin", "kmin=x", "nosuch=1", "q4k=1", "akeys=5", "nsl=x", "gqa=-1", "nv=2x2", "nv=2",
-            "carve=x", "gqr=6",
+            "carve=x", "gqr=5",
         ] {
             assert!(Tuning::default().parse(bad).is_err(), "{bad}");
         }

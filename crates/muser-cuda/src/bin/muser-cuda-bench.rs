@@ -217,7 +217,6 @@ fn cmd_check(json_out: Option<PathBuf>) -> Result<bool, CudaError> {
         "attn_decode_gqr2",
         "attn_decode_gqc16n1",
         "attn_decode_gqc16w8",
-        "attn_decode_gqc16n1h",
         "attn_prefill_flash",
     ] {
         let (regs, local, smem) = gpu.kernel_resources(name)?;

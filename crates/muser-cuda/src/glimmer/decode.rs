@@ -106,8 +106,7 @@ impl CudaGlimmer {
                         8 => ("attn_decode_gqc16n1_d8", 16, 128),
                         _ => ("attn_decode_gqc16n1", 16, 128),
                     },
-                    4 => ("attn_decode_gqc16w8", 16, 256),
-                    _ => ("attn_decode_gqc16n1h", 16, 128),
+                    _ => ("attn_decode_gqc16w8", 16, 256),
                 };
                 let cluster = if grouped { cluster } else { 0 };
                 let reg = grouped && greg > 0 && cluster == 0;
@@ -220,11 +219,15 @@ impl CudaGlimmer {
                     true,
                     l.gate_up.prefetch(pf),
                 )?;
+            } else if tune.skip_as_nop {
+                g.launch("pdl_nop", (1, 1, 1), 32, &[])?;
             }
             l.gate_up.gemv(g, nb, qa, s.hf.ptr(), s.y_gu.ptr())?;
             let pf_down = l.down.prefetch(pf);
             if !tune.skip_swiglu {
                 self.swiglu(l, nb, 64, (s.hf.ptr(), 0), Some(qa), pf_down)?;
+            } else if tune.skip_as_nop {
+                g.launch("pdl_nop", (1, 1, 1), 32, &[])?;
             }
             l.down.gemv(g, nb, qa, s.hf.ptr(), s.y_d.ptr())?;
             let (next, pf_next) = match self.layers.get(il + 1) {
@@ -232,6 +235,9 @@ impl CudaGlimmer {
                 None => (self.output_norm.ptr(), self.output.prefetch(pf)),
             };
             if tune.skip_norm {
+                if tune.skip_as_nop {
+                    g.launch("pdl_nop", (1, 1, 1), 32, &[])?;
+                }
                 continue;
             }
             self.norm(

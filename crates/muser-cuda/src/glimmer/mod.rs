@@ -607,10 +607,15 @@ impl CudaGlimmer {
         let qa = self.qact();
         let (q, qd, qs) = if quant { (qa.q, qa.d, qa.s) } else { (0, 0, 0) };
         let slices = crate::compare::norm_slices(x, to.0, out_f, to.1);
+        let n = self.info.n_embd;
+        let (kernel, vpt) = match self.gpu.tuning().norm_vpt {
+            8 if n / 8 <= 1024 => ("norm_fused8", 8),
+            _ => ("norm_fused", 16),
+        };
         self.gpu.launch(
-            "norm_fused",
+            kernel,
             (rows as u32, slices, 1),
-            (self.info.n_embd / 16).next_multiple_of(32) as u32,
+            (n / vpt).next_multiple_of(32) as u32,
             &[
                 Arg::P(x),
                 Arg::P(y),
@@ -646,7 +651,7 @@ impl CudaGlimmer {
         let qa = quant.unwrap_or(QAct { q: 0, d: 0, s: 0 });
         self.gpu.launch(
             "swiglu",
-            ((rows * f / 16).div_ceil(block) as u32, 1, 1),
+            ((rows * f / 4).div_ceil(block) as u32, 1, 1),
             block as u32,
             &[
                 Arg::P(self.s.y_gu.ptr()),

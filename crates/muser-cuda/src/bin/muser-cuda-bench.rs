@@ -3,7 +3,8 @@
 //!   muser-cuda-bench check [--json OUT]
 //!       kernel checks on random data against the CPU reference (muser-quant dequantization,
 //!       f64 sums): decode GEMV per weight type and batch, bf16 dequantization, cuBLAS GEMM,
-//!       embedding rows. Exit status 1 if any relative error reaches its bound.
+//!       embedding rows, the decode SwiGLU and norms (their int8 activations bit for bit
+//!       against the host's statement of the quantization). Exit status 1 if any check fails.
 //!   muser-cuda-bench model MODEL.gguf [--n-ctx N] [--chunk N] [--pp 512,2048] [--tg 128]
 //!                    [--reps 3] [--json OUT] [--cpu-check] [--depth D] [--slots N]
 //!                    [--tunes 'name:spec;name:spec']
@@ -269,12 +270,193 @@ fn cmd_check(json_out: Option<PathBuf>) -> Result<bool, CudaError> {
         ok &= check_type(&gpu, WType::NvFp4, 301, 19968, &mut rng, &mut results)?;
     }
     gpu.set_tuning(base);
+    ok &= check_swiglu_norm(&gpu, &mut rng, &mut results)?;
     ok &= check_sampling(&gpu, &mut rng, &mut results)?;
     if let Some(p) = json_out {
         let doc = json!({"kind": "cuda-kernel-checks", "device": gpu.info().name, "all_pass": ok, "results": results});
         std::fs::write(p, serde_json::to_string_pretty(&doc).unwrap_or_default())?;
     }
     println!("checks: {}", if ok { "all passed" } else { "FAILURES" });
+    Ok(ok)
+}
+
+/// 16 activations quantized as kernels.cu's `quant16` does it (f32: scale max|v| / 127, values
+/// rounded half to even, the scale times the integer sum): the host's statement of what every
+/// activation-quantizing kernel must write, whatever lanes share a group.
+fn quant16_host(v: &[f32]) -> ([i8; 16], f32, f32) {
+    let amax = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let d = amax / 127.0;
+    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let mut q = [0i8; 16];
+    let mut sum = 0i32;
+    for (k, x) in v.iter().enumerate() {
+        let qi = (x * id).round_ties_even() as i32;
+        sum += qi;
+        q[k] = qi as i8;
+    }
+    (q, d, d * sum as f32)
+}
+
+/// Whether quantized activations on the device (`q` bytes, `qd`, `qs` per 16 values) are
+/// exactly `quant16_host` of the values `v` the same kernel wrote; returns the groups that differ.
+fn quant_mismatches(v: &[f32], q: &[i8], qd: &[f32], qs: &[f32]) -> usize {
+    (0..v.len() / 16)
+        .filter(|&g| {
+            let (hq, hd, hs) = quant16_host(&v[16 * g..16 * g + 16]);
+            hq[..] != q[16 * g..16 * g + 16]
+                || hd.to_bits() != qd[g].to_bits()
+                || hs.to_bits() != qs[g].to_bits()
+        })
+        .count()
+}
+
+/// The decode step's small kernels on random rows against the host: `swiglu` (values against
+/// f64 silu(gate) * up, both gate/up layouts) and `norm_fused8` / `norm_fused` (post-norm and
+/// residual, then the norm, in eight slices writing the residual elsewhere, as decode runs
+/// them; against f64). Each kernel's quantized activations must be exactly what `quant16`
+/// makes of the values it wrote (bytes and scales bit for bit), whatever lanes share a group.
+fn check_swiglu_norm(
+    gpu: &Gpu,
+    rng: &mut Rng,
+    results: &mut Vec<Value>,
+) -> Result<bool, CudaError> {
+    let mut ok = true;
+    let (f, t) = (19968usize, 3usize);
+    for il in [0, 1] {
+        let gu: Vec<f32> = (0..t * 2 * f).map(|_| 3.0 * rng.normal()).collect();
+        let dgu = gpu.alloc(4 * gu.len())?;
+        gpu.upload(&dgu, 0, &gu)?;
+        let (dout, dq) = (gpu.alloc(4 * t * f)?, gpu.alloc(t * f)?);
+        let (dqd, dqs) = (gpu.alloc(4 * t * f / 16)?, gpu.alloc(4 * t * f / 16)?);
+        gpu.launch(
+            "swiglu",
+            ((t * f / 4).div_ceil(64) as u32, 1, 1),
+            64,
+            &[
+                Arg::P(dgu.ptr()),
+                Arg::L(f as i64),
+                Arg::L(t as i64),
+                Arg::P(dout.ptr()),
+                Arg::P(0),
+                Arg::P(dq.ptr()),
+                Arg::P(dqd.ptr()),
+                Arg::P(dqs.ptr()),
+                Arg::P(0),
+                Arg::L(0),
+                Arg::I(il),
+            ],
+        )?;
+        let mut out = vec![0f32; t * f];
+        let mut q = vec![0i8; t * f];
+        let (mut qd, mut qs) = (vec![0f32; t * f / 16], vec![0f32; t * f / 16]);
+        gpu.download(dout.ptr(), &mut out)?;
+        gpu.download(dq.ptr(), &mut q)?;
+        gpu.download(dqd.ptr(), &mut qd)?;
+        gpu.download(dqs.ptr(), &mut qs)?;
+        let want: Vec<f64> = (0..t * f)
+            .map(|i| {
+                let (r, c) = (i / f, i % f);
+                let (gi, ui) = if il == 1 {
+                    let (g, k) = (c / 16, c % 16);
+                    (r * 2 * f + 32 * g + k, r * 2 * f + 32 * g + 16 + k)
+                } else {
+                    (r * 2 * f + c, r * 2 * f + f + c)
+                };
+                let (a, u) = (gu[gi] as f64, gu[ui] as f64);
+                a / (1.0 + (-a).exp()) * u
+            })
+            .collect();
+        let err = rel_err(&out, &want);
+        let bad = quant_mismatches(&out, &q, &qd, &qs);
+        let pass = err < 1e-5 && bad == 0;
+        println!(
+            "swiglu (interleaved {il}): rel err {err:.2e}, quantized groups unlike quant16: {bad} of {} {}",
+            t * f / 16,
+            if pass { "ok" } else { "FAIL" }
+        );
+        results.push(json!({"check": "swiglu", "interleaved": il, "rel_err": err, "quant_mismatch_groups": bad, "pass": pass}));
+        ok &= pass;
+    }
+    let (n, rows, slices) = (6656usize, 2usize, 8u32);
+    for (kernel, vpt) in [("norm_fused8", 8usize), ("norm_fused", 16)] {
+        let x: Vec<f32> = (0..rows * n).map(|_| rng.normal()).collect();
+        let y: Vec<f32> = (0..rows * n).map(|_| 20.0 * rng.normal()).collect();
+        let wp: Vec<f32> = (0..n).map(|_| 1.0 + 0.3 * rng.normal()).collect();
+        let w: Vec<f32> = (0..n).map(|_| 1.0 + 0.3 * rng.normal()).collect();
+        let (eps_post, eps) = (1e-8f32, 1e-6f32);
+        let [dx, dy, dwp, dw, dxo, dout] = [0; 6].map(|_| gpu.alloc(4 * rows * n));
+        let (dx, dy, dwp, dw, dxo, dout) = (dx?, dy?, dwp?, dw?, dxo?, dout?);
+        let (dq, dqd, dqs) = (
+            gpu.alloc(rows * n)?,
+            gpu.alloc(rows * n / 4)?,
+            gpu.alloc(rows * n / 4)?,
+        );
+        gpu.upload(&dx, 0, &x)?;
+        gpu.upload(&dy, 0, &y)?;
+        gpu.upload(&dwp, 0, &wp)?;
+        gpu.upload(&dw, 0, &w)?;
+        gpu.launch(
+            kernel,
+            (rows as u32, slices, 1),
+            (n / vpt).next_multiple_of(32) as u32,
+            &[
+                Arg::P(dx.ptr()),
+                Arg::P(dy.ptr()),
+                Arg::P(dwp.ptr()),
+                Arg::F(eps_post),
+                Arg::P(dw.ptr()),
+                Arg::F(eps),
+                Arg::L(n as i64),
+                Arg::P(dout.ptr()),
+                Arg::P(0),
+                Arg::P(dq.ptr()),
+                Arg::P(dqd.ptr()),
+                Arg::P(dqs.ptr()),
+                Arg::P(0),
+                Arg::L(0),
+                Arg::P(dxo.ptr()),
+            ],
+        )?;
+        let mut out = vec![0f32; rows * n];
+        let mut xo = vec![0f32; rows * n];
+        let mut q = vec![0i8; rows * n];
+        let (mut qd, mut qs) = (vec![0f32; rows * n / 16], vec![0f32; rows * n / 16]);
+        gpu.download(dout.ptr(), &mut out)?;
+        gpu.download(dxo.ptr(), &mut xo)?;
+        gpu.download(dq.ptr(), &mut q)?;
+        gpu.download(dqd.ptr(), &mut qd)?;
+        gpu.download(dqs.ptr(), &mut qs)?;
+        let (mut want_x, mut want) = (vec![0f64; rows * n], vec![0f64; rows * n]);
+        for r in 0..rows {
+            let row = |v: &[f32]| {
+                v[r * n..(r + 1) * n]
+                    .iter()
+                    .map(|&a| a as f64)
+                    .collect::<Vec<_>>()
+            };
+            let (xr, yr) = (row(&x), row(&y));
+            let rms = |v: &[f64], e: f32| {
+                1.0 / (v.iter().map(|a| a * a).sum::<f64>() / n as f64 + e as f64).sqrt()
+            };
+            let sy = rms(&yr, eps_post);
+            let x2: Vec<f64> = (0..n).map(|i| xr[i] + yr[i] * sy * wp[i] as f64).collect();
+            let sx = rms(&x2, eps);
+            for i in 0..n {
+                want_x[r * n + i] = x2[i];
+                want[r * n + i] = x2[i] * sx * w[i] as f64;
+            }
+        }
+        let (err_x, err) = (rel_err(&xo, &want_x), rel_err(&out, &want));
+        let bad = quant_mismatches(&out, &q, &qd, &qs);
+        let pass = err_x < 1e-5 && err < 1e-5 && bad == 0;
+        println!(
+            "{kernel} ({rows} rows of {n}, {slices} slices): residual rel err {err_x:.2e}, norm rel err {err:.2e}, quantized groups unlike quant16: {bad} of {} {}",
+            rows * n / 16,
+            if pass { "ok" } else { "FAIL" }
+        );
+        results.push(json!({"check": kernel, "residual_rel_err": err_x, "rel_err": err, "quant_mismatch_groups": bad, "pass": pass}));
+        ok &= pass;
+    }
     Ok(ok)
 }
 

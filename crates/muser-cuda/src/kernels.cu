@@ -2619,26 +2619,54 @@ extern "C" __global__ void logits_sample(float* logits, long V, float scale, flo
     }
 }
 
-// Logit scale and softcap in place, then greedy argmax per row (lowest index wins ties).
-// The chosen token goes to tokens[b]; history[b * hist_len + pos[b] + 1] = token; pos[b] += 1
-// when advance != 0 (decode loops replayed from a CUDA graph). grid B, block 1024.
+// Logit scale and softcap in place, then greedy argmax per row (lowest index wins ties), spread
+// over the row: grid (nblk, B), block 256 (1024 when nblk is 1). Block k takes the k-th of nblk
+// contiguous chunks of row b and leaves its (value, index) in pv/pi [B][nblk]; the last block
+// of the row to arrive (cnt[b]: zero between launches, put back by that block) merges them with
+// the same rule, so the token is the one a single block finds. It goes to tokens[b];
+// history[b * hist_len + pos[b] + 1] = token; pos[b] += 1 when advance != 0 (decode loops
+// replayed from a CUDA graph). One block per row was a chain of ~200 softcaps per thread over
+// Muse Glimmer's 202,048 logits (docs/benchmarks.md, session 15).
 extern "C" __global__ void logits_argmax(float* logits, long V, float scale, float cap, int* tokens, int* pos,
-                                         int* history, int hist_len, int advance) {
+                                         int* history, int hist_len, int advance, float* pv, int* pi,
+                                         unsigned* cnt) {
     pdl_trigger();
     pdl_wait();
     __shared__ float sv[32];
     __shared__ int si[32];
-    const int b = blockIdx.x;
+    __shared__ unsigned last;
+    const int b = blockIdx.y, k = blockIdx.x, nblk = gridDim.x;
+    const long chunk = (V + nblk - 1) / nblk;
+    const long j0 = (long)k * chunk, j1 = min(V, j0 + chunk);
     float* lr = logits + (long)b * V;
     float best = -INFINITY;
     int bi = 0x7fffffff;
-    for (long j = threadIdx.x; j < V; j += blockDim.x) {
+    for (long j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
         float v = lr[j] * scale;
         if (cap > 0.f) v = cap * tanhf(v / cap);
         lr[j] = v;
         if (v > best) { best = v; bi = (int)j; }
     }
     block_argmax(best, bi, sv, si);
+    if (nblk > 1) {
+        if (threadIdx.x == 0) {
+            pv[(long)b * nblk + k] = best;
+            pi[(long)b * nblk + k] = bi;
+            const unsigned prev = arrive_acq_rel(cnt + b);
+            last = prev == (unsigned)(nblk - 1);
+            if (last) cnt[b] = 0;
+        }
+        __syncthreads();
+        if (!last) return;
+        best = -INFINITY;
+        bi = 0x7fffffff;
+        for (int t = threadIdx.x; t < nblk; t += blockDim.x) {
+            const float v = __ldcg(pv + (long)b * nblk + t);
+            const int i = __ldcg(pi + (long)b * nblk + t);
+            if (v > best || (v == best && i < bi)) { best = v; bi = i; }
+        }
+        block_argmax(best, bi, sv, si);
+    }
     if (threadIdx.x == 0) {
         tokens[b] = bi;
         if (advance) {

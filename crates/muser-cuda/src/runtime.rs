@@ -265,6 +265,9 @@ pub struct Tuning {
     /// at most 8192 values, longer ones take 16) or 16 (`norm_fused`, as before session 15;
     /// 0.5 us slower per norm on the H200, and a different rounding order).
     pub norm_vpt: u32,
+    /// Blocks the greedy argmax spreads each logits row over (0: about one per 1024 logits, at
+    /// most 128; 1: one block per row, as before session 15).
+    pub argmax_blocks: u32,
     /// Decode steps whose latest position is at least this run the full-attention layers with
     /// a grouped tensor-core kernel (`gqa_reg`: each cached key and value read once per KV
     /// group, not once per query head) instead of the per-head one (`u32::MAX`: never).
@@ -345,6 +348,7 @@ impl Default for Tuning {
             skip_swiglu: false,
             skip_as_nop: false,
             norm_vpt: 8,
+            argmax_blocks: 0,
             gqa_full_from: 1024,
             gqa_swa_from: 1024,
             gqa_splits: 128,
@@ -384,7 +388,7 @@ impl Tuning {
 
     /// Applies `key=value` pairs separated by commas: `q4k=legacy|tuned|W,U`, `l2=0|1`,
     /// `pf=MB`, `apf=MB`, `fattn=0|1`, `splits=N`, `swasplits=N`, `gemvonly=0|1`, `attnonly=0|1`,
-    /// `rpw=0|1|2|4`, `kmin=N`, `nsl=N`, `akeys=4|8|16`, `skipnorm=0|1`, `skipswiglu=0|1`, `skipnop=0|1`, `nvpt=8|16`,
+    /// `rpw=0|1|2|4`, `kmin=N`, `nsl=N`, `akeys=4|8|16`, `skipnorm=0|1`, `skipswiglu=0|1`, `skipnop=0|1`, `nvpt=8|16`, `amb=N`,
     /// `gqa=POS|off` (full layers), `gqaswa=POS|off`, `gqasplits=N`, `gqamin=N`, `gqaswamin=N`, `gqapass=N`,
     /// `asmem=BYTES`, `carve=-1..100`, `gcarve=-1..100`, `nv=RxU`, `gqr=0..4`, `gqrswa=0..4`, `gqcdiag=0|1|3|4|8`, `fa=0|1`.
     pub fn parse(mut self, spec: &str) -> Result<Tuning> {
@@ -419,6 +423,7 @@ impl Tuning {
                 "skipswiglu" => self.skip_swiglu = v == "1",
                 "skipnop" => self.skip_as_nop = v == "1",
                 "nvpt" => self.norm_vpt = one_of(v, &[8, 16]).ok_or_else(bad)?,
+                "amb" => self.argmax_blocks = v.parse::<u32>().map_err(|_| bad())?.min(128),
                 "fa" => self.flash_prefill = one_of(v, &[0, 1]).ok_or_else(bad)? == 1,
                 "kmin" => {
                     self.attn_min_keys = v.parse::<u32>().map_err(|_| bad())?.clamp(16, 1 << 20)

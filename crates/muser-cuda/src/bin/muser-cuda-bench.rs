@@ -4,7 +4,7 @@
 //!       kernel checks on random data against the CPU reference (muser-quant dequantization,
 //!       f64 sums): decode GEMV per weight type and batch, bf16 dequantization, cuBLAS GEMM,
 //!       embedding rows, the decode SwiGLU and norms (their int8 activations bit for bit
-//!       against the host's statement of the quantization). Exit status 1 if any check fails.
+//!       against the host's statement of the quantization), the greedy argmax over split rows. Exit status 1 if any check fails.
 //!   muser-cuda-bench model MODEL.gguf [--n-ctx N] [--chunk N] [--pp 512,2048] [--tg 128]
 //!                    [--reps 3] [--json OUT] [--cpu-check] [--depth D] [--slots N]
 //!                    [--tunes 'name:spec;name:spec']
@@ -271,6 +271,7 @@ fn cmd_check(json_out: Option<PathBuf>) -> Result<bool, CudaError> {
     }
     gpu.set_tuning(base);
     ok &= check_swiglu_norm(&gpu, &mut rng, &mut results)?;
+    ok &= check_argmax(&gpu, &mut rng, &mut results)?;
     ok &= check_sampling(&gpu, &mut rng, &mut results)?;
     if let Some(p) = json_out {
         let doc = json!({"kind": "cuda-kernel-checks", "device": gpu.info().name, "all_pass": ok, "results": results});
@@ -456,6 +457,109 @@ fn check_swiglu_norm(
         );
         results.push(json!({"check": kernel, "residual_rel_err": err_x, "rel_err": err, "quant_mismatch_groups": bad, "pass": pass}));
         ok &= pass;
+    }
+    Ok(ok)
+}
+
+/// `logits_argmax` over rows split into 1, 7 or 128 blocks: each row's maximum is planted at
+/// two indices in different blocks (and, in one row, two in the same block), so the lowest index
+/// must win across the partials; the token must equal the host's argmax of the scaled and
+/// capped row, the position advance and the history record it, and a second launch on the
+/// same buffers (its arrival counters put back by the first) must give the same tokens.
+fn check_argmax(gpu: &Gpu, rng: &mut Rng, results: &mut Vec<Value>) -> Result<bool, CudaError> {
+    let mut ok = true;
+    let (v, nb, hist_len) = (202_048usize, 4usize, 64usize);
+    let (scale, cap) = (0.2f32, 20.0f32);
+    for blocks in [1usize, 7, 128] {
+        let chunk = v.div_ceil(blocks);
+        let mut logits: Vec<f32> = (0..nb * v).map(|_| 3.0 * rng.normal()).collect();
+        let mut planted = Vec::new();
+        for b in 0..nb {
+            let (i, j) = match b {
+                0 => (v - 1, v - 2),
+                1 => ((2 * chunk + 1).min(v - 1), 3),
+                2 => (chunk.min(v - 1), (chunk + 3).min(v - 1)),
+                _ => ((rng.next() as usize) % v, (rng.next() as usize) % v),
+            };
+            logits[b * v + i] = 40.0;
+            logits[b * v + j] = 40.0;
+            planted.push(i.min(j));
+        }
+        let pos: Vec<i32> = (0..nb as i32).map(|b| 3 + 5 * b).collect();
+        let dl = gpu.alloc(4 * logits.len())?;
+        let (dt, dpos) = (gpu.alloc(4 * nb)?, gpu.alloc(4 * nb)?);
+        let dh = gpu.alloc_zeroed(4 * nb * hist_len)?;
+        let dpart = gpu.alloc(8 * nb * blocks)?;
+        let dcnt = gpu.alloc_zeroed(4 * nb)?;
+        let mut toks_runs = Vec::new();
+        let mut scaled = vec![0f32; nb * v];
+        let mut pos2 = vec![0i32; nb];
+        let mut hist = vec![0i32; nb * hist_len];
+        for run in 0..2 {
+            gpu.upload(&dl, 0, &logits)?;
+            gpu.upload(&dpos, 0, &pos)?;
+            gpu.launch(
+                "logits_argmax",
+                (blocks as u32, nb as u32, 1),
+                if blocks == 1 { 1024 } else { 256 },
+                &[
+                    Arg::P(dl.ptr()),
+                    Arg::L(v as i64),
+                    Arg::F(scale),
+                    Arg::F(cap),
+                    Arg::P(dt.ptr()),
+                    Arg::P(dpos.ptr()),
+                    Arg::P(dh.ptr()),
+                    Arg::I(hist_len as i32),
+                    Arg::I(1),
+                    Arg::P(dpart.ptr()),
+                    Arg::P(dpart.at(4 * nb * blocks)),
+                    Arg::P(dcnt.ptr()),
+                ],
+            )?;
+            let mut toks = vec![0i32; nb];
+            gpu.download(dt.ptr(), &mut toks)?;
+            if run == 0 {
+                gpu.download(dl.ptr(), &mut scaled)?;
+                gpu.download(dpos.ptr(), &mut pos2)?;
+                gpu.download(dh.ptr(), &mut hist)?;
+            }
+            toks_runs.push(toks);
+        }
+        let mut case_ok = toks_runs[0] == toks_runs[1];
+        let mut detail = Vec::new();
+        for b in 0..nb {
+            let row = &scaled[b * v..(b + 1) * v];
+            // The host's argmax of the device's scaled row (lowest index among equal values).
+            let argmax = row
+                .iter()
+                .enumerate()
+                .fold((usize::MAX, f32::NEG_INFINITY), |acc, (i, &x)| {
+                    if x > acc.1 {
+                        (i, x)
+                    } else {
+                        acc
+                    }
+                })
+                .0;
+            let cap_err = logits[b * v..(b + 1) * v]
+                .iter()
+                .zip(row)
+                .map(|(&x, &y)| (cap * (x * scale / cap).tanh() - y).abs())
+                .fold(0f32, f32::max);
+            let tok = toks_runs[0][b];
+            let advanced =
+                pos2[b] == pos[b] + 1 && hist.get(b * hist_len + pos2[b] as usize) == Some(&tok);
+            let good = tok as usize == argmax && argmax == planted[b] && advanced && cap_err < 1e-4;
+            case_ok &= good;
+            detail.push(json!({"token": tok, "host_argmax": argmax, "planted": planted[b], "advanced": advanced, "cap_max_abs_err": cap_err}));
+        }
+        println!(
+            "logits_argmax V={v} over {blocks} blocks per row: {}",
+            if case_ok { "ok" } else { "FAIL" }
+        );
+        results.push(json!({"kernel": "logits_argmax", "vocab": v, "blocks": blocks, "pass": case_ok, "same_tokens_second_launch": toks_runs[0] == toks_runs[1], "sequences": detail}));
+        ok &= case_ok;
     }
     Ok(ok)
 }

@@ -216,6 +216,10 @@ struct Scratch {
     part: DevBuf,
     /// Per-(sequence, head) split counters of the fused attention kernel (zero between launches).
     attn_cnt: DevBuf,
+    /// `logits_argmax`'s per-block (value, index) partials ([sequence][ARGMAX_BLOCKS] floats,
+    /// then as many ints) and per-sequence arrival counters (zero between launches).
+    argmax_part: DevBuf,
+    argmax_cnt: DevBuf,
     /// The residual stream between a layer's two norms (decode), so that no norm updates it in
     /// place and the norms may run in slices.
     x2: DevBuf,
@@ -287,6 +291,18 @@ pub struct CudaGlimmer {
     _own_kv: Vec<DevBuf>,
     /// Sequences the cache in use holds.
     kv_seqs: usize,
+}
+
+/// Most blocks `logits_argmax` spreads a row over.
+const ARGMAX_BLOCKS: usize = 128;
+
+/// Blocks of `logits_argmax` for a row of `vocab` logits: about 1024 logits each, at most
+/// `ARGMAX_BLOCKS` (`want` > 0 forces a count, 1 being one block per row as before session 15).
+fn argmax_blocks(vocab: usize, want: u32) -> usize {
+    match want {
+        0 => vocab.div_ceil(1024).clamp(1, ARGMAX_BLOCKS),
+        w => (w as usize).clamp(1, ARGMAX_BLOCKS),
+    }
 }
 
 fn norm_vec(gpu: &Gpu, g: &GgufFile, name: &str, n: usize) -> Result<DevBuf> {
@@ -539,6 +555,8 @@ impl CudaGlimmer {
                         .max(i.n_head_kv * crate::layout::GQC_RECORDS * crate::layout::GQC_REC),
             )?,
             attn_cnt: gpu.alloc_zeroed(4 * ns * i.n_head)?,
+            argmax_part: gpu.alloc(8 * ns * ARGMAX_BLOCKS)?,
+            argmax_cnt: gpu.alloc_zeroed(4 * ns)?,
             x2: gpu.alloc(4 * ns * e)?,
             y_o: gpu.alloc(4 * t * e)?,
             y_gu: gpu.alloc(4 * t * 2 * f)?,
@@ -817,12 +835,21 @@ impl CudaGlimmer {
             Arg::I(self.opts.n_ctx as i32 + 1),
             Arg::I(advance as i32),
         ]);
-        let kernel = if sample {
-            "logits_sample"
-        } else {
-            "logits_argmax"
-        };
-        self.gpu.launch(kernel, (nb as u32, 1, 1), 1024, &args)
+        if sample {
+            return self
+                .gpu
+                .launch("logits_sample", (nb as u32, 1, 1), 1024, &args);
+        }
+        let blocks = argmax_blocks(self.info.n_vocab, self.gpu.tuning().argmax_blocks);
+        let ns = self.opts.n_seq;
+        args.extend([
+            Arg::P(self.s.argmax_part.ptr()),
+            Arg::P(self.s.argmax_part.at(4 * ns * ARGMAX_BLOCKS)),
+            Arg::P(self.s.argmax_cnt.ptr()),
+        ]);
+        let block = if blocks == 1 { 1024 } else { 256 };
+        self.gpu
+            .launch("logits_argmax", (blocks as u32, nb as u32, 1), block, &args)
     }
 
     fn check_pos(&self, pos: usize, n: usize) -> Result<()> {
@@ -856,5 +883,19 @@ impl CudaGlimmer {
     /// Waits for the GPU.
     pub fn sync(&self) -> Result<()> {
         self.gpu.sync()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argmax_blocks_cover_the_row_at_about_a_thousand_logits_each() {
+        assert_eq!(argmax_blocks(202_048, 0), ARGMAX_BLOCKS);
+        assert_eq!(argmax_blocks(49_152, 0), 48);
+        assert_eq!(argmax_blocks(50, 0), 1);
+        assert_eq!(argmax_blocks(202_048, 1), 1);
+        assert_eq!(argmax_blocks(202_048, 500), ARGMAX_BLOCKS);
     }
 }

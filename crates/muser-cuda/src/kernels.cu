@@ -15,35 +15,12 @@
 
 __device__ __forceinline__ float h2f(u16 bits) { return __half2float(__ushort_as_half(bits)); }
 
-// Quantize 16 activations to int8 with one scale; writes 16 bytes, the scale and scale*sum.
-__device__ __forceinline__ void quant16(const float* v, i8* q, float* qd, float* qs) {
-    float amax = 0.f;
-#pragma unroll
-    for (int i = 0; i < 16; i++) amax = fmaxf(amax, fabsf(v[i]));
-    const float d = amax / 127.f;
-    const float id = d > 0.f ? 1.f / d : 0.f;
-    int sum = 0;
-    u32 w[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        u32 word = 0;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int qi = __float2int_rn(v[4 * k + i] * id);
-            sum += qi;
-            word |= ((u32)(qi & 0xff)) << (8 * i);
-        }
-        w[k] = word;
-    }
-    *(uint4*)q = make_uint4(w[0], w[1], w[2], w[3]);
-    *qd = d;
-    *qs = d * (float)sum;
-}
 
-// quant16 spread over 16 / N consecutive lanes, N values each (v): the group's maximum and
-// integer sum are exact across lanes, so the bytes and scales equal quant16's. Every lane of
-// the warp must call it (shuffles); `act` false marks lanes with no group. The lane holding
-// the group's first values (first) writes the scale and scale * sum.
+// Quantizes a group of 16 activations to int8 with one scale (max |v| / 127), writing 16 bytes,
+// the scale and scale * sum, spread over 16 / N consecutive lanes with N values each (v): the
+// group's maximum and integer sum are exact across lanes, so the bytes and scales do not depend
+// on N. With N < 16 every lane of the warp must call it (shuffles); `act` false marks lanes with
+// no group. The lane holding the group's first values (first) writes the scale and scale * sum.
 template <int N>
 __device__ __forceinline__ void quant_part(const float* v, bool act, bool first, i8* q, float* qd, float* qs) {
     static_assert(N == 4 || N == 8 || N == 16, "4, 8 or 16 values per lane");
@@ -81,6 +58,11 @@ __device__ __forceinline__ void quant_part(const float* v, bool act, bool first,
         *qd = d;
         *qs = d * (float)sum;
     }
+}
+
+// One thread's whole group (callable from divergent code: no shuffles with N = 16).
+__device__ __forceinline__ void quant16(const float* v, i8* q, float* qd, float* qs) {
+    quant_part<16>(v, true, true, q, qd, qs);
 }
 
 // ---------------------------------------------------------------------------------------------

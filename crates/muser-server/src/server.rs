@@ -26,6 +26,11 @@ pub struct ServeConfig {
     /// Prompt cache across requests and restarts (`--prompt-cache DIR`): prompts' K/V kept
     /// as packs sealed with the same key, in memory and in the directory.
     pub prompt_cache: Option<muser_engine::PromptCacheConfig>,
+    /// Session bundles (`/v1/sessions`) in this directory, sealed with a key derived from
+    /// the operator key.
+    pub session_dir: Option<PathBuf>,
+    /// The device label of the telemetry (`cpu`, `cuda`, `cuda-ops`).
+    pub device: String,
 }
 
 impl ServeConfig {
@@ -40,6 +45,8 @@ impl ServeConfig {
             slot_save_path: None,
             kv_key_file: None,
             prompt_cache: None,
+            session_dir: None,
+            device: "cpu".into(),
         }
     }
 }
@@ -65,6 +72,8 @@ pub enum StartError {
     Slots(usize),
     #[error("{0}")]
     KvKey(String),
+    #[error("--session-dir {path}: {message}")]
+    Sessions { path: PathBuf, message: String },
     #[error("--prompt-cache {path}: {message}")]
     PromptCache { path: PathBuf, message: String },
 }
@@ -112,20 +121,34 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
             source,
         })?;
     }
-    let kvpack = match cfg.slot_save_path.is_some() || cfg.prompt_cache.is_some() {
+    let needs_key =
+        cfg.slot_save_path.is_some() || cfg.prompt_cache.is_some() || cfg.session_dir.is_some();
+    let (kvpack, sessions) = match needs_key {
         true => {
-            let keys = crate::kvkey::load_or_create(cfg.kv_key_file.as_deref())
+            let mut operator_key = crate::kvkey::load_or_create(cfg.kv_key_file.as_deref())
                 .map_err(StartError::KvKey)?;
             let ctx = muser_engine::KvPackContext::new(
                 &model,
                 Some(&cfg.model_path),
                 muser_engine::KvType::F16,
-                keys,
+                muser_kvpack::Keys::derive(&operator_key),
             )
             .map_err(|e| StartError::KvKey(e.to_string()))?;
-            Some(Arc::new(ctx))
+            let sessions = cfg
+                .session_dir
+                .as_deref()
+                .map(|dir| {
+                    crate::routes::sessions::Sessions::open(dir, &operator_key, &ctx, cfg.n_ctx)
+                        .map_err(|e| StartError::Sessions {
+                            path: dir.to_path_buf(),
+                            message: e.to_string(),
+                        })
+                })
+                .transpose();
+            operator_key.fill(0);
+            (Some(Arc::new(ctx)), sessions?)
         }
-        false => None,
+        false => (None, None),
     };
     let prompt_cache = match (&cfg.prompt_cache, &kvpack) {
         (Some(pc), Some(ctx)) => {
@@ -168,7 +191,8 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
             n_slots: cfg.n_slots,
             n_ctx: cfg.n_ctx,
         },
-        metrics: Arc::new(Metrics::default()),
+        metrics: Arc::new(Metrics::new(&cfg.device)),
+        sessions,
         started_unix_s: crate::routes::unix_now(),
     }))
 }

@@ -5,6 +5,7 @@
 pub mod llama;
 pub mod ollama;
 pub mod openai;
+pub mod sessions;
 
 use serde::{Deserialize, Deserializer};
 

@@ -70,7 +70,10 @@ mod tests {
         assert!(asset("../lib.rs").is_none());
         assert!(!html.contains("http://") && !html.contains("https://"));
         let js = std::str::from_utf8(asset("app.js").unwrap().body).unwrap();
-        assert!(!js.contains("innerHTML"), "text goes in with textContent only");
+        assert!(
+            !js.contains("innerHTML"),
+            "text goes in with textContent only"
+        );
         assert!(!js.contains("localStorage"), "the API key stays in memory");
     }
 }

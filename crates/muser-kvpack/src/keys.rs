@@ -65,7 +65,8 @@ pub fn parse_operator_key(bytes: &[u8]) -> Result<[u8; KEY_BYTES]> {
     }
     let mut key = [0u8; KEY_BYTES];
     for (i, k) in key.iter_mut().enumerate() {
-        *k = u8::from_str_radix(text.get(2 * i..2 * i + 2).ok_or_else(bad)?, 16).map_err(|_| bad())?;
+        *k = u8::from_str_radix(text.get(2 * i..2 * i + 2).ok_or_else(bad)?, 16)
+            .map_err(|_| bad())?;
     }
     Ok(key)
 }

@@ -157,11 +157,31 @@ impl LaneStats {
     /// (metric name, help, histogram) of each family.
     fn families(&self) -> [(&'static str, &'static str, &Histogram); 5] {
         [
-            ("muser_time_to_first_token_seconds", "From the request's arrival to its first token.", &self.ttft_s),
-            ("muser_inter_token_seconds", "Between two consecutive tokens of one generation.", &self.itl_s),
-            ("muser_queue_wait_seconds", "From queueing a request to its slot.", &self.queue_wait_s),
-            ("muser_prefill_tokens_per_second", "Prompt tokens computed per second, per request.", &self.prefill_tok_s),
-            ("muser_decode_tokens_per_second", "Tokens generated per second after the first, per request.", &self.decode_tok_s),
+            (
+                "muser_time_to_first_token_seconds",
+                "From the request's arrival to its first token.",
+                &self.ttft_s,
+            ),
+            (
+                "muser_inter_token_seconds",
+                "Between two consecutive tokens of one generation.",
+                &self.itl_s,
+            ),
+            (
+                "muser_queue_wait_seconds",
+                "From queueing a request to its slot.",
+                &self.queue_wait_s,
+            ),
+            (
+                "muser_prefill_tokens_per_second",
+                "Prompt tokens computed per second, per request.",
+                &self.prefill_tok_s,
+            ),
+            (
+                "muser_decode_tokens_per_second",
+                "Tokens generated per second after the first, per request.",
+                &self.decode_tok_s,
+            ),
         ]
     }
 }
@@ -229,7 +249,8 @@ impl Metrics {
     pub fn record_generation(&self, lane: Lane, g: &GenerationTimes) {
         self.prompt_tokens.fetch_add(g.prompt_tokens, Relaxed);
         self.generated_tokens.fetch_add(g.generated_tokens, Relaxed);
-        self.prompt_us.fetch_add((g.prompt_ms * 1e3) as u64, Relaxed);
+        self.prompt_us
+            .fetch_add((g.prompt_ms * 1e3) as u64, Relaxed);
         self.gen_us.fetch_add((g.gen_ms * 1e3) as u64, Relaxed);
         let l = self.lane(lane);
         l.queue_wait_s.observe(g.queue_ms / 1e3);
@@ -252,7 +273,10 @@ impl Metrics {
             Some((s, n)) if *s == now_s => *n += 1,
             _ => ring.push_back((now_s, 1)),
         }
-        while ring.front().is_some_and(|(s, _)| *s + RATE_WINDOW_S < now_s) {
+        while ring
+            .front()
+            .is_some_and(|(s, _)| *s + RATE_WINDOW_S < now_s)
+        {
             ring.pop_front();
         }
     }
@@ -301,8 +325,18 @@ impl Metrics {
         };
         let prompt = self.prompt_tokens();
         let generated = self.generated_tokens();
-        counter(&mut out, "muser_prompt_tokens_total", "Prompt tokens processed.", prompt);
-        counter(&mut out, "muser_generated_tokens_total", "Tokens generated.", generated);
+        counter(
+            &mut out,
+            "muser_prompt_tokens_total",
+            "Prompt tokens processed.",
+            prompt,
+        );
+        counter(
+            &mut out,
+            "muser_generated_tokens_total",
+            "Tokens generated.",
+            generated,
+        );
         counter(
             &mut out,
             "muser_requests_rejected_busy_total",
@@ -331,8 +365,18 @@ impl Metrics {
             "Tokens streamed per second over the last 10 s, all requests together.",
             self.tokens_per_second(),
         );
-        gauge(&mut out, "muser_slots_busy", "Slots generating now.", g.engine.busy_slots as f64);
-        gauge(&mut out, "muser_slots_total", "Slots configured.", g.n_slots as f64);
+        gauge(
+            &mut out,
+            "muser_slots_busy",
+            "Slots generating now.",
+            g.engine.busy_slots as f64,
+        );
+        gauge(
+            &mut out,
+            "muser_slots_total",
+            "Slots configured.",
+            g.n_slots as f64,
+        );
         gauge(
             &mut out,
             "muser_queue_depth",
@@ -363,7 +407,10 @@ impl Metrics {
             let _ = writeln!(out, "{name}{{tier=\"memory\"}} {}", pc.hits_memory);
             let _ = writeln!(out, "{name}{{tier=\"disk\"}} {}", pc.hits_disk);
             let name = "muser_prompt_cache_bytes";
-            let _ = writeln!(out, "# HELP {name} Bytes the prompt cache holds, by tier.\n# TYPE {name} gauge");
+            let _ = writeln!(
+                out,
+                "# HELP {name} Bytes the prompt cache holds, by tier.\n# TYPE {name} gauge"
+            );
             let _ = writeln!(out, "{name}{{tier=\"memory\"}} {}", pc.memory_bytes);
             let _ = writeln!(out, "{name}{{tier=\"disk\"}} {}", pc.disk_bytes);
             counter(
@@ -399,7 +446,9 @@ impl Metrics {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
             for &lane in &lanes {
                 let labels = format!("lane=\"{}\",device=\"{}\"", lane.label(), self.device);
-                self.lane(lane).families()[i].2.render(&mut out, name, &labels);
+                self.lane(lane).families()[i]
+                    .2
+                    .render(&mut out, name, &labels);
             }
         }
         out
@@ -458,14 +507,27 @@ mod tests {
         assert!(text.contains("muser_queue_depth 2"));
         assert!(text.contains("muser_kv_tokens 100"));
         let l = "lane=\"local\",device=\"cpu\"";
-        assert!(text.contains(&format!("muser_queue_wait_seconds_bucket{{{l},le=\"0.001\"}} 0")));
-        assert!(text.contains(&format!("muser_queue_wait_seconds_bucket{{{l},le=\"0.005\"}} 1")));
-        assert!(text.contains(&format!("muser_prefill_tokens_per_second_bucket{{{l},le=\"500\"}} 1")));
+        assert!(text.contains(&format!(
+            "muser_queue_wait_seconds_bucket{{{l},le=\"0.001\"}} 0"
+        )));
+        assert!(text.contains(&format!(
+            "muser_queue_wait_seconds_bucket{{{l},le=\"0.005\"}} 1"
+        )));
+        assert!(text.contains(&format!(
+            "muser_prefill_tokens_per_second_bucket{{{l},le=\"500\"}} 1"
+        )));
         // 4 tokens after the first in 50 ms: 80 tok/s
-        assert!(text.contains(&format!("muser_decode_tokens_per_second_bucket{{{l},le=\"50\"}} 0")));
-        assert!(text.contains(&format!("muser_decode_tokens_per_second_bucket{{{l},le=\"100\"}} 1")));
+        assert!(text.contains(&format!(
+            "muser_decode_tokens_per_second_bucket{{{l},le=\"50\"}} 0"
+        )));
+        assert!(text.contains(&format!(
+            "muser_decode_tokens_per_second_bucket{{{l},le=\"100\"}} 1"
+        )));
         assert!(text.contains(&format!("muser_time_to_first_token_seconds_count{{{l}}} 1")));
-        assert!(!text.contains("lane=\"remote\""), "an unused lane is absent");
+        assert!(
+            !text.contains("lane=\"remote\""),
+            "an unused lane is absent"
+        );
     }
 
     #[test]

@@ -339,7 +339,10 @@ async fn api_key_guards_every_route_but_health() {
     assert_eq!(send(app(), get("/health", None)).await.0, StatusCode::OK);
     // the dashboard's files hold no data: the page loads, then asks for the key
     assert_eq!(send(app(), get("/", None)).await.0, StatusCode::OK);
-    assert_eq!(send(app(), get("/assets/app.js", None)).await.0, StatusCode::OK);
+    assert_eq!(
+        send(app(), get("/assets/app.js", None)).await.0,
+        StatusCode::OK
+    );
     for path in [
         "/v1/models",
         "/props",

@@ -60,7 +60,10 @@ async fn send(state: &SharedState, req: Request<Body>) -> Reply {
     let resp = router(state.clone()).oneshot(req).await.unwrap();
     let status = resp.status();
     let headers = resp.headers().clone();
-    let bytes = to_bytes(resp.into_body(), usize::MAX).await.unwrap().to_vec();
+    let bytes = to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap()
+        .to_vec();
     Reply {
         status,
         headers,
@@ -88,7 +91,12 @@ async fn chat(state: &SharedState, messages: &[Value]) -> (String, u64) {
         None,
     )
     .await;
-    assert_eq!(r.status, StatusCode::OK, "{}", String::from_utf8_lossy(&r.bytes));
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&r.bytes)
+    );
     let v = r.json();
     (
         v["choices"][0]["message"]["content"]
@@ -132,7 +140,14 @@ async fn a_session_moves_between_servers_and_continues_with_the_same_tokens() {
     let (a1, _) = chat(&a, std::slice::from_ref(&q1)).await;
     let turn1 = vec![q1.clone(), json!({"role": "assistant", "content": a1})];
     let create = json!({"id": "rainbow", "slot": 0, "messages": turn1});
-    let first = call(&a, "POST", "/v1/sessions", Some(create.clone()), Some("k-1")).await;
+    let first = call(
+        &a,
+        "POST",
+        "/v1/sessions",
+        Some(create.clone()),
+        Some("k-1"),
+    )
+    .await;
     assert_eq!(first.status, StatusCode::CREATED, "{:?}", first.json());
     let created = first.json();
     assert_eq!(created["revision"], 1);
@@ -143,7 +158,14 @@ async fn a_session_moves_between_servers_and_continues_with_the_same_tokens() {
     let bundle = bundle.bytes;
 
     // a retry with the same key and body is answered again and writes nothing
-    let retry = call(&a, "POST", "/v1/sessions", Some(create.clone()), Some("k-1")).await;
+    let retry = call(
+        &a,
+        "POST",
+        "/v1/sessions",
+        Some(create.clone()),
+        Some("k-1"),
+    )
+    .await;
     assert_eq!(retry.status, StatusCode::CREATED);
     assert_eq!(retry.json(), created);
     assert_eq!(retry.headers["idempotent-replay"], "true");
@@ -174,7 +196,12 @@ async fn a_session_moves_between_servers_and_continues_with_the_same_tokens() {
     // server B: its own engine and store, the same operator key
     let b = server(&tmp.path().join("b"), &key);
     let imported = import(&b, &bundle).await;
-    assert_eq!(imported.status, StatusCode::CREATED, "{:?}", imported.json());
+    assert_eq!(
+        imported.status,
+        StatusCode::CREATED,
+        "{:?}",
+        imported.json()
+    );
     assert_eq!(imported.json()["revision"], 1);
     let restored = call(
         &b,
@@ -229,9 +256,23 @@ async fn a_session_moves_between_servers_and_continues_with_the_same_tokens() {
     let r = call(&b, "PUT", "/v1/sessions/rainbow", Some(next), None).await;
     assert_eq!(r.status, StatusCode::OK, "{:?}", r.json());
     assert_eq!(r.json()["revision"], 2);
-    let r = call(&b, "DELETE", "/v1/sessions/rainbow?expected_revision=1", None, None).await;
+    let r = call(
+        &b,
+        "DELETE",
+        "/v1/sessions/rainbow?expected_revision=1",
+        None,
+        None,
+    )
+    .await;
     assert_eq!(r.status, StatusCode::CONFLICT);
-    let r = call(&b, "DELETE", "/v1/sessions/rainbow?expected_revision=2", None, None).await;
+    let r = call(
+        &b,
+        "DELETE",
+        "/v1/sessions/rainbow?expected_revision=2",
+        None,
+        None,
+    )
+    .await;
     assert_eq!(r.status, StatusCode::NO_CONTENT);
     assert!(session_ids(&b).await.is_empty());
 
@@ -242,13 +283,15 @@ async fn a_session_moves_between_servers_and_continues_with_the_same_tokens() {
     assert_eq!(ttft["count"]["value"], 2, "{t}");
     assert_eq!(ttft["p50"]["tag"], "measured");
     assert!(ttft["p50"]["value"].as_f64().unwrap() > 0.0);
-    assert!(t["lanes"].get("remote").is_none(), "an unused lane is absent");
+    assert!(
+        t["lanes"].get("remote").is_none(),
+        "an unused lane is absent"
+    );
     assert_eq!(t["sessions"]["count"]["value"], 1);
     assert!(!t.to_string().contains("\"mock\""));
     let metrics = String::from_utf8(call(&a, "GET", "/metrics", None, None).await.bytes).unwrap();
-    assert!(metrics.contains(
-        "muser_time_to_first_token_seconds_count{lane=\"local\",device=\"cpu\"} 2"
-    ));
+    assert!(metrics
+        .contains("muser_time_to_first_token_seconds_count{lane=\"local\",device=\"cpu\"} 2"));
     assert!(metrics.contains("muser_inter_token_seconds_bucket{lane=\"local\",device=\"cpu\""));
 }
 
@@ -273,7 +316,9 @@ async fn the_dashboard_is_served_from_the_binary() {
     let js = call(&state, "GET", "/assets/app.js", None, None).await;
     assert_eq!(js.status, StatusCode::OK);
     assert_eq!(
-        call(&state, "GET", "/assets/nope.js", None, None).await.status,
+        call(&state, "GET", "/assets/nope.js", None, None)
+            .await
+            .status,
         StatusCode::NOT_FOUND
     );
     // without a session directory, the routes say how to turn sessions on

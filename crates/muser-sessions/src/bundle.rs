@@ -95,7 +95,11 @@ fn encode_header(h: &Header, nonce: &[u8; NONCE_BYTES], ct_len: u64) -> Vec<u8> 
 }
 
 /// Seals a bundle under a fresh random nonce.
-pub fn seal(key: &BundleKey, header: &Header, contents: &Contents) -> Result<Vec<u8>, SessionError> {
+pub fn seal(
+    key: &BundleKey,
+    header: &Header,
+    contents: &Contents,
+) -> Result<Vec<u8>, SessionError> {
     check_id(&header.id)?;
     let msg_len = u32::try_from(contents.messages.len())
         .map_err(|_| SessionError::TooLarge("the conversation".into()))?;
@@ -144,7 +148,9 @@ pub fn read_header(bytes: &[u8]) -> Result<(Header, usize), SessionError> {
     r.take(NONCE_BYTES)?;
     let ct_len = r.u64()?;
     if ct_len != (bytes.len() - r.at) as u64 {
-        return Err(SessionError::Malformed("the ciphertext length does not match the file"));
+        return Err(SessionError::Malformed(
+            "the ciphertext length does not match the file",
+        ));
     }
     Ok((header, r.at))
 }
@@ -173,7 +179,10 @@ pub fn open(key: &BundleKey, bytes: &[u8]) -> Result<(Header, Contents), Session
 }
 
 fn split_plain(plain: &[u8]) -> Result<Contents, SessionError> {
-    let mut r = Reader { bytes: plain, at: 0 };
+    let mut r = Reader {
+        bytes: plain,
+        at: 0,
+    };
     let n = r.u32()? as usize;
     let messages = r.take(n)?.to_vec();
     Ok(Contents {

@@ -57,7 +57,11 @@ impl Idempotency {
     pub fn remember(&self, key: &str, body: &[u8], answer: Answer) {
         let digest = *blake3::hash(body).as_bytes();
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if inner.answers.insert(key.to_string(), (digest, answer)).is_none() {
+        if inner
+            .answers
+            .insert(key.to_string(), (digest, answer))
+            .is_none()
+        {
             inner.order.push_back(key.to_string());
         }
         while inner.order.len() > MAX_KEYS {
@@ -95,7 +99,14 @@ mod tests {
         let idem = Idempotency::default();
         for i in 0..MAX_KEYS + 10 {
             let key = format!("k{i}");
-            idem.remember(&key, b"", Answer { status: 200, body: Vec::new() });
+            idem.remember(
+                &key,
+                b"",
+                Answer {
+                    status: 200,
+                    body: Vec::new(),
+                },
+            );
         }
         assert_eq!(idem.check("k0", b"x").unwrap(), Seen::New);
         assert!(idem.check(&format!("k{}", MAX_KEYS + 9), b"x").is_err());

@@ -32,7 +32,9 @@ pub enum SessionError {
     },
     #[error("the bundle does not authenticate under this server's key: it was changed, or sealed with another operator key")]
     Unauthentic,
-    #[error("the bundle was made for another model (weights, tokenizer, template or KV layout differ)")]
+    #[error(
+        "the bundle was made for another model (weights, tokenizer, template or KV layout differ)"
+    )]
     ForeignModel,
     #[error("malformed bundle: {0}")]
     Malformed(&'static str),

@@ -76,7 +76,10 @@ impl SessionStore {
             if bundle::check_id(id).is_err() {
                 continue;
             }
-            if let Ok(h) = self.read_raw(id).and_then(|b| Ok(bundle::read_header(&b)?.0)) {
+            if let Ok(h) = self
+                .read_raw(id)
+                .and_then(|b| Ok(bundle::read_header(&b)?.0))
+            {
                 out.push(h);
             }
         }
@@ -276,7 +279,10 @@ mod tests {
         assert_eq!(s.put("a", None, write(1), 10).unwrap().revision, 1);
         assert!(matches!(
             s.put("a", None, write(2), 11),
-            Err(SessionError::Stale { current: Some(1), .. })
+            Err(SessionError::Stale {
+                current: Some(1),
+                ..
+            })
         ));
         assert_eq!(s.put("a", Some(1), write(3), 12).unwrap().revision, 2);
         let before = s.read_raw("a").unwrap();
@@ -284,7 +290,11 @@ mod tests {
             s.put("a", Some(1), write(4), 13),
             Err(SessionError::Stale { .. })
         ));
-        assert_eq!(s.read_raw("a").unwrap(), before, "a refused write changed the bundle");
+        assert_eq!(
+            s.read_raw("a").unwrap(),
+            before,
+            "a refused write changed the bundle"
+        );
         assert_eq!(s.get("a").unwrap().1.slot, vec![3; 100]);
         assert!(s.delete("a", 1).is_err());
         s.delete("a", 2).unwrap();
@@ -305,14 +315,23 @@ mod tests {
         assert_eq!(b.import(&bundle).unwrap().revision, 1);
         assert!(matches!(b.import(&bundle), Err(SessionError::Stale { .. })));
         let other_key = store(dc.path(), 2);
-        assert!(matches!(other_key.import(&bundle), Err(SessionError::Unauthentic)));
+        assert!(matches!(
+            other_key.import(&bundle),
+            Err(SessionError::Unauthentic)
+        ));
         assert!(other_key.list().unwrap().is_empty());
         let other_model = SessionStore::open(dc.path(), &[1; 32], [8; 32], 1 << 20).unwrap();
-        assert!(matches!(other_model.import(&bundle), Err(SessionError::ForeignModel)));
+        assert!(matches!(
+            other_model.import(&bundle),
+            Err(SessionError::ForeignModel)
+        ));
         let mut tampered = bundle.clone();
         let n = tampered.len();
         tampered[n - 20] ^= 1;
-        assert!(matches!(b.import(&tampered), Err(SessionError::Unauthentic)));
+        assert!(matches!(
+            b.import(&tampered),
+            Err(SessionError::Unauthentic)
+        ));
         assert!(matches!(
             a.import(&bundle[..40]),
             Err(SessionError::Malformed(_))
@@ -325,7 +344,10 @@ mod tests {
         let s = SessionStore::open(dir.path(), &[1; 32], [9; 32], 200).unwrap();
         let mut w = write(1);
         w.slot = vec![0; 500];
-        assert!(matches!(s.put("big", None, w, 1), Err(SessionError::TooLarge(_))));
+        assert!(matches!(
+            s.put("big", None, w, 1),
+            Err(SessionError::TooLarge(_))
+        ));
         assert!(s.list().unwrap().is_empty(), "a refused write left a file");
         std::fs::write(dir.path().join("huge.bundle"), vec![0u8; 400]).unwrap();
         assert!(matches!(s.get("huge"), Err(SessionError::TooLarge(_))));

@@ -1,8 +1,8 @@
 //! The router: every route, the auth and logging middleware, and helpers shared by the three
 //! wire families.
 
-pub mod llama;
 pub mod dashboard;
+pub mod llama;
 pub mod ollama;
 pub mod openai;
 pub mod sessions;

@@ -27,8 +27,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use muser_engine::KvPackContext;
 use muser_sessions::{
-    Answer, Header, Idempotency, Seen, SessionError, SessionStore, SessionWrite,
-    MAX_MESSAGES_BYTES,
+    Answer, Header, Idempotency, Seen, SessionError, SessionStore, SessionWrite, MAX_MESSAGES_BYTES,
 };
 use serde_json::{json, Value};
 
@@ -386,8 +385,7 @@ pub async fn import(State(state): State<SharedState>, req: Request) -> ApiResult
     let request = request_digest_input("POST /v1/sessions/import", &body);
     let st = state.clone();
     idempotent(&state, &headers, request, async move {
-        let h = blocking(move || sessions(&st)?.store.import(&body).map_err(session_error))
-            .await?;
+        let h = blocking(move || sessions(&st)?.store.import(&body).map_err(session_error)).await?;
         Ok((StatusCode::CREATED, header_json(&h)))
     })
     .await

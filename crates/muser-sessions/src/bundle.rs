@@ -126,8 +126,12 @@ pub fn seal(
     Ok(out)
 }
 
-/// Reads a header without authenticating it (listing); [`open`] authenticates it.
-pub fn read_header(bytes: &[u8]) -> Result<(Header, usize), SessionError> {
+/// Most bytes a header takes (with the magic).
+pub const MAX_HEADER_BYTES: usize = 16 + 1 + MAX_ID_BYTES + 8 + 32 + 4 + 4 + 8 + NONCE_BYTES + 8;
+
+/// Reads a header from the first bytes of a bundle of `total_len` bytes, without
+/// authenticating it (listing); [`open`] authenticates it. Returns where the ciphertext starts.
+pub fn read_header(bytes: &[u8], total_len: u64) -> Result<(Header, usize), SessionError> {
     let mut r = Reader { bytes, at: 0 };
     if r.take(MAGIC.len())? != MAGIC {
         return Err(SessionError::Malformed("not a muser session bundle (B1)"));
@@ -147,7 +151,7 @@ pub fn read_header(bytes: &[u8]) -> Result<(Header, usize), SessionError> {
     };
     r.take(NONCE_BYTES)?;
     let ct_len = r.u64()?;
-    if ct_len != (bytes.len() - r.at) as u64 {
+    if Some(ct_len) != total_len.checked_sub(r.at as u64) {
         return Err(SessionError::Malformed(
             "the ciphertext length does not match the file",
         ));
@@ -158,7 +162,7 @@ pub fn read_header(bytes: &[u8]) -> Result<(Header, usize), SessionError> {
 /// Authenticates and decrypts a bundle: any changed byte, or another key, is refused before
 /// anything is used.
 pub fn open(key: &BundleKey, bytes: &[u8]) -> Result<(Header, Contents), SessionError> {
-    let (header, body_at) = read_header(bytes)?;
+    let (header, body_at) = read_header(bytes, bytes.len() as u64)?;
     let aad = &bytes[..body_at];
     let nonce: [u8; NONCE_BYTES] = aad[body_at - 8 - NONCE_BYTES..body_at - 8]
         .try_into()

@@ -76,10 +76,7 @@ impl SessionStore {
             if bundle::check_id(id).is_err() {
                 continue;
             }
-            if let Ok(h) = self
-                .read_raw(id)
-                .and_then(|b| Ok(bundle::read_header(&b)?.0))
-            {
+            if let Ok(h) = self.read_head(id) {
                 out.push(h);
             }
         }
@@ -125,9 +122,24 @@ impl SessionStore {
         Ok((header, contents))
     }
 
+    /// A bundle's header, from its first bytes only (not authenticated).
+    fn read_head(&self, id: &str) -> Result<Header, SessionError> {
+        let path = self.path(id)?;
+        let file = std::fs::File::open(&path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => SessionError::NotFound(id.to_string()),
+            _ => io(&path, e),
+        })?;
+        let len = file.metadata().map_err(|e| io(&path, e))?.len();
+        let mut head = Vec::with_capacity(bundle::MAX_HEADER_BYTES);
+        file.take(bundle::MAX_HEADER_BYTES as u64)
+            .read_to_end(&mut head)
+            .map_err(|e| io(&path, e))?;
+        Ok(bundle::read_header(&head, len)?.0)
+    }
+
     fn current_revision(&self, id: &str) -> Result<Option<u64>, SessionError> {
-        match self.read_raw(id) {
-            Ok(bytes) => Ok(Some(bundle::read_header(&bytes)?.0.revision)),
+        match self.read_head(id) {
+            Ok(h) => Ok(Some(h.revision)),
             Err(SessionError::NotFound(_)) => Ok(None),
             Err(e) => Err(e),
         }

@@ -22,6 +22,7 @@ use crate::slotfile;
 use crate::state::SharedState;
 use crate::wire::sessions::{CreateSession, DeleteSession, RestoreSession, UpdateSession};
 use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -295,8 +296,9 @@ pub async fn get_one(
 pub async fn delete(
     State(state): State<SharedState>,
     Path(id): Path<String>,
-    Query(q): Query<DeleteSession>,
+    q: Result<Query<DeleteSession>, QueryRejection>,
 ) -> ApiResult<Response> {
+    let Query(q) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
     sessions(&state)?;
     let st = state.clone();
     blocking(move || {

@@ -5,15 +5,17 @@ $MUSER_ARTIFACTS (default target/test-artifacts)."""
 
 import os
 import shutil
+import tempfile
 import threading
-import time
 
 import pytest
 import requests
+from conftest import spawn_muser
 from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
 ARTIFACTS = os.environ.get("MUSER_ARTIFACTS", "target/test-artifacts")
@@ -111,3 +113,27 @@ def test_dashboard_end_to_end(base_url, browser):
 
     errors = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors
+
+
+def test_dashboard_asks_once_for_the_api_key(browser):
+    with tempfile.TemporaryDirectory() as work:
+        key_file = os.path.join(work, "kv.key")
+        with open(key_file, "w") as f:
+            f.write("ab" * 32)
+        with spawn_muser("--api-key", "dash-key-123", "--kv-key-file", key_file,
+                         "--session-dir", os.path.join(work, "sessions")) as url:
+            d = browser
+            wait = WebDriverWait(d, 60, poll_frequency=0.2)
+            d.get(url + "/")
+            wait.until(lambda d: d.find_element(By.ID, "key-dialog").get_attribute("open") is not None)
+            assert text(d, "live") != "live"
+            shot(d, "login")
+            d.find_element(By.ID, "key-input").send_keys("dash-key-123" + Keys.ENTER)
+            wait.until(lambda d: text(d, "live") == "live")
+            wait.until(lambda d: "No sessions yet" in text(d, "session-list"))
+            assert text(d, "m-slots") == "0 / 1"
+            # the key lives in page memory only: nothing in storage or cookies
+            assert d.execute_script("return localStorage.length + sessionStorage.length") == 0
+            assert d.get_cookies() == []
+            errors = [e for e in d.get_log("browser") if e["level"] == "SEVERE" and "401" not in e["message"]]
+            assert not errors, errors

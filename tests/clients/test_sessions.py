@@ -4,13 +4,12 @@ key), continues with the same tokens as the first server's uninterrupted run, fr
 restored cache. A tampered bundle is refused by the second process."""
 
 import os
-import re
-import subprocess
 import tempfile
 import time
 
 import pytest
 import requests
+from conftest import spawn_muser
 
 SLOT = 3  # the server under test has 4 slots; the tests here keep to the last one
 
@@ -28,25 +27,12 @@ def chat(url, messages, slot):
 
 @pytest.fixture
 def second_server():
-    env = os.environ
-    for var in ["MUSER_BIN", "MUSER_MODEL", "MUSER_KV_KEY"]:
-        if not env.get(var):
-            pytest.fail(f"{var} is not set: run these tests through scripts/test-clients.sh")
+    if not os.environ.get("MUSER_KV_KEY"):
+        pytest.fail("MUSER_KV_KEY is not set: run these tests through scripts/test-clients.sh")
     with tempfile.TemporaryDirectory() as work:
-        proc = subprocess.Popen(
-            [env["MUSER_BIN"], "up", "--model", env["MUSER_MODEL"], "--port", "0", "--slots", "1",
-             "-c", "2048", "--threads", "1", "--kv-key-file", env["MUSER_KV_KEY"],
-             "--session-dir", os.path.join(work, "sessions")],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        )
-        try:
-            line = proc.stdout.readline()
-            m = re.search(r"http://\S+", line)
-            assert m, f"no ready line from the second server: {line!r}"
-            yield m.group(0)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+        with spawn_muser("--kv-key-file", os.environ["MUSER_KV_KEY"],
+                         "--session-dir", os.path.join(work, "sessions")) as url:
+            yield url
 
 
 def test_session_continues_on_a_second_process(base_url, second_server):

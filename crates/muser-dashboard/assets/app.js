@@ -11,7 +11,7 @@ const ttftHistory = [];
 const itlHistory = [];
 let lastFrameAt = 0;
 let snapshot = null;
-let chatSlot = 0;
+let chatSlot = null; // the last slot, once the first snapshot names the count
 let chatMessages = [];
 let chatAbort = null;
 
@@ -154,6 +154,8 @@ function onSnapshot(s) {
   setText("m-decode", dec50 === null ? "–" : fmt(dec50) + " tok/s");
   const busy = val(s.slots && s.slots.busy);
   const total = val(s.slots && s.slots.total);
+  // the chat keeps to the last slot, so other clients rarely wait on it
+  if (chatSlot === null && total) chatSlot = total - 1;
   setText("m-slots", busy === null ? "–" : busy + " / " + total);
   setText("m-queue", "queue " + fmt(val(s.queue && s.queue.depth), 0) + " · rejected " + fmt(val(s.queue && s.queue.rejected_total), 0));
   const occ = val(s.kv && s.kv.occupancy);
@@ -392,7 +394,7 @@ async function sendChat(ev) {
   ev.preventDefault();
   const input = $("chat-input");
   const text = input.value.trim();
-  if (!text || chatAbort) return;
+  if (!text || chatAbort || chatSlot === null) return;
   input.value = "";
   chatMessages.push({ role: "user", content: text });
   addBubble("user", text);
@@ -581,10 +583,7 @@ async function start() {
   setupChat();
   $("session-save").addEventListener("click", saveSession);
   try {
-    const t = await api("GET", "/v1/telemetry");
-    // the chat keeps to the last slot, so other clients rarely wait on it
-    chatSlot = Math.max(0, (val(t.slots.total) || 1) - 1);
-    onSnapshot(t);
+    onSnapshot(await api("GET", "/v1/telemetry"));
   } catch (_) {
     // the stream below reports the state
   }

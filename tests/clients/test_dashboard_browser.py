@@ -136,4 +136,5 @@ def test_dashboard_asks_once_for_the_api_key(browser):
             assert d.execute_script("return localStorage.length + sessionStorage.length") == 0
             assert d.get_cookies() == []
             errors = [e for e in d.get_log("browser") if e["level"] == "SEVERE" and "401" not in e["message"]]
+            d.get("about:blank")
             assert not errors, errors

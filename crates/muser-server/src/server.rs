@@ -255,17 +255,36 @@ fn file_type_name(ft: u32) -> String {
     .to_string()
 }
 
-/// Serves on a bound listener until `shutdown` resolves.
+/// How long open responses (a streaming generation, a dashboard's telemetry stream, which
+/// never ends by itself) may run on after the shutdown signal.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Serves on a bound listener until `shutdown` resolves, then lets open responses finish
+/// for at most [`SHUTDOWN_GRACE`].
 pub async fn serve(
     state: SharedState,
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = crate::routes::router(state);
-    axum::serve(
+    let (signalled, mut on_signal) = tokio::sync::watch::channel(false);
+    let server = axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
     )
-    .with_graceful_shutdown(shutdown)
-    .await
+    .with_graceful_shutdown(async move {
+        shutdown.await;
+        let _ = signalled.send(true);
+    });
+    let grace = async move {
+        if on_signal.wait_for(|&s| s).await.is_ok() {
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        served = server => served,
+        () = grace => Ok(()),
+    }
 }

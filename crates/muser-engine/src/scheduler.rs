@@ -15,8 +15,8 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::detok::Detok;
 use crate::engine::{
-    contained, EngineConfig, EngineStats, Event, FinishReason, GenerateRequest, Job, Shared, SharedState,
-    SlotInfo, SlotKv, Timings,
+    contained, EngineConfig, EngineStats, Event, FinishReason, GenerateRequest, Job, Shared,
+    SharedState, SlotInfo, SlotKv, Timings,
 };
 use crate::kvpack_bridge::{snapshot_to_state, state_to_snapshot};
 use crate::prompt_cache::{Lookup, Resume};
@@ -363,7 +363,10 @@ impl<'t> Scheduler<'t> {
             return false;
         }
         let exported = contained(|| {
-            let snap = self.kv.export(seq, 0..n as u32).map_err(|e| e.to_string())?;
+            let snap = self
+                .kv
+                .export(seq, 0..n as u32)
+                .map_err(|e| e.to_string())?;
             let tokens = self.slots[slot].tokens[..n].to_vec();
             pc.offer(tokens, snapshot_to_state(snap));
             Ok::<_, String>(())
@@ -435,8 +438,11 @@ impl<'t> Scheduler<'t> {
             return;
         }
         // a panic in the model fails this batch's requests, not the engine
-        let result = contained(|| self.model.forward(&mut self.kv, &batch))
-            .unwrap_or_else(|msg| Err(ModelError::BadBatch(format!("the forward pass panicked: {msg}"))));
+        let result = contained(|| self.model.forward(&mut self.kv, &batch)).unwrap_or_else(|msg| {
+            Err(ModelError::BadBatch(format!(
+                "the forward pass panicked: {msg}"
+            )))
+        });
         self.stats.forward_total += 1;
         match result {
             Ok(out) => self.apply(&batch, &rows, &out),

@@ -5,7 +5,6 @@ use crate::state::{AppState, ModelMeta, ServerOptions, SharedState};
 use muser_engine::{Engine, EngineConfig};
 use muser_model::{LoadOptions, Model};
 use muser_text::Tokenizer;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -19,6 +18,9 @@ pub struct ServeConfig {
     pub threads: usize,
     pub queue_max: usize,
     pub api_key: Option<String>,
+    /// Host names accepted besides the loopback names and the bound address
+    /// (`--allow-host`); checked only without an API key.
+    pub allowed_hosts: Vec<String>,
     pub slot_save_path: Option<PathBuf>,
     /// Operator key sealing slot files (kvpack); `None`: `kv.key` in the model store,
     /// generated on first use.
@@ -37,6 +39,7 @@ impl ServeConfig {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             queue_max: 64,
             api_key: None,
+            allowed_hosts: Vec::new(),
             slot_save_path: None,
             kv_key_file: None,
             prompt_cache: None,
@@ -164,11 +167,17 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
         model: meta,
         options: ServerOptions {
             api_key: cfg.api_key.clone(),
+            allowed_hosts: ["localhost", "127.0.0.1", "::1"]
+                .iter()
+                .map(|h| h.to_string())
+                .chain(cfg.allowed_hosts.iter().map(|h| h.to_ascii_lowercase()))
+                .collect(),
             slot_save_path: cfg.slot_save_path.clone(),
             n_slots: cfg.n_slots,
             n_ctx: cfg.n_ctx,
         },
         metrics: Arc::new(Metrics::default()),
+        in_flight: Arc::new(tokio::sync::Semaphore::new(crate::limits::IN_FLIGHT_MAX)),
         started_unix_s: crate::routes::unix_now(),
     }))
 }
@@ -229,19 +238,4 @@ fn file_type_name(ft: u32) -> String {
         other => return format!("type {other}"),
     }
     .to_string()
-}
-
-/// Serves on a bound listener until `shutdown` resolves.
-pub async fn serve(
-    state: SharedState,
-    listener: tokio::net::TcpListener,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let app = crate::routes::router(state);
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown)
-    .await
 }

@@ -184,14 +184,14 @@ async fn content_type_and_malformed_bodies_are_415() {
 
 #[tokio::test]
 async fn limits_are_400_with_the_limit_named() {
-    let huge = "a".repeat(9 << 20);
+    let huge = "a".repeat(5 << 20);
     let (status, v) = send_json(
         app(),
         post_json("/v1/completions", &json!({ "prompt": huge })),
     )
     .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(error_message(&v).contains(&(8u64 << 20).to_string()), "{v}");
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(error_message(&v).contains(&(4u64 << 20).to_string()), "{v}");
     let long = "word ".repeat(400);
     expect_400("/v1/completions", json!({ "prompt": long }), "256").await;
     expect_400("/completion", json!({ "prompt": "" }), "empty").await;
@@ -489,4 +489,160 @@ async fn slot_save_erase_restore_roundtrip() {
     )
     .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+/// Hostile values of every bounded class are 400s naming the limit, decided before the work
+/// (a 3 MiB prompt is refused without being tokenized), and the server answers normally
+/// afterwards.
+#[tokio::test]
+async fn hostile_values_are_refused_before_the_work() {
+    let ok = || json!({ "prompt": "Hi", "n_predict": 2, "temperature": 0 });
+    let with = |k: &str, v: Value| {
+        let mut b = ok();
+        b[k] = v;
+        b
+    };
+    // the engine-killing request of the past: one token biased twice, +inf and false
+    expect_400(
+        "/completion",
+        with("logit_bias", json!([[17, 1e39], [17, false]])),
+        "17",
+    )
+    .await;
+    expect_400(
+        "/completion",
+        with("logit_bias", json!([[17, 1.0], [17, false]])),
+        "more than once",
+    )
+    .await;
+    expect_400(
+        "/completion",
+        with("logit_bias", json!([[99999999, 1.0]])),
+        "vocabulary",
+    )
+    .await;
+    expect_400(
+        "/completion",
+        with("logit_bias", json!([[5, "x"]])),
+        "logit_bias",
+    )
+    .await;
+    let many: Vec<Value> = (0..1025).map(|t| json!([t, 1.0])).collect();
+    expect_400("/completion", with("logit_bias", json!(many)), "1024").await;
+    expect_400(
+        "/v1/completions",
+        json!({ "prompt": "x", "logit_bias": { "5": 1.0, "05": -1.0 } }),
+        "more than once",
+    )
+    .await;
+    expect_400(
+        "/v1/completions",
+        json!({ "prompt": "x", "logit_bias": { "5": 1e39 } }),
+        "logit_bias",
+    )
+    .await;
+    expect_400(
+        "/completion",
+        with("temperature", json!(1e39)),
+        "temperature",
+    )
+    .await;
+    expect_400("/completion", with("top_p", json!(-1e39)), "top_p").await;
+    expect_400("/completion", with("n_probs", json!(21)), "20").await;
+    expect_400("/completion", with("stop", json!(vec!["s"; 17])), "stop").await;
+    expect_400("/completion", with("stop", json!(["x".repeat(300)])), "256").await;
+    // prompts: nesting, element counts, early context rejection, /tokenize's output
+    expect_400("/completion", with("prompt", json!([[[1]]])), "one prompt").await;
+    let nested = format!("{}1{}", "[".repeat(100_000), "]".repeat(100_000));
+    let (status, _) = send_json(app(), post_raw("/completion", &nested)).await;
+    assert!(status.is_client_error(), "{status}");
+    let pieces = vec![1u32; (1 << 17) + 1];
+    expect_400("/completion", with("prompt", json!(pieces)), "at most").await;
+    let t0 = std::time::Instant::now();
+    expect_400(
+        "/completion",
+        with("prompt", json!("ab ".repeat(1 << 20))),
+        "context",
+    )
+    .await;
+    expect_400(
+        "/tokenize",
+        json!({ "content": "ab ".repeat(1 << 20) }),
+        "131072",
+    )
+    .await;
+    assert!(t0.elapsed().as_secs_f64() < 2.0, "{:?}", t0.elapsed());
+    expect_400(
+        "/detokenize",
+        json!({ "tokens": vec![1; (1 << 17) + 1] }),
+        "131072",
+    )
+    .await;
+    // schemas and chats
+    let wide: serde_json::Map<String, Value> = (0..4000)
+        .map(|i| (format!("p{i}"), json!({ "type": "string" })))
+        .collect();
+    expect_400(
+        "/completion",
+        with(
+            "json_schema",
+            json!({ "type": "object", "properties": wide }),
+        ),
+        "65536",
+    )
+    .await;
+    let mut b = chat_body();
+    b["messages"] = json!(vec![json!({ "role": "user", "content": "x" }); 4097]);
+    expect_400("/v1/chat/completions", b, "4096").await;
+    // and the server still answers
+    let (status, v) = send_json(app(), post_json("/completion", &ok())).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (status, _) = send_json(app(), Request::get("/health").body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+fn post_raw(path: &str, body: &str) -> Request<Body> {
+    Request::post(path)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap()
+}
+
+/// Without a key, a `Host` that is not one of the server's names is 403 (a DNS-rebinding page
+/// cannot reach it), and every POST must be JSON, whatever its body (no cross-site form
+/// posts); with a key, the key decides.
+#[tokio::test]
+async fn host_allow_list_and_json_only_posts() {
+    let with_host = |host: &str| {
+        Request::get("/v1/models")
+            .header(header::HOST, host)
+            .body(Body::empty())
+            .unwrap()
+    };
+    for host in ["localhost:4949", "127.0.0.1", "[::1]:80"] {
+        assert_eq!(
+            send(app(), with_host(host)).await.0,
+            StatusCode::OK,
+            "{host}"
+        );
+    }
+    for host in ["evil.example:4949", "127.0.0.1.nip.io", "localhost.evil"] {
+        let (status, _, body) = send(app(), with_host(host)).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{host}");
+        assert!(body.contains("--allow-host"), "{body}");
+    }
+    let form = Request::post("/slots/0?action=erase")
+        .header(header::CONTENT_TYPE, "text/plain")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(
+        send(app(), form).await.0,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE
+    );
+    let keyed = Request::get("/v1/models")
+        .header(header::HOST, "evil.example")
+        .header(header::AUTHORIZATION, "Bearer s3cret")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(router(keyed_state()), keyed).await.0, StatusCode::OK);
 }

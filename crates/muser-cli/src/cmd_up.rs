@@ -53,6 +53,9 @@ pub struct Args {
     /// Directory for /slots/{id}?action=save|restore files.
     #[arg(long)]
     slot_save_path: Option<PathBuf>,
+    /// Most MiB the files under --slot-save-path may take together (a save past it is 507).
+    #[arg(long, value_name = "MIB", default_value_t = 4096)]
+    slot_save_quota_mib: u64,
     /// kvpack operator key (32 raw bytes or 64 hex digits) sealing slot files and prompt-cache
     /// packs; default: a key generated on first use in the model store.
     #[arg(long)]
@@ -125,6 +128,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         cfg.allowed_hosts.push(args.host.to_string());
     }
     cfg.slot_save_path = args.slot_save_path;
+    cfg.slot_save_quota_bytes = args.slot_save_quota_mib << 20;
     cfg.kv_key_file = args.kv_key_file;
     cfg.prompt_cache = args.prompt_cache.map(|dir| {
         let mut pc = muser_engine::PromptCacheConfig::new(dir);

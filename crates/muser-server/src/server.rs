@@ -22,6 +22,8 @@ pub struct ServeConfig {
     /// (`--allow-host`); checked only without an API key.
     pub allowed_hosts: Vec<String>,
     pub slot_save_path: Option<PathBuf>,
+    /// Most bytes the slot files under `slot_save_path` may take together.
+    pub slot_save_quota_bytes: u64,
     /// Operator key sealing slot files (kvpack); `None`: `kv.key` in the model store,
     /// generated on first use.
     pub kv_key_file: Option<PathBuf>,
@@ -41,6 +43,7 @@ impl ServeConfig {
             api_key: None,
             allowed_hosts: Vec::new(),
             slot_save_path: None,
+            slot_save_quota_bytes: 4 << 30,
             kv_key_file: None,
             prompt_cache: None,
         }
@@ -110,7 +113,7 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
         });
     }
     if let Some(dir) = &cfg.slot_save_path {
-        std::fs::create_dir_all(dir).map_err(|source| StartError::SlotDir {
+        crate::store::private_dir(dir).map_err(|source| StartError::SlotDir {
             path: dir.clone(),
             source,
         })?;
@@ -132,6 +135,10 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
     };
     let prompt_cache = match (&cfg.prompt_cache, &kvpack) {
         (Some(pc), Some(ctx)) => {
+            crate::store::private_dir(&pc.dir).map_err(|e| StartError::PromptCache {
+                path: pc.dir.clone(),
+                message: e.to_string(),
+            })?;
             let (cache, report) =
                 muser_engine::PromptCache::open(ctx.clone(), pc).map_err(|e| {
                     StartError::PromptCache {
@@ -173,6 +180,7 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
                 .chain(cfg.allowed_hosts.iter().map(|h| h.to_ascii_lowercase()))
                 .collect(),
             slot_save_path: cfg.slot_save_path.clone(),
+            slot_save_quota_bytes: cfg.slot_save_quota_bytes,
             n_slots: cfg.n_slots,
             n_ctx: cfg.n_ctx,
         },

@@ -34,6 +34,7 @@ pub struct ServerOptions {
     /// a page that rebinds its own domain to this address cannot use the server.
     pub allowed_hosts: Vec<String>,
     pub slot_save_path: Option<PathBuf>,
+    pub slot_save_quota_bytes: u64,
     pub n_slots: usize,
     pub n_ctx: usize,
 }

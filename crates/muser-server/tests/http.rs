@@ -646,3 +646,41 @@ async fn host_allow_list_and_json_only_posts() {
         .unwrap();
     assert_eq!(send(router(keyed_state()), keyed).await.0, StatusCode::OK);
 }
+
+/// The slot directory is private to its owner, slot files are 0600, and a save that would
+/// take the directory past its quota is 507 with nothing written.
+#[tokio::test]
+async fn slot_files_are_private_and_within_their_quota() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let slots = dir.path().join("slots");
+    let mut cfg = ServeConfig::new(model_path());
+    cfg.n_slots = 1;
+    cfg.n_ctx = 64;
+    cfg.threads = 2;
+    cfg.slot_save_path = Some(slots.clone());
+    cfg.kv_key_file = Some(dir.path().join("kv.key"));
+    std::fs::write(dir.path().join("kv.key"), "11".repeat(32)).unwrap();
+    cfg.slot_save_quota_bytes = 1 << 20;
+    let app = router(load(&cfg).expect("load SmolLM2"));
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&slots), 0o700);
+    let gen = json!({ "prompt": "Hello there", "n_predict": 2, "id_slot": 0 });
+    assert_eq!(
+        send(app.clone(), post_json("/completion", &gen)).await.0,
+        StatusCode::OK
+    );
+    let save = |name: &str| post_json("/slots/0?action=save", &json!({ "filename": name }));
+    let (status, v) = send_json(app.clone(), save("a")).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(mode(&slots.join("a")), 0o600);
+    // a second file would not fit beside the first
+    let used = std::fs::metadata(slots.join("a")).unwrap().len();
+    std::fs::write(slots.join("filler"), vec![0u8; (1 << 20) - used as usize]).unwrap();
+    let (status, v) = send_json(app.clone(), save("b")).await;
+    assert_eq!(status, StatusCode::INSUFFICIENT_STORAGE, "{v}");
+    assert!(!slots.join("b").exists());
+    // replacing a file counts only the new bytes
+    std::fs::remove_file(slots.join("filler")).unwrap();
+    assert_eq!(send_json(app, save("a")).await.0, StatusCode::OK);
+}

@@ -320,7 +320,13 @@ pub async fn slot_action(
     let st = state.clone();
     let start = std::time::Instant::now();
     let n = tokio::task::spawn_blocking(move || match action {
-        SlotAction::Save => crate::slotfile::save(&st.engine, st.kvpack.as_ref(), id, &path),
+        SlotAction::Save => crate::slotfile::save(
+            &st.engine,
+            st.kvpack.as_ref(),
+            id,
+            &path,
+            st.options.slot_save_quota_bytes,
+        ),
         _ => crate::slotfile::restore(&st.engine, st.kvpack.as_ref(), id, &path),
     })
     .await

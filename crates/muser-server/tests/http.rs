@@ -684,3 +684,48 @@ async fn slot_files_are_private_and_within_their_quota() {
     std::fs::remove_file(slots.join("filler")).unwrap();
     assert_eq!(send_json(app, save("a")).await.0, StatusCode::OK);
 }
+
+/// Past `IN_FLIGHT_MAX` requests in flight (streams count until their last frame) the server
+/// answers 503 with `Retry-After` at once, `/health` still answers, and closing the streams
+/// frees their permits and their generations.
+#[tokio::test]
+async fn requests_in_flight_are_bounded_and_streams_hold_their_permit() {
+    let mut cfg = ServeConfig::new(model_path());
+    cfg.n_slots = 1;
+    cfg.n_ctx = 64;
+    cfg.threads = 2;
+    cfg.queue_max = 300;
+    let state = load(&cfg).expect("load SmolLM2");
+    let app = router(state.clone());
+    let max = muser_server::limits::IN_FLIGHT_MAX;
+    let stream = json!({ "prompt": "Hi", "n_predict": 40, "stream": true, "ignore_eos": true });
+    let mut held = Vec::new();
+    for _ in 0..max {
+        let resp = app
+            .clone()
+            .oneshot(post_json("/completion", &stream))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        held.push(resp); // the body is not read: the stream stays in flight
+    }
+    let (status, headers, body) = send(app.clone(), post_json("/completion", &stream)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(headers.get(header::RETRY_AFTER).unwrap(), "1");
+    let health = Request::get("/health").body(Body::empty()).unwrap();
+    assert_eq!(send(app.clone(), health).await.0, StatusCode::OK);
+    drop(held);
+    let t0 = std::time::Instant::now();
+    while state.in_flight.available_permits() < max || state.engine.stats().queue_depth > 0 {
+        assert!(
+            t0.elapsed().as_secs() < 30,
+            "permits or queued requests were not released"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let ok = json!({ "prompt": "Hi", "n_predict": 2 });
+    assert_eq!(
+        send(app, post_json("/completion", &ok)).await.0,
+        StatusCode::OK
+    );
+}

@@ -284,8 +284,9 @@ pub async fn collect(
 
 /// Frames of a streamed response. The formatter turns each step (or an error) into zero or
 /// more frames; the stream ends after `Done` or an error. A client that goes away closes the
-/// channel, and one that reads nothing for [`limits::STREAM_STALL_TIMEOUT`] is dropped: the
-/// task ends and drops the engine receiver, which cancels the generation.
+/// channel (as does one that stops reading, which the listener drops after
+/// [`limits::WRITE_STALL_TIMEOUT`]): the task ends and drops the engine receiver, which
+/// cancels the generation.
 pub fn stream_body<F>(
     mut rx: mpsc::UnboundedReceiver<Event>,
     log: Arc<RequestLog>,
@@ -303,9 +304,7 @@ where
             };
             let last = matches!(step, Ok(Step::Done(_)) | Err(_));
             for frame in format(step) {
-                // a client that stops reading is dropped, which frees its slot
-                let sent = tokio::time::timeout(limits::STREAM_STALL_TIMEOUT, tx.send(frame));
-                if !matches!(sent.await, Ok(Ok(()))) {
+                if tx.send(frame).await.is_err() {
                     return;
                 }
             }

@@ -1,21 +1,28 @@
 //! The listener: accepts connections (TLS when configured), and serves each with HTTP/1.1
 //! under the connection limits of [`crate::limits`]: a bounded number of open connections, a
 //! deadline for every request head (which also ends idle keep-alive connections), a cap on
-//! its size, and a TLS handshake deadline. Serving ends when `shutdown` resolves or the
+//! its size, a TLS handshake deadline, and a deadline on every write the client does not
+//! drain (a client that stops reading is dropped). Serving ends when `shutdown` resolves or the
 //! engine stops; the latter is an error, so the process exits non-zero.
 
 use crate::limits::{
     CONNECTIONS_MAX, HEADER_BYTES_MAX, HEADER_READ_TIMEOUT, TLS_HANDSHAKE_TIMEOUT,
+    WRITE_STALL_TIMEOUT,
 };
 use crate::state::SharedState;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use std::future::Future;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tokio::time::Sleep;
 use tokio_rustls::TlsAcceptor;
 
 /// How long running requests get to finish after shutdown begins.
@@ -107,6 +114,7 @@ pub async fn serve(
             continue; // over the limit: closed at once
         };
         let _ = tcp.set_nodelay(true);
+        let tcp = WriteDeadline::new(tcp);
         let (app, http, tls) = (app.clone(), http.clone(), tls.clone());
         let watcher = graceful.watcher();
         tokio::spawn(async move {
@@ -132,4 +140,112 @@ pub async fn serve(
     drop(listener);
     let _ = tokio::time::timeout(DRAIN, graceful.shutdown()).await;
     result
+}
+
+/// A connection whose writes must make progress: a write the peer leaves blocked for
+/// [`WRITE_STALL_TIMEOUT`] fails, which ends the connection (and, through the dropped
+/// response, any generation behind it).
+struct WriteDeadline<T> {
+    io: T,
+    stalled: Option<Pin<Box<Sleep>>>,
+}
+
+impl<T> WriteDeadline<T> {
+    fn new(io: T) -> Self {
+        WriteDeadline { io, stalled: None }
+    }
+
+    /// Passes a finished write through; arms (or checks) the deadline of a blocked one.
+    fn watch<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        r: Poll<std::io::Result<R>>,
+    ) -> Poll<std::io::Result<R>> {
+        if r.is_ready() {
+            self.stalled = None;
+            return r;
+        }
+        let sleep = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(WRITE_STALL_TIMEOUT)));
+        match sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client stopped reading",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for WriteDeadline<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.watch(cx, r)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.watch(cx, r)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let r = Pin::new(&mut self.io).poll_flush(cx);
+        self.watch(cx, r)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A peer that stops reading fails the write after the deadline; one that reads in time
+    /// never does.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_the_peer_does_not_drain_fails_at_the_deadline() {
+        let (ours, mut theirs) = tokio::io::duplex(64);
+        let mut conn = WriteDeadline::new(ours);
+        conn.write_all(&[1; 64]).await.unwrap();
+        let t0 = tokio::time::Instant::now();
+        let err = conn.write_all(&[2; 64]).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        assert!(t0.elapsed() >= WRITE_STALL_TIMEOUT);
+
+        let (ours, mut theirs2) = tokio::io::duplex(64);
+        let mut conn = WriteDeadline::new(ours);
+        let reader = tokio::spawn(async move {
+            let mut buf = vec![0; 4096];
+            let mut n = 0;
+            while n < 4096 {
+                tokio::time::sleep(WRITE_STALL_TIMEOUT / 2).await;
+                n += theirs2.read(&mut buf).await.unwrap();
+            }
+        });
+        conn.write_all(&[3; 4096]).await.unwrap();
+        reader.await.unwrap();
+        let _ = theirs.read(&mut [0; 8]).await;
+    }
 }

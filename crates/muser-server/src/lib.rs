@@ -14,8 +14,8 @@
 //!   prompts that do not fit the per-slot context are **400** with the field or limit in the
 //!   message; every bound is in `limits` (and `docs/security.md`), decided before the work.
 //! - A model name other than the served one is **404** `model_not_found`.
-//! - A full engine queue is **429** with `Retry-After`. A client that disconnects (or stops
-//!   reading a stream for 30 s) cancels its generation (the engine receiver is dropped).
+//! - A full engine queue is **429** with `Retry-After`. A client that disconnects (or leaves
+//!   a write blocked for 30 s) cancels its generation (the engine receiver is dropped).
 //! - `/health` is **503** once the engine has stopped; the server then exits non-zero.
 //! - Errors are `{"error": {"type", "message", "code"}}`.
 //!

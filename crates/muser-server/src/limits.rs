@@ -43,9 +43,9 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const HEADER_BYTES_MAX: usize = 64 << 10;
 /// A TLS handshake must finish within this.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// A streaming client that reads nothing for this long is dropped (its generation is
-/// cancelled and its slot freed).
-pub const STREAM_STALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// A connection whose writes the client leaves blocked this long is dropped (a streaming
+/// client's generation is cancelled and its slot freed).
+pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// 413 for a body over [`BODY_BYTES_MAX`].
 pub fn too_large() -> ApiError {

@@ -5,9 +5,9 @@
 use crate::device::{self, Device};
 use anyhow::Context;
 use muser_model::LoadOptions;
-use muser_server::auth::check_bind;
 use muser_server::server::{self, ServeConfig};
 use muser_server::store;
+use muser_server::{auth, http};
 use std::io::{IsTerminal, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -19,7 +19,8 @@ pub struct Args {
     /// GGUF model to serve (default: SmolLM2-135M-Instruct Q4_1, fetched into the model store).
     #[arg(short, long)]
     model: Option<PathBuf>,
-    /// Address to listen on. A non-loopback address needs --api-key (or --force-insecure).
+    /// Address to listen on. A non-loopback address needs an API key and TLS (or
+    /// --insecure-public).
     #[arg(long, default_value = "127.0.0.1")]
     host: IpAddr,
     #[arg(long, default_value_t = 4949)]
@@ -30,12 +31,31 @@ pub struct Args {
     /// Context per slot, in tokens.
     #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
     ctx_size: usize,
-    /// Require `Authorization: Bearer KEY` on every route but /health.
+    /// Require `Authorization: Bearer KEY` on every route but /health, the key read from the
+    /// first line of this file (or from the MUSER_API_KEY environment variable).
+    #[arg(long, value_name = "FILE")]
+    api_key_file: Option<PathBuf>,
+    /// The API key on the command line (visible to every local user: prefer --api-key-file
+    /// or MUSER_API_KEY).
     #[arg(long)]
     api_key: Option<String>,
+    /// Serve HTTPS: the certificate chain (PEM, leaf first).
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// Serve HTTPS: the certificate's private key (PEM).
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// A host name (or address) clients may reach this server by, besides localhost and the
+    /// loopback addresses; without an API key other `Host` headers are refused (403), which
+    /// stops DNS-rebinding pages. Repeatable.
+    #[arg(long, value_name = "NAME")]
+    allow_host: Vec<String>,
     /// Directory for /slots/{id}?action=save|restore files.
     #[arg(long)]
     slot_save_path: Option<PathBuf>,
+    /// Most MiB the files under --slot-save-path may take together (a save past it is 507).
+    #[arg(long, value_name = "MIB", default_value_t = 4096)]
+    slot_save_quota_mib: u64,
     /// kvpack operator key (32 raw bytes or 64 hex digits) sealing slot files and prompt-cache
     /// packs; default: a key generated on first use in the model store.
     #[arg(long)]
@@ -55,9 +75,9 @@ pub struct Args {
     /// key derived from the operator key; default: `sessions` beside the model store.
     #[arg(long, value_name = "DIR")]
     session_dir: Option<PathBuf>,
-    /// Allow a non-loopback bind without an API key.
-    #[arg(long)]
-    force_insecure: bool,
+    /// Allow a non-loopback bind without an API key or without TLS.
+    #[arg(long, alias = "force-insecure")]
+    insecure_public: bool,
     /// Compute threads (default: all cores).
     #[arg(short, long)]
     threads: Option<usize>,
@@ -79,7 +99,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    check_bind(args.host, args.api_key.as_deref(), args.force_insecure)?;
+    let api_key = auth::load_api_key(
+        args.api_key_file.as_deref(),
+        std::env::var("MUSER_API_KEY").ok(),
+        args.api_key,
+    )
+    .map_err(anyhow::Error::msg)?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(http::tls_config(cert, key).map_err(anyhow::Error::msg)?),
+        _ => None,
+    };
+    auth::check_bind(
+        args.host,
+        api_key.as_deref(),
+        tls.is_some(),
+        args.insecure_public,
+    )?;
     let model_path = match args.model {
         Some(path) => path,
         None => {
@@ -91,8 +126,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     cfg.n_slots = args.slots;
     cfg.n_ctx = args.ctx_size;
     cfg.queue_max = args.queue;
-    cfg.api_key = args.api_key;
+    cfg.api_key = api_key;
+    cfg.allowed_hosts = args.allow_host;
+    if !args.host.is_unspecified() {
+        cfg.allowed_hosts.push(args.host.to_string());
+    }
     cfg.slot_save_path = args.slot_save_path;
+    cfg.slot_save_quota_bytes = args.slot_save_quota_mib << 20;
     cfg.kv_key_file = args.kv_key_file;
     cfg.prompt_cache = args.prompt_cache.map(|dir| {
         let mut pc = muser_engine::PromptCacheConfig::new(dir);
@@ -124,6 +164,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    http::raise_fd_limit();
     runtime.block_on(async move {
         let addr = SocketAddr::new(args.host, args.port);
         let listener = tokio::net::TcpListener::bind(addr)
@@ -134,16 +175,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             IpAddr::V6(ip) => format!("[{ip}]"),
             IpAddr::V4(ip) => ip.to_string(),
         };
+        let scheme = if tls.is_some() { "https" } else { "http" };
         println!(
-            "muser ready: http://{host}:{} (model {}, {} slots x {} tokens)",
+            "muser ready: {scheme}://{host}:{} (model {}, {} slots x {} tokens)",
             local.port(),
             state.model.id,
             cfg.n_slots,
             cfg.n_ctx
         );
         std::io::stdout().flush()?;
-        eprintln!("muser: dashboard at http://{host}:{}/", local.port());
-        server::serve(state, listener, shutdown_signal()).await?;
+        eprintln!("muser: dashboard at {scheme}://{host}:{}/", local.port());
+        http::serve(state, listener, tls, shutdown_signal()).await?;
         anyhow::Ok(())
     })
 }

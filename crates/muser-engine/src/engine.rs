@@ -168,6 +168,8 @@ pub enum EngineError {
     NoSuchSlot { slot: usize, n_slots: usize },
     #[error("slot {0} is busy")]
     SlotBusy(usize),
+    #[error("the slot job failed (the slot was reset): {0}")]
+    SlotJob(String),
     #[error("the engine has stopped")]
     Stopped,
 }
@@ -215,7 +217,20 @@ pub struct SlotKv<'a> {
     pub tokens: &'a mut Vec<u32>,
 }
 
-pub(crate) type SlotJob = Box<dyn FnOnce(SlotKv<'_>) + Send>;
+/// A closure run on an idle slot; true when it panicked (the scheduler then resets the slot).
+pub(crate) type SlotJob = Box<dyn FnOnce(SlotKv<'_>) -> bool + Send>;
+
+/// Runs `f`, turning a panic into its message: the unit of fault containment. A panic in
+/// request-dependent code fails that request (or slot job) alone; the engine serves on.
+pub(crate) fn contained<R>(f: impl FnOnce() -> R) -> Result<R, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|payload| {
+        payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "panic".to_string())
+    })
+}
 
 /// A queued request.
 pub(crate) struct Job {
@@ -408,7 +423,10 @@ impl Engine {
         }
         let (tx, rx) = std::sync::mpsc::channel();
         let job: SlotJob = Box::new(move |kv: SlotKv<'_>| {
-            let _ = tx.send(f(kv));
+            let result = contained(|| f(kv));
+            let panicked = result.is_err();
+            let _ = tx.send(result);
+            panicked
         });
         {
             let mut st = self.shared.lock();
@@ -419,13 +437,19 @@ impl Engine {
         }
         self.shared.wake.notify_all();
         // the scheduler drops the job unrun when the slot is busy
-        rx.recv().map_err(|_| {
-            if self.shared.lock().stopped {
-                EngineError::Stopped
-            } else {
-                EngineError::SlotBusy(slot)
-            }
-        })
+        match rx.recv() {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(msg)) => Err(EngineError::SlotJob(msg)),
+            Err(_) if self.shared.lock().stopped => Err(EngineError::Stopped),
+            Err(_) => Err(EngineError::SlotBusy(slot)),
+        }
+    }
+
+    /// False once the engine thread has ended (shut down, or failed outside any request):
+    /// `/health` reports it and the server exits.
+    pub fn is_running(&self) -> bool {
+        let st = self.shared.lock();
+        !st.stopped && !st.shutdown
     }
 
     /// Forgets a slot's cached prompt.

@@ -184,7 +184,19 @@ pub struct Candidates {
     pub sorted: bool,
 }
 
-/// Descending logit, then ascending id: a total order (NaN logits are mapped to -inf on entry).
+/// A logit as every stage keeps it: NaN (`inf - inf` from a bias, `0 * inf` from a
+/// penalty) becomes -inf and +inf the largest finite value, so the comparisons below are a
+/// total order and a softmax never divides infinities.
+fn clean(l: f32) -> f32 {
+    if l.is_nan() {
+        f32::NEG_INFINITY
+    } else {
+        l.min(f32::MAX)
+    }
+}
+
+/// Descending logit, then ascending id: a total order (every stage writes logits through
+/// [`clean`]).
 fn by_logit_desc(a: &Candidate, b: &Candidate) -> Ordering {
     if a.logit > b.logit {
         Ordering::Less
@@ -208,7 +220,7 @@ impl Candidates {
         self.data
             .extend(logits.iter().enumerate().map(|(i, &l)| Candidate {
                 id: i as u32,
-                logit: if l.is_nan() { f32::NEG_INFINITY } else { l },
+                logit: clean(l),
                 p: 0.0,
             }));
         self.sorted = false;
@@ -266,7 +278,7 @@ pub fn apply_logit_bias(cands: &mut Candidates, bias: &[(u32, f32)]) {
         // the candidate list is still in id order when the bias applies
         if let Some(c) = cands.data.get_mut(id as usize) {
             debug_assert_eq!(c.id, id);
-            c.logit += b;
+            c.logit = clean(c.logit + b);
         }
     }
 }
@@ -337,7 +349,7 @@ impl Penalties {
             } else {
                 c.logit /= self.repeat;
             }
-            c.logit -= count as f32 * self.frequency + self.presence;
+            c.logit = clean(c.logit - (count as f32 * self.frequency + self.presence));
         }
         cands.sorted = false;
     }
@@ -464,7 +476,7 @@ pub fn temperature(cands: &mut Candidates, t: f32) {
         return;
     }
     for c in &mut cands.data {
-        c.logit /= t;
+        c.logit = clean(c.logit / t);
     }
 }
 

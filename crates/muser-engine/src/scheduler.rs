@@ -15,8 +15,8 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::detok::Detok;
 use crate::engine::{
-    EngineConfig, EngineStats, Event, FinishReason, GenerateRequest, Job, Shared, SharedState,
-    SlotInfo, SlotKv, Timings,
+    contained, EngineConfig, EngineStats, Event, FinishReason, GenerateRequest, Job, Shared,
+    SharedState, SlotInfo, SlotKv, Timings,
 };
 use crate::kvpack_bridge::{snapshot_to_state, state_to_snapshot};
 use crate::prompt_cache::{Lookup, Resume};
@@ -163,12 +163,17 @@ impl<'t> Scheduler<'t> {
         if s.task.is_some() {
             return;
         }
-        job(SlotKv {
+        let panicked = job(SlotKv {
             model: &self.model,
             kv: &mut self.kv,
             seq: slot as u32,
             tokens: &mut s.tokens,
         });
+        if panicked {
+            // the job stopped half way: what the slot holds is unknown
+            self.kv.clear(slot as u32);
+            self.slots[slot].tokens.clear();
+        }
     }
 
     fn expire_queued(&mut self, st: &mut SharedState) {
@@ -205,7 +210,7 @@ impl<'t> Scheduler<'t> {
                         Lookup::Ready(r) => r,
                     };
                     if let Some(job) = st.queue.remove(i) {
-                        self.start(slot, job, resume);
+                        self.start_contained(slot, job, resume);
                     }
                 }
                 None => i += 1,
@@ -245,6 +250,17 @@ impl<'t> Scheduler<'t> {
                 pc.lookup(&req.prompt, req.prompt.len() - 1, have)
             }
             _ => Lookup::Ready(None),
+        }
+    }
+
+    /// [`Self::start`], where a panic fails this request alone and resets the slot.
+    fn start_contained(&mut self, slot: usize, job: Job, resume: Option<Resume>) {
+        let tx = job.tx.clone();
+        if let Err(msg) = contained(|| self.start(slot, job, resume)) {
+            self.slots[slot].task = None;
+            self.kv.clear(slot as u32);
+            self.slots[slot].tokens.clear();
+            let _ = tx.send(Event::Error(format!("starting the request failed: {msg}")));
         }
     }
 
@@ -346,13 +362,18 @@ impl<'t> Scheduler<'t> {
         if n == 0 || !self.kv.holds(seq, 0..n as u32) {
             return false;
         }
-        match self.kv.export(seq, 0..n as u32) {
-            Ok(snap) => {
-                let tokens = self.slots[slot].tokens[..n].to_vec();
-                pc.offer(tokens, snapshot_to_state(snap));
-                true
-            }
-            Err(e) => {
+        let exported = contained(|| {
+            let snap = self
+                .kv
+                .export(seq, 0..n as u32)
+                .map_err(|e| e.to_string())?;
+            let tokens = self.slots[slot].tokens[..n].to_vec();
+            pc.offer(tokens, snapshot_to_state(snap));
+            Ok::<_, String>(())
+        });
+        match exported {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) | Err(e) => {
                 tracing::debug!(error = %e, "prompt cache: export");
                 false
             }
@@ -417,9 +438,11 @@ impl<'t> Scheduler<'t> {
             return;
         }
         // a panic in the model fails this batch's requests, not the engine
-        let run = std::panic::AssertUnwindSafe(|| self.model.forward(&mut self.kv, &batch));
-        let result = std::panic::catch_unwind(run)
-            .unwrap_or_else(|_| Err(ModelError::BadBatch("the forward pass panicked".into())));
+        let result = contained(|| self.model.forward(&mut self.kv, &batch)).unwrap_or_else(|msg| {
+            Err(ModelError::BadBatch(format!(
+                "the forward pass panicked: {msg}"
+            )))
+        });
         self.stats.forward_total += 1;
         match result {
             Ok(out) => self.apply(&batch, &rows, &out),
@@ -528,20 +551,31 @@ impl<'t> Scheduler<'t> {
             let Some(task) = &self.slots[row.slot].task else {
                 continue;
             };
-            if task.req.embeddings {
-                let e = out.embeddings.get(r * n_embd..(r + 1) * n_embd);
-                self.embed(row.slot, e.unwrap_or_default());
-            } else if task.req.max_tokens == Some(0) {
-                self.finish(row.slot, FinishReason::Length);
-            } else {
-                self.sample(row.slot, out.row(r, n_vocab));
+            let (embeddings, zero) = (task.req.embeddings, task.req.max_tokens == Some(0));
+            // sampling, grammar, detokenization and stop strings run on request data: a
+            // panic in them fails this request and resets its slot
+            let handled = contained(|| {
+                if embeddings {
+                    let e = out.embeddings.get(r * n_embd..(r + 1) * n_embd);
+                    self.embed(row.slot, e.unwrap_or_default());
+                } else if zero {
+                    self.finish(row.slot, FinishReason::Length);
+                } else {
+                    self.sample(row.slot, out.row(r, n_vocab));
+                }
+            });
+            if let Err(msg) = handled {
+                self.fail(row.slot, &format!("sampling failed: {msg}"));
             }
         }
         // Rows the forward answered with their argmax (only plain greedy decode steps).
         for &(b, id) in &out.argmax {
             let row = rows[b];
             if row.samples && self.slots[row.slot].task.is_some() {
-                self.emit(row.slot, Sampled { id, logprobs: None });
+                let sampled = Sampled { id, logprobs: None };
+                if let Err(msg) = contained(|| self.emit(row.slot, sampled)) {
+                    self.fail(row.slot, &format!("sampling failed: {msg}"));
+                }
             }
         }
     }

@@ -401,3 +401,69 @@ fn a_request_past_its_timeout_finishes_with_length() {
         t0.elapsed()
     );
 }
+
+/// Hostile sampling values reach the chain as numbers no stage can order or normalize
+/// (`+inf + -inf` on one token, overflowing penalties and temperatures): each request still
+/// finishes, and the engine serves the next one unchanged.
+#[test]
+fn non_finite_logits_fail_nothing_and_the_engine_serves_on() {
+    let e = engine(2, 4);
+    let before = collect(e.submit(greedy(prompt("What is 2 + 2?"), 6)).unwrap()).ids;
+    let hostile = [
+        SamplingParams {
+            logit_bias: (0..64)
+                .flat_map(|t| [(t * 7, f32::INFINITY), (t * 7, f32::NEG_INFINITY)])
+                .collect(),
+            top_k: 0,
+            seed: Some(1),
+            ..Default::default()
+        },
+        SamplingParams {
+            logit_bias: vec![(5, f32::INFINITY), (6, f32::INFINITY)],
+            temperature: 1e-38,
+            seed: Some(2),
+            n_probs: 3,
+            ..Default::default()
+        },
+        SamplingParams {
+            frequency_penalty: 3e38,
+            presence_penalty: -3e38,
+            repeat_penalty: 1e-30,
+            top_k: 0,
+            seed: Some(3),
+            ..Default::default()
+        },
+    ];
+    for params in hostile {
+        let o = collect(
+            e.submit(GenerateRequest {
+                params,
+                ..greedy(prompt("Say hello."), 4)
+            })
+            .unwrap(),
+        );
+        assert_eq!(o.n_gen, o.ids.len());
+    }
+    assert!(e.is_running());
+    assert_eq!(
+        collect(e.submit(greedy(prompt("What is 2 + 2?"), 6)).unwrap()).ids,
+        before
+    );
+}
+
+/// A panic in request-dependent work on the engine thread (here a slot job) fails that work
+/// alone: the caller gets the message, the slot is reset, and generation goes on.
+#[test]
+fn a_panic_on_the_engine_thread_fails_one_job_not_the_engine() {
+    let e = engine(1, 4);
+    let before = collect(e.submit(greedy(prompt("Name three colors."), 5)).unwrap()).ids;
+    let err = e
+        .with_slot(0, |_| -> () { panic!("hostile job") })
+        .unwrap_err();
+    assert!(err.to_string().contains("hostile job"), "{err}");
+    wait_until("the slot is reset", || e.slots()[0].n_cached == 0);
+    assert!(e.is_running());
+    let after = collect(e.submit(greedy(prompt("Name three colors."), 5)).unwrap());
+    assert_eq!(after.ids, before);
+    assert_eq!(after.n_cached, 0);
+}

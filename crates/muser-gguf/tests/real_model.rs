@@ -95,7 +95,8 @@ fn smollm2_header_matches_gguf_py() {
 /// and one with `general.alignment = 64`.
 #[test]
 fn reads_files_written_by_gguf_py() {
-    let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/seeds");
+    let seeds =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/seeds/gguf_reader");
     let f = GgufFile::open(&seeds.join("small.bin")).unwrap();
     assert_eq!(f.architecture().unwrap(), "llama");
     assert_eq!(f.get_i64("x.i64").unwrap(), -5);

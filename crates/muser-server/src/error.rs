@@ -51,6 +51,20 @@ impl ApiError {
             )
         }
     }
+    /// 503 with `Retry-After`: too many requests in flight.
+    pub fn overloaded() -> Self {
+        Self {
+            retry_after_s: Some(1),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                format!(
+                    "the server is handling {} requests; retry later",
+                    crate::limits::IN_FLIGHT_MAX
+                ),
+            )
+        }
+    }
     pub fn not_implemented(message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_IMPLEMENTED, "not_implemented", message)
     }

@@ -2,6 +2,7 @@
 //! with error mapping, collecting a whole generation, and streaming frames to a client.
 
 use crate::error::{ApiError, ApiResult};
+use crate::limits::{self, LOGIT_BIAS_ABS_MAX, LOGIT_BIAS_MAX, N_PROBS_MAX};
 use crate::reqlog::RequestLog;
 use crate::state::AppState;
 use axum::body::Body;
@@ -79,9 +80,9 @@ impl SamplingOptions {
             p.repeat_last_n = n;
         }
         p.seed = crate::wire::seed_from(self.seed).map_err(ApiError::bad_request)?;
-        if self.n_probs > 20 {
+        if self.n_probs > N_PROBS_MAX {
             return Err(ApiError::bad_request(format!(
-                "at most 20 log-probabilities per token, asked for {}",
+                "at most {N_PROBS_MAX} log-probabilities per token, asked for {}",
                 self.n_probs
             )));
         }
@@ -91,27 +92,54 @@ impl SamplingOptions {
     }
 }
 
-/// OpenAI `logit_bias`: token id (as a string) → bias in [-100, 100].
+/// A request's `logit_bias` from any wire family, as `(token id, bias)` entries where `None`
+/// bans the token (llama.cpp's `false`): at most [`LOGIT_BIAS_MAX`] entries, each token in the
+/// vocabulary and named once, each bias a finite number within ±[`LOGIT_BIAS_ABS_MAX`].
+pub fn logit_bias(
+    state: &AppState,
+    entries: impl ExactSizeIterator<Item = (u64, Option<f64>)>,
+) -> ApiResult<Vec<(u32, f32)>> {
+    limits::check_count("logit_bias entries", entries.len(), LOGIT_BIAS_MAX)?;
+    let mut out: Vec<(u32, f32)> = Vec::with_capacity(entries.len());
+    for (id, bias) in entries {
+        let id = state.check_token(id)?;
+        if out.iter().any(|&(t, _)| t == id) {
+            return Err(ApiError::bad_request(format!(
+                "logit_bias names token {id} more than once"
+            )));
+        }
+        let bias = match bias {
+            None => f32::NEG_INFINITY,
+            Some(b) if b.is_finite() && b.abs() <= LOGIT_BIAS_ABS_MAX => b as f32,
+            Some(b) => {
+                return Err(ApiError::bad_request(format!(
+                    "logit_bias for token {id} must be within [-{LOGIT_BIAS_ABS_MAX}, {LOGIT_BIAS_ABS_MAX}] (or false to ban it), got {b}"
+                )))
+            }
+        };
+        out.push((id, bias));
+    }
+    Ok(out)
+}
+
+/// OpenAI `logit_bias`: token id (as a string) → bias.
 pub fn openai_logit_bias(
     state: &AppState,
-    map: Option<&std::collections::BTreeMap<String, f32>>,
+    map: Option<&std::collections::BTreeMap<String, f64>>,
 ) -> ApiResult<Vec<(u32, f32)>> {
     let Some(map) = map else {
         return Ok(Vec::new());
     };
-    map.iter()
-        .map(|(k, &v)| {
-            let id: u64 = k.parse().map_err(|_| {
-                ApiError::bad_request(format!("logit_bias key `{k}` is not a token id"))
-            })?;
-            if !v.is_finite() || !(-100.0..=100.0).contains(&v) {
-                return Err(ApiError::bad_request(format!(
-                    "logit_bias for {k} must be in [-100, 100]"
-                )));
-            }
-            Ok((state.check_token(id)?, v))
+    let entries = map
+        .iter()
+        .map(|(k, &v)| match k.parse::<u64>() {
+            Ok(id) => Ok((id, Some(v))),
+            Err(_) => Err(ApiError::bad_request(format!(
+                "logit_bias key `{k}` is not a token id"
+            ))),
         })
-        .collect()
+        .collect::<ApiResult<Vec<_>>>()?;
+    logit_bias(state, entries.into_iter())
 }
 
 /// How a generation ended, with its counts and timings.
@@ -153,6 +181,7 @@ pub fn submit(
     req: GenerateRequest,
 ) -> ApiResult<mpsc::UnboundedReceiver<Event>> {
     state.check_prompt_len(req.prompt.len())?;
+    limits::check_stop(&req.stop)?;
     state.engine.submit(req).map_err(|e| match e {
         SubmitError::QueueFull { retry_after_s } => {
             state.metrics.record_busy();
@@ -259,7 +288,9 @@ pub async fn collect(
 
 /// Frames of a streamed response. The formatter turns each step (or an error) into zero or
 /// more frames; the stream ends after `Done` or an error. A client that goes away closes the
-/// channel: the task ends and drops the engine receiver, which cancels the generation.
+/// channel (as does one that stops reading, which the listener drops after
+/// [`limits::WRITE_STALL_TIMEOUT`]): the task ends and drops the engine receiver, which
+/// cancels the generation.
 pub fn stream_body<F>(
     mut rx: mpsc::UnboundedReceiver<Event>,
     log: Arc<RequestLog>,

@@ -2,69 +2,87 @@
 //! a bounded body, and typed parsing whose errors name the offending field and its path.
 
 use crate::error::ApiError;
+use crate::limits::{self, BODY_BYTES_MAX, BODY_READ_TIMEOUT};
+use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
-use axum::http::header;
+use axum::http::{header, StatusCode};
 use serde::de::DeserializeOwned;
-
-/// Largest request body accepted on any route.
-pub const BODY_LIMIT_BYTES: usize = 8 << 20;
 
 /// A request body parsed strictly as `T` (whose types use `deny_unknown_fields`).
 pub struct StrictJson<T>(pub T);
 
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for StrictJson<T> {
+impl<S: Send + Sync, T: DeserializeOwned + Send + 'static> FromRequest<S> for StrictJson<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let JsonBytes(bytes) = JsonBytes::from_request(req, state).await?;
-        parse(&bytes).map(StrictJson)
+    async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
+        let bytes = read_body(req).await?;
+        limits::cpu(move || parse(&bytes)).await?.map(StrictJson)
     }
 }
 
-/// A JSON request body's bytes (Content-Type and size checked), for handlers that also need
-/// the body itself (idempotency keys); parse them with [`parse`].
+/// A JSON request body's bytes (Content-Type checked by the guard, size by [`read_body`]), for
+/// handlers that also need the body itself (idempotency keys); parse them with [`parse`].
 pub struct JsonBytes(pub axum::body::Bytes);
 
 impl<S: Send + Sync> FromRequest<S> for JsonBytes {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
-        check_content_type(req.headers().get(header::CONTENT_TYPE))?;
-        axum::body::to_bytes(req.into_body(), BODY_LIMIT_BYTES)
-            .await
-            .map(JsonBytes)
-            .map_err(|_| {
-                ApiError::bad_request(format!(
-                    "request body exceeds the limit of {BODY_LIMIT_BYTES} bytes"
-                ))
-            })
+        read_body(req).await.map(JsonBytes)
     }
 }
 
-/// Like [`StrictJson`], but an empty body (with or without a Content-Type) is `None`.
+/// Like [`StrictJson`], but an empty body is `None`.
 pub struct OptionalJson<T>(pub Option<T>);
 
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for OptionalJson<T> {
+impl<S: Send + Sync, T: DeserializeOwned + Send + 'static> FromRequest<S> for OptionalJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
-        let content_type = req.headers().get(header::CONTENT_TYPE).cloned();
-        let bytes = axum::body::to_bytes(req.into_body(), BODY_LIMIT_BYTES)
-            .await
-            .map_err(|_| {
-                ApiError::bad_request(format!(
-                    "request body exceeds the limit of {BODY_LIMIT_BYTES} bytes"
-                ))
-            })?;
+        let bytes = read_body(req).await?;
         if bytes.is_empty() {
             return Ok(OptionalJson(None));
         }
-        check_content_type(content_type.as_ref())?;
-        parse(&bytes).map(|v| OptionalJson(Some(v)))
+        limits::cpu(move || parse(&bytes))
+            .await?
+            .map(|v| OptionalJson(Some(v)))
     }
 }
 
-fn check_content_type(value: Option<&header::HeaderValue>) -> Result<(), ApiError> {
+/// The whole body: 413 past [`BODY_BYTES_MAX`] (a declared length over it is refused before
+/// reading), 408 when it does not arrive within [`BODY_READ_TIMEOUT`].
+async fn read_body(req: Request) -> Result<Bytes, ApiError> {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > BODY_BYTES_MAX as u64) {
+        return Err(limits::too_large());
+    }
+    match tokio::time::timeout(
+        BODY_READ_TIMEOUT,
+        axum::body::to_bytes(req.into_body(), BODY_BYTES_MAX),
+    )
+    .await
+    {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(_)) => Err(limits::too_large()),
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            format!(
+                "the request body did not arrive within {} s",
+                BODY_READ_TIMEOUT.as_secs()
+            ),
+        )),
+    }
+}
+
+/// Every POST carries `Content-Type: application/json` (`charset=utf-8` allowed), whatever
+/// its body: a browser cannot send that cross-site without a CORS preflight, which this
+/// server never grants.
+pub fn check_content_type(value: Option<&header::HeaderValue>) -> Result<(), ApiError> {
     let Some(value) = value else {
         return Err(ApiError::unsupported_media(
             "missing Content-Type: send `Content-Type: application/json`",

@@ -36,7 +36,7 @@ pub fn load_or_create(file: Option<&Path>) -> Result<[u8; 32], String> {
 fn create(path: &Path) -> Result<(), String> {
     let err = |e: std::io::Error| format!("creating kv key file {}: {e}", path.display());
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(err)?;
+        crate::store::private_dir(dir).map_err(err)?;
     }
     let mut key = [0u8; 32];
     std::fs::File::open("/dev/urandom")

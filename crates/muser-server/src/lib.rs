@@ -1,17 +1,24 @@
 //! muser-server: the HTTP edge of Muser. OpenAI-, llama.cpp- and Ollama-shaped routes over
-//! the engine, strict JSON wire types, API-key auth, limits, Prometheus metrics, and the
-//! pinned model store.
+//! the engine, strict JSON wire types, API-key auth, request and connection limits, the
+//! listener (HTTP/1.1, optionally TLS), Prometheus metrics, and the pinned model store.
 //!
 //! # Rules on every route
-//! - Bodies must be `Content-Type: application/json` (`charset=utf-8` allowed) and valid
-//!   JSON, else **415**. Bodies over 8 MiB, unknown fields (at any depth, named with their
-//!   path), wrong types, bad ranges, token ids outside the vocabulary, and prompts that do not
-//!   fit the per-slot context are **400** with the field or limit in the message.
+//! - One guard layer (`routes::guard`) runs first on every route: without an API key the
+//!   `Host` must name this server (else **403**); every POST must be
+//!   `Content-Type: application/json` (`charset=utf-8` allowed), whatever its body (else
+//!   **415**); with `--api-key-file`/`MUSER_API_KEY`/`--api-key`, every route but `/health`
+//!   needs `Authorization: Bearer KEY` (constant-time compare), else **401**; more than
+//!   `limits::IN_FLIGHT_MAX` requests in flight is **503** with `Retry-After`.
+//! - Bodies over 4 MiB are **413**; malformed JSON is **415**. Unknown fields (at any depth,
+//!   named with their path), wrong types, bad ranges, token ids outside the vocabulary, and
+//!   prompts that do not fit the per-slot context are **400** with the field or limit in the
+//!   message; every bound is in `limits` (and `docs/security.md`), decided before the work.
 //! - A model name other than the served one is **404** `model_not_found`.
-//! - A full engine queue is **429** with `Retry-After`. A client that disconnects cancels its
-//!   generation (the engine receiver is dropped).
-//! - With `--api-key`, every route but `/health` and the dashboard's files (`/`,
-//!   `/assets/*`) needs `Authorization: Bearer KEY` (constant-time compare), else **401**.
+//! - A full engine queue is **429** with `Retry-After`. A client that disconnects (or leaves
+//!   a write blocked for 30 s) cancels its generation (the engine receiver is dropped).
+//! - `/health` is **503** once the engine has stopped; the server then exits non-zero.
+//! - The dashboard's files (`/`, `/assets/*`) are open: they hold no data; everything they
+//!   show comes from routes under the key.
 //! - Errors are `{"error": {"type", "message", "code"}}`.
 //!
 //! # Routes and deviations
@@ -48,8 +55,10 @@ pub mod auth;
 pub mod chat;
 pub mod error;
 pub mod gen;
+pub mod http;
 pub mod json;
 pub mod kvkey;
+pub mod limits;
 pub mod metrics;
 pub mod reqlog;
 pub mod routes;

@@ -5,7 +5,6 @@ use crate::state::{AppState, ModelMeta, ServerOptions, SharedState};
 use muser_engine::{Engine, EngineConfig};
 use muser_model::{LoadOptions, Model};
 use muser_text::Tokenizer;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -19,7 +18,12 @@ pub struct ServeConfig {
     pub threads: usize,
     pub queue_max: usize,
     pub api_key: Option<String>,
+    /// Host names accepted besides the loopback names and the bound address
+    /// (`--allow-host`); checked only without an API key.
+    pub allowed_hosts: Vec<String>,
     pub slot_save_path: Option<PathBuf>,
+    /// Most bytes the slot files under `slot_save_path` may take together.
+    pub slot_save_quota_bytes: u64,
     /// Operator key sealing slot files (kvpack); `None`: `kv.key` in the model store,
     /// generated on first use.
     pub kv_key_file: Option<PathBuf>,
@@ -42,7 +46,9 @@ impl ServeConfig {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             queue_max: 64,
             api_key: None,
+            allowed_hosts: Vec::new(),
             slot_save_path: None,
+            slot_save_quota_bytes: 4 << 30,
             kv_key_file: None,
             prompt_cache: None,
             session_dir: None,
@@ -116,7 +122,7 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
         });
     }
     if let Some(dir) = &cfg.slot_save_path {
-        std::fs::create_dir_all(dir).map_err(|source| StartError::SlotDir {
+        crate::store::private_dir(dir).map_err(|source| StartError::SlotDir {
             path: dir.clone(),
             source,
         })?;
@@ -152,6 +158,10 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
     };
     let prompt_cache = match (&cfg.prompt_cache, &kvpack) {
         (Some(pc), Some(ctx)) => {
+            crate::store::private_dir(&pc.dir).map_err(|e| StartError::PromptCache {
+                path: pc.dir.clone(),
+                message: e.to_string(),
+            })?;
             let (cache, report) =
                 muser_engine::PromptCache::open(ctx.clone(), pc).map_err(|e| {
                     StartError::PromptCache {
@@ -187,12 +197,19 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
         model: meta,
         options: ServerOptions {
             api_key: cfg.api_key.clone(),
+            allowed_hosts: ["localhost", "127.0.0.1", "::1"]
+                .iter()
+                .map(|h| h.to_string())
+                .chain(cfg.allowed_hosts.iter().map(|h| h.to_ascii_lowercase()))
+                .collect(),
             slot_save_path: cfg.slot_save_path.clone(),
+            slot_save_quota_bytes: cfg.slot_save_quota_bytes,
             n_slots: cfg.n_slots,
             n_ctx: cfg.n_ctx,
         },
         metrics: Arc::new(Metrics::new(&cfg.device)),
         sessions,
+        in_flight: Arc::new(tokio::sync::Semaphore::new(crate::limits::IN_FLIGHT_MAX)),
         started_unix_s: crate::routes::unix_now(),
     }))
 }
@@ -253,38 +270,4 @@ fn file_type_name(ft: u32) -> String {
         other => return format!("type {other}"),
     }
     .to_string()
-}
-
-/// How long open responses (a streaming generation, a dashboard's telemetry stream, which
-/// never ends by itself) may run on after the shutdown signal.
-const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Serves on a bound listener until `shutdown` resolves, then lets open responses finish
-/// for at most [`SHUTDOWN_GRACE`].
-pub async fn serve(
-    state: SharedState,
-    listener: tokio::net::TcpListener,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let app = crate::routes::router(state);
-    let (signalled, mut on_signal) = tokio::sync::watch::channel(false);
-    let server = axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(async move {
-        shutdown.await;
-        let _ = signalled.send(true);
-    });
-    let grace = async move {
-        if on_signal.wait_for(|&s| s).await.is_ok() {
-            tokio::time::sleep(SHUTDOWN_GRACE).await;
-        } else {
-            std::future::pending::<()>().await;
-        }
-    };
-    tokio::select! {
-        served = server => served,
-        () = grace => Ok(()),
-    }
 }

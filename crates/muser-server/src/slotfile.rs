@@ -95,16 +95,42 @@ pub fn restore_image(
         })
 }
 
-/// Saves slot `id` to `path`; returns the number of tokens saved.
+/// Saves slot `id` to `path`, refused (507) when the files of its directory would exceed
+/// `quota_bytes` (the file it replaces not counted); returns the number of tokens saved.
 pub fn save(
     engine: &Engine,
     ctx: Option<&Arc<KvPackContext>>,
     id: usize,
     path: &Path,
+    quota_bytes: u64,
 ) -> ApiResult<usize> {
-    let (bytes, n) = image(engine, ctx, id)?;
-    crate::store::write_atomic(path, &bytes).map_err(|e| ApiError::internal(e.to_string()))?;
+    let (out, n) = image(engine, ctx, id)?;
+    let others = dir_bytes_except(path);
+    if others.saturating_add(out.len() as u64) > quota_bytes {
+        return Err(ApiError::new(
+            axum::http::StatusCode::INSUFFICIENT_STORAGE,
+            "quota_exceeded",
+            format!(
+                "saving {} bytes would take the slot files past their quota of {quota_bytes} bytes ({others} used): erase some, or raise --slot-save-quota-mib",
+                out.len()
+            ),
+        ));
+    }
+    crate::store::write_atomic(path, &out).map_err(|e| ApiError::internal(e.to_string()))?;
     Ok(n)
+}
+
+/// Bytes of the files beside `path` in its directory, `path` itself not counted.
+fn dir_bytes_except(path: &Path) -> u64 {
+    let Some(dir) = path.parent().and_then(|d| std::fs::read_dir(d).ok()) else {
+        return 0;
+    };
+    dir.flatten()
+        .filter(|e| e.path() != path)
+        .filter_map(|e| e.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum()
 }
 
 /// Restores slot `id` from `path`; returns the number of tokens restored.

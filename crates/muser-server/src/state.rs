@@ -30,7 +30,11 @@ pub struct ModelMeta {
 #[derive(Debug, Clone, Default)]
 pub struct ServerOptions {
     pub api_key: Option<String>,
+    /// Names a request's `Host` may carry when no API key is set (lower case, no port), so
+    /// a page that rebinds its own domain to this address cannot use the server.
+    pub allowed_hosts: Vec<String>,
     pub slot_save_path: Option<PathBuf>,
+    pub slot_save_quota_bytes: u64,
     pub n_slots: usize,
     pub n_ctx: usize,
 }
@@ -46,6 +50,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Session bundles (`/v1/sessions`); present with a session directory.
     pub sessions: Option<crate::routes::sessions::Sessions>,
+    /// Permits of requests in flight ([`crate::limits::IN_FLIGHT_MAX`]).
+    pub in_flight: Arc<tokio::sync::Semaphore>,
     /// Unix seconds at start-up (the `created` of /v1/models).
     pub started_unix_s: u64,
 }
@@ -74,26 +80,65 @@ impl AppState {
         }
     }
 
-    /// Tokenizes a prompt. Text is tokenized with special-token parsing; the first text piece
-    /// gets the model's BOS when `add_special`. Token ids are checked against the vocabulary.
+    /// Runs request work that needs the state on the bounded CPU pool ([`crate::limits::cpu`]).
+    pub async fn cpu<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&AppState) -> ApiResult<T> + Send + 'static,
+    ) -> ApiResult<T> {
+        let st = self.clone();
+        crate::limits::cpu(move || f(&st)).await?
+    }
+
+    /// The most tokens a prompt may have: one less than the context per slot.
+    pub fn prompt_tokens_max(&self) -> usize {
+        self.options.n_ctx.saturating_sub(1)
+    }
+
+    /// Tokenizes a prompt, refusing it as soon as it is known to exceed `max_tokens`. Text is
+    /// tokenized with special-token parsing; the first text piece gets the model's BOS when
+    /// `add_special`. Token ids are checked against the vocabulary.
     pub fn tokenize_prompt(
         &self,
         prompt: &Prompt,
         add_special: bool,
         parse_special: bool,
+        max_tokens: usize,
     ) -> ApiResult<Vec<u32>> {
         let mut ids = Vec::new();
         for (i, piece) in prompt.0.iter().enumerate() {
+            let left = max_tokens.saturating_sub(ids.len());
             match piece {
-                PromptPiece::Text(text) => ids.extend(self.tokenizer.encode(
-                    text,
-                    add_special && i == 0,
-                    parse_special,
-                )),
+                PromptPiece::Text(text) => {
+                    let more = self
+                        .tokenizer
+                        .encode_at_most(text, add_special && i == 0, parse_special, left)
+                        .ok_or_else(|| self.too_many_tokens(max_tokens))?;
+                    ids.extend(more);
+                }
+                PromptPiece::Token(_) if left == 0 => return Err(self.too_many_tokens(max_tokens)),
                 PromptPiece::Token(id) => ids.push(self.check_token(*id)?),
             }
         }
         Ok(ids)
+    }
+
+    /// Tokenizes a rendered prompt (BOS added, special tokens parsed) within the context.
+    pub fn encode_prompt(&self, text: &str, add_special: bool) -> ApiResult<Vec<u32>> {
+        let max = self.prompt_tokens_max();
+        self.tokenizer
+            .encode_at_most(text, add_special, true, max)
+            .ok_or_else(|| self.too_many_tokens(max))
+    }
+
+    fn too_many_tokens(&self, max_tokens: usize) -> ApiError {
+        if max_tokens == self.prompt_tokens_max() {
+            ApiError::bad_request(format!(
+                "the prompt has more than {max_tokens} tokens; the context per slot is {} tokens (start the server with a larger -c)",
+                self.options.n_ctx
+            ))
+        } else {
+            ApiError::bad_request(format!("the text has more than {max_tokens} tokens"))
+        }
     }
 
     pub fn check_token(&self, id: u64) -> ApiResult<u32> {

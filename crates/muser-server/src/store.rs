@@ -280,6 +280,16 @@ fn file_stamp(path: &Path) -> Result<String, StoreError> {
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename (used for slot files too).
+/// Creates `dir` (and its parents) and makes it private to its owner (mode 0700): key,
+/// slot and cache directories hold what other local users must not read or plant.
+pub fn private_dir(dir: &Path) -> std::io::Result<()> {
+    fs::create_dir_all(dir)?;
+    #[cfg(unix)]
+    fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+    Ok(())
+}
+
+/// Writes `bytes` to `path` through a temporary file (mode 0600) renamed into place.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io_err(dir))?;

@@ -273,6 +273,9 @@ pub fn schema_expr(schema: &Value, depth: usize) -> Result<Expr, String> {
     if depth > MAX_SCHEMA_DEPTH {
         return Err(format!("schemas nested deeper than {MAX_SCHEMA_DEPTH}"));
     }
+    if depth == 0 {
+        crate::limits::check_schema("the schema", schema).map_err(|e| e.message)?;
+    }
     let m = match schema {
         Value::Bool(true) => return Ok(Expr::Json(JsonKind::Value)),
         Value::Object(m) => m,

@@ -184,14 +184,14 @@ async fn content_type_and_malformed_bodies_are_415() {
 
 #[tokio::test]
 async fn limits_are_400_with_the_limit_named() {
-    let huge = "a".repeat(9 << 20);
+    let huge = "a".repeat(5 << 20);
     let (status, v) = send_json(
         app(),
         post_json("/v1/completions", &json!({ "prompt": huge })),
     )
     .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(error_message(&v).contains(&(8u64 << 20).to_string()), "{v}");
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(error_message(&v).contains(&(4u64 << 20).to_string()), "{v}");
     let long = "word ".repeat(400);
     expect_400("/v1/completions", json!({ "prompt": long }), "256").await;
     expect_400("/completion", json!({ "prompt": "" }), "empty").await;
@@ -502,4 +502,243 @@ async fn slot_save_erase_restore_roundtrip() {
     )
     .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+/// Hostile values of every bounded class are 400s naming the limit, decided before the work
+/// (a 3 MiB prompt is refused without being tokenized), and the server answers normally
+/// afterwards.
+#[tokio::test]
+async fn hostile_values_are_refused_before_the_work() {
+    let ok = || json!({ "prompt": "Hi", "n_predict": 2, "temperature": 0 });
+    let with = |k: &str, v: Value| {
+        let mut b = ok();
+        b[k] = v;
+        b
+    };
+    // the engine-killing request of the past: one token biased twice, +inf and false
+    expect_400(
+        "/completion",
+        with("logit_bias", json!([[17, 1e39], [17, false]])),
+        "17",
+    )
+    .await;
+    expect_400(
+        "/completion",
+        with("logit_bias", json!([[17, 1.0], [17, false]])),
+        "more than once",
+    )
+    .await;
+    expect_400(
+        "/completion",
+        with("logit_bias", json!([[99999999, 1.0]])),
+        "vocabulary",
+    )
+    .await;
+    expect_400(
+        "/completion",
+        with("logit_bias", json!([[5, "x"]])),
+        "logit_bias",
+    )
+    .await;
+    let many: Vec<Value> = (0..1025).map(|t| json!([t, 1.0])).collect();
+    expect_400("/completion", with("logit_bias", json!(many)), "1024").await;
+    expect_400(
+        "/v1/completions",
+        json!({ "prompt": "x", "logit_bias": { "5": 1.0, "05": -1.0 } }),
+        "more than once",
+    )
+    .await;
+    expect_400(
+        "/v1/completions",
+        json!({ "prompt": "x", "logit_bias": { "5": 1e39 } }),
+        "logit_bias",
+    )
+    .await;
+    expect_400(
+        "/completion",
+        with("temperature", json!(1e39)),
+        "temperature",
+    )
+    .await;
+    expect_400("/completion", with("top_p", json!(-1e39)), "top_p").await;
+    expect_400("/completion", with("n_probs", json!(21)), "20").await;
+    expect_400("/completion", with("stop", json!(vec!["s"; 17])), "stop").await;
+    expect_400("/completion", with("stop", json!(["x".repeat(300)])), "256").await;
+    // prompts: nesting, element counts, early context rejection, /tokenize's output
+    expect_400("/completion", with("prompt", json!([[[1]]])), "one prompt").await;
+    let nested = format!("{}1{}", "[".repeat(100_000), "]".repeat(100_000));
+    let (status, _) = send_json(app(), post_raw("/completion", &nested)).await;
+    assert!(status.is_client_error(), "{status}");
+    let pieces = vec![1u32; (1 << 17) + 1];
+    expect_400("/completion", with("prompt", json!(pieces)), "at most").await;
+    let t0 = std::time::Instant::now();
+    expect_400(
+        "/completion",
+        with("prompt", json!("ab ".repeat(1 << 20))),
+        "context",
+    )
+    .await;
+    expect_400(
+        "/tokenize",
+        json!({ "content": "ab ".repeat(1 << 20) }),
+        "131072",
+    )
+    .await;
+    assert!(t0.elapsed().as_secs_f64() < 2.0, "{:?}", t0.elapsed());
+    expect_400(
+        "/detokenize",
+        json!({ "tokens": vec![1; (1 << 17) + 1] }),
+        "131072",
+    )
+    .await;
+    // schemas and chats
+    let wide: serde_json::Map<String, Value> = (0..4000)
+        .map(|i| (format!("p{i}"), json!({ "type": "string" })))
+        .collect();
+    expect_400(
+        "/completion",
+        with(
+            "json_schema",
+            json!({ "type": "object", "properties": wide }),
+        ),
+        "65536",
+    )
+    .await;
+    let mut b = chat_body();
+    b["messages"] = json!(vec![json!({ "role": "user", "content": "x" }); 4097]);
+    expect_400("/v1/chat/completions", b, "4096").await;
+    // and the server still answers
+    let (status, v) = send_json(app(), post_json("/completion", &ok())).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (status, _) = send_json(app(), Request::get("/health").body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+fn post_raw(path: &str, body: &str) -> Request<Body> {
+    Request::post(path)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap()
+}
+
+/// Without a key, a `Host` that is not one of the server's names is 403 (a DNS-rebinding page
+/// cannot reach it), and every POST must be JSON, whatever its body (no cross-site form
+/// posts); with a key, the key decides.
+#[tokio::test]
+async fn host_allow_list_and_json_only_posts() {
+    let with_host = |host: &str| {
+        Request::get("/v1/models")
+            .header(header::HOST, host)
+            .body(Body::empty())
+            .unwrap()
+    };
+    for host in ["localhost:4949", "127.0.0.1", "[::1]:80"] {
+        assert_eq!(
+            send(app(), with_host(host)).await.0,
+            StatusCode::OK,
+            "{host}"
+        );
+    }
+    for host in ["evil.example:4949", "127.0.0.1.nip.io", "localhost.evil"] {
+        let (status, _, body) = send(app(), with_host(host)).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{host}");
+        assert!(body.contains("--allow-host"), "{body}");
+    }
+    let form = Request::post("/slots/0?action=erase")
+        .header(header::CONTENT_TYPE, "text/plain")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(
+        send(app(), form).await.0,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE
+    );
+    let keyed = Request::get("/v1/models")
+        .header(header::HOST, "evil.example")
+        .header(header::AUTHORIZATION, "Bearer s3cret")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(router(keyed_state()), keyed).await.0, StatusCode::OK);
+}
+
+/// The slot directory is private to its owner, slot files are 0600, and a save that would
+/// take the directory past its quota is 507 with nothing written.
+#[tokio::test]
+async fn slot_files_are_private_and_within_their_quota() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let slots = dir.path().join("slots");
+    let mut cfg = ServeConfig::new(model_path());
+    cfg.n_slots = 1;
+    cfg.n_ctx = 64;
+    cfg.threads = 2;
+    cfg.slot_save_path = Some(slots.clone());
+    cfg.kv_key_file = Some(dir.path().join("kv.key"));
+    std::fs::write(dir.path().join("kv.key"), "11".repeat(32)).unwrap();
+    cfg.slot_save_quota_bytes = 1 << 20;
+    let app = router(load(&cfg).expect("load SmolLM2"));
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&slots), 0o700);
+    let gen = json!({ "prompt": "Hello there", "n_predict": 2, "id_slot": 0 });
+    assert_eq!(
+        send(app.clone(), post_json("/completion", &gen)).await.0,
+        StatusCode::OK
+    );
+    let save = |name: &str| post_json("/slots/0?action=save", &json!({ "filename": name }));
+    let (status, v) = send_json(app.clone(), save("a")).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(mode(&slots.join("a")), 0o600);
+    // a second file would not fit beside the first
+    let used = std::fs::metadata(slots.join("a")).unwrap().len();
+    std::fs::write(slots.join("filler"), vec![0u8; (1 << 20) - used as usize]).unwrap();
+    let (status, v) = send_json(app.clone(), save("b")).await;
+    assert_eq!(status, StatusCode::INSUFFICIENT_STORAGE, "{v}");
+    assert!(!slots.join("b").exists());
+    // replacing a file counts only the new bytes
+    std::fs::remove_file(slots.join("filler")).unwrap();
+    assert_eq!(send_json(app, save("a")).await.0, StatusCode::OK);
+}
+
+/// Past `IN_FLIGHT_MAX` requests in flight (streams count until their last frame) the server
+/// answers 503 with `Retry-After` at once, `/health` still answers, and closing the streams
+/// frees their permits and their generations.
+#[tokio::test]
+async fn requests_in_flight_are_bounded_and_streams_hold_their_permit() {
+    let mut cfg = ServeConfig::new(model_path());
+    cfg.n_slots = 1;
+    cfg.n_ctx = 64;
+    cfg.threads = 2;
+    cfg.queue_max = 300;
+    let state = load(&cfg).expect("load SmolLM2");
+    let app = router(state.clone());
+    let max = muser_server::limits::IN_FLIGHT_MAX;
+    let stream = json!({ "prompt": "Hi", "n_predict": 40, "stream": true, "ignore_eos": true });
+    let mut held = Vec::new();
+    for _ in 0..max {
+        let resp = app
+            .clone()
+            .oneshot(post_json("/completion", &stream))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        held.push(resp); // the body is not read: the stream stays in flight
+    }
+    let (status, headers, body) = send(app.clone(), post_json("/completion", &stream)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(headers.get(header::RETRY_AFTER).unwrap(), "1");
+    let health = Request::get("/health").body(Body::empty()).unwrap();
+    assert_eq!(send(app.clone(), health).await.0, StatusCode::OK);
+    drop(held);
+    let t0 = std::time::Instant::now();
+    while state.in_flight.available_permits() < max || state.engine.stats().queue_depth > 0 {
+        assert!(
+            t0.elapsed().as_secs() < 30,
+            "permits or queued requests were not released"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let ok = json!({ "prompt": "Hi", "n_predict": 2 });
+    assert_eq!(
+        send(app, post_json("/completion", &ok)).await.0,
+        StatusCode::OK
+    );
 }

@@ -91,13 +91,23 @@ impl Bpe {
         }
     }
 
-    /// Encodes one raw fragment (no special tokens inside) and appends the ids.
-    pub fn encode(&self, text: &str, token_to_id: &HashMap<String, u32>, out: &mut Vec<u32>) {
+    /// Encodes one raw fragment (no special tokens inside) and appends the ids; stops after the
+    /// first word that takes `out` past `limit` tokens.
+    pub fn encode(
+        &self,
+        text: &str,
+        token_to_id: &HashMap<String, u32>,
+        out: &mut Vec<u32>,
+        limit: usize,
+    ) {
         let chars = byte_to_char_table();
         let mut syms: Vec<Sym> = Vec::new();
         let mut heap = BinaryHeap::new();
         let mut encoded = String::new();
         for range in self.pre.split(text) {
+            if out.len() > limit {
+                return;
+            }
             let word = &text.as_bytes()[range];
             if self.ignore_merges {
                 encoded.clear();

@@ -61,6 +61,8 @@ pub struct Tokenizer {
     add_eos: bool,
     add_space_prefix: bool,
     clean_spaces: bool,
+    /// The most input bytes one token can stand for (its text or piece, whichever is longer).
+    max_token_bytes: usize,
 }
 
 /// One piece of the input after the special-token partition.
@@ -467,10 +469,16 @@ impl Tokenizer {
             add_eos,
             add_space_prefix,
             clean_spaces,
+            max_token_bytes: 1,
         };
         tok.pieces = (0..n as u32)
             .map(|id| tok.compute_piece(id).into_boxed_slice())
             .collect();
+        tok.max_token_bytes = (tok.tokens.iter().map(|t| t.text.len()))
+            .chain(tok.pieces.iter().map(|p| p.len()))
+            .max()
+            .unwrap_or(1)
+            .max(1);
         Ok(tok)
     }
 
@@ -526,8 +534,27 @@ impl Tokenizer {
     /// Encodes `text`. `add_special` adds BOS/EOS as the model asks; `parse_special` lets
     /// control tokens written in the text become their ids (user-defined tokens always do).
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
+        self.encode_at_most(text, add_special, parse_special, usize::MAX)
+            .unwrap_or_default()
+    }
+
+    /// [`Self::encode`], refused once the text is known to give more than `max_tokens`
+    /// tokens, before the work of encoding all of it: a text longer than `max_tokens` times
+    /// the longest token is refused outright, and encoding stops at the first word past the
+    /// limit. `None` when refused.
+    pub fn encode_at_most(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+        max_tokens: usize,
+    ) -> Option<Vec<u32>> {
+        // every token stands for at most `max_token_bytes` bytes of the text
+        if text.len().div_ceil(self.max_token_bytes) > max_tokens {
+            return None;
+        }
         let fragments = self.partition(text, parse_special);
-        let mut out = Vec::with_capacity(text.len() / 3 + 2);
+        let mut out = Vec::with_capacity((text.len() / 3 + 2).min(max_tokens.saturating_add(1)));
         if add_special && self.add_bos {
             out.extend(self.bos);
         }
@@ -539,8 +566,13 @@ impl Tokenizer {
                     .expect("BPE tables exist for a BPE tokenizer");
                 for f in fragments {
                     match f {
-                        Fragment::Raw(a, b) => bpe.encode(&text[a..b], &self.token_to_id, &mut out),
+                        Fragment::Raw(a, b) => {
+                            bpe.encode(&text[a..b], &self.token_to_id, &mut out, max_tokens)
+                        }
                         Fragment::Token(id) => out.push(id),
+                    }
+                    if out.len() > max_tokens {
+                        return None;
                     }
                 }
             }
@@ -563,13 +595,16 @@ impl Tokenizer {
                             prev_special = true;
                         }
                     }
+                    if out.len() > max_tokens {
+                        return None;
+                    }
                 }
             }
         }
         if add_special && self.add_eos {
             out.extend(self.eos);
         }
-        out
+        (out.len() <= max_tokens).then_some(out)
     }
 
     /// Splits out special tokens, longest text first, each at every occurrence left to right.

@@ -350,3 +350,37 @@ fn stream_decoder_emits_split_characters_once_whole() {
         assert_eq!(chunks.concat(), text, "{model}");
     }
 }
+
+/// `encode_at_most` gives `encode`'s ids within the limit and refuses past it, on both
+/// tokenizer kinds; a text too long for any tokenization is refused before the work.
+#[test]
+fn bounded_encoding_matches_and_refuses_past_the_limit() {
+    for model in ["smollm2", "gemma3"] {
+        let tok = tokenizer(model);
+        let text = "Hello world, this is <|im_start|> a test of bounded tokenization. ".repeat(8);
+        let full = tok.encode(&text, true, true);
+        let n = full.len();
+        assert_eq!(
+            tok.encode_at_most(&text, true, true, n),
+            Some(full.clone()),
+            "{model}"
+        );
+        assert_eq!(
+            tok.encode_at_most(&text, true, true, n - 1),
+            None,
+            "{model}"
+        );
+        assert_eq!(tok.encode_at_most(&text, true, true, 3), None, "{model}");
+        let huge = "x".repeat(8 << 20);
+        let t0 = std::time::Instant::now();
+        assert_eq!(
+            tok.encode_at_most(&huge, false, false, 4096),
+            None,
+            "{model}"
+        );
+        assert!(
+            t0.elapsed().as_millis() < 50,
+            "{model}: the refusal did the work"
+        );
+    }
+}

@@ -5,6 +5,7 @@ use super::{sse_response, timings, Log};
 use crate::error::{ApiError, ApiResult};
 use crate::gen::{self, Finished, SamplingOptions, Step};
 use crate::json::{OptionalJson, StrictJson};
+use crate::limits::{check_count, TOKENIZE_TOKENS_MAX};
 use crate::state::{AppState, SharedState};
 use crate::structured;
 use crate::wire::llama::{
@@ -12,6 +13,7 @@ use crate::wire::llama::{
     SlotActionRequest, SlotQuery, TokenizeRequest,
 };
 use crate::wire::openai::ChatCompletionRequest;
+use crate::wire::Prompt;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
@@ -46,9 +48,12 @@ fn probs(state: &AppState, lps: &[TokenLogprobs]) -> Value {
 pub async fn completion(
     State(state): State<SharedState>,
     Log(log): Log,
-    StrictJson(req): StrictJson<CompletionRequest>,
+    StrictJson(mut req): StrictJson<CompletionRequest>,
 ) -> ApiResult<Response> {
-    let ids = state.tokenize_prompt(&req.prompt, true, true)?;
+    let prompt = std::mem::replace(&mut req.prompt, Prompt(Vec::new()));
+    let ids = state
+        .cpu(move |st| st.tokenize_prompt(&prompt, true, true, st.prompt_tokens_max()))
+        .await?;
     let max_tokens = match req.n_predict {
         None | Some(-1) => None,
         Some(n) if n >= 0 => Some(u32::try_from(n).unwrap_or(u32::MAX)),
@@ -58,30 +63,22 @@ pub async fn completion(
             )))
         }
     };
-    let mut logit_bias = Vec::new();
-    for (id, bias) in req.logit_bias.iter().flatten() {
-        let id = state.check_token(*id)?;
-        let b = match bias {
-            Value::Bool(false) => f32::NEG_INFINITY,
-            Value::Number(n) => n
-                .as_f64()
-                .filter(|x| x.is_finite())
-                .map(|x| x as f32)
-                .ok_or_else(|| {
-                    ApiError::bad_request("logit_bias values must be finite numbers or false")
-                })?,
-            _ => {
-                return Err(ApiError::bad_request(
-                    "logit_bias values must be finite numbers or false",
-                ))
-            }
-        };
-        logit_bias.push((id, b));
-    }
+    let pairs = req.logit_bias.as_deref().unwrap_or_default();
+    let entries = pairs
+        .iter()
+        .map(|(id, bias)| match bias {
+            Value::Bool(false) => Ok((*id, None)),
+            Value::Number(n) => Ok((*id, n.as_f64())),
+            _ => Err(ApiError::bad_request(
+                "logit_bias values must be numbers or false",
+            )),
+        })
+        .collect::<ApiResult<Vec<_>>>()?;
+    let mut logit_bias = gen::logit_bias(&state, entries.into_iter())?;
     if req.ignore_eos {
-        for eog in state.tokenizer.eog_ids() {
-            logit_bias.push((eog, f32::NEG_INFINITY));
-        }
+        // end-of-generation tokens are banned whatever the request biased them by
+        logit_bias.retain(|&(t, _)| !state.tokenizer.is_eog(t));
+        logit_bias.extend(state.tokenizer.eog_ids().map(|t| (t, f32::NEG_INFINITY)));
     }
     let opts = SamplingOptions {
         temperature: req.temperature,
@@ -155,8 +152,11 @@ pub async fn tokenize(
     State(state): State<SharedState>,
     StrictJson(req): StrictJson<TokenizeRequest>,
 ) -> ApiResult<Json<Value>> {
-    let ids = state.tokenize_prompt(&req.content, req.add_special, req.parse_special)?;
-    if !req.with_pieces {
+    let (add, parse, with_pieces) = (req.add_special, req.parse_special, req.with_pieces);
+    let ids = state
+        .cpu(move |st| st.tokenize_prompt(&req.content, add, parse, TOKENIZE_TOKENS_MAX))
+        .await?;
+    if !with_pieces {
         return Ok(Json(json!({ "tokens": ids })));
     }
     let tokens: Vec<Value> = ids
@@ -177,6 +177,7 @@ pub async fn detokenize(
     State(state): State<SharedState>,
     StrictJson(req): StrictJson<DetokenizeRequest>,
 ) -> ApiResult<Json<Value>> {
+    check_count("tokens", req.tokens.len(), TOKENIZE_TOKENS_MAX)?;
     let ids = req
         .tokens
         .iter()
@@ -191,9 +192,10 @@ pub async fn apply_template(
     State(state): State<SharedState>,
     StrictJson(req): StrictJson<ChatCompletionRequest>,
 ) -> ApiResult<Json<Value>> {
-    Ok(Json(
-        json!({ "prompt": super::openai::render_chat(&state, &req)? }),
-    ))
+    let prompt = state
+        .cpu(move |st| super::openai::render_chat(st, &req))
+        .await?;
+    Ok(Json(json!({ "prompt": prompt })))
 }
 
 pub async fn embedding(
@@ -201,7 +203,9 @@ pub async fn embedding(
     Log(log): Log,
     StrictJson(req): StrictJson<EmbeddingRequest>,
 ) -> ApiResult<Json<Value>> {
-    let ids = state.tokenize_prompt(&req.content, true, true)?;
+    let ids = state
+        .cpu(move |st| st.tokenize_prompt(&req.content, true, true, st.prompt_tokens_max()))
+        .await?;
     let (v, _) = super::openai::embed(&state, &log, ids).await?;
     Ok(Json(json!([{ "index": 0, "embedding": [v] }])))
 }
@@ -315,7 +319,13 @@ pub async fn slot_action(
     let st = state.clone();
     let start = std::time::Instant::now();
     let n = tokio::task::spawn_blocking(move || match action {
-        SlotAction::Save => crate::slotfile::save(&st.engine, st.kvpack.as_ref(), id, &path),
+        SlotAction::Save => crate::slotfile::save(
+            &st.engine,
+            st.kvpack.as_ref(),
+            id,
+            &path,
+            st.options.slot_save_quota_bytes,
+        ),
         _ => crate::slotfile::restore(&st.engine, st.kvpack.as_ref(), id, &path),
     })
     .await
@@ -331,8 +341,17 @@ pub async fn slot_action(
     })))
 }
 
-pub async fn health() -> Json<Value> {
-    Json(json!({ "status": "ok" }))
+/// 200 while the engine runs; 503 once it has stopped (the server then exits).
+pub async fn health(State(state): State<SharedState>) -> Response {
+    if state.engine.is_running() {
+        return Json(json!({ "status": "ok" })).into_response();
+    }
+    ApiError::new(
+        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        "engine_unavailable",
+        "the engine has stopped",
+    )
+    .into_response()
 }
 
 pub async fn metrics(State(state): State<SharedState>) -> Response {

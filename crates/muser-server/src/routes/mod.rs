@@ -114,7 +114,15 @@ pub fn router(state: SharedState) -> Router {
         .route("/assets/{name}", get(dashboard::asset))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            handler_panicked,
+        ))
         .with_state(state)
+}
+
+/// A handler that panics answers 500 (the connection and the server go on).
+fn handler_panicked(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    ApiError::internal("the request failed inside the server").into_response()
 }
 
 async fn not_found(req: Request) -> ApiError {
@@ -124,40 +132,87 @@ async fn not_found(req: Request) -> ApiError {
     )
 }
 
-/// Auth (every route but /health and the dashboard's static files when a key is set) and
-/// the per-request log record.
+/// The one layer every route (present and future) passes: the `Host` allow-list (without
+/// a key), JSON-only POSTs, the API key (every route but /health and the dashboard's files,
+/// which hold no data), the limit on requests in flight, and the per-request log record.
 async fn guard(State(state): State<SharedState>, mut req: Request, next: Next) -> Response {
-    let route = route_label(req.uri().path());
-    let log = RequestLog::new(
-        req.method().as_str(),
-        req.uri().path(),
-        route,
-        state.metrics.clone(),
-    );
     let path = req.uri().path();
+    let route = route_label(path);
+    let log = RequestLog::new(req.method().as_str(), path, route, state.metrics.clone());
     let open = matches!(path, "/health" | "/v1/health" | "/") || path.starts_with("/assets/");
-    let response = match &state.options.api_key {
-        Some(key) if !open => {
-            let header = req
-                .headers()
-                .get(header::AUTHORIZATION)
-                .and_then(|h| h.to_str().ok());
-            match auth::check_bearer(key, header) {
-                Ok(()) => None,
-                Err(e) => Some(e.into_response()),
-            }
-        }
-        _ => None,
-    };
-    let response = match response {
-        Some(r) => r,
-        None => {
+    let refused = admit(&state, &req, open).err();
+    let response = match refused {
+        Some(e) => e.into_response(),
+        None if open || route == "/metrics" => {
             req.extensions_mut().insert(LogHandle(log.clone()));
             next.run(req).await
         }
+        None => match state.in_flight.clone().try_acquire_owned() {
+            Err(_) => ApiError::overloaded().into_response(),
+            Ok(permit) => {
+                req.extensions_mut().insert(LogHandle(log.clone()));
+                hold_while_streaming(next.run(req).await, permit)
+            }
+        },
     };
     log.set_status(response.status().as_u16());
     response
+}
+
+/// The checks that refuse a request before any work: Host, Content-Type, API key.
+fn admit(state: &AppState, req: &Request, open: bool) -> ApiResult<()> {
+    let headers = req.headers();
+    match &state.options.api_key {
+        Some(key) if !open => {
+            let given = headers
+                .get(header::AUTHORIZATION)
+                .and_then(|h| h.to_str().ok());
+            auth::check_bearer(key, given)?;
+        }
+        Some(_) => {}
+        None => {
+            let host = headers.get(header::HOST).map(|h| h.to_str().unwrap_or(""));
+            if let Some(host) =
+                host.filter(|h| !auth::host_allowed(h, &state.options.allowed_hosts))
+            {
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "forbidden_host",
+                    format!("Host `{host}` is not served here: without an API key this server answers only to its own names (start it with --allow-host NAME, or with a key)"),
+                ));
+            }
+        }
+    }
+    // A session bundle is binary (`application/octet-stream`, which a browser cannot send
+    // cross-site without a preflight either); every other POST is JSON.
+    if req.method() == axum::http::Method::POST && req.uri().path() != "/v1/sessions/import" {
+        crate::json::check_content_type(headers.get(header::CONTENT_TYPE))?;
+    }
+    Ok(())
+}
+
+/// A streamed response keeps its in-flight permit until its last frame is sent (or the
+/// client goes away); any other response returns it now.
+fn hold_while_streaming(response: Response, permit: tokio::sync::OwnedSemaphorePermit) -> Response {
+    let streaming = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| {
+            t.starts_with("text/event-stream") || t.starts_with("application/x-ndjson")
+        });
+    if !streaming {
+        return response;
+    }
+    response.map(|body| {
+        Body::from_stream(futures::StreamExt::map(
+            body.into_data_stream(),
+            move |frame| {
+                let _held = &permit;
+                frame
+            },
+        ))
+    })
 }
 
 /// The request's log record, handed to handlers by the middleware.

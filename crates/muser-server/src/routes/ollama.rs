@@ -6,6 +6,7 @@ use crate::chat::{self, OutputParser, Piece};
 use crate::error::{ApiError, ApiResult};
 use crate::gen::{self, Finished, SamplingOptions, Step};
 use crate::json::StrictJson;
+use crate::limits;
 use crate::state::{AppState, SharedState};
 use crate::structured;
 use crate::wire::ollama::{ChatRequest, GenerateRequest as OllamaGenerate, Options, ShowRequest};
@@ -125,7 +126,6 @@ pub async fn generate(
         ));
     }
     check_common(&state, req.options.as_ref())?;
-    let constraint = structured::plan_format(&state, req.format.as_ref(), req.raw != Some(true))?;
     let model = state.model.id.clone();
     if req.prompt.is_empty() && req.context.is_none() {
         // Ollama answers an empty prompt by loading the model; it is always loaded here.
@@ -135,21 +135,31 @@ pub async fn generate(
         )
         .into_response());
     }
-    let text = if req.raw == Some(true) {
-        req.prompt.clone()
-    } else {
-        let mut messages = Vec::new();
-        if let Some(system) = req.system.as_ref().filter(|s| !s.is_empty()) {
-            messages.push(json!({ "role": "system", "content": system }));
-        }
-        messages.push(json!({ "role": "user", "content": req.prompt }));
-        chat::render(&state, messages, None, true, Default::default())?
-    };
-    let mut ids = Vec::new();
-    for &t in req.context.iter().flatten() {
-        ids.push(state.check_token(t)?);
-    }
-    ids.extend(state.tokenizer.encode(&text, ids.is_empty(), true));
+    // the grammar, the template and the tokenizer run on the work pool
+    let (req, constraint, ids) = state
+        .cpu(move |state| {
+            let constraint =
+                structured::plan_format(state, req.format.as_ref(), req.raw != Some(true))?;
+            let text = if req.raw == Some(true) {
+                req.prompt.clone()
+            } else {
+                let mut messages = Vec::new();
+                if let Some(system) = req.system.as_ref().filter(|s| !s.is_empty()) {
+                    messages.push(json!({ "role": "system", "content": system }));
+                }
+                messages.push(json!({ "role": "user", "content": req.prompt }));
+                chat::render(state, messages, None, true, Default::default())?
+            };
+            let context = req.context.as_deref().unwrap_or_default();
+            limits::check_count("context tokens", context.len(), state.prompt_tokens_max())?;
+            let mut ids = context
+                .iter()
+                .map(|&t| state.check_token(t))
+                .collect::<ApiResult<Vec<_>>>()?;
+            ids.extend(state.encode_prompt(&text, ids.is_empty())?);
+            Ok((req, constraint, ids))
+        })
+        .await?;
     let (opts, max_tokens, stop) = sampling(req.options.as_ref())?;
     let greq = GenerateRequest {
         prompt: ids.clone(),
@@ -204,7 +214,12 @@ pub async fn chat(
     let start = Instant::now();
     state.check_model(Some(&req.model))?;
     check_common(&state, req.options.as_ref())?;
-    let constraint = structured::plan_format(&state, req.format.as_ref(), true)?;
+    limits::check_count("messages", req.messages.len(), limits::MESSAGES_MAX)?;
+    limits::check_count(
+        "tools",
+        req.tools.as_ref().map_or(0, Vec::len),
+        limits::TOOLS_MAX,
+    )?;
     let mut messages = Vec::new();
     for m in &req.messages {
         if m.images.as_ref().is_some_and(|i| !i.is_empty()) {
@@ -229,8 +244,15 @@ pub async fn chat(
         .as_ref()
         .filter(|t| !t.is_empty())
         .map(|t| json!(t));
-    let text = chat::render(&state, messages, tools.clone(), true, Default::default())?;
-    let ids = state.tokenizer.encode(&text, true, true);
+    // the grammar, the template and the tokenizer run on the work pool
+    let (req, tools, constraint, ids) = state
+        .cpu(move |state| {
+            let constraint = structured::plan_format(state, req.format.as_ref(), true)?;
+            let text = chat::render(state, messages, tools.clone(), true, Default::default())?;
+            let ids = state.encode_prompt(&text, true)?;
+            Ok((req, tools, constraint, ids))
+        })
+        .await?;
     let (opts, max_tokens, stop) = sampling(req.options.as_ref())?;
     let greq = GenerateRequest {
         prompt: ids,

@@ -5,11 +5,13 @@ use crate::chat::{self, OutputParser, Piece};
 use crate::error::{ApiError, ApiResult};
 use crate::gen::{self, Finished, SamplingOptions, Step};
 use crate::json::StrictJson;
+use crate::limits;
 use crate::state::{AppState, SharedState};
 use crate::structured;
 use crate::wire::openai::{
     ChatCompletionRequest, CompletionRequest, EmbeddingRequest, EncodingFormat, ToolChoice,
 };
+use crate::wire::Prompt;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -80,10 +82,15 @@ pub async fn chat_completions(
         (_, Some(_)) => return Err(ApiError::bad_request("top_logprobs needs logprobs: true")),
         _ => 0,
     };
-    // response_format and forced tool choices become a grammar the sampler enforces
-    let plan = structured::plan_chat(&state, &req)?;
-    let prompt = render_chat(&state, &req)?;
-    let ids = state.tokenizer.encode(&prompt, true, true);
+    // response_format and forced tool choices become a grammar the sampler enforces; it,
+    // the template and the tokenizer run on the work pool
+    let (req, plan, ids) = state
+        .cpu(move |state| {
+            let plan = structured::plan_chat(state, &req)?;
+            let ids = state.encode_prompt(&render_chat(state, &req)?, true)?;
+            Ok((req, plan, ids))
+        })
+        .await?;
     let sampling = req.sampling();
     let opts = SamplingOptions {
         temperature: sampling.temperature,
@@ -279,6 +286,12 @@ fn generic_message(text: &str) -> chat::Message {
 
 /// Renders a chat request's conversation (shared with /apply-template).
 pub fn render_chat(state: &AppState, req: &ChatCompletionRequest) -> ApiResult<String> {
+    limits::check_count("messages", req.messages.len(), limits::MESSAGES_MAX)?;
+    limits::check_count(
+        "tools",
+        req.tools.as_ref().map_or(0, Vec::len),
+        limits::TOOLS_MAX,
+    )?;
     let mut messages = req
         .messages
         .iter()
@@ -311,7 +324,7 @@ pub fn render_chat(state: &AppState, req: &ChatCompletionRequest) -> ApiResult<S
 pub async fn completions(
     State(state): State<SharedState>,
     Log(log): Log,
-    StrictJson(req): StrictJson<CompletionRequest>,
+    StrictJson(mut req): StrictJson<CompletionRequest>,
 ) -> ApiResult<Response> {
     state.check_model(req.model.as_deref())?;
     check_n(req.n)?;
@@ -327,7 +340,10 @@ pub async fn completions(
         ));
     }
     let max_tokens = check_max_tokens("max_tokens", req.max_tokens)?.or(Some(16));
-    let ids = state.tokenize_prompt(&req.prompt, true, true)?;
+    let prompt = std::mem::replace(&mut req.prompt, Prompt(Vec::new()));
+    let ids = state
+        .cpu(move |st| st.tokenize_prompt(&prompt, true, true, st.prompt_tokens_max()))
+        .await?;
     let sampling = req.sampling();
     let n_probs = req.logprobs.unwrap_or(0) as usize;
     let opts = SamplingOptions {
@@ -449,7 +465,7 @@ pub async fn embed(
 pub async fn embeddings(
     State(state): State<SharedState>,
     Log(log): Log,
-    StrictJson(req): StrictJson<EmbeddingRequest>,
+    StrictJson(mut req): StrictJson<EmbeddingRequest>,
 ) -> ApiResult<Response> {
     state.check_model(req.model.as_deref())?;
     if let Some(d) = req.dimensions {
@@ -460,7 +476,10 @@ pub async fn embeddings(
             )));
         }
     }
-    let ids = state.tokenize_prompt(&req.input, true, true)?;
+    let prompt = std::mem::replace(&mut req.input, Prompt(Vec::new()));
+    let ids = state
+        .cpu(move |st| st.tokenize_prompt(&prompt, true, true, st.prompt_tokens_max()))
+        .await?;
     let (v, done) = embed(&state, &log, ids).await?;
     let embedding = match req.encoding_format.unwrap_or(EncodingFormat::Float) {
         EncodingFormat::Float => json!(v),

@@ -7,6 +7,8 @@ pub mod ollama;
 pub mod openai;
 pub mod sessions;
 
+use crate::limits::PROMPT_PIECES_MAX;
+use serde::de::{self, DeserializeSeed, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
 /// `stop`: one string or a list of strings.
@@ -42,39 +44,117 @@ pub enum PromptPiece {
 pub struct Prompt(pub Vec<PromptPiece>);
 
 impl<'de> Deserialize<'de> for Prompt {
+    /// Read as it streams, never through a `serde_json::Value`: a list holds at most
+    /// [`PROMPT_PIECES_MAX`] pieces, and OpenAI's batch form (a list holding exactly one
+    /// prompt list) nests once, so no prompt costs more than its pieces.
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        use serde::de::Error;
-        let value = serde_json::Value::deserialize(d)?;
-        let piece = |v: &serde_json::Value| match v {
-            serde_json::Value::String(s) => Ok(PromptPiece::Text(s.clone())),
-            serde_json::Value::Number(n) => n
-                .as_u64()
-                .map(PromptPiece::Token)
-                .ok_or_else(|| D::Error::custom("token ids must be non-negative integers")),
-            _ => Err(D::Error::custom(
-                "a prompt is a string or a list of strings and token ids",
-            )),
-        };
-        match &value {
-            serde_json::Value::Array(items) => {
-                // OpenAI's batch form: a list holding exactly one prompt.
-                if let [inner @ serde_json::Value::Array(_)] = items.as_slice() {
-                    return Prompt::deserialize(inner.clone()).map_err(D::Error::custom);
+        d.deserialize_any(PromptVisitor { outer: true })
+    }
+}
+
+const PROMPT_SHAPE: &str = "a prompt is a string or a list of strings and token ids";
+const ONE_PROMPT: &str = "only one prompt per request is supported";
+
+struct PromptVisitor {
+    /// The outermost list, which may hold one inner prompt list.
+    outer: bool,
+}
+
+/// One element of a prompt list.
+enum Element {
+    Piece(PromptPiece),
+    Inner(Prompt),
+}
+
+impl<'de> Visitor<'de> for PromptVisitor {
+    type Value = Prompt;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(PROMPT_SHAPE)
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Prompt, E> {
+        Ok(Prompt(vec![PromptPiece::Text(v.to_string())]))
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Prompt, E> {
+        Ok(Prompt(vec![PromptPiece::Text(v)]))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Prompt, E> {
+        Ok(Prompt(vec![PromptPiece::Token(v)]))
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Prompt, E> {
+        Err(E::custom("token ids must be non-negative integers"))
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Prompt, E> {
+        Err(E::custom("token ids must be non-negative integers"))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Prompt, A::Error> {
+        let mut pieces = Vec::new();
+        let mut inner = None;
+        let seed = ElementSeed { outer: self.outer };
+        while let Some(e) = seq.next_element_seed(seed)? {
+            match e {
+                Element::Inner(p) if inner.is_none() && pieces.is_empty() => inner = Some(p),
+                Element::Piece(p) if inner.is_none() => {
+                    if pieces.len() == PROMPT_PIECES_MAX {
+                        return Err(de::Error::custom(format!(
+                            "a prompt list holds at most {PROMPT_PIECES_MAX} pieces"
+                        )));
+                    }
+                    pieces.push(p);
                 }
-                if items.len() > 1 && items.iter().all(|v| v.is_string()) {
-                    return Err(D::Error::custom("only one prompt per request is supported"));
-                }
-                if items.iter().any(|v| v.is_array()) {
-                    return Err(D::Error::custom("only one prompt per request is supported"));
-                }
-                items
-                    .iter()
-                    .map(piece)
-                    .collect::<Result<_, _>>()
-                    .map(Prompt)
+                _ => return Err(de::Error::custom(ONE_PROMPT)),
             }
-            other => Ok(Prompt(vec![piece(other)?])),
         }
+        if let Some(p) = inner {
+            return Ok(p);
+        }
+        if pieces.len() > 1 && pieces.iter().all(|p| matches!(p, PromptPiece::Text(_))) {
+            return Err(de::Error::custom(ONE_PROMPT));
+        }
+        Ok(Prompt(pieces))
+    }
+}
+
+#[derive(Clone, Copy)]
+struct ElementSeed {
+    outer: bool,
+}
+
+impl<'de> DeserializeSeed<'de> for ElementSeed {
+    type Value = Element;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Element, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ElementSeed {
+    type Value = Element;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(PROMPT_SHAPE)
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Element, E> {
+        Ok(Element::Piece(PromptPiece::Text(v.to_string())))
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Element, E> {
+        Ok(Element::Piece(PromptPiece::Text(v)))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Element, E> {
+        Ok(Element::Piece(PromptPiece::Token(v)))
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Element, E> {
+        Err(E::custom("token ids must be non-negative integers"))
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Element, E> {
+        Err(E::custom("token ids must be non-negative integers"))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Element, A::Error> {
+        if !self.outer {
+            return Err(de::Error::custom(ONE_PROMPT));
+        }
+        PromptVisitor { outer: false }
+            .visit_seq(seq)
+            .map(Element::Inner)
     }
 }
 
@@ -107,6 +187,13 @@ mod tests {
         assert!(serde_json::from_str::<Prompt>(r#"["a", "b"]"#).is_err());
         assert!(serde_json::from_str::<Prompt>("[-1]").is_err());
         assert!(serde_json::from_str::<Prompt>("{}").is_err());
+        assert!(serde_json::from_str::<Prompt>("[[[1]]]").is_err());
+        assert!(serde_json::from_str::<Prompt>("[[1], [2]]").is_err());
+        assert!(serde_json::from_str::<Prompt>("[1, [2]]").is_err());
+        assert!(serde_json::from_str::<Prompt>("[1.5]").is_err());
+        let many = format!("[{}1]", "1,".repeat(crate::limits::PROMPT_PIECES_MAX));
+        let err = serde_json::from_str::<Prompt>(&many).unwrap_err();
+        assert!(err.to_string().contains("at most"), "{err}");
     }
 
     #[test]

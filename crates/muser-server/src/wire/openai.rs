@@ -16,7 +16,7 @@ pub struct Sampling {
     pub frequency_penalty: Option<f32>,
     pub repeat_penalty: Option<f32>,
     pub seed: Option<i64>,
-    pub logit_bias: Option<BTreeMap<String, f32>>,
+    pub logit_bias: Option<BTreeMap<String, f64>>,
 }
 
 macro_rules! with_sampling {
@@ -41,7 +41,7 @@ macro_rules! with_sampling {
             #[serde(default)]
             pub seed: Option<i64>,
             #[serde(default)]
-            pub logit_bias: Option<BTreeMap<String, f32>>,
+            pub logit_bias: Option<BTreeMap<String, f64>>,
         }
         impl $name {
             pub fn sampling(&self) -> Sampling {

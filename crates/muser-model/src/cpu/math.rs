@@ -187,24 +187,10 @@ pub fn rms_scale(x: &[f32], eps: f32) -> f32 {
     1.0 / (mean + eps).sqrt()
 }
 
-/// Whether the AVX512 kernels ([`x86`]) run on this CPU.
+/// Whether the AVX512 kernels ([`x86`]) run: the CPU has them and `MUSER_ISA` does not cap
+/// the dispatch below (see [`muser_quant::detected_isa`]).
 pub fn has_avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *HAS.get_or_init(|| {
-            std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512dq")
-                && std::arch::is_x86_feature_detected!("avx512bw")
-                && std::arch::is_x86_feature_detected!("avx512vl")
-                && std::arch::is_x86_feature_detected!("fma")
-                && std::arch::is_x86_feature_detected!("f16c")
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    muser_quant::detected_isa() == muser_quant::Isa::Avx512
 }
 
 /// `g = silu(g) * u` in place (`ggml_vec_swiglu_f32`), AVX512 when the CPU has it.

@@ -584,6 +584,36 @@ mod tests {
         assert!(e.contains("--device cuda"), "{e}");
     }
 
+    #[test]
+    fn a_profile_the_cpu_backend_does_not_compute_is_refused_before_loading() {
+        let e = load_err(&["bench", "-m", "no-such.gguf", "--flash-attn", "off"]);
+        assert!(
+            e.contains("ggml-b11434/x86-avx512/fa-off") && e.contains("not implemented"),
+            "{e}"
+        );
+        let e = load_err(&[
+            "bench",
+            "-m",
+            "no-such.gguf",
+            "--numerics",
+            "host",
+            "--device",
+            "cuda",
+        ]);
+        assert!(e.contains("CPU backend's order"), "{e}");
+        // the defaults resolve: the error is about the missing file
+        let e = load_err(&[
+            "bench",
+            "-m",
+            "no-such.gguf",
+            "--numerics",
+            "portable",
+            "--flash-attn",
+            "on",
+        ]);
+        assert!(e.contains("no-such.gguf"), "{e}");
+    }
+
     #[cfg(not(feature = "cuda"))]
     #[test]
     fn fused_without_the_feature_names_it() {

@@ -32,9 +32,10 @@
 //! kernels stream each weight byte once and keep the activation row in L1/L2.
 //!
 //! # Kernels
-//! Run-time dispatch ([`detected_isa`]): AVX2+FMA+F16C kernels for every type, and on
-//! AVX512-VNNI hosts the byte-dot formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, NVFP4) use
-//! EVEX `vpdpbusd` like ggml's AVX512 build. Scales are read through the same lookup tables
+//! Run-time dispatch ([`detected_isa`], capped by [`ISA_ENV`]): AVX2+FMA+F16C kernels for every
+//! type (and 4-row × 4-token tile kernels for the 32-value byte formats), and on AVX512-VNNI
+//! hosts the byte-dot formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, NVFP4) use EVEX `vpdpbusd`
+//! like ggml's AVX512 build; both give the same bits. Scales are read through the same lookup tables
 //! ggml uses (f16, E8M0, UE4M3). `scripts/quant-bench.sh` times them beside ggml's own kernels
 //! (`docs/benchmarks.md`).
 

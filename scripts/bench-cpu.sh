@@ -6,9 +6,17 @@
 #
 #   scripts/bench-cpu.sh
 #   LLAMA_BIN=DIR GGML_CPU_LIB=DIR scripts/bench-cpu.sh   # see scripts/goldens.sh about AVX-VNNI
+#   BENCH_ISA=avx2 scripts/bench-cpu.sh   # an AVX2 host on any x86 machine: the comparator built
+#                                         # without AVX512, Muser's dispatch capped (MUSER_ISA)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-bin="${LLAMA_BIN:-$("$root/scripts/comparator.sh" | tail -n1)}"
+isa="${BENCH_ISA:-native}"
+case "$isa" in
+  native) comparator="$root/scripts/comparator.sh" ;;
+  avx2) comparator="env LLAMA_ISA=avx2 $root/scripts/comparator.sh"; export MUSER_ISA=avx2 ;;
+  *) echo "bench-cpu: BENCH_ISA must be native or avx2" >&2; exit 2 ;;
+esac
+bin="${LLAMA_BIN:-$(LLAMA_TARGETS=llama-bench $comparator | tail -n1)}"
 libpath="$bin"
 [ -n "${GGML_CPU_LIB:-}" ] && libpath="$GGML_CPU_LIB:$bin"
 models="${MUSER_MODELS:-$HOME/.cache/muser/models}"
@@ -22,7 +30,7 @@ muser="$target/release/muser"
 bench310="$models/muse-bench-310m-q4_k.gguf"
 [ -f "$bench310" ] || "$muser" synth --preset bench-310m --type q4_k --seed 42 -o "$bench310"
 
-stamp=$(date -u +%Y%m%dT%H%M%SZ)
+stamp=$isa-$(date -u +%Y%m%dT%H%M%SZ)
 for m in "$models/SmolLM2-135M-Instruct.Q4_1.gguf" "$bench310"; do
   name=$(basename "$m" .gguf)
   echo "== $name: llama-bench" >&2

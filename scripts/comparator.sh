@@ -3,12 +3,16 @@
 # this machine's CPU (flags from shared/ANCHORS.md: GGML_NATIVE=ON dies with SIGILL here).
 # Prints the bin directory on its last line. Idempotent: an existing build is reused.
 #   scripts/comparator.sh            # CPU build
+#   LLAMA_ISA=avx2 scripts/comparator.sh # CPU build without AVX512 (ggml's AVX2 order; runs on any
+#                                        # x86-64 host with AVX2/FMA/F16C)
 #   LLAMA_CUDA=1 scripts/comparator.sh   # CUDA build (GPU machine)
 set -euo pipefail
 cache="${MUSER_CACHE:-$HOME/.cache/muser}"
 src="$cache/llama.cpp-11434"
+isa="${LLAMA_ISA:-avx512}"
+case "$isa" in avx512|avx2) ;; *) echo "comparator: LLAMA_ISA must be avx512 or avx2" >&2; exit 2;; esac
 kind=cpu; [ "${LLAMA_CUDA:-0}" = 1 ] && kind=cuda
-build="$src/build-$kind"
+build="$src/build-$kind"; [ "$kind" = cpu ] && [ "$isa" = avx2 ] && build="$src/build-cpu-avx2"
 jobs="${JOBS:-$(nproc)}"
 targets="${LLAMA_TARGETS:-llama-cli llama-tokenize llama-bench llama-server llama-simple llama-quantize llama-batched-bench llama-completion}"
 mkdir -p "$cache"
@@ -27,6 +31,7 @@ if [ "$kind" = cpu ]; then
   # not AVX-VNNI, and a build with it dies with SIGILL in the Q4_0/Q4_1/Q8_0 dot kernels.
   avxvnni=OFF; grep -qw avx_vnni /proc/cpuinfo 2>/dev/null && avxvnni=ON
   flags="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=$avxvnni"
+  [ "$isa" = avx2 ] && flags="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF"
 else
   flags="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90"
 fi

@@ -10,6 +10,11 @@
 #   scripts/goldens.sh            # SmolLM2 + synthetic muse models
 #   GGML_CPU_LIB=DIR scripts/goldens.sh   # use the libggml-cpu.so in DIR (see below)
 #   LLAMA_BIN=DIR scripts/goldens.sh      # comparator bin dir (default: scripts/comparator.sh)
+#   GOLDEN_PROFILE=x86-avx2/fa-off scripts/goldens.sh   # another numerics profile (see
+#       docs/exactness.md): x86-avx512|x86-avx2 (the comparator's build, LLAMA_ISA) and
+#       fa-on|fa-off; the default x86-avx512/fa-on (flash attention auto) writes tests/golden/,
+#       the others tests/golden/<order>-<fa>/. The AVX2 build runs on any x86-64 host.
+#   GOLDEN_MODELS=smollm2 scripts/goldens.sh   # SmolLM2 only (skip the synthetic models)
 #
 # The synthetic models are not committed: they are rebuilt with `muser synth` from the preset,
 # type and seed recorded in each golden, whose SHA-256 the tests check.
@@ -17,9 +22,17 @@
 # with SIGILL; build ggml-cpu once more without it and point GGML_CPU_LIB at that bin dir.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-bin="${LLAMA_BIN:-$("$root/scripts/comparator.sh" | tail -n1)}"
+profile="${GOLDEN_PROFILE:-x86-avx512/fa-on}"
+case "$profile" in
+  x86-avx512/fa-on) isa=avx512 fa=auto sub="" ;;
+  x86-avx512/fa-off) isa=avx512 fa=off sub=x86-avx512-fa-off ;;
+  x86-avx2/fa-on) isa=avx2 fa=auto sub=x86-avx2-fa-on ;;
+  x86-avx2/fa-off) isa=avx2 fa=off sub=x86-avx2-fa-off ;;
+  *) echo "goldens: unknown GOLDEN_PROFILE $profile" >&2; exit 2 ;;
+esac
+bin="${LLAMA_BIN:-$(LLAMA_ISA=$isa "$root/scripts/comparator.sh" | tail -n1)}"
 src=$(cd "$bin/../.." && pwd)
-out="$root/crates/muser-model/tests/golden"
+out="$root/crates/muser-model/tests/golden${sub:+/$sub}"
 models="${MUSER_MODELS:-$HOME/.cache/muser/models}"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -40,7 +53,7 @@ record() {
   while read -r chunk ids; do
     local full=()
     [ $i = 0 ] && full=(--full-logits)
-    golden "$model" --tokens "$ids" --n-predict 128 --n-ctx 1024 --threads 2 --chunk "$chunk" "${full[@]}" >> "$work/cases"
+    golden "$model" --tokens "$ids" --n-predict 128 --n-ctx 1024 --threads 2 --chunk "$chunk" --flash-attn "$fa" "${full[@]}" >> "$work/cases"
     i=$((i + 1))
   done
   python3 "$root/scripts/goldens/assemble.py" "$model" "$extra" < "$work/cases" > "$out/$name.json"
@@ -64,6 +77,8 @@ prompts=(
 for p in "${prompts[@]}"; do
   echo "0 $(golden "$smol" --tokenize "$(printf '%b' "$p")" | tr -d '[] ')"
 done | record "$smol" smollm2-135m-q4_1 '{"source":"file","file":"SmolLM2-135M-Instruct.Q4_1.gguf"}'
+
+[ "${GOLDEN_MODELS:-all}" = smollm2 ] && exit 0
 
 # Synthetic Muse Glimmer models (windows 32 and 16): prompts of 80-200 random ids, longer than
 # the window, prefilled in one batch, plus the first prompt again in chunks of 20 and token by

@@ -1,6 +1,7 @@
 // Greedy-decoding goldens from llama.cpp's libllama (build 11434), for Muser's parity tests.
 //
 //   golden MODEL --tokens 1,2,3 [--n-predict 128] [--n-ctx 1024] [--threads 2] [--chunk N] [--full-logits]
+//                [--flash-attn auto|on|off]
 //   golden MODEL --tokenize "text"          (prints the token ids as a JSON array)
 //
 // Decodes the prompt (token ids, so models without a tokenizer work) in one llama_decode call
@@ -42,13 +43,14 @@ static int parse_tokens(const char * s, llama_token * out, int max) {
 
 int main(int argc, char ** argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s MODEL (--tokens IDS | --tokenize TEXT) [--n-predict N] [--n-ctx N] [--threads N] [--full-logits]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL (--tokens IDS | --tokenize TEXT) [--n-predict N] [--n-ctx N] [--threads N] [--full-logits] [--flash-attn auto|on|off]\n", argv[0]);
         return 2;
     }
     const char * model_path = argv[1];
     const char * tokens_arg = NULL;
     const char * text = NULL;
     int n_predict = 128, n_ctx = 1024, threads = 2, full = 0, chunk = 0;
+    const char * fa = "auto";
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens_arg = argv[++i];
         else if (!strcmp(argv[i], "--tokenize") && i + 1 < argc) text = argv[++i];
@@ -57,6 +59,7 @@ int main(int argc, char ** argv) {
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) chunk = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--full-logits")) full = 1;
+        else if (!strcmp(argv[i], "--flash-attn") && i + 1 < argc) fa = argv[++i];
         else { fprintf(stderr, "unknown argument %s\n", argv[i]); return 2; }
     }
 
@@ -86,6 +89,9 @@ int main(int argc, char ** argv) {
     cp.n_ctx = (uint32_t) n_ctx;
     cp.n_threads = threads;
     cp.n_threads_batch = threads;
+    if (!strcmp(fa, "on")) cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+    else if (!strcmp(fa, "off")) cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    else if (strcmp(fa, "auto")) { fprintf(stderr, "--flash-attn takes auto, on or off\n"); return 2; }
     struct llama_context * ctx = llama_init_from_model(model, cp);
     if (!ctx) { fprintf(stderr, "cannot create context\n"); return 1; }
     const int n_vocab = llama_vocab_n_tokens(vocab);
@@ -97,7 +103,7 @@ int main(int argc, char ** argv) {
     }
 
     printf("{\"n_ctx\":%u,\"n_batch\":%u,\"n_ubatch\":%u,\"n_threads\":%d,", llama_n_ctx(ctx), llama_n_batch(ctx), llama_n_ubatch(ctx), threads);
-    printf("\"flash_attn\":\"%s\",\"type_k\":\"f16\",\"type_v\":\"f16\",\"n_vocab\":%d,", g_fa_enabled == 1 ? "auto (enabled)" : g_fa_enabled == 0 ? "auto (disabled)" : "auto", n_vocab);
+    printf("\"flash_attn\":\"%s%s\",\"type_k\":\"f16\",\"type_v\":\"f16\",\"n_vocab\":%d,", fa, g_fa_enabled == 1 ? " (enabled)" : g_fa_enabled == 0 ? " (disabled)" : "", n_vocab);
     printf("\"chunk\":%d,\"prompt\":[", chunk);
     for (int i = 0; i < n_prompt; i++) printf(i ? ",%d" : "%d", prompt[i]);
     printf("],");

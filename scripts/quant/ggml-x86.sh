@@ -6,5 +6,8 @@
 flags=(-DGGML_AVX -DGGML_AVX2 -DGGML_AVX512 -DGGML_AVX512_BF16 -DGGML_AVX512_VNNI -DGGML_BMI2
        -DGGML_F16C -DGGML_FMA -DGGML_SSE42 -D_GNU_SOURCE -O3 -std=gnu11 -msse4.2 -mf16c -mfma -mbmi2
        -mavx -mavx2 -mavx512f -mavx512cd -mavx512vl -mavx512dq -mavx512bw -mavx512vnni -mavx512bf16)
+# QUANT_ISA=avx2: ggml's kernels as its AVX2 build compiles them (no AVX512 at all).
+[ "${QUANT_ISA:-avx512}" = avx2 ] && flags=(-DGGML_AVX -DGGML_AVX2 -DGGML_BMI2 -DGGML_F16C -DGGML_FMA
+  -DGGML_SSE42 -D_GNU_SOURCE -O3 -std=gnu11 -msse4.2 -mf16c -mfma -mbmi2 -mavx -mavx2)
 cc "${flags[@]}" -I"$src/ggml/src" -I"$src/ggml/src/ggml-cpu" -I"$src/ggml/include" \
     -c "$src/ggml/src/ggml-cpu/arch/x86/quants.c" -o "$work/x86_quants.o"

@@ -41,6 +41,8 @@ pub struct Args {
     /// op); cuda-ops (always op by op). CUDA needs a muser built with `--features cuda`.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     device: Device,
+    #[command(flatten)]
+    numerics: device::NumericsArgs,
     /// KV cache type: f16 or f32.
     #[arg(long, default_value = "f16")]
     kv_type: String,
@@ -101,6 +103,7 @@ enum Engine {
 
 impl Engine {
     fn load(args: &Args, kv_type: KvType) -> anyhow::Result<Engine> {
+        args.numerics.resolve(args.device)?;
         if args.fused {
             if args.device != Device::Cuda {
                 bail!("--fused runs on the GPU: add --device cuda");
@@ -141,6 +144,15 @@ impl Engine {
             Engine::Model(m, ..) => m.gguf(),
             #[cfg(feature = "cuda")]
             Engine::Fused(f) => f.gguf(),
+        }
+    }
+
+    /// The numerics profile of the forward pass (see `Model::numerics_tag`).
+    fn numerics_tag(&self) -> Option<String> {
+        match self {
+            Engine::Model(m, ..) => m.numerics_tag(),
+            #[cfg(feature = "cuda")]
+            Engine::Fused(_) => None,
         }
     }
 
@@ -354,20 +366,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             })
             .collect();
         let receipt = format!(
-            "{{\n  \"tool\":\"muser bench\",\n  \"command\":{},\n  \"git_commit\":{},\n  \"machine\":{{\"cpu\":{},\"logical_cpus\":{}}},\n  \
+            "{{\n  \"tool\":\"muser bench\",\n  \"command\":{},\n  \"git_commit\":{},\n  \"machine\":{{\"cpu\":{},\"logical_cpus\":{},\"isa\":{},\"isa_hardware\":{}}},\n  \
              \"model\":{{\"file\":{},\"file_bytes\":{},\"tensor_bytes\":{},\"params\":{},\"arch\":{}}},\n  \
-             \"settings\":{{\"device\":{},\"threads\":{},\"kv_type\":{},\"repetitions\":{}}},\n  \"peak_rss_bytes\":{},\n  \
+             \"settings\":{{\"device\":{},\"numerics\":{},\"threads\":{},\"kv_type\":{},\"repetitions\":{}}},\n  \"peak_rss_bytes\":{},\n  \
              \"bandwidth\":{},\n  \"results\":[{}]\n}}\n",
             json_str(&command.join(" ")),
             json_str(&git_commit()),
             json_str(&cpu_model()),
             std::thread::available_parallelism().map_or(0, |n| n.get()),
+            json_str(muser_quant::detected_isa().name()),
+            json_str(muser_quant::hardware_isa().name()),
             json_str(&model_name),
             info.file_bytes,
             model_bytes,
             n_params,
             json_str(info.arch.name()),
             json_str(backend),
+            engine
+                .numerics_tag()
+                .map_or("null".to_string(), |t| json_str(&t)),
             engine.threads(),
             json_str(engine.kv_name()),
             args.repetitions,
@@ -565,6 +582,36 @@ mod tests {
     fn fused_needs_the_cuda_device() {
         let e = load_err(&["bench", "-m", "no-such.gguf", "--fused"]);
         assert!(e.contains("--device cuda"), "{e}");
+    }
+
+    #[test]
+    fn a_profile_the_cpu_backend_does_not_compute_is_refused_before_loading() {
+        let e = load_err(&["bench", "-m", "no-such.gguf", "--flash-attn", "off"]);
+        assert!(
+            e.contains("ggml-b11434/x86-avx512/fa-off") && e.contains("not implemented"),
+            "{e}"
+        );
+        let e = load_err(&[
+            "bench",
+            "-m",
+            "no-such.gguf",
+            "--numerics",
+            "host",
+            "--device",
+            "cuda",
+        ]);
+        assert!(e.contains("CPU backend's order"), "{e}");
+        // the defaults resolve: the error is about the missing file
+        let e = load_err(&[
+            "bench",
+            "-m",
+            "no-such.gguf",
+            "--numerics",
+            "portable",
+            "--flash-attn",
+            "on",
+        ]);
+        assert!(e.contains("no-such.gguf"), "{e}");
     }
 
     #[cfg(not(feature = "cuda"))]

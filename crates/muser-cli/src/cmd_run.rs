@@ -44,6 +44,8 @@ pub struct Args {
     /// op); cuda-ops (always op by op). CUDA needs a muser built with `--features cuda`.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     device: Device,
+    #[command(flatten)]
+    numerics: device::NumericsArgs,
     /// Temperature; 0 or less samples greedily.
     #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     temp: f32,
@@ -98,11 +100,13 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let t0 = Instant::now();
+    args.numerics.resolve(args.device)?;
     let model = device::load(&args.model, args.device, args.threads)?;
     let tokenizer = load_tokenizer(&model)?.map(Arc::new);
     let info = model.info();
     eprintln!(
-        "muser: loaded {} ({}, {} layers, n_embd {}, vocab {}) in {:.0} ms, {}, {} threads",
+        "muser: loaded {} ({}, {} layers, n_embd {}, vocab {}) in {:.0} ms, {}, {} threads, \
+         numerics {}",
         args.model.display(),
         info.arch.name(),
         info.n_layer,
@@ -111,6 +115,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         t0.elapsed().as_secs_f64() * 1e3,
         args.device.name(),
         model.threads(),
+        model.numerics_tag().as_deref().unwrap_or("of the device"),
     );
     let is_muse = info.arch == Arch::MuseGlimmer;
 

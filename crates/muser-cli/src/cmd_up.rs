@@ -85,6 +85,8 @@ pub struct Args {
     /// op); cuda-ops (always op by op). CUDA needs a muser built with `--features cuda`.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     device: Device,
+    #[command(flatten)]
+    numerics: device::NumericsArgs,
     /// Requests allowed to wait for a slot before the server answers 429.
     #[arg(long, default_value_t = 64)]
     queue: usize,
@@ -148,6 +150,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .map_or_else(|| "cpu".into(), |v| v.get_name().to_string());
     if let Some(t) = args.threads {
         cfg.threads = t.max(1);
+    }
+    if let Some(n) = args.numerics.resolve(args.device)? {
+        eprintln!("numerics: {}", n.tag());
     }
     let state = with_spinner(&format!("loading {}", model_path.display()), || {
         let state = match args.device {

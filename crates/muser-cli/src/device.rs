@@ -1,7 +1,7 @@
 //! `--device cpu|cuda`: which backend a command loads the model onto.
 
 use anyhow::Context;
-use muser_model::{LoadOptions, Model};
+use muser_model::{FlashAttn, LoadOptions, Model, Numerics, NumericsMode};
 use std::path::Path;
 
 /// Where the forward pass runs.
@@ -27,6 +27,70 @@ impl Device {
             Device::Cuda => "CUDA",
             Device::CudaOps => "CUDA (ops)",
         }
+    }
+}
+
+/// `--numerics` (run, bench, up): which profile the CPU backend computes in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum NumericsArg {
+    /// One order on every x86 host: llama.cpp b11434's AVX512 build (what kvpack and the
+    /// disaggregated lane rely on)
+    #[default]
+    Portable,
+    /// llama.cpp b11434 as built natively for this CPU, with its default settings
+    Host,
+}
+
+/// `--flash-attn` in llama.cpp's spelling.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum FlashAttnArg {
+    On,
+    Off,
+    /// On for the CPU backend, as llama.cpp resolves it
+    #[default]
+    Auto,
+}
+
+/// The numerics flags shared by `run`, `bench` and `up` (see `docs/exactness.md`).
+#[derive(Clone, Copy, Debug, Default, clap::Args)]
+pub struct NumericsArgs {
+    /// Numerics profile of the CPU backend
+    #[arg(long, value_enum, default_value_t = NumericsArg::Portable)]
+    pub numerics: NumericsArg,
+    /// Flash attention (llama.cpp's `-fa`)
+    #[arg(long = "flash-attn", value_enum, default_value_t = FlashAttnArg::Auto)]
+    pub flash_attn: FlashAttnArg,
+}
+
+impl NumericsArgs {
+    /// The profile these flags name on this host, refused with a message when the CPU backend
+    /// does not implement it, or when a device backend (which has its own numerics) is asked
+    /// for anything but the defaults. `None` for device backends.
+    pub fn resolve(&self, device: Device) -> anyhow::Result<Option<Numerics>> {
+        let mode = match self.numerics {
+            NumericsArg::Portable => NumericsMode::Portable,
+            NumericsArg::Host => NumericsMode::Host,
+        };
+        let fa = match self.flash_attn {
+            FlashAttnArg::On => FlashAttn::On,
+            FlashAttnArg::Off => FlashAttn::Off,
+            FlashAttnArg::Auto => FlashAttn::Auto,
+        };
+        if device != Device::Cpu {
+            if mode != NumericsMode::Portable || fa != FlashAttn::Auto {
+                anyhow::bail!(
+                    "--numerics and --flash-attn choose the CPU backend's order; --device {} \
+                     computes in its own",
+                    device.name()
+                );
+            }
+            return Ok(None);
+        }
+        Ok(Some(Numerics::resolve(
+            mode,
+            fa,
+            muser_quant::detected_isa(),
+        )?))
     }
 }
 

@@ -81,6 +81,11 @@ pub trait Backend: Send + Sync {
     fn threads(&self) -> usize {
         1
     }
+    /// The numerics profile this backend computes in (`cpu::numerics::Numerics::tag`), when it
+    /// reproduces one of llama.cpp's CPU orders.
+    fn numerics_tag(&self) -> Option<String> {
+        None
+    }
 
     /// A matrix from host data (`data.len() == rows * cols`).
     fn upload(&self, rows: usize, cols: usize, data: Vec<f32>) -> Result<Self::Act, ModelError>;

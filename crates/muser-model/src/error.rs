@@ -37,4 +37,6 @@ pub enum ModelError {
     Quant(String),
     #[error("device backend: {0}")]
     Device(String),
+    #[error("{0}")]
+    Numerics(String),
 }

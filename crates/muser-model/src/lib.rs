@@ -22,6 +22,7 @@ pub mod models;
 pub mod synth;
 
 pub use backend::{AttnInput, Backend, RopeMode, Weight};
+pub use cpu::numerics::{FlashAttn, Numerics, NumericsMode, Order};
 pub use cpu::CpuBackend;
 pub use error::ModelError;
 pub use info::{Arch, ModelInfo};
@@ -189,6 +190,10 @@ trait Executor: Send + Sync {
         batch: &Batch,
     ) -> Result<FusedOutput, ModelError>;
     fn threads(&self) -> usize;
+    /// See [`Backend::numerics_tag`].
+    fn numerics_tag(&self) -> Option<String> {
+        None
+    }
     fn supports(&self, ty: GgmlType) -> bool;
     fn prepare_weight(&self, w: &Weight) -> Result<(), ModelError>;
     fn new_kv_store(
@@ -292,6 +297,10 @@ impl<B: Backend> Executor for On<B> {
 
     fn threads(&self) -> usize {
         self.0.threads()
+    }
+
+    fn numerics_tag(&self) -> Option<String> {
+        self.0.numerics_tag()
     }
 
     fn supports(&self, ty: GgmlType) -> bool {
@@ -414,6 +423,14 @@ impl Model {
     /// Compute threads in use.
     pub fn threads(&self) -> usize {
         self.exec.threads()
+    }
+
+    /// The numerics profile the forward pass computes in (`ggml-b11434/x86-avx512/fa-on` on the
+    /// CPU backend), or `None` on a backend that reproduces none of llama.cpp's CPU orders.
+    /// Part of a KV pack's identity: a pack computed under one order must not resume under
+    /// another.
+    pub fn numerics_tag(&self) -> Option<String> {
+        self.exec.numerics_tag()
     }
 
     /// The cache layout this model needs for element type `dtype`.

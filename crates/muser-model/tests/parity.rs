@@ -8,11 +8,17 @@
 //!
 //! SmolLM2 comes from `MUSER_MODELS` (or `~/.cache/muser/models`); synthetic muse models are
 //! regenerated with `muser_model::synth` and must hash to the recorded SHA-256.
+//!
+//! `tests/golden/*.json` are the default profile's (`ggml-b11434/x86-avx512/fa-on`, what the
+//! CPU backend computes); `tests/golden/<order>-<fa>/` hold other profiles' goldens
+//! (`GOLDEN_PROFILE=... scripts/goldens.sh`, see `docs/exactness.md`), checked when the
+//! backend computes that profile and reported as skipped otherwise.
 
 mod common;
 
-use common::{golden_files, greedy, load_golden_model, Golden};
+use common::{golden_dir, golden_files, golden_files_in, greedy, load_golden_model, Golden};
 use muser_model::KvType;
+use muser_model::Numerics;
 
 /// Largest |Δlogit| accepted. The CPU kernels reproduce ggml's operation order (including
 /// where GCC fuses a multiply and an add), so the goldens match to the printed digit.
@@ -64,5 +70,35 @@ fn greedy_matches_llama_cpp_on_every_golden() {
     );
     for (name, g) in files {
         check(&g, &name);
+    }
+}
+
+#[test]
+fn every_profile_the_backend_computes_matches_its_goldens() {
+    let mut dirs: Vec<_> = std::fs::read_dir(golden_dir())
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    let computed = Numerics::PORTABLE.tag();
+    for dir in dirs {
+        let name = dir.file_name().unwrap().to_string_lossy().to_string();
+        // `x86-avx2-fa-off` is the profile `ggml-b11434/x86-avx2/fa-off`
+        let (order, fa) = name.rsplit_once("-fa-").unwrap_or_else(|| {
+            panic!("golden profile directory {name}: expected <order>-fa-<on|off>")
+        });
+        let tag = format!("ggml-b11434/{order}/fa-{fa}");
+        let files = golden_files_in(&dir);
+        if tag != computed {
+            eprintln!(
+                "skipped profile {tag} ({} golden files): the CPU backend computes {computed}",
+                files.len()
+            );
+            continue;
+        }
+        for (file, g) in files {
+            check(&g, &format!("{name}/{file}"));
+        }
     }
 }

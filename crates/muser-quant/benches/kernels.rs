@@ -1,7 +1,8 @@
 //! Dot-product and dequantization throughput per format, scalar vs the best SIMD kernel.
 //!
 //! `cargo bench -p muser-quant --bench kernels` prints criterion's report, then a table, and
-//! writes the receipt `docs/receipts/quant-kernels.json` (command, commit, machine, numbers).
+//! writes the receipt `docs/receipts/quant-kernels.json` (command, commit, machine, numbers;
+//! `quant-kernels-avx2.json` with `MUSER_ISA=avx2`).
 //! `scripts/quant-bench.sh` runs it beside ggml's own kernels and adds their times and the
 //! ratio. Rates are from the fastest criterion sample (the machine is shared).
 //! The weight matrix (64 rows × 4096 values) stays in L2, so these are compute rates of the
@@ -247,5 +248,11 @@ fn write_receipt(simd: Isa) -> Result<(), String> {
         .unwrap_or_else(|_| root.join("docs/receipts"));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let text = serde_json::to_string_pretty(&receipt).map_err(|e| e.to_string())?;
-    std::fs::write(dir.join("quant-kernels.json"), text + "\n").map_err(|e| e.to_string())
+    // one receipt per kernel family: `MUSER_ISA=avx2` (scripts/quant-bench.sh with
+    // QUANT_ISA=avx2) writes quant-kernels-avx2.json beside the native one
+    let name = match simd {
+        Isa::Avx512 => "quant-kernels.json".to_string(),
+        other => format!("quant-kernels-{}.json", other.name()),
+    };
+    std::fs::write(dir.join(name), text + "\n").map_err(|e| e.to_string())
 }

@@ -32,9 +32,10 @@
 //! kernels stream each weight byte once and keep the activation row in L1/L2.
 //!
 //! # Kernels
-//! Run-time dispatch ([`detected_isa`]): AVX2+FMA+F16C kernels for every type, and on
-//! AVX512-VNNI hosts the byte-dot formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, NVFP4) use
-//! EVEX `vpdpbusd` like ggml's AVX512 build. Scales are read through the same lookup tables
+//! Run-time dispatch ([`detected_isa`], capped by [`ISA_ENV`]): AVX2+FMA+F16C kernels for every
+//! type (and 4-row × 4-token tile kernels for the 32-value byte formats), and on AVX512-VNNI
+//! hosts the byte-dot formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, NVFP4) use EVEX `vpdpbusd`
+//! like ggml's AVX512 build; both give the same bits. Scales are read through the same lookup tables
 //! ggml uses (f16, E8M0, UE4M3). `scripts/quant-bench.sh` times them beside ggml's own kernels
 //! (`docs/benchmarks.md`).
 
@@ -245,23 +246,62 @@ pub enum Isa {
     Scalar,
     /// AVX2 + FMA + F16C.
     Avx2,
-    /// AVX2 + AVX512F/BW/VL/VNNI/BF16 (wider float loops, VNNI integer dots).
+    /// AVX2 + AVX512F/DQ/BW/VL/VNNI (wider float loops, VNNI integer dots).
     Avx512,
 }
 
-/// The best kernel family this CPU runs, detected once.
+impl Isa {
+    /// The name used by [`ISA_ENV`] and in benchmark receipts.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    /// The family named `s` ([`Isa::name`]), if any.
+    pub fn parse(s: &str) -> Option<Isa> {
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512]
+            .into_iter()
+            .find(|i| i.name() == s)
+    }
+}
+
+/// Environment variable that caps the kernel family below what the CPU has (`avx2` on an
+/// AVX512 host runs every kernel an AVX2-only host would run), for tests and benchmarks.
+pub const ISA_ENV: &str = "MUSER_ISA";
+
+/// The best kernel family this CPU runs ([`hardware_isa`]), capped by [`ISA_ENV`] when it is
+/// set; decided once per process. Every SIMD dispatch in the workspace goes through this.
+///
+/// # Panics
+/// If [`ISA_ENV`] is set to something other than `scalar`, `avx2` or `avx512`.
 pub fn detected_isa() -> Isa {
     static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
     *ISA.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            x86::detect()
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            Isa::Scalar
+        let hw = hardware_isa();
+        match std::env::var(ISA_ENV) {
+            Ok(v) => {
+                let cap = Isa::parse(&v)
+                    .unwrap_or_else(|| panic!("{ISA_ENV}={v:?}: expected scalar, avx2 or avx512"));
+                cap.min(hw)
+            }
+            Err(_) => hw,
         }
     })
+}
+
+/// The best kernel family the CPU itself supports (ignoring [`ISA_ENV`]).
+pub fn hardware_isa() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        x86::detect()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        Isa::Scalar
+    }
 }
 
 /// `w · a` for `n` values: `w` a row of type `ty`, `a` a row already converted with
@@ -360,6 +400,12 @@ pub struct RowDot {
 impl RowDot {
     /// The kernel for rows of `n` values of weight type `ty`.
     pub fn new(ty: GgmlType, n: usize) -> Result<RowDot, QuantError> {
+        RowDot::with_isa(ty, n, detected_isa())
+    }
+
+    /// [`RowDot::new`] with an explicit kernel family (for tests and benchmarks); a family
+    /// this CPU lacks falls back to the best one it has. Every family gives the same bits.
+    pub fn with_isa(ty: GgmlType, n: usize, isa: Isa) -> Result<RowDot, QuantError> {
         if !has_vec_dot(ty) {
             return Err(QuantError::Unsupported {
                 op: "dot product",
@@ -371,7 +417,7 @@ impl RowDot {
             n,
             w_bytes: row_size(ty, n)?,
             a_bytes: row_size(vec_dot_type(ty), n)?,
-            isa: detected_isa(),
+            isa: isa.min(hardware_isa()),
         })
     }
 
@@ -403,8 +449,8 @@ impl RowDot {
 
     /// Every weight row of `w` (rows back to back) against every activation row of `a`:
     /// `out[t * out_stride + r] = w_r · a_t` (token-major, as a matmul's output), each value
-    /// with the bits of [`vec_dot`]. On AVX512-VNNI the 32-value formats run a kernel that
-    /// takes 4 weight rows × 4 tokens at a time; one activation row (decode) streams the
+    /// with the bits of [`vec_dot`]. With SIMD (AVX2 or AVX512-VNNI) the 32-value formats run a
+    /// kernel that takes 4 weight rows × 4 tokens at a time; one activation row (decode) streams the
     /// weight rows one by one with software prefetch.
     ///
     /// # Panics
@@ -422,11 +468,12 @@ impl RowDot {
         }
         assert!(out_stride >= n_w && out.len() >= (n_a - 1) * out_stride + n_w);
         #[cfg(target_arch = "x86_64")]
-        if self.isa == Isa::Avx512 {
+        if self.isa != Isa::Scalar {
             let nb = self.n / self.ty.block_size();
-            // SAFETY: VNNI was detected; the row counts and `out`'s extent were checked above.
+            // SAFETY: the ISA was detected; the row counts and `out`'s extent were checked above.
             let done = unsafe {
                 x86::tile_run(
+                    self.isa,
                     self.ty,
                     w.as_ptr(),
                     self.w_bytes,

@@ -15,6 +15,7 @@ pub(crate) fn detect() -> Isa {
         return Isa::Scalar;
     }
     if is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512dq")
         && is_x86_feature_detected!("avx512bw")
         && is_x86_feature_detected!("avx512vl")
         && is_x86_feature_detected!("avx512vnni")
@@ -857,14 +858,9 @@ unsafe fn dot_f16(w: &[u8], a: &[u8]) -> f32 {
     sum as f32
 }
 
-/// Multi-row, multi-token kernels for the 32-value byte formats on AVX512-VNNI (the per-pair
-/// kernels above, reorganized): `R` weight rows × `T` activation rows at a time, so each
-/// weight block is unpacked once for `T` tokens and each activation block loaded once for `R`
-/// rows. Every output keeps the per-pair kernel's operations in the same order: per block an
-/// exact integer lane sum (`vpdpbusd`), its f32 conversion, one FMA into eight f32 lanes (and
-/// for Q8_1 activations one scalar FMA of the mins), then the same final reduction. The
-/// integer lanes are the same numbers as ggml's, whatever way they are formed.
-pub(crate) mod tile {
+/// The integer core of the tile kernels on AVX512-VNNI: `vpdpbusd` on unsigned weight
+/// values, the signed formats' offset taken back out of the lanes' start value.
+mod tile_core_vnni {
     use super::*;
 
     /// Unsigned block values (32 bytes, 0..=31) of a Q4_0/Q5_0/Q8_0/Q4_1/Q5_1 block at `x`:
@@ -872,7 +868,7 @@ pub(crate) mod tile {
     /// taken back out of the integer sums (see [`bias`]).
     #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
     #[inline]
-    unsafe fn unsigned_values<const K: u8>(x: *const u8) -> __m256i {
+    pub(super) unsafe fn weights<const K: u8>(x: *const u8) -> __m256i {
         match K {
             K_Q4_0 => bytes_from_nibbles_32(x.add(2)),
             K_Q5_0 => {
@@ -884,7 +880,7 @@ pub(crate) mod tile {
         }
     }
 
-    /// The offset of [`unsigned_values`] for the signed formats.
+    /// The offset of [`weights`] for the signed formats.
     const fn offset(k: u8) -> i32 {
         match k {
             K_Q4_0 => 8,
@@ -898,18 +894,78 @@ pub(crate) mod tile {
     /// that `vpdpbusd(bias, u, y) = Σ (u - offset)·y`, exactly the signed product sums.
     #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
     #[inline]
-    unsafe fn bias<const K: u8>(y: __m256i) -> __m256i {
+    pub(super) unsafe fn bias<const K: u8>(y: __m256i) -> __m256i {
+        if offset(K) == 0 {
+            return _mm256_setzero_si256();
+        }
         let s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), y);
         _mm256_mullo_epi32(s, _mm256_set1_epi32(-offset(K)))
     }
 
+    /// The eight i32 lanes of block values `xv` (from [`weights`]) times activations `y`.
+    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+    #[inline]
+    pub(super) unsafe fn lanes(bias: __m256i, xv: __m256i, y: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(bias, xv, y)
+    }
+}
+
+/// The integer core of the tile kernels on AVX2: signed values with the sign trick
+/// (`vpsignb`, `vpmaddubsw`, `vpmaddwd`), the same lanes as [`tile_core_vnni`].
+mod tile_core_avx2 {
+    use super::*;
+
+    /// The block values at `x` (signed for Q4_0/Q5_0/Q8_0, unsigned for Q4_1/Q5_1).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(super) unsafe fn weights<const K: u8>(x: *const u8) -> __m256i {
+        block_values::<K>(x)
+    }
+
+    /// No offset to take out.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(super) unsafe fn bias<const K: u8>(_y: __m256i) -> __m256i {
+        _mm256_setzero_si256()
+    }
+
+    /// The eight i32 lanes of block values `xv` (from [`weights`]) times activations `y`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(super) unsafe fn lanes<const SIGNED: bool>(
+        _bias: __m256i,
+        xv: __m256i,
+        y: __m256i,
+    ) -> __m256i {
+        let ones = _mm256_set1_epi16(1);
+        if SIGNED {
+            let p = _mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(y, xv));
+            _mm256_madd_epi16(ones, p)
+        } else {
+            _mm256_madd_epi16(ones, _mm256_maddubs_epi16(xv, y))
+        }
+    }
+}
+
+/// Multi-row, multi-token kernels for the 32-value byte formats (the per-pair kernels above,
+/// reorganized), stamped out for AVX512-VNNI and for AVX2: `R` weight rows × `T` activation
+/// rows at a time, so each weight block is unpacked once for `T` tokens and each activation
+/// block loaded once for `R` rows. Every output keeps the per-pair kernel's operations in the
+/// same order: per block an exact integer lane sum, its f32 conversion, one FMA into eight f32
+/// lanes (and for Q8_1 activations one scalar FMA of the mins), then the same final
+/// reduction. The integer lanes are the same numbers as ggml's, whatever way they are formed.
+macro_rules! tile_kernels {
+    ($module:ident, $features:literal, $core:ident, [$($signed:tt)*], [$($unsigned:tt)*]) => {
+pub(crate) mod $module {
+    use super::*;
+    use super::$core as core;
     /// Weight rows `w + r·w_stride` (r < R) against activation rows `a + t·a_stride`
     /// (t < T), `nb` blocks each; writes `out[t·o_stride + r]`.
     ///
     /// # Safety
     /// AVX2/FMA/F16C/AVX512-VNNI/VL present; every row holds `nb` blocks; the outputs are
     /// writable.
-    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+    #[target_feature(enable = $features)]
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn q8_0<const K: u8, const R: usize, const T: usize>(
         w: *const u8,
@@ -931,11 +987,7 @@ pub(crate) mod tile {
                 let y = a.add(t * a_stride + 34 * i);
                 dy[t] = h2f(y);
                 yq[t] = loadu(y.add(2));
-                yb[t] = if offset(K) == 0 {
-                    _mm256_setzero_si256()
-                } else {
-                    bias::<K>(yq[t])
-                };
+                yb[t] = core::bias::<K>(yq[t]);
             }
             // dx·dy for every (row, token): four products per multiply, each broadcast by a
             // load (the same f32 products the per-pair kernel broadcasts)
@@ -952,9 +1004,9 @@ pub(crate) mod tile {
             for r in 0..R {
                 let x = w.add(r * w_stride + ts * i);
                 prefetch_ahead::<T>(x);
-                let xv = unsigned_values::<K>(x);
+                let xv = core::weights::<K>(x);
                 for t in 0..T {
-                    let q = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(yb[t], xv, yq[t]));
+                    let q = _mm256_cvtepi32_ps(core::lanes $($signed)* (yb[t], xv, yq[t]));
                     let d = if T == 1 {
                         _mm256_set1_ps(h2f(x) * dy[0])
                     } else {
@@ -975,7 +1027,7 @@ pub(crate) mod tile {
     ///
     /// # Safety
     /// As [`q8_0`].
-    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+    #[target_feature(enable = $features)]
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn q8_1<const K: u8, const R: usize, const T: usize>(
         w: *const u8,
@@ -1016,10 +1068,10 @@ pub(crate) mod tile {
                 let x = w.add(r * w_stride + ts * i);
                 prefetch_ahead::<T>(x);
                 let mx = _mm_set1_ps(h2f(x.add(2)));
-                let xv = block_values::<K>(x);
+                let xv = core::weights::<K>(x);
                 summs[r] = _mm_fmadd_ps(mx, syv, summs[r]);
                 for t in 0..T {
-                    let q = _mm256_dpbusd_epi32(_mm256_setzero_si256(), xv, yq[t]);
+                    let q = core::lanes $($unsigned)* (_mm256_setzero_si256(), xv, yq[t]);
                     let q = _mm256_cvtepi32_ps(q);
                     let d = if T == 1 {
                         // one token (decode): no table of products
@@ -1040,38 +1092,50 @@ pub(crate) mod tile {
         }
     }
 
-    /// With one token (decode) the weights stream from memory once: ask for the bytes
-    /// [`PF_AHEAD`] on early. A prefetch never faults, even past the end.
-    #[inline(always)]
-    unsafe fn prefetch_ahead<const T: usize>(x: *const u8) {
-        if T == 1 {
-            _mm_prefetch::<_MM_HINT_T0>(x.wrapping_add(PF_AHEAD) as *const i8);
-        }
-    }
+}
+    };
+}
 
-    /// The tile kernel family of `ty`: (Q8_1 activations?, block kind, weight block bytes).
-    pub(crate) fn kind(ty: GgmlType) -> Option<(bool, u8, usize)> {
-        Some(match ty {
-            GgmlType::Q4_0 => (false, K_Q4_0, 18),
-            GgmlType::Q5_0 => (false, K_Q5_0, 22),
-            GgmlType::Q8_0 => (false, K_Q8_0, 34),
-            GgmlType::Q4_1 => (true, K_Q4_1, 20),
-            GgmlType::Q5_1 => (true, K_Q5_1, 24),
-            _ => return None,
-        })
+tile_kernels!(
+    tile_vnni,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    tile_core_vnni,
+    [],
+    []
+);
+tile_kernels!(tile_avx2, "avx2,fma,f16c", tile_core_avx2, [::<true>], [::<false>]);
+
+/// With one token (decode) the weights stream from memory once: ask for the bytes
+/// [`PF_AHEAD`] on early. A prefetch never faults, even past the end.
+#[inline(always)]
+unsafe fn prefetch_ahead<const T: usize>(x: *const u8) {
+    if T == 1 {
+        _mm_prefetch::<_MM_HINT_T0>(x.wrapping_add(PF_AHEAD) as *const i8);
     }
 }
 
-/// Runs the tile kernels over `n_w` weight rows × `n_a` activation rows (4 × 4 at a time,
-/// then the edges), weight rows in chunks that stay in L1/L2 while every token group passes
-/// over them. Returns false when `ty` has no tile kernel (nothing written).
+/// The tile kernel family of `ty`: (Q8_1 activations?, block kind, weight block bytes).
+fn tile_kind(ty: GgmlType) -> Option<(bool, u8, usize)> {
+    Some(match ty {
+        GgmlType::Q4_0 => (false, K_Q4_0, 18),
+        GgmlType::Q5_0 => (false, K_Q5_0, 22),
+        GgmlType::Q8_0 => (false, K_Q8_0, 34),
+        GgmlType::Q4_1 => (true, K_Q4_1, 20),
+        GgmlType::Q5_1 => (true, K_Q5_1, 24),
+        _ => return None,
+    })
+}
+
+/// Runs the tile kernels of `isa` over `n_w` weight rows × `n_a` activation rows (4 × 4 at a
+/// time, then the edges), weight rows in chunks that stay in L1/L2 while every token group
+/// passes over them. Returns false when `ty` has no tile kernel (nothing written).
 ///
 /// # Safety
-/// AVX512-VNNI/VL and AVX2/FMA/F16C present; `w` holds `n_w` rows of `nb` blocks at
-/// `w_stride`, `a` holds `n_a` rows at `a_stride`, and `out[t·o_stride + r]` is writable for
-/// every r < n_w, t < n_a.
+/// `isa` (at least AVX2) present; `w` holds `n_w` rows of `nb` blocks at `w_stride`, `a` holds
+/// `n_a` rows at `a_stride`, and `out[t·o_stride + r]` is writable for every r < n_w, t < n_a.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn tile_run(
+    isa: Isa,
     ty: GgmlType,
     w: *const u8,
     w_stride: usize,
@@ -1083,7 +1147,7 @@ pub(crate) unsafe fn tile_run(
     out: *mut f32,
     o_stride: usize,
 ) -> bool {
-    let Some((q81, k, ts)) = tile::kind(ty) else {
+    let Some((q81, k, ts)) = tile_kind(ty) else {
         return false;
     };
     if n_a == 1 {
@@ -1093,18 +1157,12 @@ pub(crate) unsafe fn tile_run(
         let a1 = std::slice::from_raw_parts(a, a_stride);
         for r in 0..n_w {
             let wr = std::slice::from_raw_parts(w.add(r * w_stride), w_stride);
-            *out.add(r) = match (q81, k) {
-                (false, K_Q4_0) => vnni::dot_q4_0(wr, a1),
-                (false, K_Q5_0) => vnni::dot_q5_0(wr, a1),
-                (false, _) => vnni::dot_q8_0(wr, a1),
-                (true, K_Q4_1) => vnni::dot_q4_1(wr, a1),
-                (true, _) => vnni::dot_q5_1(wr, a1),
-            };
+            *out.add(r) = vec_dot(isa, ty, wr, a1).expect("the byte formats have SIMD dots");
         }
         return true;
     }
     macro_rules! run {
-        ($f:ident, $k:expr) => {{
+        ($m:ident, $f:ident, $k:expr) => {{
             let chunk = (16384 / w_stride.max(1)).clamp(4, 64) & !3;
             for c0 in (0..n_w).step_by(chunk) {
                 let c1 = (c0 + chunk).min(n_w);
@@ -1118,16 +1176,16 @@ pub(crate) unsafe fn tile_run(
                         let (wr, or) = (w.add(r * w_stride), ot.add(r));
                         let full_r = c1 - r >= 4;
                         match (full_r, full_t) {
-                            (true, true) => tile::$f::<{ $k }, 4, 4>(
+                            (true, true) => $m::$f::<{ $k }, 4, 4>(
                                 wr, w_stride, ts, at, a_stride, nb, or, o_stride,
                             ),
-                            (true, false) => tile::$f::<{ $k }, 4, 1>(
+                            (true, false) => $m::$f::<{ $k }, 4, 1>(
                                 wr, w_stride, ts, at, a_stride, nb, or, o_stride,
                             ),
-                            (false, true) => tile::$f::<{ $k }, 1, 4>(
+                            (false, true) => $m::$f::<{ $k }, 1, 4>(
                                 wr, w_stride, ts, at, a_stride, nb, or, o_stride,
                             ),
-                            (false, false) => tile::$f::<{ $k }, 1, 1>(
+                            (false, false) => $m::$f::<{ $k }, 1, 1>(
                                 wr, w_stride, ts, at, a_stride, nb, or, o_stride,
                             ),
                         }
@@ -1138,12 +1196,21 @@ pub(crate) unsafe fn tile_run(
             }
         }};
     }
-    match (q81, k) {
-        (false, K_Q4_0) => run!(q8_0, K_Q4_0),
-        (false, K_Q5_0) => run!(q8_0, K_Q5_0),
-        (false, _) => run!(q8_0, K_Q8_0),
-        (true, K_Q4_1) => run!(q8_1, K_Q4_1),
-        (true, _) => run!(q8_1, K_Q5_1),
+    macro_rules! run_isa {
+        ($m:ident) => {
+            match (q81, k) {
+                (false, K_Q4_0) => run!($m, q8_0, K_Q4_0),
+                (false, K_Q5_0) => run!($m, q8_0, K_Q5_0),
+                (false, _) => run!($m, q8_0, K_Q8_0),
+                (true, K_Q4_1) => run!($m, q8_1, K_Q4_1),
+                (true, _) => run!($m, q8_1, K_Q5_1),
+            }
+        };
+    }
+    if isa == Isa::Avx512 {
+        run_isa!(tile_vnni)
+    } else {
+        run_isa!(tile_avx2)
     }
     true
 }

@@ -149,24 +149,27 @@ fn row_dot_tile_equals_vec_dot() {
                 let x: Vec<f32> = (0..n).map(|_| rng.f32() * 3.0).collect();
                 quantize_activations(at, &x, row).unwrap();
             }
-            let k = muser_quant::RowDot::new(ty, n).unwrap();
-            let wb = k.weight_row_bytes();
-            let mut out = vec![f32::NAN; (n_a - 1) * stride + n_w];
-            k.dot_tile(&w, &a, &mut out, stride);
-            for t in 0..n_a {
-                for r in 0..n_w {
-                    let (wr, ar) = (&w[r * wb..(r + 1) * wb], &a[t * ab..(t + 1) * ab]);
-                    let want = muser_quant::vec_dot(ty, n, wr, ar);
-                    assert_eq!(
-                        k.dot(wr, ar).to_bits(),
-                        want.to_bits(),
-                        "{ty} dot r{r} t{t}"
-                    );
-                    assert_eq!(
-                        out[t * stride + r].to_bits(),
-                        want.to_bits(),
-                        "{ty} tile r{r} t{t}"
-                    );
+            // every kernel family this CPU has (AVX2's tile kernels run on AVX512 hosts too)
+            for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512] {
+                let k = muser_quant::RowDot::with_isa(ty, n, isa).unwrap();
+                let wb = k.weight_row_bytes();
+                let mut out = vec![f32::NAN; (n_a - 1) * stride + n_w];
+                k.dot_tile(&w, &a, &mut out, stride);
+                for t in 0..n_a {
+                    for r in 0..n_w {
+                        let (wr, ar) = (&w[r * wb..(r + 1) * wb], &a[t * ab..(t + 1) * ab]);
+                        let want = muser_quant::vec_dot(ty, n, wr, ar);
+                        assert_eq!(
+                            k.dot(wr, ar).to_bits(),
+                            want.to_bits(),
+                            "{ty} dot r{r} t{t}"
+                        );
+                        assert_eq!(
+                            out[t * stride + r].to_bits(),
+                            want.to_bits(),
+                            "{ty} tile r{r} t{t} {isa:?}"
+                        );
+                    }
                 }
             }
         }

@@ -71,7 +71,7 @@ impl Unpacked {
     /// Unpack `row` (this buffer's type and block count) in place, reusing the buffers.
     pub fn fill(&mut self, row: &[u8]) {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
+        if muser_quant::detected_isa() >= muser_quant::Isa::Avx2 {
             // SAFETY: AVX2 was detected.
             unsafe { self.fill_avx2(row) };
             return;
@@ -275,6 +275,9 @@ pub struct Packed {
     /// Per band, block, k < 4 and token: the sums of 32-code sub-blocks 2k and 2k+1 as the
     /// low and high i16 (each |sum| <= 32·128 fits).
     b2: Vec<i32>,
+    /// Per band, block, k < 8 and token: the sums of 16-code sub-blocks 2k and 2k+1 as the
+    /// low and high i16 (each |sum| <= 16·128 fits).
+    b16: Vec<i32>,
 }
 
 const BAND: usize = 16;
@@ -290,6 +293,7 @@ impl Packed {
             d: vec![0.0; n_bands * n_blocks * BAND],
             bsum: vec![0; n_bands * n_blocks * 16 * BAND],
             b2: vec![0; n_bands * n_blocks * 4 * BAND],
+            b16: vec![0; n_bands * n_blocks * 8 * BAND],
         };
         for t in 0..n_rows {
             let (band, lane) = (t / BAND, t % BAND);
@@ -311,27 +315,19 @@ impl Packed {
                     let hi = bs(4 * k + 2) + bs(4 * k + 3);
                     p.b2[(bb * 4 + k) * BAND + lane] = (lo & 0xFFFF) | (hi << 16);
                 }
+                for k in 0..8 {
+                    p.b16[(bb * 8 + k) * BAND + lane] =
+                        (bs(2 * k) & 0xFFFF) | (bs(2 * k + 1) << 16);
+                }
             }
         }
         p
     }
 }
 
-/// Whether the VNNI kernel runs on this CPU.
+/// Whether the VNNI kernel runs (see [`muser_quant::detected_isa`]).
 pub fn has_vnni() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *VNNI.get_or_init(|| {
-            std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512bw")
-                && std::arch::is_x86_feature_detected!("avx512vnni")
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    muser_quant::detected_isa() == muser_quant::Isa::Avx512
 }
 
 #[cfg(test)]
@@ -385,6 +381,21 @@ pub unsafe fn dot_packed_rows_to(
                     r += 4;
                 } else {
                     vnni::dot_rows::<1>(&ws[r..r + 1], p, o, row_stride, tok_stride, n);
+                    r += 1;
+                }
+            }
+            return;
+        }
+        if muser_quant::detected_isa() >= muser_quant::Isa::Avx2 {
+            let mut r = 0;
+            while r < ws.len() {
+                let o = out.add(r * row_stride);
+                // SAFETY: AVX2 was detected; the caller vouches for `out`.
+                if ws.len() - r >= 4 {
+                    avx2::dot_rows::<4>(&ws[r..r + 4], p, o, row_stride, tok_stride, n);
+                    r += 4;
+                } else {
+                    avx2::dot_rows::<1>(&ws[r..r + 1], p, o, row_stride, tok_stride, n);
                     r += 1;
                 }
             }
@@ -531,6 +542,133 @@ mod vnni {
     }
 }
 
+/// The AVX2 form of [`vnni`]: the same packed activations, taken 8 tokens (half a band) at a
+/// time; `vpmaddubsw` pairs summed in i16 over as many 4-code groups as cannot overflow, then
+/// `vpmaddwd` with the sub-block's scale. Every integer sum is exact, so the float epilogue
+/// sees the numbers [`dot`] sees and rounds them in the same order.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)]
+mod avx2 {
+    use super::{Packed, Unpacked, BAND};
+    use muser_gguf::GgmlType;
+    use std::arch::x86_64::*;
+
+    /// Tokens per vector.
+    const HALF: usize = BAND / 2;
+
+    /// `R` weight rows × 8 tokens per pass; rows are `ws[..R]`, row r's token t goes to
+    /// `out[r * row_stride + t * tok_stride]` for `t < n_tok`.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_rows<const R: usize>(
+        ws: &[Unpacked],
+        p: &Packed,
+        out: *mut f32,
+        row_stride: usize,
+        tok_stride: usize,
+        n_tok: usize,
+    ) {
+        let nb = p.n_blocks;
+        assert!(ws.len() >= R && n_tok <= p.n_bands * BAND);
+        for w in &ws[..R] {
+            assert!(w.d.len() == nb && w.q.len() == nb * 256 && w.ty == ws[0].ty);
+        }
+        let ty = ws[0].ty;
+        // 4-code groups per scale (sub-block), and per i16 partial sum: a `vpmaddubsw` pair is
+        // at most 2·max_code·128, so Q4_K (codes < 16) sums 8 pairs, Q5_K (< 32) 4, Q6_K (< 64) 2.
+        let (per_scale, per_i16) = match ty {
+            GgmlType::Q4_K => (8, 8),
+            GgmlType::Q5_K => (8, 4),
+            _ => (4, 2),
+        };
+        let q6 = ty == GgmlType::Q6_K;
+        let zero = _mm256_setzero_si256();
+        for half in 0..p.n_bands * 2 {
+            let (band, h) = (half / 2, half % 2);
+            let t0 = half * HALF;
+            if t0 >= n_tok {
+                break;
+            }
+            let mut acc = [_mm256_setzero_ps(); R];
+            for b in 0..nb {
+                let bb = band * nb + b;
+                let aq = p.q.as_ptr().add(bb * 256 * BAND + h * 4 * HALF);
+                let codes: [*const u8; R] = std::array::from_fn(|r| ws[r].q.as_ptr().add(b * 256));
+                let mut s1 = [zero; R];
+                for s in 0..64 / per_scale {
+                    for part in 0..per_scale / per_i16 {
+                        let g0 = s * per_scale + part * per_i16;
+                        let mut sum = [zero; R];
+                        for g in g0..g0 + per_i16 {
+                            let a = _mm256_loadu_si256(aq.add(g * 4 * BAND) as *const __m256i);
+                            for r in 0..R {
+                                let w = _mm256_set1_epi32(
+                                    (codes[r].add(4 * g) as *const i32).read_unaligned(),
+                                );
+                                sum[r] = _mm256_add_epi16(sum[r], _mm256_maddubs_epi16(w, a));
+                            }
+                        }
+                        for r in 0..R {
+                            let sc = _mm256_set1_epi16(ws[r].sm[b][s] as i16);
+                            s1[r] = _mm256_add_epi32(s1[r], _mm256_madd_epi16(sum[r], sc));
+                        }
+                    }
+                }
+                let da = _mm256_loadu_ps(p.d.as_ptr().add(bb * BAND + h * HALF));
+                if q6 {
+                    // s1 -= 32·Σ scale·bsum, two sub-blocks per i16-pair multiply-add
+                    let bs = p.b16.as_ptr().add(bb * 8 * BAND + h * HALF);
+                    let mut corr = [zero; R];
+                    for k in 0..8 {
+                        let pair = _mm256_loadu_si256(bs.add(k * BAND) as *const __m256i);
+                        for r in 0..R {
+                            let sm = &ws[r].sm[b];
+                            let sc = (sm[2 * k] & 0xFFFF) | (sm[2 * k + 1] << 16);
+                            corr[r] = _mm256_add_epi32(
+                                corr[r],
+                                _mm256_madd_epi16(pair, _mm256_set1_epi32(sc)),
+                            );
+                        }
+                    }
+                    for r in 0..R {
+                        let s = _mm256_sub_epi32(s1[r], _mm256_slli_epi32(corr[r], 5));
+                        let d = _mm256_set1_ps(ws[r].d[b].0);
+                        let res = _mm256_mul_ps(_mm256_cvtepi32_ps(s), d);
+                        acc[r] = _mm256_fmadd_ps(res, da, acc[r]);
+                    }
+                } else {
+                    let b2 = p.b2.as_ptr().add(bb * 4 * BAND + h * HALF);
+                    let mut s2 = [zero; R];
+                    for k in 0..4 {
+                        let pair = _mm256_loadu_si256(b2.add(k * BAND) as *const __m256i);
+                        for r in 0..R {
+                            let m = _mm256_set1_epi32(ws[r].mp[b][k]);
+                            s2[r] = _mm256_add_epi32(s2[r], _mm256_madd_epi16(pair, m));
+                        }
+                    }
+                    for r in 0..R {
+                        let (d, dmin) = ws[r].d[b];
+                        let res = _mm256_mul_ps(_mm256_cvtepi32_ps(s1[r]), _mm256_set1_ps(d));
+                        let res =
+                            _mm256_fnmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(s2[r]), res);
+                        acc[r] = _mm256_fmadd_ps(res, da, acc[r]);
+                    }
+                }
+            }
+            let n = HALF.min(n_tok - t0);
+            let mut lanes = [[0f32; HALF]; R];
+            for r in 0..R {
+                _mm256_storeu_ps(lanes[r].as_mut_ptr(), acc[r]);
+            }
+            for t in 0..n {
+                let o = out.add((t0 + t) * tok_stride);
+                for r in 0..R {
+                    *o.add(r * row_stride) = lanes[r][t];
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -612,6 +750,23 @@ mod tests {
                     let a = &acts[t * (n / 256) * Q8K_BYTES..(t + 1) * (n / 256) * Q8K_BYTES];
                     assert_eq!(got[r * 19 + t], dot(u, a), "{ty:?}: row {r} token {t}");
                 }
+            }
+            // the AVX2 kernel (which an AVX512 host does not dispatch to) against the same model
+            #[cfg(target_arch = "x86_64")]
+            if muser_quant::hardware_isa() >= muser_quant::Isa::Avx2 {
+                let mut avx = vec![0f32; 13 * 19];
+                // SAFETY: AVX2 is present; every index r * 19 + t is inside `avx`.
+                unsafe {
+                    avx2::dot_rows::<4>(&us[..4], &p, avx.as_mut_ptr(), 19, 1, 19);
+                    avx2::dot_rows::<4>(&us[4..8], &p, avx.as_mut_ptr().add(4 * 19), 19, 1, 19);
+                    for r in 8..13 {
+                        avx2::dot_rows::<1>(&us[r..], &p, avx.as_mut_ptr().add(r * 19), 19, 1, 19);
+                    }
+                }
+                assert_eq!(
+                    avx, got,
+                    "{ty:?}: AVX2 kernel differs from the scalar model"
+                );
             }
         }
     }

@@ -187,33 +187,25 @@ pub fn rms_scale(x: &[f32], eps: f32) -> f32 {
     1.0 / (mean + eps).sqrt()
 }
 
-/// Whether the AVX512 kernels ([`x86`]) run on this CPU.
+/// Whether the AVX512 kernels ([`x86`]) run: the CPU has them and `MUSER_ISA` does not cap
+/// the dispatch below (see [`muser_quant::detected_isa`]).
 pub fn has_avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *HAS.get_or_init(|| {
-            std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512dq")
-                && std::arch::is_x86_feature_detected!("avx512bw")
-                && std::arch::is_x86_feature_detected!("avx512vl")
-                && std::arch::is_x86_feature_detected!("fma")
-                && std::arch::is_x86_feature_detected!("f16c")
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    muser_quant::detected_isa() == muser_quant::Isa::Avx512
 }
 
-/// `g = silu(g) * u` in place (`ggml_vec_swiglu_f32`), AVX512 when the CPU has it.
+/// `g = silu(g) * u` in place (`ggml_vec_swiglu_f32`), AVX512 or AVX2 when the CPU has it.
 pub fn swiglu_fast(g: &mut [f32], u: &[f32]) {
     assert!(u.len() >= g.len());
     #[cfg(target_arch = "x86_64")]
     if has_avx512() {
         // SAFETY: the features were detected; the lengths were checked above.
         unsafe { x86::swiglu(g, u) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if muser_quant::detected_isa() >= muser_quant::Isa::Avx2 {
+        // SAFETY: as above.
+        unsafe { x86_avx2::swiglu(g, u) };
         return;
     }
     swiglu_scalar(g, u);
@@ -335,6 +327,106 @@ pub mod x86 {
     }
 }
 
+/// The same vector primitives on AVX2 (8 lanes): each lane computes what an AVX512 lane
+/// computes (`_mm512_scalef_ps` emulated in f64, exact), so results equal the scalar models
+/// above bit for bit, and with them ggml's AVX512 build.
+#[cfg(target_arch = "x86_64")]
+pub mod x86_avx2 {
+    use std::arch::x86_64::*;
+
+    #[inline(always)]
+    unsafe fn c(bits: u32) -> __m256 {
+        _mm256_set1_ps(f32::from_bits(bits))
+    }
+
+    /// `j · 2^n` for integral `n` with one rounding, as `_mm512_scalef_ps` (see
+    /// [`super::scalef`]: the f64 product is exact, the conversion rounds once).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scalef(j: __m256, n: __m256) -> __m256 {
+        let ni = _mm256_cvtps_epi32(n);
+        let ni = _mm256_min_epi32(
+            _mm256_max_epi32(ni, _mm256_set1_epi32(-192)),
+            _mm256_set1_epi32(192),
+        );
+        let e = _mm256_add_epi32(ni, _mm256_set1_epi32(1023));
+        let pow =
+            |e: __m128i| _mm256_castsi256_pd(_mm256_slli_epi64::<52>(_mm256_cvtepi32_epi64(e)));
+        let lo = _mm256_mul_pd(
+            _mm256_cvtps_pd(_mm256_castps256_ps128(j)),
+            pow(_mm256_castsi256_si128(e)),
+        );
+        let hi = _mm256_mul_pd(
+            _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(j)),
+            pow(_mm256_extracti128_si256::<1>(e)),
+        );
+        _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo))
+    }
+
+    /// `ggml_v_expf`, AVX512 flavour, on eight lanes ([`super::v_expf`]).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn v_expf(x: __m256) -> __m256 {
+        let r = c(0x4b40_0000);
+        let z = _mm256_fmadd_ps(x, c(0x3fb8_aa3b), r);
+        let n = _mm256_sub_ps(z, r);
+        let b = _mm256_fnmadd_ps(n, c(0x35bf_be8e), _mm256_fnmadd_ps(n, c(0x3f31_7200), x));
+        let abs_n = _mm256_and_ps(n, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff)));
+        let d = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(192.0));
+        let u = _mm256_mul_ps(b, b);
+        let j = _mm256_fmadd_ps(
+            _mm256_fmadd_ps(
+                _mm256_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+                u,
+                _mm256_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+            ),
+            u,
+            _mm256_fmadd_ps(c(0x3f7f_fff6), b, _mm256_set1_ps(1.0)),
+        );
+        let res = scalef(j, n);
+        if _mm256_movemask_ps(d) == 0 {
+            return res;
+        }
+        let zero = _mm256_setzero_ps();
+        let alt = _mm256_blendv_ps(
+            _mm256_set1_ps(f32::INFINITY),
+            zero,
+            _mm256_cmp_ps::<_CMP_LE_OQ>(n, zero),
+        );
+        _mm256_blendv_ps(res, alt, d)
+    }
+
+    /// `_mm512_reduce_add_ps` (GCC's tree, [`super::reduce_add_16`]) of the 16 lanes `lo`, `hi`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn reduce_add_16(lo: __m256, hi: __m256) -> f32 {
+        let t8 = _mm256_add_ps(hi, lo);
+        let t4 = _mm_add_ps(_mm256_extractf128_ps::<1>(t8), _mm256_castps256_ps128(t8));
+        let t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+        _mm_cvtss_f32(_mm_add_ss(t2, _mm_movehdup_ps(t2)))
+    }
+
+    /// [`super::swiglu`] in place on `g`; `u` at least as long.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn swiglu(g: &mut [f32], u: &[f32]) {
+        let n = g.len();
+        let body = n - n % super::LANES;
+        let (gp, up) = (g.as_mut_ptr(), u.as_ptr());
+        let one = _mm256_set1_ps(1.0);
+        let mut i = 0;
+        while i < body {
+            let x = _mm256_loadu_ps(gp.add(i));
+            let e = v_expf(_mm256_sub_ps(_mm256_setzero_ps(), x));
+            let s = _mm256_div_ps(x, _mm256_add_ps(one, e));
+            _mm256_storeu_ps(gp.add(i), _mm256_mul_ps(s, _mm256_loadu_ps(up.add(i))));
+            i += 8;
+        }
+        for i in body..n {
+            g[i] = g[i] / (1.0 + (-g[i]).exp()) * u[i];
+        }
+    }
+}
+
 fma_fn! {
 /// [`rms_scale`] and the scaling (times `weight` when given) of every `group`-wide slice of
 /// `data`, in place. Four slices at a time, so that their serial f64 sums overlap.
@@ -442,6 +534,74 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     fn avx512_expf_equals_the_scalar_model() {
         check_v_expf_avx512(997);
+    }
+
+    /// The AVX2 exp (AVX512 order), swiglu and 16-lane reduction against the scalar models,
+    /// on AVX2 and AVX512 hosts alike.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn avx2_primitives_equal_the_scalar_models() {
+        use std::arch::x86_64::*;
+        if muser_quant::hardware_isa() < muser_quant::Isa::Avx2 {
+            return;
+        }
+        fma_fn! {
+        fn scalar(x: &[f32], out: &mut [f32]) {
+            for (o, &v) in out.iter_mut().zip(x) {
+                *o = v_expf(v);
+            }
+        }
+        }
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn simd(x: &[f32], out: &mut [f32]) {
+            for (o, v) in out.chunks_exact_mut(8).zip(x.chunks_exact(8)) {
+                _mm256_storeu_ps(
+                    o.as_mut_ptr(),
+                    x86_avx2::v_expf(_mm256_loadu_ps(v.as_ptr())),
+                );
+            }
+        }
+        // every 997th bit pattern, plus the saturation and subnormal edges
+        let mut xs: Vec<f32> = (0..1u64 << 32)
+            .step_by(997)
+            .map(|b| f32::from_bits(b as u32))
+            .collect();
+        xs.extend([
+            -87.5, -88.7, -103.0, -104.0, 88.7, 133.0, 134.0, -133.0, -134.0, 0.0, -0.0,
+        ]);
+        xs.resize(xs.len().next_multiple_of(8), 1.0);
+        let (mut a, mut b) = (vec![0f32; xs.len()], vec![0f32; xs.len()]);
+        scalar(&xs, &mut a);
+        // SAFETY: AVX2/FMA/F16C checked above.
+        unsafe { simd(&xs, &mut b) };
+        for i in 0..xs.len() {
+            assert!(
+                a[i].to_bits() == b[i].to_bits() || (a[i].is_nan() && b[i].is_nan()),
+                "x={:e}: scalar {:e} avx2 {:e}",
+                xs[i],
+                a[i],
+                b[i]
+            );
+        }
+        let g: Vec<f32> = (0..100).map(|i| (i as f32 - 50.0) * 0.37).collect();
+        let u: Vec<f32> = (0..100).map(|i| (i as f32) * 0.11 - 3.0).collect();
+        let mut want = g.clone();
+        swiglu_scalar(&mut want, &u);
+        let mut got = g.clone();
+        // SAFETY: as above.
+        unsafe { x86_avx2::swiglu(&mut got, &u) };
+        assert_eq!(want, got, "swiglu");
+        for c in g.chunks_exact(LANES) {
+            let arr: [f32; LANES] = c.try_into().unwrap();
+            // SAFETY: as above.
+            let r = unsafe {
+                x86_avx2::reduce_add_16(
+                    _mm256_loadu_ps(c.as_ptr()),
+                    _mm256_loadu_ps(c.as_ptr().add(8)),
+                )
+            };
+            assert_eq!(reduce_add_16(&arr).to_bits(), r.to_bits());
+        }
     }
 
     /// Every f32 input (about a minute): `cargo test --release -- --ignored exhaustive`.

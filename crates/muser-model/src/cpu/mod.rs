@@ -10,6 +10,7 @@ mod kquant;
 pub(crate) mod math;
 #[allow(clippy::needless_range_loop)]
 mod matmul;
+pub mod numerics;
 
 use crate::backend::{AttnInput, Backend, RopeMode, Weight};
 use crate::error::ModelError;
@@ -173,6 +174,10 @@ impl Backend for CpuBackend {
 
     fn threads(&self) -> usize {
         self.threads
+    }
+
+    fn numerics_tag(&self) -> Option<String> {
+        Some(numerics::Numerics::PORTABLE.tag())
     }
 
     /// Runs `f` (a whole forward pass) on one of the pool's threads, so that every op inside

@@ -43,10 +43,15 @@ pub fn golden_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
 }
 
-/// Every golden file, sorted by name.
+/// Every golden file of the default numerics profile, sorted by name.
 pub fn golden_files() -> Vec<(String, Golden)> {
+    golden_files_in(&golden_dir())
+}
+
+/// Every golden file in `dir`, sorted by name.
+pub fn golden_files_in(dir: &std::path::Path) -> Vec<(String, Golden)> {
     let mut out = Vec::new();
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(golden_dir())
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
         .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
         .unwrap_or_default();
     paths.sort();

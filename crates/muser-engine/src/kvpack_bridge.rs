@@ -21,10 +21,6 @@ use muser_model::{KvLayout, KvSnapshot, KvType, LayerKv, Model};
 
 use crate::engine::{Engine, EngineError, SlotKv};
 
-/// Names the numerics of the code that fills the cache (attention, RoPE, K/V writes). Bump it
-/// on any change that alters a single K or V byte.
-pub const ENGINE_ABI: &str = "muser-cpu-v1";
-
 #[derive(Debug, thiserror::Error)]
 pub enum PackError {
     #[error(transparent)]
@@ -134,7 +130,7 @@ pub fn model_identity(model: &Model, model_path: Option<&Path>, kv_type: KvType)
         weight_precision: precision_summary(model),
         layout: layout_abi(&model.kv_layout(kv_type)),
         context_policy: context_digest(model),
-        engine_abi: ENGINE_ABI.to_string(),
+        engine_abi: model.engine_abi(kv_type),
         adapter: None,
     }
 }
@@ -287,6 +283,7 @@ fn unpack_into_slot(
     let expect = Expect {
         identity: &ctx.identity,
         cut: chain.cut_id(tokens.len() as u32),
+        other_abis: &[],
     };
     let control = RestoreControl {
         max_bytes: s.kv.bytes() as u64,

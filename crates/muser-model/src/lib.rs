@@ -165,6 +165,9 @@ pub trait FusedForward: Send + Sync {
     /// Whether `kv` can run here (its rows in a store this forward made), checked before a
     /// batch changes anything.
     fn accepts(&self, kv: &KvCache) -> Result<(), ModelError>;
+
+    /// Names the numerics of this forward ([`Backend::numerics`]).
+    fn numerics(&self) -> String;
 }
 
 enum Net {
@@ -189,6 +192,7 @@ trait Executor: Send + Sync {
         batch: &Batch,
     ) -> Result<FusedOutput, ModelError>;
     fn threads(&self) -> usize;
+    fn numerics(&self) -> String;
     fn supports(&self, ty: GgmlType) -> bool;
     fn prepare_weight(&self, w: &Weight) -> Result<(), ModelError>;
     fn new_kv_store(
@@ -225,6 +229,10 @@ impl Executor for Fused {
 
     fn threads(&self) -> usize {
         1
+    }
+
+    fn numerics(&self) -> String {
+        self.0.numerics()
     }
 
     fn supports(&self, _ty: GgmlType) -> bool {
@@ -288,6 +296,10 @@ impl<B: Backend> Executor for On<B> {
             rows: prep.out_rows.clone(),
             argmax: Vec::new(),
         })
+    }
+
+    fn numerics(&self) -> String {
+        self.0.numerics()
     }
 
     fn threads(&self) -> usize {
@@ -414,6 +426,14 @@ impl Model {
     /// Compute threads in use.
     pub fn threads(&self) -> usize {
         self.exec.threads()
+    }
+
+    /// Names the numerics that fill this model's caches of element type `kv_type`: the
+    /// executor's tag ([`Backend::numerics`], [`FusedForward::numerics`]) and the K/V type.
+    /// A kvpack identity carries it as `engine_abi`, so a cache computed by other numerics is
+    /// never resumed as this model's own.
+    pub fn engine_abi(&self, kv_type: KvType) -> String {
+        format!("muser-{}-{}-v1", self.exec.numerics(), kv_type.name())
     }
 
     /// The cache layout this model needs for element type `dtype`.
@@ -616,6 +636,9 @@ mod tests {
 
     impl Backend for Wrapped {
         type Act = Mat;
+        fn numerics(&self) -> String {
+            self.cpu.numerics()
+        }
         fn supports(&self, ty: GgmlType) -> bool {
             self.cpu.supports(ty)
         }
@@ -754,6 +777,9 @@ mod tests {
     }
 
     impl FusedForward for Recorder {
+        fn numerics(&self) -> String {
+            "recorder".to_string()
+        }
         fn forward(
             &self,
             kv: &mut KvCache,

@@ -167,6 +167,11 @@ fn rope_rows(data: &mut [f32], cols: usize, head_dim: usize, n_rot: usize, pos: 
 impl Backend for CpuBackend {
     type Act = Mat;
 
+    /// The CPU backend's numerics tag (a numerics profile's own tag extends it here).
+    fn numerics(&self) -> String {
+        "cpu".to_string()
+    }
+
     fn supports(&self, ty: muser_gguf::GgmlType) -> bool {
         matmul::supported(ty)
     }

@@ -5,7 +5,9 @@
 use crate::device::{self, Device};
 use anyhow::Context;
 use muser_model::LoadOptions;
+use muser_cluster::Endpoint;
 use muser_server::auth::check_bind;
+use muser_server::lane::{ConsumerConfig, LaneRole, LaneSetup, PrefillMode};
 use muser_server::server::{self, ServeConfig};
 use muser_server::store;
 use std::io::{IsTerminal, Write};
@@ -13,6 +15,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -64,6 +67,111 @@ pub struct Args {
     /// Requests allowed to wait for a slot before the server answers 429.
     #[arg(long, default_value_t = 64)]
     queue: usize,
+    #[command(flatten)]
+    lane: LaneArgs,
+}
+
+/// The disaggregated prefill lane (docs/disaggregated-prefill.md).
+#[derive(clap::Args)]
+struct LaneArgs {
+    /// consumer: the HTTP APIs, prefilling here or on --producer nodes; producer: the
+    /// prefill endpoint over mutual TLS for the --consumer nodes, no HTTP API.
+    #[arg(long, value_enum, default_value_t = Role::Consumer)]
+    role: Role,
+    /// This node's certificate name (`muser tls issue NAME`); needed by a producer and by a
+    /// consumer with --producer.
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
+    /// Configuration directory holding tls/ and the lane ledger (default: $MUSER_CONFIG_DIR,
+    /// else ~/.config/muser).
+    #[arg(long, value_name = "DIR")]
+    config_dir: Option<PathBuf>,
+    /// Where prompts are prefilled: local; remote (always on a producer, failing the request
+    /// when none answers); auto (on a producer from --remote-min-tokens, local on any
+    /// producer failure).
+    #[arg(long, value_enum, default_value_t = Prefill::Local)]
+    prefill: Prefill,
+    /// A producer, NAME=https://HOST:PORT (NAME: its certificate name); repeatable.
+    #[arg(long, value_name = "NAME=URL")]
+    producer: Vec<String>,
+    /// With --prefill auto, prompts of at least this many tokens go to a producer.
+    #[arg(long, default_value_t = 1024)]
+    remote_min_tokens: usize,
+    /// Longest a remote prefill may take, request to last byte, in milliseconds.
+    #[arg(long, default_value_t = 120_000)]
+    prefill_deadline_ms: u64,
+    /// Another engine ABI to accept packs from (a producer with other numerics); repeatable.
+    #[arg(long, value_name = "ABI")]
+    accept_abi: Vec<String>,
+    /// Producer: a consumer node name it serves; repeatable (others are refused).
+    #[arg(long, value_name = "NAME")]
+    consumer: Vec<String>,
+    /// Producer: prefills allowed to wait beyond the slots before it answers 429.
+    #[arg(long, default_value_t = 16)]
+    lane_queue: usize,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Role {
+    Consumer,
+    Producer,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Prefill {
+    Local,
+    Remote,
+    Auto,
+}
+
+impl LaneArgs {
+    /// The lane setup these flags ask for (`None`: a plain server).
+    fn setup(self) -> anyhow::Result<Option<LaneSetup>> {
+        let wants = self.role == Role::Producer
+            || self.prefill != Prefill::Local
+            || !self.producer.is_empty();
+        if !wants {
+            return Ok(None);
+        }
+        let node = self
+            .name
+            .context("the prefill lane needs this node's certificate name: --name NAME")?;
+        let role = match self.role {
+            Role::Producer => {
+                anyhow::ensure!(
+                    !self.consumer.is_empty(),
+                    "a producer serves only enrolled consumers: give at least one --consumer NAME"
+                );
+                for c in &self.consumer {
+                    muser_cluster::check_name(c)?;
+                }
+                LaneRole::Producer {
+                    consumers: self.consumer,
+                    max_queue: self.lane_queue,
+                }
+            }
+            Role::Consumer => LaneRole::Consumer(ConsumerConfig {
+                mode: match self.prefill {
+                    Prefill::Local => PrefillMode::Local,
+                    Prefill::Remote => PrefillMode::Remote,
+                    Prefill::Auto => PrefillMode::Auto,
+                },
+                producers: self
+                    .producer
+                    .iter()
+                    .map(|p| Endpoint::parse(p))
+                    .collect::<Result<_, _>>()?,
+                min_tokens: self.remote_min_tokens,
+                deadline: Duration::from_millis(self.prefill_deadline_ms.max(1)),
+                accept_abis: self.accept_abi,
+            }),
+        };
+        Ok(Some(LaneSetup {
+            config_dir: crate::cmd_tls::config_dir(self.config_dir)?,
+            node,
+            role,
+        }))
+    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -75,7 +183,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    check_bind(args.host, args.api_key.as_deref(), args.force_insecure)?;
+    let lane = args.lane.setup()?;
+    let producer = lane
+        .clone()
+        .filter(|l| matches!(l.role, LaneRole::Producer { .. }));
+    if producer.is_none() {
+        check_bind(args.host, args.api_key.as_deref(), args.force_insecure)?;
+    }
     let model_path = match args.model {
         Some(path) => path,
         None => {
@@ -96,6 +210,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         pc.memory_budget_bytes = args.prompt_cache_ram_mib << 20;
         pc
     });
+    cfg.lane = lane;
     if let Some(t) = args.threads {
         cfg.threads = t.max(1);
     }
@@ -124,6 +239,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             IpAddr::V6(ip) => format!("[{ip}]"),
             IpAddr::V4(ip) => ip.to_string(),
         };
+        if let Some(setup) = &producer {
+            println!(
+                "muser producer ready: https://{host}:{} (node {}, model {}, {} slots x {} tokens)",
+                local.port(),
+                setup.node,
+                state.model.id,
+                cfg.n_slots,
+                cfg.n_ctx
+            );
+            std::io::stdout().flush()?;
+            server::serve_producer(state, setup, listener, shutdown_signal()).await?;
+            return anyhow::Ok(());
+        }
         println!(
             "muser ready: http://{host}:{} (model {}, {} slots x {} tokens)",
             local.port(),

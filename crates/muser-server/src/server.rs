@@ -26,6 +26,8 @@ pub struct ServeConfig {
     /// Prompt cache across requests and restarts (`--prompt-cache DIR`): prompts' K/V kept
     /// as packs sealed with the same key, in memory and in the directory.
     pub prompt_cache: Option<muser_engine::PromptCacheConfig>,
+    /// A role on the disaggregated prefill lane (its packs are sealed with the same key).
+    pub lane: Option<crate::lane::LaneSetup>,
 }
 
 impl ServeConfig {
@@ -40,6 +42,7 @@ impl ServeConfig {
             slot_save_path: None,
             kv_key_file: None,
             prompt_cache: None,
+            lane: None,
         }
     }
 }
@@ -67,6 +70,8 @@ pub enum StartError {
     KvKey(String),
     #[error("--prompt-cache {path}: {message}")]
     PromptCache { path: PathBuf, message: String },
+    #[error("prefill lane: {0}")]
+    Lane(String),
 }
 
 /// Loads everything a server needs, the model on the CPU backend.
@@ -112,7 +117,10 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
             source,
         })?;
     }
-    let kvpack = match cfg.slot_save_path.is_some() || cfg.prompt_cache.is_some() {
+    let kvpack = match cfg.slot_save_path.is_some()
+        || cfg.prompt_cache.is_some()
+        || cfg.lane.is_some()
+    {
         true => {
             let keys = crate::kvkey::load_or_create(cfg.kv_key_file.as_deref())
                 .map_err(StartError::KvKey)?;
@@ -156,8 +164,24 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
     };
     let engine = Engine::start(model, tokenizer.clone(), engine_cfg)
         .map_err(|e| StartError::Engine(e.to_string()))?;
+    let lane = match (&cfg.lane, &kvpack) {
+        (Some(setup), Some(ctx)) => match &setup.role {
+            crate::lane::LaneRole::Consumer(c) => {
+                let creds = muser_cluster::Pki::at(&setup.config_dir)
+                    .node(&setup.node)
+                    .map_err(|e| StartError::Lane(e.to_string()))?;
+                let lane =
+                    crate::lane::Lane::open(c, &creds, &setup.config_dir, ctx.clone(), cfg.n_ctx)
+                        .map_err(StartError::Lane)?;
+                Some(Arc::new(lane))
+            }
+            crate::lane::LaneRole::Producer { .. } => None,
+        },
+        _ => None,
+    };
     Ok(Arc::new(AppState {
-        engine,
+        engine: Arc::new(engine),
+        lane,
         kvpack,
         tokenizer,
         template,
@@ -231,12 +255,29 @@ fn file_type_name(ft: u32) -> String {
     .to_string()
 }
 
+/// How often a consumer asks its producers for their status.
+const LANE_REFRESH: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Serves on a bound listener until `shutdown` resolves.
 pub async fn serve(
     state: SharedState,
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    if let Some(lane) = state.lane.clone() {
+        lane.refresh().await;
+        let weak = Arc::downgrade(&lane);
+        drop(lane);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(LANE_REFRESH).await;
+                match weak.upgrade() {
+                    Some(lane) => lane.refresh().await,
+                    None => return,
+                }
+            }
+        });
+    }
     let app = crate::routes::router(state);
     axum::serve(
         listener,
@@ -244,4 +285,37 @@ pub async fn serve(
     )
     .with_graceful_shutdown(shutdown)
     .await
+}
+
+/// Serves the producer role: the prefill lane's routes over mutual TLS to the enrolled
+/// `consumers`, as node `setup.node`, until `shutdown` resolves.
+pub async fn serve_producer(
+    state: SharedState,
+    setup: &crate::lane::LaneSetup,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), StartError> {
+    let crate::lane::LaneRole::Producer {
+        consumers,
+        max_queue,
+    } = &setup.role
+    else {
+        return Err(StartError::Lane("not a producer".into()));
+    };
+    let lane = |e: &dyn std::fmt::Display| StartError::Lane(e.to_string());
+    let creds = muser_cluster::Pki::at(&setup.config_dir)
+        .node(&setup.node)
+        .map_err(|e| lane(&e))?;
+    let tls = muser_cluster::server_config(&creds).map_err(|e| lane(&e))?;
+    let producer = crate::producer::Producer::new(state, &setup.node, *max_queue)
+        .map_err(|e| lane(&e))?;
+    muser_cluster::serve(
+        listener,
+        tls,
+        consumers.iter().cloned().collect(),
+        producer.router(),
+        shutdown,
+    )
+    .await
+    .map_err(|e| lane(&e))
 }

@@ -1,8 +1,9 @@
 //! The consumer's side of the disaggregated prefill lane.
 //!
 //! With `--prefill remote|auto` and one or more `--producer NAME=https://HOST:PORT`, a prompt
-//! long enough to pay is prefilled on a producer: the consumer sends its tokens (all but the
-//! last, whose logits it computes itself) over mutual TLS, the producer answers with a sealed
+//! long enough to pay is prefilled on a producer: the consumer sends the tokens of every
+//! prefill chunk but the last (which it computes itself, as a local prefill would, so the
+//! greedy tokens equal a local prefill's) over mutual TLS, the producer answers with a sealed
 //! kvpack pack as the response body, and the consumer verifies it segment by segment as it
 //! arrives ([`StreamRestore`]) into a staging state that the engine installs on a slot only
 //! after the last check. Decode always runs here.
@@ -111,6 +112,18 @@ struct Health {
     last_error: Option<String>,
     engine_abi: Option<String>,
     prefill_tok_s: f64,
+    last_handoff: Option<Handoff>,
+}
+
+/// The last pack installed from a producer.
+#[derive(Clone, Copy)]
+struct Handoff {
+    /// Tokens covered, and the first one the pack carried (above 0 for a delta).
+    tokens: usize,
+    from: u32,
+    /// K/V bytes received, and the time from request to verified state.
+    bytes: u64,
+    ms: f64,
 }
 
 /// The consumer's lane: producers, client, ledger.
@@ -217,6 +230,13 @@ impl Lane {
                     "queue_depth": p.queue_depth.load(Ordering::Relaxed),
                     "prefill_tok_s": h.prefill_tok_s,
                     "last_error": h.last_error,
+                    "last_handoff": h.last_handoff.map(|l| serde_json::json!({
+                        "tokens": l.tokens,
+                        "from_token": l.from,
+                        "kv_bytes": l.bytes,
+                        "ms": l.ms,
+                        "gb_per_s": if l.ms > 0.0 { l.bytes as f64 / l.ms / 1e6 } else { 0.0 },
+                    })),
                 })
             })
             .collect();
@@ -283,7 +303,11 @@ impl Lane {
         engine: &Arc<Engine>,
         prompt: &[u32],
     ) -> Result<Option<Prefilled>, ApiError> {
-        let n = prompt.len().saturating_sub(1);
+        // The producer computes the prompt's chunks before the last one, this engine the last
+        // chunk, exactly as its own prefill would: the numerics depend on the batch shape,
+        // so this split gives the tokens a local prefill gives.
+        let chunk = engine.config().prefill_chunk;
+        let n = (prompt.len().saturating_sub(1) / chunk) * chunk;
         let wanted = match self.mode {
             PrefillMode::Local => false,
             PrefillMode::Remote => n > 0,
@@ -294,6 +318,9 @@ impl Lane {
         }
         let tokens = &prompt[..n];
         let held = held_prefix(engine, tokens).await;
+        if held >= n {
+            return Ok(None); // a slot here already holds it
+        }
         let mut failures = Vec::new();
         for i in self.order() {
             let p = &self.producers[i];
@@ -304,6 +331,12 @@ impl Lane {
                 Ok(pf) => {
                     let mut h = lock(&p.health);
                     h.down_until = None;
+                    h.last_handoff = Some(Handoff {
+                        tokens: n,
+                        from: pf.state.positions.start,
+                        bytes: pf.state.layers.iter().map(|l| (l.k.len() + l.v.len()) as u64).sum(),
+                        ms: pf.took.as_secs_f64() * 1e3,
+                    });
                     tracing::info!(
                         producer = %p.ep.name,
                         tokens = n,

@@ -249,6 +249,7 @@ async fn prefill_on(
     tokens: &[u32],
     held: Vec<BlockId>,
 ) -> Result<SlotExport, ApiError> {
+    align_slot(p, slot, tokens).await?;
     let mut rx = p
         .app
         .engine
@@ -273,6 +274,33 @@ async fn prefill_on(
         .await
         .map_err(|e| ApiError::internal(format!("export: {e}")))?
         .map_err(|e| ApiError::internal(format!("export: {e}")))
+}
+
+/// Cuts the slot's cache back to the longest shared prefix that is a whole number of blocks
+/// and leaves at least one block to compute. The kernels a CPU forward takes depend on the
+/// batch's rows; computing whole blocks (as a consumer's own chunked prefill does) keeps
+/// every row's K/V equal to what the consumer would have computed.
+async fn align_slot(p: &Arc<Producer>, slot: usize, tokens: &[u32]) -> Result<(), ApiError> {
+    let block = BLOCK_TOKENS as usize;
+    let tokens = tokens.to_vec();
+    let engine = p.app.engine.clone();
+    tokio::task::spawn_blocking(move || {
+        engine.with_slot(slot, move |s| {
+            let shared = s.tokens.iter().zip(&tokens).take_while(|(a, b)| a == b).count();
+            let keep = shared.min(tokens.len().saturating_sub(block)) / block * block;
+            if keep < s.tokens.len() {
+                if keep == 0 {
+                    s.kv.clear(s.seq);
+                } else {
+                    s.kv.truncate(s.seq, keep as u32);
+                }
+                s.tokens.truncate(keep);
+            }
+        })
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("prefill: {e}")))?
+    .map_err(|e| ApiError::internal(format!("prefill: {e}")))
 }
 
 /// A `Write` that sends what it is given as body chunks of [`CHUNK_BYTES`]; fails once the

@@ -4,8 +4,8 @@
 
 use crate::device::{self, Device};
 use anyhow::Context;
-use muser_model::LoadOptions;
 use muser_cluster::Endpoint;
+use muser_model::LoadOptions;
 use muser_server::auth::check_bind;
 use muser_server::lane::{ConsumerConfig, LaneRole, LaneSetup, PrefillMode};
 use muser_server::server::{self, ServeConfig};

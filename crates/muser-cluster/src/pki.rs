@@ -50,7 +50,11 @@ pub fn check_name(name: &str) -> Result<(), ClusterError> {
 /// The default configuration directory: `$MUSER_CONFIG_DIR`, else `$XDG_CONFIG_HOME/muser`,
 /// else `$HOME/.config/muser`.
 pub fn default_config_dir() -> Result<PathBuf, ClusterError> {
-    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     var("MUSER_CONFIG_DIR")
         .or_else(|| var("XDG_CONFIG_HOME").map(|d| d.join("muser")))
         .or_else(|| var("HOME").map(|d| d.join(".config/muser")))
@@ -85,7 +89,10 @@ fn pki_err(e: rcgen::Error) -> ClusterError {
 fn read_text(path: &Path) -> Result<String, ClusterError> {
     let md = std::fs::metadata(path).map_err(io(path))?;
     if md.len() > 16 << 20 {
-        return Err(ClusterError::Pki(format!("{} is too large", path.display())));
+        return Err(ClusterError::Pki(format!(
+            "{} is too large",
+            path.display()
+        )));
     }
     std::fs::read_to_string(path).map_err(io(path))
 }
@@ -221,7 +228,11 @@ impl Pki {
         let cert = params.signed_by(&key, &ca, &ca_key).map_err(pki_err)?;
         let nodes = self.path("nodes");
         make_dir(&nodes)?;
-        write_file(&nodes.join(format!("{name}.key")), &key.serialize_pem(), 0o600)?;
+        write_file(
+            &nodes.join(format!("{name}.key")),
+            &key.serialize_pem(),
+            0o600,
+        )?;
         let crt = nodes.join(format!("{name}.crt"));
         write_file(&crt, &cert.pem(), 0o644)?;
         let mut list = read_text(&self.path("issued"))?;

@@ -84,8 +84,7 @@ pub async fn serve(
         };
         let (acceptor, enrolled, router) = (acceptor.clone(), enrolled.clone(), router.clone());
         tokio::spawn(async move {
-            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
-            {
+            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => {
                     tracing::warn!(peer = %addr, error = %e, "lane: TLS handshake refused");

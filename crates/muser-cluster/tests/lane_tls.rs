@@ -69,7 +69,8 @@ async fn enrolled_peers_talk_and_every_other_certificate_is_refused() {
         pki.issue(n, now(), 30).unwrap();
     }
     // an expired certificate
-    pki.issue("old", now() - time::Duration::days(10), 2).unwrap();
+    pki.issue("old", now() - time::Duration::days(10), 2)
+        .unwrap();
     let port = producer(&pki, "prod", &["cons", "old", "late", "gone"]).await;
     assert_eq!(ping(&pki, "cons", "prod", port).await.unwrap(), "pong cons");
 
@@ -90,7 +91,10 @@ async fn enrolled_peers_talk_and_every_other_certificate_is_refused() {
     assert_eq!(pki.revoke("gone").unwrap(), 1);
     let port2 = producer(&pki, "prod", &["cons", "gone"]).await;
     assert!(ping(&pki, "gone", "prod", port2).await.is_err());
-    assert_eq!(ping(&pki, "cons", "prod", port2).await.unwrap(), "pong cons");
+    assert_eq!(
+        ping(&pki, "cons", "prod", port2).await.unwrap(),
+        "pong cons"
+    );
     // and a consumer refuses a revoked producer
     pki.revoke("prod").unwrap();
     assert!(ping(&pki, "cons", "prod", port2).await.is_err());
@@ -120,7 +124,9 @@ fn ca_files_are_private_and_names_are_checked() {
     assert!(Endpoint::parse("p=http://127.0.0.1:1").is_err());
     assert!(Endpoint::parse("p=https://127.0.0.1").is_err());
     assert_eq!(
-        Endpoint::parse("p1=https://[::1]:8443/").unwrap().to_string(),
+        Endpoint::parse("p1=https://[::1]:8443/")
+            .unwrap()
+            .to_string(),
         "p1=https://[::1]:8443"
     );
 }

@@ -15,8 +15,8 @@ pub mod stop;
 
 pub use constraint::{Constraint, Expr, Grammar, JsonKind, Matcher, Member, Vocab};
 pub use engine::{
-    Engine, EngineConfig, EngineError, EngineStats, Event, FinishReason, GenerateRequest, Prefilled,
-    SlotInfo, SlotKv, SubmitError, Timings,
+    Engine, EngineConfig, EngineError, EngineStats, Event, FinishReason, GenerateRequest,
+    Prefilled, SlotInfo, SlotKv, SubmitError, Timings,
 };
 pub use kvpack_bridge::{KvPackContext, PackError, SlotExport};
 pub use muser_model::KvType;

@@ -45,5 +45,5 @@ pub use prefix::{BlockId, PrefixChain, PrefixHasher, BLOCK_TOKENS};
 pub use radix::{BlockRows, ResidentBlock, ResidentCache, ResidentHit};
 pub use restore::{apply_delta, restore, verify_pack, Expect, RestoreControl, Restored};
 pub use state::{KvState, LayerKv};
-pub use stream::StreamRestore;
 pub use store::{PackStore, PackTicket, RecoveryReport, StagedPack, Stager, StoreConfig, StoreHit};
+pub use stream::StreamRestore;

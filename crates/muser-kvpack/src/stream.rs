@@ -197,7 +197,11 @@ impl Body {
         let part_len = s.positions.len() * self.row_bytes;
         let layer = (s.layer_first + self.part as u32 / 2) as usize;
         let kv = &mut self.staging.layers[layer];
-        let rows = if self.part % 2 == 0 { &mut kv.k } else { &mut kv.v };
+        let rows = if self.part % 2 == 0 {
+            &mut kv.k
+        } else {
+            &mut kv.v
+        };
         let from = self.fill[layer] + self.at;
         let n = (part_len - self.at).min(data.len());
         rows[from..from + n].copy_from_slice(&data[..n]);

@@ -157,7 +157,11 @@ pub async fn submit(
     mut req: GenerateRequest,
 ) -> ApiResult<mpsc::UnboundedReceiver<Event>> {
     state.check_prompt_len(req.prompt.len())?;
-    if let Some(lane) = state.lane.as_ref().filter(|_| req.cache_prompt && !req.embeddings) {
+    if let Some(lane) = state
+        .lane
+        .as_ref()
+        .filter(|_| req.cache_prompt && !req.embeddings)
+    {
         req.prefilled = lane
             .prefill(&state.engine, &req.prompt)
             .await?

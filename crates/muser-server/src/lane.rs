@@ -29,8 +29,8 @@ use muser_cluster::transport::next_chunk;
 use muser_cluster::{Endpoint, LaneClient, NodeCreds};
 use muser_engine::{Engine, KvPackContext, Prefilled};
 use muser_kvpack::{
-    field_digest, BlockId, Digest32, Expect, Ledger, Manifest, PackKind, PrefixHasher,
-    ReadLimits, StreamRestore, BLOCK_TOKENS,
+    field_digest, BlockId, Digest32, Expect, Ledger, Manifest, PackKind, PrefixHasher, ReadLimits,
+    StreamRestore, BLOCK_TOKENS,
 };
 
 use crate::error::ApiError;
@@ -334,7 +334,12 @@ impl Lane {
                     h.last_handoff = Some(Handoff {
                         tokens: n,
                         from: pf.state.positions.start,
-                        bytes: pf.state.layers.iter().map(|l| (l.k.len() + l.v.len()) as u64).sum(),
+                        bytes: pf
+                            .state
+                            .layers
+                            .iter()
+                            .map(|l| (l.k.len() + l.v.len()) as u64)
+                            .sum(),
                         ms: pf.took.as_secs_f64() * 1e3,
                     });
                     tracing::info!(
@@ -413,7 +418,8 @@ impl Lane {
         }
         // bounded by the K/V of the tokens sent, whatever the producer declares
         let layout = &ctx.identity.layout;
-        let max_kv = layout.row_bytes() as u64 * 2 * u64::from(layout.n_layer) * tokens.len() as u64;
+        let max_kv =
+            layout.row_bytes() as u64 * 2 * u64::from(layout.n_layer) * tokens.len() as u64;
         let limits = ReadLimits {
             max_file_bytes: max_kv + (ctx.limits.max_manifest_bytes + 4096),
             max_tokens: self.n_ctx as u32,

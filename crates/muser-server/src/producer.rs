@@ -105,7 +105,13 @@ impl Producer {
             .iter()
             .enumerate()
             .filter(|(_, s)| !s.busy)
-            .max_by_key(|(_, s)| s.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count())
+            .max_by_key(|(_, s)| {
+                s.tokens
+                    .iter()
+                    .zip(tokens)
+                    .take_while(|(a, b)| a == b)
+                    .count()
+            })
             .map(|(i, _)| i)?;
         slots[best].busy = true;
         Some(best)
@@ -123,7 +129,11 @@ impl Producer {
         }
         let now = tokens as f64 / secs;
         let old = f64::from_bits(self.rate_bits.load(Ordering::Relaxed));
-        let new = if old == 0.0 { now } else { 0.7 * old + 0.3 * now };
+        let new = if old == 0.0 {
+            now
+        } else {
+            0.7 * old + 0.3 * now
+        };
         self.rate_bits.store(new.to_bits(), Ordering::Relaxed);
     }
 
@@ -144,7 +154,9 @@ impl Producer {
             return Err(ApiError::bad_request("generation must be at least 1"));
         }
         if req.held.len() > n / BLOCK_TOKENS as usize {
-            return Err(ApiError::bad_request("more held blocks than the tokens have"));
+            return Err(ApiError::bad_request(
+                "more held blocks than the tokens have",
+            ));
         }
         req.held
             .iter()
@@ -179,8 +191,7 @@ async fn prefill(
     let req: PrefillRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("prefill request: {e}")))?;
     let held = p.check(&req)?;
-    if p.queue_depth.fetch_add(1, Ordering::Relaxed) >= p.max_queue + p.app.options.n_slots as u64
-    {
+    if p.queue_depth.fetch_add(1, Ordering::Relaxed) >= p.max_queue + p.app.options.n_slots as u64 {
         p.queue_depth.fetch_sub(1, Ordering::Relaxed);
         return Err(ApiError::busy(1));
     }
@@ -196,10 +207,14 @@ async fn prefill(
             tx,
             buf: Vec::with_capacity(CHUNK_BYTES),
         };
-        let r = PackPlan::new(&export.state, &ctx.keys, &export.spec(&ctx, generation, Some(stream)))
-            .map_err(std::io::Error::other)
-            .and_then(|plan| plan.write_to(&mut w))
-            .and_then(|()| w.flush());
+        let r = PackPlan::new(
+            &export.state,
+            &ctx.keys,
+            &export.spec(&ctx, generation, Some(stream)),
+        )
+        .map_err(std::io::Error::other)
+        .and_then(|plan| plan.write_to(&mut w))
+        .and_then(|()| w.flush());
         if let Err(e) = r {
             tracing::warn!(error = %e, "prefill lane: sending a pack failed");
             let _ = w.tx.blocking_send(Err(e));
@@ -209,7 +224,10 @@ async fn prefill(
     Ok((
         StatusCode::OK,
         [
-            (header::CONTENT_TYPE, "application/x-muser-kvpack".to_string()),
+            (
+                header::CONTENT_TYPE,
+                "application/x-muser-kvpack".to_string(),
+            ),
             (
                 header::HeaderName::from_static("x-muser-queue-depth"),
                 p.queue_depth.load(Ordering::Relaxed).to_string(),
@@ -286,7 +304,12 @@ async fn align_slot(p: &Arc<Producer>, slot: usize, tokens: &[u32]) -> Result<()
     let engine = p.app.engine.clone();
     tokio::task::spawn_blocking(move || {
         engine.with_slot(slot, move |s| {
-            let shared = s.tokens.iter().zip(&tokens).take_while(|(a, b)| a == b).count();
+            let shared = s
+                .tokens
+                .iter()
+                .zip(&tokens)
+                .take_while(|(a, b)| a == b)
+                .count();
             let keep = shared.min(tokens.len().saturating_sub(block)) / block * block;
             if keep < s.tokens.len() {
                 if keep == 0 {

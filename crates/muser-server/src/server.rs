@@ -117,24 +117,22 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
             source,
         })?;
     }
-    let kvpack = match cfg.slot_save_path.is_some()
-        || cfg.prompt_cache.is_some()
-        || cfg.lane.is_some()
-    {
-        true => {
-            let keys = crate::kvkey::load_or_create(cfg.kv_key_file.as_deref())
-                .map_err(StartError::KvKey)?;
-            let ctx = muser_engine::KvPackContext::new(
-                &model,
-                Some(&cfg.model_path),
-                muser_engine::KvType::F16,
-                keys,
-            )
-            .map_err(|e| StartError::KvKey(e.to_string()))?;
-            Some(Arc::new(ctx))
-        }
-        false => None,
-    };
+    let kvpack =
+        match cfg.slot_save_path.is_some() || cfg.prompt_cache.is_some() || cfg.lane.is_some() {
+            true => {
+                let keys = crate::kvkey::load_or_create(cfg.kv_key_file.as_deref())
+                    .map_err(StartError::KvKey)?;
+                let ctx = muser_engine::KvPackContext::new(
+                    &model,
+                    Some(&cfg.model_path),
+                    muser_engine::KvType::F16,
+                    keys,
+                )
+                .map_err(|e| StartError::KvKey(e.to_string()))?;
+                Some(Arc::new(ctx))
+            }
+            false => None,
+        };
     let prompt_cache = match (&cfg.prompt_cache, &kvpack) {
         (Some(pc), Some(ctx)) => {
             let (cache, report) =
@@ -307,8 +305,8 @@ pub async fn serve_producer(
         .node(&setup.node)
         .map_err(|e| lane(&e))?;
     let tls = muser_cluster::server_config(&creds).map_err(|e| lane(&e))?;
-    let producer = crate::producer::Producer::new(state, &setup.node, *max_queue)
-        .map_err(|e| lane(&e))?;
+    let producer =
+        crate::producer::Producer::new(state, &setup.node, *max_queue).map_err(|e| lane(&e))?;
     muser_cluster::serve(
         listener,
         tls,

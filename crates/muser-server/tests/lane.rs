@@ -124,7 +124,13 @@ async fn complete(app: &axum::Router, prompt: &str) -> (u16, Value) {
     let erase = axum::http::Request::post("/slots/0?action=erase")
         .body(Body::empty())
         .unwrap();
-    assert!(app.clone().oneshot(erase).await.unwrap().status().is_success());
+    assert!(app
+        .clone()
+        .oneshot(erase)
+        .await
+        .unwrap()
+        .status()
+        .is_success());
     complete_on(app, prompt).await
 }
 
@@ -145,7 +151,12 @@ async fn complete_on(app: &axum::Router, prompt: &str) -> (u16, Value) {
 
 fn prompt(lines: std::ops::Range<usize>) -> String {
     lines
-        .map(|i| format!("Entry {i}: the courier left {} parcels at the mill. ", i * 3 + 1))
+        .map(|i| {
+            format!(
+                "Entry {i}: the courier left {} parcels at the mill. ",
+                i * 3 + 1
+            )
+        })
         .collect()
 }
 
@@ -167,9 +178,7 @@ async fn every_bad_answer_is_refused_and_the_consumer_keeps_serving() {
     let consumer = |mode| {
         let c = ConsumerConfig {
             mode,
-            producers: vec![
-                Endpoint::parse(&format!("prod=https://127.0.0.1:{port}")).unwrap(),
-            ],
+            producers: vec![Endpoint::parse(&format!("prod=https://127.0.0.1:{port}")).unwrap()],
             min_tokens: 1,
             deadline: Duration::from_secs(6),
             accept_abis: vec![],
@@ -230,7 +239,12 @@ async fn every_bad_answer_is_refused_and_the_consumer_keeps_serving() {
         accept_abis: vec![],
     };
     drop(app);
-    let state = load(&config(d, "kv.key", setup(d, "cons", LaneRole::Consumer(c)))).unwrap();
+    let state = load(&config(
+        d,
+        "kv.key",
+        setup(d, "cons", LaneRole::Consumer(c)),
+    ))
+    .unwrap();
     state.lane.clone().unwrap().refresh().await;
     let auto = router(state.clone());
     let (s, v) = complete(&auto, &base).await;

@@ -197,11 +197,8 @@ impl Body {
         let part_len = s.positions.len() * self.row_bytes;
         let layer = (s.layer_first + self.part as u32 / 2) as usize;
         let kv = &mut self.staging.layers[layer];
-        let rows = if self.part % 2 == 0 {
-            &mut kv.k
-        } else {
-            &mut kv.v
-        };
+        let is_v = self.part % 2 == 1;
+        let rows = if is_v { &mut kv.v } else { &mut kv.k };
         let from = self.fill[layer] + self.at;
         let n = (part_len - self.at).min(data.len());
         rows[from..from + n].copy_from_slice(&data[..n]);
@@ -209,7 +206,7 @@ impl Body {
         self.at += n;
         if self.at == part_len {
             self.at = 0;
-            if self.part % 2 == 1 {
+            if is_v {
                 self.fill[layer] += part_len;
             }
             self.part += 1;

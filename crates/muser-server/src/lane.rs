@@ -104,6 +104,8 @@ pub struct Producer {
     queue_depth: AtomicU64,
     in_flight: AtomicU64,
     health: Mutex<Health>,
+    /// The prefill time the producer reported with its last answer.
+    last_prefill_ms: Mutex<Option<f64>>,
 }
 
 #[derive(Default, Clone)]
@@ -124,6 +126,8 @@ struct Handoff {
     /// K/V bytes received, and the time from request to verified state.
     bytes: u64,
     ms: f64,
+    /// The producer's own prefill and export time, as it reported it.
+    producer_ms: f64,
 }
 
 /// The consumer's lane: producers, client, ledger.
@@ -192,6 +196,7 @@ impl Lane {
                     queue_depth: AtomicU64::new(0),
                     in_flight: AtomicU64::new(0),
                     health: Mutex::new(Health::default()),
+                    last_prefill_ms: Mutex::new(None),
                 }
             })
             .collect();
@@ -235,6 +240,7 @@ impl Lane {
                         "from_token": l.from,
                         "kv_bytes": l.bytes,
                         "ms": l.ms,
+                        "producer_prefill_ms": l.producer_ms,
                         "gb_per_s": if l.ms > 0.0 { l.bytes as f64 / l.ms / 1e6 } else { 0.0 },
                     })),
                 })
@@ -341,6 +347,7 @@ impl Lane {
                             .map(|l| (l.k.len() + l.v.len()) as u64)
                             .sum(),
                         ms: pf.took.as_secs_f64() * 1e3,
+                        producer_ms: lock(&p.last_prefill_ms).take().unwrap_or(0.0),
                     });
                     tracing::info!(
                         producer = %p.ep.name,
@@ -416,6 +423,10 @@ impl Lane {
         {
             p.queue_depth.store(q, Ordering::Relaxed);
         }
+        *lock(&p.last_prefill_ms) = resp
+            .headers()
+            .get("x-muser-prefill-ms")
+            .and_then(|v| v.to_str().ok()?.parse().ok());
         // bounded by the K/V of the tokens sent, whatever the producer declares
         let layout = &ctx.identity.layout;
         let max_kv =

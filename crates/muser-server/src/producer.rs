@@ -6,7 +6,8 @@
 //! only the rest; `--prompt-cache` adds the pack store behind it), and answers with the
 //! sealed pack as the response body: full, or a delta past the blocks the consumer says it
 //! holds. The pack carries the consumer's replay generation on the stream of this
-//! consumer–producer pair. `GET /v1/lane/status` reports the queue depth and the recent
+//! consumer–producer pair; `x-muser-prefill-ms` says how long the prefill and export took
+//! (queueing included), so a consumer can tell the handoff's own cost. `GET /v1/lane/status` reports the queue depth and the recent
 //! prefill rate consumers route by. Concurrent prefills are bounded by the slots, waiting ones
 //! by `max_queue` (429 beyond).
 
@@ -196,7 +197,9 @@ async fn prefill(
         return Err(ApiError::busy(1));
     }
     let queued = Queued(&p.queue_depth);
+    let t0 = Instant::now();
     let export = run_prefill(&p, &req.tokens, held).await?;
+    let prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
     drop(queued);
     let stream = stream_id(&peer.0, &p.name);
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(4);
@@ -231,6 +234,10 @@ async fn prefill(
             (
                 header::HeaderName::from_static("x-muser-queue-depth"),
                 p.queue_depth.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                header::HeaderName::from_static("x-muser-prefill-ms"),
+                format!("{prefill_ms:.3}"),
             ),
         ],
         body,

@@ -19,6 +19,7 @@ use muser_server::lane::{ConsumerConfig, LaneRole, LaneSetup, PrefillMode};
 use muser_server::producer::Producer;
 use muser_server::routes::router;
 use muser_server::server::{load, ServeConfig};
+use muser_server::state::SharedState;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
@@ -93,15 +94,16 @@ fn config(dir: &Path, key: &str, lane: LaneSetup) -> ServeConfig {
     cfg
 }
 
-/// A producer named `name` sealing with key file `key`, behind the hostile layer; its port.
-async fn producer(dir: &Path, name: &str, key: &str, h: Arc<Hostile>) -> u16 {
+/// A producer named `name` sealing with key file `key`, behind the hostile layer; its port
+/// and its engine's state.
+async fn producer(dir: &Path, name: &str, key: &str, h: Arc<Hostile>) -> (u16, SharedState) {
     let role = LaneRole::Producer {
         consumers: vec!["cons".into()],
         max_queue: 4,
     };
     let s = setup(dir, name, role);
     let state = load(&config(dir, key, s.clone())).unwrap();
-    let p = Producer::new(state, name, 4).unwrap();
+    let p = Producer::new(state.clone(), name, 4).unwrap();
     let app = p
         .router()
         .layer(axum::middleware::from_fn_with_state(h, hostile));
@@ -116,7 +118,23 @@ async fn producer(dir: &Path, name: &str, key: &str, h: Arc<Hostile>) -> u16 {
         app,
         std::future::pending(),
     ));
-    port
+    (port, state)
+}
+
+/// The K/V bytes of positions `0..n` of slot 0.
+async fn slot_kv(state: &SharedState, n: u32) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let engine = state.engine.clone();
+    tokio::task::spawn_blocking(move || {
+        engine
+            .with_slot(0, move |s| s.kv.export(s.seq, 0..n).unwrap())
+            .unwrap()
+    })
+    .await
+    .unwrap()
+    .layers
+    .into_iter()
+    .map(|l| (l.k, l.v))
+    .collect()
 }
 
 /// Runs `prompt` on a consumer whose slot was emptied first (so the lane is asked).
@@ -173,8 +191,8 @@ async fn every_bad_answer_is_refused_and_the_consumer_keeps_serving() {
         pki.issue(n, now, 1).unwrap();
     }
     let h = Arc::new(Hostile::default());
-    let port = producer(d, "prod", "kv.key", h.clone()).await;
-    let rogue = producer(d, "rogue", "other.key", Arc::new(Hostile::default())).await;
+    let (port, prod) = producer(d, "prod", "kv.key", h.clone()).await;
+    let (rogue, _) = producer(d, "rogue", "other.key", Arc::new(Hostile::default())).await;
     let consumer = |mode| {
         let c = ConsumerConfig {
             mode,
@@ -188,7 +206,7 @@ async fn every_bad_answer_is_refused_and_the_consumer_keeps_serving() {
     let state = load(&consumer(PrefillMode::Remote)).unwrap();
     let lane = state.lane.clone().unwrap();
     lane.refresh().await;
-    let app = router(state);
+    let app = router(state.clone());
 
     // about 650 tokens: the producer computes the first 512-token chunk, the consumer the rest
     let base = prompt(0..40);
@@ -197,6 +215,8 @@ async fn every_bad_answer_is_refused_and_the_consumer_keeps_serving() {
     assert_eq!(first["timings"]["prefill_lane"], "remote");
     assert_eq!(first["timings"]["producer"], "prod");
     let tokens = first["tokens"].clone();
+    // the handoff is lossless: the consumer holds the producer's K/V byte for byte
+    assert_eq!(slot_kv(&state, 512).await, slot_kv(&prod, 512).await);
 
     // a prompt sharing its first block with the last: only the blocks past it move
     let other = format!("{}{}", prompt(0..18), prompt(100..124));

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The disaggregated prefill lane on loopback: a CA and two node certificates from `muser tls`,
 a producer and a consumer (`muser up --role producer` / `--prefill auto`), then, per prompt
-size, one prompt prefilled locally and one prefilled on the producer. Prints TTFT both ways,
+size, one prompt prefilled locally and one prefilled on the producer. Prints TTFT both ways (and
+remote again for the same prompt, which the producer's slot then holds),
 the handoff's K/V bytes and rate, the share of the remote TTFT spent on the handoff itself
 (seal, stream, verify, install: outside the producer's prefill and the consumer's last
 chunk), and whether the greedy tokens are identical; with --receipt, writes a JSON receipt.
@@ -26,9 +27,10 @@ def get(port, path):
         return json.load(r)
 
 
-def prompt_ids(port, n):
-    base = post(port, "/tokenize", {"content": "The archive keeps every letter the harbour "
-                                    "master wrote, one for each ship, in the order they sailed. "})["tokens"]
+def prompt_ids(port, n, variant):
+    """`n` token ids; each `variant` differs from the first token on, so no cache holds it."""
+    base = post(port, "/tokenize", {"content": f"Archive {variant}: the harbour master wrote one "
+                                    "letter for each ship, in the order they sailed. "})["tokens"]
     return (base * (n // len(base) + 1))[:n]
 
 
@@ -78,13 +80,16 @@ def main():
                             "--device", a.consumer_device, *accept, *common], logs[1]))
         rows = []
         for n in sizes:
-            ids = prompt_ids(cp, n)
-            run_once(cp, ids, True, 4)  # warm-up (discarded)
-            for _ in range(a.reps):
+            run_once(cp, prompt_ids(cp, n, 0), True, 4)  # warm-up (discarded)
+            for rep in range(a.reps):
+                # a prompt neither side has seen: the producer prefills it cold
+                ids = prompt_ids(cp, n, rep + 1)
                 local = run_once(cp, ids, False, 16)
                 remote = run_once(cp, ids, True, 16)
                 assert remote["timings"]["prefill_lane"] == "remote", remote["timings"]
                 h = get(cp, "/props")["prefill_lane"]["producers"][0]["last_handoff"]
+                # the same prompt again: the producer's slot holds it and computes one block
+                repeat = run_once(cp, ids, True, 16)
                 wire_ms = max(h["ms"] - h["producer_prefill_ms"], 1e-9)
                 rows.append({
                     "prompt_tokens": n,
@@ -100,16 +105,18 @@ def main():
                     "handoff_share_of_ttft": wire_ms / remote["timings"]["prompt_ms"],
                     # the last chunk, computed on the consumer as a local prefill would
                     "consumer_tail_ms": remote["timings"]["prompt_ms"] - h["ms"],
-                    "tokens_identical": local["tokens"] == remote["tokens"],
+                    "ttft_remote_repeat_ms": repeat["timings"]["prompt_ms"],
+                    "tokens_identical": local["tokens"] == remote["tokens"] == repeat["tokens"],
                 })
     finally:
         for p in procs:
             p.terminate()
             p.wait()
-    print(f"{'tokens':>7} {'TTFT local ms':>14} {'TTFT remote ms':>15} {'KV MB':>8} {'GB/s':>6} "
+    print(f"{'tokens':>7} {'TTFT local ms':>14} {'TTFT remote ms':>15} {'repeat ms':>10} {'KV MB':>8} {'GB/s':>6} "
           f"{'handoff share':>14}  identical")
     for r in rows:
         print(f"{r['prompt_tokens']:>7} {r['ttft_local_ms']:>14.1f} {r['ttft_remote_ms']:>15.1f} "
+              f"{r['ttft_remote_repeat_ms']:>10.1f} "
               f"{r['kv_bytes'] / 1e6:>8.1f} {r['payload_gb_s']:>6.2f} {r['handoff_share_of_ttft']:>13.1%}  "
               f"{'yes' if r['tokens_identical'] else 'no'}")
     print(f"tokens identical: {'yes' if all(r['tokens_identical'] for r in rows) else 'no'}")

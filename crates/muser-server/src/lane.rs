@@ -104,8 +104,6 @@ pub struct Producer {
     queue_depth: AtomicU64,
     in_flight: AtomicU64,
     health: Mutex<Health>,
-    /// The prefill time the producer reported with its last answer.
-    last_prefill_ms: Mutex<Option<f64>>,
 }
 
 #[derive(Default, Clone)]
@@ -196,7 +194,6 @@ impl Lane {
                     queue_depth: AtomicU64::new(0),
                     in_flight: AtomicU64::new(0),
                     health: Mutex::new(Health::default()),
-                    last_prefill_ms: Mutex::new(None),
                 }
             })
             .collect();
@@ -334,7 +331,7 @@ impl Lane {
             let r = self.fetch(p, tokens, held).await;
             p.in_flight.fetch_sub(1, Ordering::Relaxed);
             match r {
-                Ok(pf) => {
+                Ok((pf, producer_ms)) => {
                     let mut h = lock(&p.health);
                     h.down_until = None;
                     h.last_handoff = Some(Handoff {
@@ -347,7 +344,7 @@ impl Lane {
                             .map(|l| (l.k.len() + l.v.len()) as u64)
                             .sum(),
                         ms: pf.took.as_secs_f64() * 1e3,
-                        producer_ms: lock(&p.last_prefill_ms).take().unwrap_or(0.0),
+                        producer_ms,
                     });
                     tracing::info!(
                         producer = %p.ep.name,
@@ -378,9 +375,14 @@ impl Lane {
         }
     }
 
-    /// One remote prefill of `tokens` from `p`, verified; `held` leading tokens are on an
-    /// idle slot here.
-    async fn fetch(&self, p: &Producer, tokens: &[u32], held: usize) -> Result<Prefilled, String> {
+    /// One remote prefill of `tokens` from `p`, verified, with the prefill time the producer
+    /// reported; `held` leading tokens are on an idle slot here.
+    async fn fetch(
+        &self,
+        p: &Producer,
+        tokens: &[u32],
+        held: usize,
+    ) -> Result<(Prefilled, f64), String> {
         let ctx = &self.ctx;
         let own_abi = &ctx.identity.engine_abi;
         let same_abi = health(p).engine_abi.as_deref() == Some(own_abi.as_str());
@@ -423,10 +425,11 @@ impl Lane {
         {
             p.queue_depth.store(q, Ordering::Relaxed);
         }
-        *lock(&p.last_prefill_ms) = resp
+        let producer_ms = resp
             .headers()
             .get("x-muser-prefill-ms")
-            .and_then(|v| v.to_str().ok()?.parse().ok());
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(0.0);
         // bounded by the K/V of the tokens sent, whatever the producer declares
         let layout = &ctx.identity.layout;
         let max_kv =
@@ -478,12 +481,13 @@ impl Lane {
             secs = t0.elapsed().as_secs_f64(),
             "prefill lane: pack received"
         );
-        Ok(Prefilled {
+        let pf = Prefilled {
             foreign_abi: r.manifest.identity.engine_abi != *own_abi,
             state: r.state,
             producer: Arc::from(p.ep.name.as_str()),
             took: started.elapsed(),
-        })
+        };
+        Ok((pf, producer_ms))
     }
 
     /// What the manifest must say for this request: our stream and generation, above the

@@ -39,6 +39,12 @@
 //! - Ollama: `POST /api/generate` and `/api/chat` (NDJSON streaming by default; `suffix` and
 //!   `template` refused unless empty, `images` refused, `format` `"json"` or a schema enforced
 //!   like `response_format`, `keep_alive` ignored), `GET /api/tags`, `POST /api/show`, `GET /api/version`.
+//!
+//! # The prefill lane
+//! A consumer (`lane`) may prefill long prompts on producers: the `timings` of every answer say
+//! `prefill_lane` (`local` or `remote`) and `producer`, `/props` has `prefill_lane`. A producer
+//! (`producer`) serves `POST /v1/prefill` and `GET /v1/lane/status` over mutual TLS instead of
+//! these routes (docs/disaggregated-prefill.md).
 
 pub mod auth;
 pub mod chat;

@@ -314,7 +314,7 @@ impl Lane {
         let wanted = match self.mode {
             PrefillMode::Local => false,
             PrefillMode::Remote => n > 0,
-            PrefillMode::Auto => n > 0 && n >= self.min_tokens,
+            PrefillMode::Auto => n > 0 && prompt.len() >= self.min_tokens,
         };
         if !wanted {
             return Ok(None);

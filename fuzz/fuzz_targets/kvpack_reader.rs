@@ -98,6 +98,7 @@ fuzz_target!(|data: &[u8]| {
     let expect = Expect {
         identity: &f.id,
         cut: None,
+        other_abis: &[],
     };
     match restore(&input[..], &f.keys, &expect, &limits, &RestoreControl::default()) {
         Ok(r) => {

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Client tests: starts the real `muser up` on SmolLM2 at a free port and drives it with the
 # official `openai` and `ollama` Python clients, raw HTTP for the llama.cpp routes, a
-# concurrency test and a bounded load test (tests/clients). Prints pytest's summary line and
+# concurrency test, a bounded load test, /metrics through prometheus_client's parser, sessions
+# moved to a second `muser up` process, and the dashboard in headless Chromium (Debian's
+# chromium and chromium-driver, installed here when missing) driven by Selenium
+# (tests/clients; screenshots under target/test-artifacts). Prints pytest's summary line and
 # exits non-zero on failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +14,7 @@ model="$models/SmolLM2-135M-Instruct.Q4_1.gguf"
 [ -f "$model" ] || { echo "test-clients: missing $model (run scripts/fetch-models.sh)" >&2; exit 1; }
 
 venv="$cache/venv-clients"
-pins="openai==3.51.0 ollama==0.6.3 requests==2.34.2 pytest==9.2.0"
+pins="openai==3.51.0 ollama==0.6.3 requests==2.34.2 pytest==9.2.0 selenium==4.51.0 prometheus_client==0.26.0"
 if [ "$(cat "$venv/.pins" 2>/dev/null)" != "$pins" ]; then
   rm -rf "$venv"
   python3 -m venv "$venv"
@@ -20,11 +23,19 @@ if [ "$(cat "$venv/.pins" 2>/dev/null)" != "$pins" ]; then
   echo "$pins" > "$venv/.pins"
 fi
 
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -q >&2
+  $sudo apt-get install -y -q chromium chromium-driver >&2
+fi
+
 cargo build --release --locked -q -p muser-cli >&2
 bin="${CARGO_TARGET_DIR:-target}/release/muser"
 
 work=$(mktemp -d)
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$work/kv.key"
 "$bin" up --model "$model" --port 0 --slots 4 -c 2048 --slot-save-path "$work/slots" \
+  --kv-key-file "$work/kv.key" --session-dir "$work/sessions" \
   > "$work/stdout" 2> "$work/stderr" &
 pid=$!
 cleanup() { kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$work"; }
@@ -43,7 +54,8 @@ done
 echo "test-clients: server at $url (pid $pid)" >&2
 
 status=0
-MUSER_URL="$url" MUSER_PID="$pid" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/clients || status=$?
+MUSER_URL="$url" MUSER_PID="$pid" MUSER_BIN="$bin" MUSER_MODEL="$model" MUSER_KV_KEY="$work/kv.key" \
+  MUSER_ARTIFACTS="${MUSER_ARTIFACTS:-target/test-artifacts}" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/clients || status=$?
 if [ "$status" -ne 0 ]; then
   echo "test-clients: last server log lines:" >&2; tail -n 20 "$work/stderr" >&2
 fi

@@ -1,7 +1,10 @@
 """Shared fixtures: the server under test is started by scripts/test-clients.sh, which passes
 its URL (MUSER_URL) and process id (MUSER_PID)."""
 
+import contextlib
 import os
+import re
+import subprocess
 
 import pytest
 import requests
@@ -28,3 +31,26 @@ def server_pid():
     if not pid:
         pytest.fail("MUSER_PID is not set: run these tests through scripts/test-clients.sh")
     return int(pid)
+
+
+@contextlib.contextmanager
+def spawn_muser(*args):
+    """A second `muser up` (SmolLM2, one slot, a free port) with extra arguments; yields its
+    URL and stops it on exit."""
+    env = os.environ
+    for var in ["MUSER_BIN", "MUSER_MODEL"]:
+        if not env.get(var):
+            pytest.fail(f"{var} is not set: run these tests through scripts/test-clients.sh")
+    proc = subprocess.Popen(
+        [env["MUSER_BIN"], "up", "--model", env["MUSER_MODEL"], "--port", "0", "--slots", "1",
+         "-c", "2048", "--threads", "1", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        m = re.search(r"http://\S+", line)
+        assert m, f"no ready line from the second server: {line!r}"
+        yield m.group(0)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

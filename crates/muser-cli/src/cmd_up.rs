@@ -54,6 +54,10 @@ pub struct Args {
     /// Memory budget of --prompt-cache, in MiB (0: disk only).
     #[arg(long, value_name = "MIB", default_value_t = 1024)]
     prompt_cache_ram_mib: u64,
+    /// Session bundles (`/v1/sessions`): a slot's conversation and exact K/V, encrypted with a
+    /// key derived from the operator key; default: `sessions` beside the model store.
+    #[arg(long, value_name = "DIR")]
+    session_dir: Option<PathBuf>,
     /// Allow a non-loopback bind without an API key.
     #[arg(long)]
     force_insecure: bool,
@@ -211,6 +215,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         pc
     });
     cfg.lane = lane;
+    cfg.session_dir = Some(match args.session_dir {
+        Some(dir) => dir,
+        None => default_session_dir()?,
+    });
+    cfg.device = clap::ValueEnum::to_possible_value(&args.device)
+        .map_or_else(|| "cpu".into(), |v| v.get_name().to_string());
     if let Some(t) = args.threads {
         cfg.threads = t.max(1);
     }
@@ -260,9 +270,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             cfg.n_ctx
         );
         std::io::stdout().flush()?;
+        eprintln!("muser: dashboard at http://{host}:{}/", local.port());
         server::serve(state, listener, shutdown_signal()).await?;
         anyhow::Ok(())
     })
+}
+
+/// `sessions` beside the model store (`$MUSER_HOME/sessions`, or `~/.cache/muser/sessions`).
+fn default_session_dir() -> anyhow::Result<PathBuf> {
+    let models = store::default_store_dir()?;
+    Ok(models
+        .parent()
+        .map_or_else(|| models.join("sessions"), |p| p.join("sessions")))
 }
 
 async fn shutdown_signal() {

@@ -133,6 +133,9 @@ pub enum FinishReason {
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Timings {
+    /// From queueing the request to taking a slot (a prompt-cache load from disk while
+    /// queued counts as prompt time, not as waiting).
+    pub queue_ms: f64,
     /// From taking a slot to the first sampled token (prompt processing).
     pub prompt_ms: f64,
     /// From the first sampled token to the last.

@@ -702,6 +702,7 @@ impl<'t> Scheduler<'t> {
         let now = Instant::now();
         let first = t.first_token.unwrap_or(now);
         let timings = Timings {
+            queue_ms: ms(t.started.saturating_duration_since(t.enqueued)),
             prompt_ms: ms(first - t.started),
             gen_ms: ms(now - first),
             producer: t.producer.clone(),

@@ -43,24 +43,32 @@ impl Keys {
 
     /// Reads a key given as 32 raw bytes or 64 hex digits (surrounding whitespace ignored).
     pub fn from_key_material(bytes: &[u8]) -> Result<Keys> {
-        let bad = || {
-            KvpackError::InvalidState("operator key must be 32 raw bytes or 64 hex digits".into())
-        };
-        if bytes.len() == KEY_BYTES {
-            return Ok(Keys::derive(bytes.try_into().unwrap()));
-        }
-        let text = std::str::from_utf8(bytes).map_err(|_| bad())?.trim();
-        if text.len() != 2 * KEY_BYTES {
-            return Err(bad());
-        }
-        let mut key = [0u8; KEY_BYTES];
-        for (i, k) in key.iter_mut().enumerate() {
-            *k = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
-        }
+        let mut key = parse_operator_key(bytes)?;
         let keys = Keys::derive(&key);
         key.fill(0);
         Ok(keys)
     }
+}
+
+/// The operator key from its file's bytes: 32 raw bytes or 64 hex digits (surrounding
+/// whitespace ignored). Other owners of the key (session bundles) derive their own keys from
+/// it with their own context strings.
+pub fn parse_operator_key(bytes: &[u8]) -> Result<[u8; KEY_BYTES]> {
+    let bad =
+        || KvpackError::InvalidState("operator key must be 32 raw bytes or 64 hex digits".into());
+    if let Ok(key) = <[u8; KEY_BYTES]>::try_from(bytes) {
+        return Ok(key);
+    }
+    let text = std::str::from_utf8(bytes).map_err(|_| bad())?.trim();
+    if text.len() != 2 * KEY_BYTES {
+        return Err(bad());
+    }
+    let mut key = [0u8; KEY_BYTES];
+    for (i, k) in key.iter_mut().enumerate() {
+        *k = u8::from_str_radix(text.get(2 * i..2 * i + 2).ok_or_else(bad)?, 16)
+            .map_err(|_| bad())?;
+    }
+    Ok(key)
 }
 
 impl Drop for Keys {

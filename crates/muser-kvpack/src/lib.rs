@@ -34,7 +34,7 @@ pub use identity::{
     field_digest, CellLayout, Digest32, FileStamp, IdentityField, KvDtype, KvIdentity, KvLayoutAbi,
     WeightsHasher,
 };
-pub use keys::Keys;
+pub use keys::{parse_operator_key, Keys};
 pub use ledger::Ledger;
 pub use pack::{
     merkle_root, open_pack, Manifest, PackKind, PackPlan, PackSource, PackSpec, ReadLimits,

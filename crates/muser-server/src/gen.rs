@@ -193,7 +193,10 @@ pub async fn next_step(
     log: &RequestLog,
 ) -> ApiResult<Step> {
     match rx.recv().await {
-        Some(Event::Token { id, text, logprobs }) => Ok(Step::Token { id, text, logprobs }),
+        Some(Event::Token { id, text, logprobs }) => {
+            log.add_token();
+            Ok(Step::Token { id, text, logprobs })
+        }
         Some(Event::Embedding(v)) => Ok(Step::Embedding(v)),
         Some(Event::Done {
             reason,
@@ -211,12 +214,13 @@ pub async fn next_step(
                 gen_ms: timings.gen_ms,
                 producer: timings.producer,
             };
-            log.add_generation(
-                u64::from(done.n_prompt),
-                u64::from(done.n_gen),
-                done.prompt_ms,
-                done.gen_ms,
-            );
+            log.add_generation(&crate::metrics::GenerationTimes {
+                prompt_tokens: u64::from(done.n_prompt - done.n_cached),
+                generated_tokens: u64::from(done.n_gen),
+                queue_ms: timings.queue_ms,
+                prompt_ms: done.prompt_ms,
+                gen_ms: done.gen_ms,
+            });
             Ok(Step::Done(done))
         }
         Some(Event::Error(message)) => {

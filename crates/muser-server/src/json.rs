@@ -15,16 +15,29 @@ pub struct StrictJson<T>(pub T);
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for StrictJson<T> {
     type Rejection = ApiError;
 
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let JsonBytes(bytes) = JsonBytes::from_request(req, state).await?;
+        parse(&bytes).map(StrictJson)
+    }
+}
+
+/// A JSON request body's bytes (Content-Type and size checked), for handlers that also need
+/// the body itself (idempotency keys); parse them with [`parse`].
+pub struct JsonBytes(pub axum::body::Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for JsonBytes {
+    type Rejection = ApiError;
+
     async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
         check_content_type(req.headers().get(header::CONTENT_TYPE))?;
-        let bytes = axum::body::to_bytes(req.into_body(), BODY_LIMIT_BYTES)
+        axum::body::to_bytes(req.into_body(), BODY_LIMIT_BYTES)
             .await
+            .map(JsonBytes)
             .map_err(|_| {
                 ApiError::bad_request(format!(
                     "request body exceeds the limit of {BODY_LIMIT_BYTES} bytes"
                 ))
-            })?;
-        parse(&bytes).map(StrictJson)
+            })
     }
 }
 

@@ -1,7 +1,7 @@
-//! The server's kvpack operator key: read from `--kv-key-file`, or generated on first use and
-//! kept (mode 0600) as `kv.key` in the model store.
+//! The server's operator key: read from `--kv-key-file`, or generated on first use and kept
+//! (mode 0600) as `kv.key` in the model store. kvpack's keys and the session bundle key are
+//! derived from it, each under its own context string.
 
-use muser_kvpack::Keys;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
@@ -12,8 +12,8 @@ pub fn default_key_path() -> Result<PathBuf, String> {
         .map_err(|e| e.to_string())
 }
 
-/// Keys from `file`, or from the default key file, generating it when absent.
-pub fn load_or_create(file: Option<&Path>) -> Result<Keys, String> {
+/// The operator key from `file`, or from the default key file, generating it when absent.
+pub fn load_or_create(file: Option<&Path>) -> Result<[u8; 32], String> {
     let path = match file {
         Some(p) => p.to_path_buf(),
         None => {
@@ -28,7 +28,9 @@ pub fn load_or_create(file: Option<&Path>) -> Result<Keys, String> {
     std::fs::File::open(&path)
         .and_then(|f| f.take(256).read_to_end(&mut bytes))
         .map_err(|e| format!("kv key file {}: {e}", path.display()))?;
-    Keys::from_key_material(&bytes).map_err(|e| format!("kv key file {}: {e}", path.display()))
+    let key = muser_kvpack::parse_operator_key(&bytes);
+    bytes.fill(0);
+    key.map_err(|e| format!("kv key file {}: {e}", path.display()))
 }
 
 fn create(path: &Path) -> Result<(), String> {

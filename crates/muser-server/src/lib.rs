@@ -10,8 +10,8 @@
 //! - A model name other than the served one is **404** `model_not_found`.
 //! - A full engine queue is **429** with `Retry-After`. A client that disconnects cancels its
 //!   generation (the engine receiver is dropped).
-//! - With `--api-key`, every route but `/health` needs `Authorization: Bearer KEY`
-//!   (constant-time compare), else **401**.
+//! - With `--api-key`, every route but `/health` and the dashboard's files (`/`,
+//!   `/assets/*`) needs `Authorization: Bearer KEY` (constant-time compare), else **401**.
 //! - Errors are `{"error": {"type", "message", "code"}}`.
 //!
 //! # Routes and deviations
@@ -39,6 +39,10 @@
 //! - Ollama: `POST /api/generate` and `/api/chat` (NDJSON streaming by default; `suffix` and
 //!   `template` refused unless empty, `images` refused, `format` `"json"` or a schema enforced
 //!   like `response_format`, `keep_alive` ignored), `GET /api/tags`, `POST /api/show`, `GET /api/version`.
+//! - Muser: `/v1/sessions` (a slot's conversation and exact K/V as an encrypted bundle with
+//!   revisions and idempotency keys; see `routes::sessions` and docs/sessions.md),
+//!   `GET /v1/telemetry` and `GET /v1/telemetry/stream` (tagged measurements; see
+//!   `routes::telemetry` and docs/telemetry.md), and the dashboard at `GET /`.
 //!
 //! # The prefill lane
 //! A consumer (`lane`) may prefill long prompts on producers: the `timings` of every answer say

@@ -1,7 +1,7 @@
 //! One log line per request, written when the last holder lets go of the record: for a
 //! streamed response that is when the stream ends, so the line carries the real timings.
 
-use crate::metrics::Metrics;
+use crate::metrics::{GenerationTimes, Lane, Metrics};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -19,7 +19,10 @@ pub struct RequestLog {
     path: String,
     route: String,
     start: Instant,
+    lane: Lane,
     counts: Mutex<Counts>,
+    /// When the last token of this request's generation streamed.
+    last_token: Mutex<Option<Instant>>,
     metrics: Arc<Metrics>,
 }
 
@@ -31,7 +34,9 @@ impl RequestLog {
             path: path.chars().take(256).collect(),
             route: route.to_string(),
             start: Instant::now(),
+            lane: Lane::Local,
             counts: Mutex::new(Counts::default()),
+            last_token: Mutex::new(None),
             metrics,
         })
     }
@@ -44,22 +49,29 @@ impl RequestLog {
         self.with(|c| c.status = status);
     }
 
+    /// Records one streamed token: the time to the first token (from the request's arrival)
+    /// or since the previous one.
+    pub fn add_token(&self) {
+        let now = Instant::now();
+        let lane = self.metrics.lane(self.lane);
+        let mut last = self.last_token.lock().unwrap_or_else(|e| e.into_inner());
+        match last.replace(now) {
+            None => lane.ttft_s.observe((now - self.start).as_secs_f64()),
+            Some(prev) => lane.itl_s.observe((now - prev).as_secs_f64()),
+        }
+        self.metrics.record_token();
+    }
+
     /// Records one finished generation (prompt and generated tokens with their timings).
-    pub fn add_generation(
-        &self,
-        prompt_tokens: u64,
-        generated_tokens: u64,
-        prompt_ms: f64,
-        gen_ms: f64,
-    ) {
+    pub fn add_generation(&self, g: &GenerationTimes) {
         self.with(|c| {
-            c.prompt_tokens += prompt_tokens;
-            c.generated_tokens += generated_tokens;
-            c.prompt_ms += prompt_ms;
-            c.gen_ms += gen_ms;
+            c.prompt_tokens += g.prompt_tokens;
+            c.generated_tokens += g.generated_tokens;
+            c.prompt_ms += g.prompt_ms;
+            c.gen_ms += g.gen_ms;
         });
-        self.metrics
-            .record_generation(prompt_tokens, generated_tokens, prompt_ms, gen_ms);
+        *self.last_token.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.metrics.record_generation(self.lane, g);
     }
 }
 

@@ -28,6 +28,11 @@ pub struct ServeConfig {
     pub prompt_cache: Option<muser_engine::PromptCacheConfig>,
     /// A role on the disaggregated prefill lane (its packs are sealed with the same key).
     pub lane: Option<crate::lane::LaneSetup>,
+    /// Session bundles (`/v1/sessions`) in this directory, sealed with a key derived from
+    /// the operator key.
+    pub session_dir: Option<PathBuf>,
+    /// The device label of the telemetry (`cpu`, `cuda`, `cuda-ops`).
+    pub device: String,
 }
 
 impl ServeConfig {
@@ -43,6 +48,8 @@ impl ServeConfig {
             kv_key_file: None,
             prompt_cache: None,
             lane: None,
+            session_dir: None,
+            device: "cpu".into(),
         }
     }
 }
@@ -68,6 +75,8 @@ pub enum StartError {
     Slots(usize),
     #[error("{0}")]
     KvKey(String),
+    #[error("--session-dir {path}: {message}")]
+    Sessions { path: PathBuf, message: String },
     #[error("--prompt-cache {path}: {message}")]
     PromptCache { path: PathBuf, message: String },
     #[error("prefill lane: {0}")]
@@ -117,22 +126,37 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
             source,
         })?;
     }
-    let kvpack =
-        match cfg.slot_save_path.is_some() || cfg.prompt_cache.is_some() || cfg.lane.is_some() {
-            true => {
-                let keys = crate::kvkey::load_or_create(cfg.kv_key_file.as_deref())
-                    .map_err(StartError::KvKey)?;
-                let ctx = muser_engine::KvPackContext::new(
-                    &model,
-                    Some(&cfg.model_path),
-                    muser_engine::KvType::F16,
-                    keys,
-                )
-                .map_err(|e| StartError::KvKey(e.to_string()))?;
-                Some(Arc::new(ctx))
-            }
-            false => None,
-        };
+    let needs_key = cfg.slot_save_path.is_some()
+        || cfg.prompt_cache.is_some()
+        || cfg.session_dir.is_some()
+        || cfg.lane.is_some();
+    let (kvpack, sessions) = match needs_key {
+        true => {
+            let mut operator_key = crate::kvkey::load_or_create(cfg.kv_key_file.as_deref())
+                .map_err(StartError::KvKey)?;
+            let ctx = muser_engine::KvPackContext::new(
+                &model,
+                Some(&cfg.model_path),
+                muser_engine::KvType::F16,
+                muser_kvpack::Keys::derive(&operator_key),
+            )
+            .map_err(|e| StartError::KvKey(e.to_string()))?;
+            let sessions = cfg
+                .session_dir
+                .as_deref()
+                .map(|dir| {
+                    crate::routes::sessions::Sessions::open(dir, &operator_key, &ctx, cfg.n_ctx)
+                        .map_err(|e| StartError::Sessions {
+                            path: dir.to_path_buf(),
+                            message: e.to_string(),
+                        })
+                })
+                .transpose();
+            operator_key.fill(0);
+            (Some(Arc::new(ctx)), sessions?)
+        }
+        false => (None, None),
+    };
     let prompt_cache = match (&cfg.prompt_cache, &kvpack) {
         (Some(pc), Some(ctx)) => {
             let (cache, report) =
@@ -190,7 +214,8 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
             n_slots: cfg.n_slots,
             n_ctx: cfg.n_ctx,
         },
-        metrics: Arc::new(Metrics::default()),
+        metrics: Arc::new(Metrics::new(&cfg.device)),
+        sessions,
         started_unix_s: crate::routes::unix_now(),
     }))
 }
@@ -256,7 +281,12 @@ fn file_type_name(ft: u32) -> String {
 /// How often a consumer asks its producers for their status.
 const LANE_REFRESH: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Serves on a bound listener until `shutdown` resolves.
+/// How long open responses (a streaming generation, a dashboard's telemetry stream, which
+/// never ends by itself) may run on after the shutdown signal.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Serves on a bound listener until `shutdown` resolves, then lets open responses finish
+/// for at most [`SHUTDOWN_GRACE`].
 pub async fn serve(
     state: SharedState,
     listener: tokio::net::TcpListener,
@@ -277,12 +307,26 @@ pub async fn serve(
         });
     }
     let app = crate::routes::router(state);
-    axum::serve(
+    let (signalled, mut on_signal) = tokio::sync::watch::channel(false);
+    let server = axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
     )
-    .with_graceful_shutdown(shutdown)
-    .await
+    .with_graceful_shutdown(async move {
+        shutdown.await;
+        let _ = signalled.send(true);
+    });
+    let grace = async move {
+        if on_signal.wait_for(|&s| s).await.is_ok() {
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        served = server => served,
+        () = grace => Ok(()),
+    }
 }
 
 /// Serves the producer role: the prefill lane's routes over mutual TLS to the enrolled

@@ -1,5 +1,5 @@
-//! Slot files: one slot's cached tokens and K/V, saved to and restored from
-//! `--slot-save-path`. Layout (little endian):
+//! Slot images: one slot's cached tokens and K/V, saved to and restored from files under
+//! `--slot-save-path`, and carried inside session bundles. Layout (little endian):
 //!
 //! ```text
 //! "muser.slot.v2\n" | n_tokens u32 | tokens u32 × n | kvpack pack (docs/kvpack.md)
@@ -40,13 +40,13 @@ fn generation() -> u64 {
         .max(1)
 }
 
-/// Saves slot `id` to `path`; returns the number of tokens saved.
-pub fn save(
+/// A slot's image: its tokens and their K/V as a sealed pack (the layout above); returns
+/// the bytes and the number of tokens.
+pub fn image(
     engine: &Engine,
     ctx: Option<&Arc<KvPackContext>>,
     id: usize,
-    path: &Path,
-) -> ApiResult<usize> {
+) -> ApiResult<(Vec<u8>, usize)> {
     let ctx = context(ctx)?;
     let tokens = engine.slot_tokens(id).map_err(slot_error)?;
     let pack = engine
@@ -59,8 +59,52 @@ pub fn save(
         out.extend_from_slice(&t.to_le_bytes());
     }
     out.extend_from_slice(&pack);
-    crate::store::write_atomic(path, &out).map_err(|e| ApiError::internal(e.to_string()))?;
-    Ok(tokens.len())
+    Ok((out, tokens.len()))
+}
+
+/// The most bytes an image of one slot of `n_ctx` tokens can take.
+pub fn max_image_bytes(ctx: &KvPackContext, n_ctx: usize) -> u64 {
+    let n_ctx = n_ctx as u64;
+    let row = ctx.identity.layout.row_bytes() as u64;
+    MAGIC.len() as u64
+        + 4
+        + 4 * n_ctx
+        + 2 * u64::from(ctx.identity.layout.n_layer) * n_ctx * row
+        + PACK_OVERHEAD
+}
+
+/// Restores slot `id` from an image (`what` names it in errors); returns the tokens restored.
+pub fn restore_image(
+    engine: &Engine,
+    ctx: Option<&Arc<KvPackContext>>,
+    id: usize,
+    bytes: &[u8],
+    what: &str,
+) -> ApiResult<usize> {
+    let ctx = context(ctx)?;
+    let (tokens, pack) = split(bytes, engine.config().n_ctx)
+        .map_err(|m| ApiError::bad_request(format!("{what}: {m}")))?;
+    engine
+        .import_slot_pack(id, Arc::new(pack.to_vec()), tokens, ctx)
+        .map_err(|e| match e {
+            PackError::Engine(e) => slot_error(e),
+            PackError::Pack(e) => ApiError::bad_request(format!(
+                "{what}: verification (checksum, seal or identity) failed: {e}"
+            )),
+            e => ApiError::bad_request(format!("{what}: {e}")),
+        })
+}
+
+/// Saves slot `id` to `path`; returns the number of tokens saved.
+pub fn save(
+    engine: &Engine,
+    ctx: Option<&Arc<KvPackContext>>,
+    id: usize,
+    path: &Path,
+) -> ApiResult<usize> {
+    let (bytes, n) = image(engine, ctx, id)?;
+    crate::store::write_atomic(path, &bytes).map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(n)
 }
 
 /// Restores slot `id` from `path`; returns the number of tokens restored.
@@ -70,39 +114,20 @@ pub fn restore(
     id: usize,
     path: &Path,
 ) -> ApiResult<usize> {
-    let ctx = context(ctx)?;
-    let path_name = file_name(path);
+    let limit = max_image_bytes(context(ctx)?, engine.config().n_ctx);
+    let what = format!("slot file {}", file_name(path));
     let file = std::fs::File::open(path)
-        .map_err(|e| ApiError::not_found("not_found", format!("slot file {path_name}: {e}")))?;
-    let n_ctx = engine.config().n_ctx as u64;
-    let row = ctx.identity.layout.row_bytes() as u64;
-    let limit = MAGIC.len() as u64
-        + 4
-        + 4 * n_ctx
-        + 2 * u64::from(ctx.identity.layout.n_layer) * n_ctx * row
-        + PACK_OVERHEAD;
+        .map_err(|e| ApiError::not_found("not_found", format!("{what}: {e}")))?;
     let mut bytes = Vec::new();
     file.take(limit + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| ApiError::bad_request(format!("slot file {path_name}: {e}")))?;
+        .map_err(|e| ApiError::bad_request(format!("{what}: {e}")))?;
     if bytes.len() as u64 > limit {
         return Err(ApiError::bad_request(format!(
-            "slot file {path_name} is larger than a slot can hold"
+            "{what} is larger than a slot can hold"
         )));
     }
-    let (tokens, pack) = split(&bytes, n_ctx as usize)
-        .map_err(|m| ApiError::bad_request(format!("slot file {path_name}: {m}")))?;
-    let pack = Arc::new(pack.to_vec());
-    drop(bytes);
-    engine
-        .import_slot_pack(id, pack, tokens, ctx)
-        .map_err(|e| match e {
-            PackError::Engine(e) => slot_error(e),
-            PackError::Pack(e) => ApiError::bad_request(format!(
-                "slot file {path_name}: verification (checksum, seal or identity) failed: {e}"
-            )),
-            e => ApiError::bad_request(format!("slot file {path_name}: {e}")),
-        })
+    restore_image(engine, ctx, id, &bytes, &what)
 }
 
 fn file_name(path: &Path) -> String {

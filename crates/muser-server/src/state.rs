@@ -46,6 +46,8 @@ pub struct AppState {
     pub model: ModelMeta,
     pub options: ServerOptions,
     pub metrics: Arc<Metrics>,
+    /// Session bundles (`/v1/sessions`); present with a session directory.
+    pub sessions: Option<crate::routes::sessions::Sessions>,
     /// Unix seconds at start-up (the `created` of /v1/models).
     pub started_unix_s: u64,
 }

@@ -337,7 +337,20 @@ async fn api_key_guards_every_route_but_health() {
         r.body(Body::empty()).unwrap()
     };
     assert_eq!(send(app(), get("/health", None)).await.0, StatusCode::OK);
-    for path in ["/v1/models", "/props", "/metrics", "/slots", "/api/tags"] {
+    // the dashboard's files hold no data: the page loads, then asks for the key
+    assert_eq!(send(app(), get("/", None)).await.0, StatusCode::OK);
+    assert_eq!(
+        send(app(), get("/assets/app.js", None)).await.0,
+        StatusCode::OK
+    );
+    for path in [
+        "/v1/models",
+        "/props",
+        "/metrics",
+        "/slots",
+        "/api/tags",
+        "/v1/telemetry",
+    ] {
         assert_eq!(
             send(app(), get(path, None)).await.0,
             StatusCode::UNAUTHORIZED,

@@ -5,7 +5,6 @@ use super::{sse_response, timings, Log};
 use crate::error::{ApiError, ApiResult};
 use crate::gen::{self, Finished, SamplingOptions, Step};
 use crate::json::{OptionalJson, StrictJson};
-use crate::metrics::EngineGauges;
 use crate::state::{AppState, SharedState};
 use crate::structured;
 use crate::wire::llama::{
@@ -347,12 +346,7 @@ pub async fn health() -> Json<Value> {
 }
 
 pub async fn metrics(State(state): State<SharedState>) -> Response {
-    let stats = state.engine.stats();
-    let gauges = EngineGauges {
-        busy_slots: stats.busy_slots,
-        total_slots: state.options.n_slots,
-        queue_depth: stats.queue_depth,
-    };
+    let gauges = crate::routes::telemetry::gauges(&state);
     let mut r = state.metrics.render(&gauges).into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -1,9 +1,12 @@
 //! The router: every route, the auth and logging middleware, and helpers shared by the three
 //! wire families.
 
+pub mod dashboard;
 pub mod llama;
 pub mod ollama;
 pub mod openai;
+pub mod sessions;
+pub mod telemetry;
 
 use crate::auth;
 use crate::error::{ApiError, ApiResult};
@@ -46,12 +49,19 @@ const ROUTES: &[&str] = &[
     "/api/tags",
     "/api/show",
     "/api/version",
+    "/v1/sessions",
+    "/v1/sessions/import",
+    "/v1/telemetry",
+    "/v1/telemetry/stream",
+    "/",
 ];
 
 fn route_label(path: &str) -> &'static str {
     match ROUTES.iter().find(|r| **r == path) {
         Some(r) => r,
         None if path.starts_with("/slots/") => "/slots/{id}",
+        None if path.starts_with("/v1/sessions/") => "/v1/sessions/{id}",
+        None if path.starts_with("/assets/") => "/assets/{name}",
         None => "other",
     }
 }
@@ -86,6 +96,22 @@ pub fn router(state: SharedState) -> Router {
         .route("/api/tags", get(ollama::tags))
         .route("/api/show", post(ollama::show))
         .route("/api/version", get(ollama::version))
+        // sessions
+        .route("/v1/sessions", get(sessions::list).post(sessions::create))
+        .route("/v1/sessions/import", post(sessions::import))
+        .route(
+            "/v1/sessions/{id}",
+            get(sessions::get_one)
+                .put(sessions::update)
+                .delete(sessions::delete),
+        )
+        .route("/v1/sessions/{id}/restore", post(sessions::restore))
+        .route("/v1/sessions/{id}/bundle", get(sessions::export))
+        // telemetry and the dashboard
+        .route("/v1/telemetry", get(telemetry::get))
+        .route("/v1/telemetry/stream", get(telemetry::stream))
+        .route("/", get(dashboard::index))
+        .route("/assets/{name}", get(dashboard::asset))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
@@ -98,7 +124,8 @@ async fn not_found(req: Request) -> ApiError {
     )
 }
 
-/// Auth (every route but /health when a key is set) and the per-request log record.
+/// Auth (every route but /health and the dashboard's static files when a key is set) and
+/// the per-request log record.
 async fn guard(State(state): State<SharedState>, mut req: Request, next: Next) -> Response {
     let route = route_label(req.uri().path());
     let log = RequestLog::new(
@@ -107,7 +134,8 @@ async fn guard(State(state): State<SharedState>, mut req: Request, next: Next) -
         route,
         state.metrics.clone(),
     );
-    let open = matches!(req.uri().path(), "/health" | "/v1/health");
+    let path = req.uri().path();
+    let open = matches!(path, "/health" | "/v1/health" | "/") || path.starts_with("/assets/");
     let response = match &state.options.api_key {
         Some(key) if !open => {
             let header = req

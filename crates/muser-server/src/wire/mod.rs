@@ -6,6 +6,7 @@ pub mod lane;
 pub mod llama;
 pub mod ollama;
 pub mod openai;
+pub mod sessions;
 
 use serde::{Deserialize, Deserializer};
 

@@ -26,6 +26,8 @@ struct Cli {
     command: Command,
 }
 
+// parsed once per run: the size of the largest variant (`up`'s flags) costs nothing
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Serve the OpenAI-, llama.cpp- and Ollama-compatible HTTP APIs (fetches the default model).

@@ -4,7 +4,9 @@
 
 use crate::device::{self, Device};
 use anyhow::Context;
+use muser_cluster::Endpoint;
 use muser_model::LoadOptions;
+use muser_server::lane::{ConsumerConfig, LaneRole, LaneSetup, PrefillMode};
 use muser_server::server::{self, ServeConfig};
 use muser_server::store;
 use muser_server::{auth, http};
@@ -13,6 +15,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -90,6 +93,111 @@ pub struct Args {
     /// Requests allowed to wait for a slot before the server answers 429.
     #[arg(long, default_value_t = 64)]
     queue: usize,
+    #[command(flatten)]
+    lane: LaneArgs,
+}
+
+/// The disaggregated prefill lane (docs/disaggregated-prefill.md).
+#[derive(clap::Args)]
+struct LaneArgs {
+    /// consumer: the HTTP APIs, prefilling here or on --producer nodes; producer: the
+    /// prefill endpoint over mutual TLS for the --consumer nodes, no HTTP API.
+    #[arg(long, value_enum, default_value_t = Role::Consumer)]
+    role: Role,
+    /// This node's certificate name (`muser tls issue NAME`); needed by a producer and by a
+    /// consumer with --producer.
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
+    /// Configuration directory holding tls/ and the lane ledger (default: $MUSER_CONFIG_DIR,
+    /// else ~/.config/muser).
+    #[arg(long, value_name = "DIR")]
+    config_dir: Option<PathBuf>,
+    /// Where prompts are prefilled: local; remote (always on a producer, failing the request
+    /// when none answers); auto (on a producer from --remote-min-tokens, local on any
+    /// producer failure).
+    #[arg(long, value_enum, default_value_t = Prefill::Local)]
+    prefill: Prefill,
+    /// A producer, NAME=https://HOST:PORT (NAME: its certificate name); repeatable.
+    #[arg(long, value_name = "NAME=URL")]
+    producer: Vec<String>,
+    /// With --prefill auto, prompts of at least this many tokens go to a producer.
+    #[arg(long, default_value_t = 1024)]
+    remote_min_tokens: usize,
+    /// Longest a remote prefill may take, request to last byte, in milliseconds.
+    #[arg(long, default_value_t = 120_000)]
+    prefill_deadline_ms: u64,
+    /// Another engine ABI to accept packs from (a producer with other numerics); repeatable.
+    #[arg(long, value_name = "ABI")]
+    accept_abi: Vec<String>,
+    /// Producer: a consumer node name it serves; repeatable (others are refused).
+    #[arg(long, value_name = "NAME")]
+    consumer: Vec<String>,
+    /// Producer: prefills allowed to wait beyond the slots before it answers 429.
+    #[arg(long, default_value_t = 16)]
+    lane_queue: usize,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Role {
+    Consumer,
+    Producer,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Prefill {
+    Local,
+    Remote,
+    Auto,
+}
+
+impl LaneArgs {
+    /// The lane setup these flags ask for (`None`: a plain server).
+    fn setup(self) -> anyhow::Result<Option<LaneSetup>> {
+        let wants = self.role == Role::Producer
+            || self.prefill != Prefill::Local
+            || !self.producer.is_empty();
+        if !wants {
+            return Ok(None);
+        }
+        let node = self
+            .name
+            .context("the prefill lane needs this node's certificate name: --name NAME")?;
+        let role = match self.role {
+            Role::Producer => {
+                anyhow::ensure!(
+                    !self.consumer.is_empty(),
+                    "a producer serves only enrolled consumers: give at least one --consumer NAME"
+                );
+                for c in &self.consumer {
+                    muser_cluster::check_name(c)?;
+                }
+                LaneRole::Producer {
+                    consumers: self.consumer,
+                    max_queue: self.lane_queue,
+                }
+            }
+            Role::Consumer => LaneRole::Consumer(ConsumerConfig {
+                mode: match self.prefill {
+                    Prefill::Local => PrefillMode::Local,
+                    Prefill::Remote => PrefillMode::Remote,
+                    Prefill::Auto => PrefillMode::Auto,
+                },
+                producers: self
+                    .producer
+                    .iter()
+                    .map(|p| Endpoint::parse(p))
+                    .collect::<Result<_, _>>()?,
+                min_tokens: self.remote_min_tokens,
+                deadline: Duration::from_millis(self.prefill_deadline_ms.max(1)),
+                accept_abis: self.accept_abi,
+            }),
+        };
+        Ok(Some(LaneSetup {
+            config_dir: crate::cmd_tls::config_dir(self.config_dir)?,
+            node,
+            role,
+        }))
+    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -111,12 +219,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (Some(cert), Some(key)) => Some(http::tls_config(cert, key).map_err(anyhow::Error::msg)?),
         _ => None,
     };
-    auth::check_bind(
-        args.host,
-        api_key.as_deref(),
-        tls.is_some(),
-        args.insecure_public,
-    )?;
+    let lane = args.lane.setup()?;
+    let producer = lane
+        .clone()
+        .filter(|l| matches!(l.role, LaneRole::Producer { .. }));
+    // a producer serves enrolled nodes over mutual TLS only; the API's bind rules are for the API
+    if producer.is_none() {
+        auth::check_bind(
+            args.host,
+            api_key.as_deref(),
+            tls.is_some(),
+            args.insecure_public,
+        )?;
+    }
     let model_path = match args.model {
         Some(path) => path,
         None => {
@@ -142,6 +257,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         pc.memory_budget_bytes = args.prompt_cache_ram_mib << 20;
         pc
     });
+    cfg.lane = lane;
     cfg.session_dir = Some(match args.session_dir {
         Some(dir) => dir,
         None => default_session_dir()?,
@@ -180,6 +296,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             IpAddr::V6(ip) => format!("[{ip}]"),
             IpAddr::V4(ip) => ip.to_string(),
         };
+        if let Some(setup) = &producer {
+            println!(
+                "muser producer ready: https://{host}:{} (node {}, model {}, {} slots x {} tokens)",
+                local.port(),
+                setup.node,
+                state.model.id,
+                cfg.n_slots,
+                cfg.n_ctx
+            );
+            std::io::stdout().flush()?;
+            server::serve_producer(state, setup, listener, shutdown_signal()).await?;
+            return anyhow::Ok(());
+        }
         let scheme = if tls.is_some() { "https" } else { "http" };
         println!(
             "muser ready: {scheme}://{host}:{} (model {}, {} slots x {} tokens)",
@@ -190,6 +319,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
         std::io::stdout().flush()?;
         eprintln!("muser: dashboard at {scheme}://{host}:{}/", local.port());
+        server::start_lane_refresh(&state).await;
         http::serve(state, listener, tls, shutdown_signal()).await?;
         anyhow::Ok(())
     })

@@ -9,6 +9,7 @@ mod cmd_kvbench;
 mod cmd_run;
 mod cmd_synth;
 mod cmd_text;
+mod cmd_tls;
 mod cmd_up;
 mod device;
 #[cfg(feature = "cuda")]
@@ -25,6 +26,8 @@ struct Cli {
     command: Command,
 }
 
+// parsed once per run: the size of the largest variant (`up`'s flags) costs nothing
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Serve the OpenAI-, llama.cpp- and Ollama-compatible HTTP APIs (fetches the default model).
@@ -43,6 +46,8 @@ enum Command {
     Tokenize(cmd_text::TokenizeArgs),
     /// Render a conversation (JSON) with the model's chat template.
     Template(cmd_text::TemplateArgs),
+    /// The prefill lane's certificate authority: init, issue NAME, revoke NAME.
+    Tls(cmd_tls::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -56,5 +61,6 @@ fn main() -> anyhow::Result<()> {
         Command::Synth(a) => cmd_synth::run(a),
         Command::Tokenize(a) => cmd_text::tokenize(a),
         Command::Template(a) => cmd_text::template(a),
+        Command::Tls(a) => cmd_tls::run(a),
     }
 }

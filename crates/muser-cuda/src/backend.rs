@@ -566,6 +566,14 @@ mod dev {
     impl Backend for CudaBackend {
         type Act = DevMat;
 
+        fn numerics(&self) -> String {
+            match self.precision {
+                Precision::Exact => "cuda-exact",
+                Precision::Fast => "cuda-fast",
+            }
+            .to_string()
+        }
+
         fn supports(&self, ty: GgmlType) -> bool {
             WType::from_ggml(ty.id()).is_some() || muser_quant::can_dequantize(ty)
         }

@@ -21,6 +21,10 @@ type Act = <CpuBackend as Backend>::Act;
 
 impl Backend for Emu {
     type Act = Act;
+    /// The fast GPU path's numerics, emulated on the CPU.
+    fn numerics(&self) -> String {
+        "cpu-emulating-cuda-fast".to_string()
+    }
     fn supports(&self, ty: muser_gguf::GgmlType) -> bool {
         self.0.supports(ty)
     }

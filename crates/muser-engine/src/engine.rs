@@ -72,6 +72,35 @@ pub struct GenerateRequest {
     pub embeddings: bool,
     /// Render control tokens (e.g. `<|im_end|>`) in the text.
     pub special: bool,
+    /// K/V of a prompt prefix computed elsewhere (a producer of the prefill lane), already
+    /// verified, installed instead of computing that prefix.
+    pub prefilled: Option<Arc<Prefilled>>,
+}
+
+/// A verified K/V state for positions `state.positions` of a request's prompt, computed by
+/// another engine. A state starting above 0 (from a delta pack) is installed only on a slot
+/// that still holds the prompt's tokens before it; otherwise the request computes the prefix
+/// itself, so the result never depends on which slot it landed on.
+pub struct Prefilled {
+    pub state: muser_kvpack::KvState,
+    /// Who computed it (shown in the request's timings).
+    pub producer: Arc<str>,
+    /// Time spent getting it, which the request's prompt time includes.
+    pub took: Duration,
+    /// Computed by numerics other than this engine's: the prompt cache never publishes it
+    /// as this engine's own.
+    pub foreign_abi: bool,
+}
+
+impl std::fmt::Debug for Prefilled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prefilled")
+            .field("positions", &self.state.positions)
+            .field("producer", &self.producer)
+            .field("took", &self.took)
+            .field("foreign_abi", &self.foreign_abi)
+            .finish()
+    }
 }
 
 impl Default for GenerateRequest {
@@ -85,6 +114,7 @@ impl Default for GenerateRequest {
             cache_prompt: true,
             embeddings: false,
             special: false,
+            prefilled: None,
         }
     }
 }
@@ -101,7 +131,7 @@ pub enum FinishReason {
     Cancelled,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Timings {
     /// From queueing the request to taking a slot (a prompt-cache load from disk while
     /// queued counts as prompt time, not as waiting).
@@ -110,6 +140,9 @@ pub struct Timings {
     pub prompt_ms: f64,
     /// From the first sampled token to the last.
     pub gen_ms: f64,
+    /// The producer whose prefill the request installed (`None`: the prompt was computed
+    /// here).
+    pub producer: Option<Arc<str>>,
 }
 
 /// What a request's stream carries, in order: `Token`s (or one `Embedding`), then `Done`; or

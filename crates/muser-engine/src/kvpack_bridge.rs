@@ -15,15 +15,11 @@ use std::sync::{Arc, Mutex};
 use muser_kvpack::{
     apply_delta, field_digest, restore, BlockId, CellLayout, Digest32, Expect, FileStamp, Keys,
     KvDtype, KvIdentity, KvLayoutAbi, KvState, KvpackError, PackKind, PackPlan, PackSpec,
-    PrefixHasher, ReadLimits, RestoreControl, SegmentPlan,
+    PrefixChain, PrefixHasher, ReadLimits, RestoreControl, SegmentPlan,
 };
 use muser_model::{KvLayout, KvSnapshot, KvType, LayerKv, Model};
 
 use crate::engine::{Engine, EngineError, SlotKv};
-
-/// Names the numerics of the code that fills the cache (attention, RoPE, K/V writes). Bump it
-/// on any change that alters a single K or V byte.
-pub const ENGINE_ABI: &str = "muser-cpu-v1";
 
 #[derive(Debug, thiserror::Error)]
 pub enum PackError {
@@ -134,7 +130,7 @@ pub fn model_identity(model: &Model, model_path: Option<&Path>, kv_type: KvType)
         weight_precision: precision_summary(model),
         layout: layout_abi(&model.kv_layout(kv_type)),
         context_policy: context_digest(model),
-        engine_abi: ENGINE_ABI.to_string(),
+        engine_abi: model.engine_abi(kv_type),
         adapter: None,
     }
 }
@@ -240,6 +236,51 @@ fn kv_err(e: impl std::fmt::Display) -> PackError {
     PackError::Kv(e.to_string())
 }
 
+/// A slot's K/V ready to be packed: positions `base..` of the tokens `chain` covers.
+pub struct SlotExport {
+    pub state: KvState,
+    pub chain: PrefixChain,
+    pub base: u32,
+}
+
+impl SlotExport {
+    /// The pack's spec: replay `stream` (the cut id when `None`) at `generation`.
+    pub fn spec<'a>(
+        &'a self,
+        ctx: &'a KvPackContext,
+        generation: u64,
+        stream: Option<Digest32>,
+    ) -> PackSpec<'a> {
+        PackSpec {
+            identity: &ctx.identity,
+            chain: &self.chain,
+            generation,
+            stream,
+            base_tokens: self.base,
+            plan: SegmentPlan::default(),
+            threads: muser_kvpack::default_threads(),
+        }
+    }
+}
+
+/// The slot's K/V from `base` (0: full; else past the longest block prefix of `held`) to its
+/// end.
+fn export_slot(
+    s: &SlotKv<'_>,
+    ctx: &KvPackContext,
+    held: Option<&[BlockId]>,
+    slot: usize,
+) -> Result<SlotExport, PackError> {
+    let n = s.tokens.len() as u32;
+    if n == 0 {
+        return Err(PackError::EmptySlot { slot });
+    }
+    let chain = ctx.hasher.chain(s.tokens);
+    let base = held.map_or(0, |h| chain.delta_base(h, n));
+    let state = snapshot_to_state(s.kv.export(s.seq, base..n).map_err(kv_err)?);
+    Ok(SlotExport { state, chain, base })
+}
+
 /// Packs the slot's K/V from `base` (0: full) to its end.
 fn pack_slot(
     s: &SlotKv<'_>,
@@ -248,23 +289,8 @@ fn pack_slot(
     held: Option<&[BlockId]>,
     slot: usize,
 ) -> Result<Vec<u8>, PackError> {
-    let n = s.tokens.len() as u32;
-    if n == 0 {
-        return Err(PackError::EmptySlot { slot });
-    }
-    let chain = ctx.hasher.chain(s.tokens);
-    let base = held.map_or(0, |h| chain.delta_base(h, n));
-    let state = snapshot_to_state(s.kv.export(s.seq, base..n).map_err(kv_err)?);
-    let spec = PackSpec {
-        identity: &ctx.identity,
-        chain: &chain,
-        generation,
-        stream: None,
-        base_tokens: base,
-        plan: SegmentPlan::default(),
-        threads: muser_kvpack::default_threads(),
-    };
-    Ok(PackPlan::new(&state, &ctx.keys, &spec)?.to_bytes())
+    let e = export_slot(s, ctx, held, slot)?;
+    Ok(PackPlan::new(&e.state, &ctx.keys, &e.spec(ctx, generation, None))?.to_bytes())
 }
 
 /// Verifies `bytes` against `tokens` into a staging state, then replaces the slot's K/V and
@@ -287,6 +313,7 @@ fn unpack_into_slot(
     let expect = Expect {
         identity: &ctx.identity,
         cut: chain.cut_id(tokens.len() as u32),
+        other_abis: &[],
     };
     let control = RestoreControl {
         max_bytes: s.kv.bytes() as u64,
@@ -348,6 +375,18 @@ impl Engine {
         self.with_slot(slot, move |s| {
             pack_slot(&s, &ctx, generation, Some(&held), slot)
         })?
+    }
+
+    /// The slot's K/V past the longest block prefix of `held` (all of it when nothing is
+    /// shared), for the caller to seal and send off the engine thread.
+    pub fn export_slot_state(
+        &self,
+        slot: usize,
+        ctx: &Arc<KvPackContext>,
+        held: Vec<BlockId>,
+    ) -> Result<SlotExport, PackError> {
+        let ctx = ctx.clone();
+        self.with_slot(slot, move |s| export_slot(&s, &ctx, Some(&held), slot))?
     }
 
     /// Restores a full or delta pack of `tokens` into the slot; returns the tokens now cached.

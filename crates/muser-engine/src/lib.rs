@@ -15,10 +15,10 @@ pub mod stop;
 
 pub use constraint::{Constraint, Expr, Grammar, JsonKind, Matcher, Member, Vocab};
 pub use engine::{
-    Engine, EngineConfig, EngineError, EngineStats, Event, FinishReason, GenerateRequest, SlotInfo,
-    SlotKv, SubmitError, Timings,
+    Engine, EngineConfig, EngineError, EngineStats, Event, FinishReason, GenerateRequest,
+    Prefilled, SlotInfo, SlotKv, SubmitError, Timings,
 };
-pub use kvpack_bridge::{KvPackContext, PackError};
+pub use kvpack_bridge::{KvPackContext, PackError, SlotExport};
 pub use muser_model::KvType;
 pub use prompt_cache::{PromptCache, PromptCacheConfig, PromptCacheStats};
 pub use sampling::{Sampled, Sampler, SamplingError, SamplingParams, TokenLogprobs, TokenProb};

@@ -41,6 +41,9 @@ pub(crate) struct Scheduler<'t> {
 struct Slot<'t> {
     /// Tokens whose K/V sequence `id` holds, position order.
     tokens: Vec<u32>,
+    /// Some of that K/V came from other numerics (a producer's): never offered to the prompt
+    /// cache, which would publish it as this engine's own.
+    foreign: bool,
     last_used: u64,
     task: Option<Task<'t>>,
 }
@@ -70,6 +73,8 @@ struct Task<'t> {
     started: Instant,
     first_token: Option<Instant>,
     deadline: Option<Instant>,
+    /// The producer whose prefill was installed.
+    producer: Option<Arc<str>>,
 }
 
 /// Which slot a batch row belongs to and whether it samples.
@@ -91,6 +96,7 @@ impl<'t> Scheduler<'t> {
         let slots = (0..cfg.n_slots)
             .map(|_| Slot {
                 tokens: Vec::new(),
+                foreign: false,
                 last_used: 0,
                 task: None,
             })
@@ -163,6 +169,7 @@ impl<'t> Scheduler<'t> {
         if s.task.is_some() {
             return;
         }
+        let before = s.tokens.clone();
         let panicked = job(SlotKv {
             model: &self.model,
             kv: &mut self.kv,
@@ -173,6 +180,10 @@ impl<'t> Scheduler<'t> {
             // the job stopped half way: what the slot holds is unknown
             self.kv.clear(slot as u32);
             self.slots[slot].tokens.clear();
+            self.slots[slot].foreign = false;
+        } else if self.slots[slot].tokens != before {
+            // a job that replaced the K/V (a restore, an erase) put this engine's own in its place
+            self.slots[slot].foreign = false;
         }
     }
 
@@ -260,12 +271,17 @@ impl<'t> Scheduler<'t> {
             self.slots[slot].task = None;
             self.kv.clear(slot as u32);
             self.slots[slot].tokens.clear();
+            self.slots[slot].foreign = false;
             let _ = tx.send(Event::Error(format!("starting the request failed: {msg}")));
         }
     }
 
     fn start(&mut self, slot: usize, job: Job, resume: Option<Resume>) {
-        let Job { req, tx, enqueued } = job;
+        let Job {
+            mut req,
+            tx,
+            enqueued,
+        } = job;
         let mut sampler = match Sampler::new(&req.params, self.cfg.n_ctx) {
             Ok(s) => s,
             Err(e) => {
@@ -278,13 +294,22 @@ impl<'t> Scheduler<'t> {
         let seq = slot as u32;
         if keep == 0 {
             self.kv.clear(seq);
+            self.slots[slot].foreign = false;
         } else {
             self.kv.truncate(seq, keep as u32);
         }
         self.slots[slot].tokens.truncate(keep);
-        let mut publish_at = None;
         // the prompt time includes getting a resumed prefix (a disk load ran while queued)
+        // or a producer's prefill
         let mut started = Instant::now();
+        let mut producer = None;
+        if let Some(p) = req.prefilled.take() {
+            started = started.checked_sub(p.took).unwrap_or(started);
+            if let Some(n) = self.install(slot, p, &req.prompt, keep, &mut producer) {
+                keep = n;
+            }
+        }
+        let mut publish_at = None;
         if let Some(pc) = self.cfg.prompt_cache.clone().filter(|_| req.cache_prompt) {
             if let Some(r) = resume {
                 started = started.checked_sub(r.took).unwrap_or(started);
@@ -295,7 +320,7 @@ impl<'t> Scheduler<'t> {
             publish_at = pc
                 .publish_cut(req.prompt.len())
                 .map(|c| c as usize)
-                .filter(|&c| c > keep);
+                .filter(|&c| c > keep && !self.slots[slot].foreign);
         }
         self.tick += 1;
         let s = &mut self.slots[slot];
@@ -316,8 +341,81 @@ impl<'t> Scheduler<'t> {
             enqueued,
             started,
             first_token: None,
+            producer,
         });
         self.stats.requests_total += 1;
+    }
+
+    /// Installs a producer's K/V of `prompt[state.positions]` on the slot, which holds the
+    /// prompt's first `have` tokens. Returns the tokens the slot now holds, or `None` when it
+    /// is unchanged (the state is not longer than what the slot has, or a delta's base is
+    /// not on this slot).
+    fn install(
+        &mut self,
+        slot: usize,
+        p: Arc<crate::engine::Prefilled>,
+        prompt: &[u32],
+        have: usize,
+        producer: &mut Option<Arc<str>>,
+    ) -> Option<usize> {
+        let p = Arc::try_unwrap(p).unwrap_or_else(|p| crate::engine::Prefilled {
+            state: p.state.clone(),
+            producer: p.producer.clone(),
+            took: p.took,
+            foreign_abi: p.foreign_abi,
+        });
+        let r = p.state.positions.clone();
+        let (base, n) = (r.start as usize, r.end as usize);
+        let seq = slot as u32;
+        if n <= have || n >= prompt.len() || base > have || !self.holds_window(seq, base) {
+            tracing::info!(
+                producer = %p.producer,
+                "prefill lane: the slot does not hold the delta's base; computing the prompt here"
+            );
+            return None;
+        }
+        let snap = match state_to_snapshot(p.state, self.kv.layout()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "prefill lane: the state does not fit the cache");
+                return None;
+            }
+        };
+        if base == 0 {
+            self.kv.clear(seq);
+        } else {
+            self.kv.truncate(seq, base as u32);
+        }
+        let s = &mut self.slots[slot];
+        s.tokens.truncate(base);
+        match self.kv.import(seq, &snap) {
+            Ok(()) => {
+                s.tokens.extend_from_slice(&prompt[base..n]);
+                s.foreign |= p.foreign_abi;
+                *producer = Some(p.producer);
+                Some(n)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "prefill lane: importing the state failed");
+                self.kv.clear(seq);
+                s.tokens.clear();
+                s.foreign = false;
+                Some(0)
+            }
+        }
+    }
+
+    /// Whether a token at position `at` finds every row it attends to in the slot, which
+    /// holds at least `at` tokens: always without sliding-window layers; with them, the
+    /// window before `at` must still be in the ring.
+    fn holds_window(&self, seq: u32, at: usize) -> bool {
+        let layout = self.kv.layout();
+        if layout.n_swa == 0 || !layout.is_swa.iter().any(|&s| s) {
+            return true;
+        }
+        // The token at `at` attends to positions `at - n_swa + 1 ..`.
+        let from = (at as u32).saturating_sub(layout.n_swa);
+        self.kv.holds(seq, from..at as u32)
     }
 
     /// Imports a prefix of `prompt` resumed from the prompt cache into the slot when it is
@@ -337,6 +435,7 @@ impl<'t> Scheduler<'t> {
         };
         let seq = slot as u32;
         self.kv.clear(seq);
+        self.slots[slot].foreign = false;
         let tokens = &mut self.slots[slot].tokens;
         tokens.clear();
         match self.kv.import(seq, &snap) {
@@ -359,7 +458,7 @@ impl<'t> Scheduler<'t> {
             return false;
         };
         let seq = slot as u32;
-        if n == 0 || !self.kv.holds(seq, 0..n as u32) {
+        if n == 0 || self.slots[slot].foreign || !self.kv.holds(seq, 0..n as u32) {
             return false;
         }
         let exported = contained(|| {
@@ -412,17 +511,7 @@ impl<'t> Scheduler<'t> {
         }
         let cached = &self.slots[slot].tokens;
         let keep = common_prefix(cached, &req.prompt).min(req.prompt.len() - 1);
-        if keep == 0 || keep == cached.len() {
-            return keep;
-        }
-        let layout = self.kv.layout();
-        if layout.n_swa == 0 || !layout.is_swa.iter().any(|&s| s) {
-            return keep;
-        }
-        // The next token (position `keep`) attends to positions `keep - n_swa + 1 ..`, which
-        // must all still be in the sliding-window ring.
-        let from = (keep as u32).saturating_sub(layout.n_swa);
-        if self.kv.holds(slot as u32, from..keep as u32) {
+        if keep == 0 || keep == cached.len() || self.holds_window(slot as u32, keep) {
             keep
         } else {
             0
@@ -651,6 +740,7 @@ impl<'t> Scheduler<'t> {
             queue_ms: ms(t.started.saturating_duration_since(t.enqueued)),
             prompt_ms: ms(first - t.started),
             gen_ms: ms(now - first),
+            producer: t.producer.clone(),
         };
         let n_prompt = t.req.prompt.len();
         let st = &mut self.stats;
@@ -693,6 +783,7 @@ impl<'t> Scheduler<'t> {
         let task = self.slots[slot].task.take();
         self.kv.clear(slot as u32);
         self.slots[slot].tokens.clear();
+        self.slots[slot].foreign = false;
         self.publish();
         if let Some(t) = task {
             let _ = t.tx.send(Event::Error(msg.to_string()));

@@ -27,6 +27,9 @@ struct ArgmaxForward {
 }
 
 impl FusedForward for ArgmaxForward {
+    fn numerics(&self) -> String {
+        "argmax-test".to_string()
+    }
     fn forward(
         &self,
         _kv: &mut KvCache,

@@ -125,6 +125,7 @@ pub fn kvpack_reader(data: &[u8]) {
     let expect = Expect {
         identity: &f.id,
         cut: None,
+        other_abis: &[],
     };
     match restore(
         &input[..],

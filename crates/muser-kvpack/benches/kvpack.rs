@@ -187,6 +187,7 @@ fn main() {
             let expect = Expect {
                 identity: &id,
                 cut: None,
+                other_abis: &[],
             };
             let (r, t_restore) = best(|_| {
                 restore(

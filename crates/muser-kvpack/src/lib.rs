@@ -9,6 +9,8 @@
 //! - [`PackStore`]: durable directory of immutable packs with crash-safe publication, a
 //!   replay ledger, a byte budget and start-up recovery.
 //! - [`ResidentCache`]: in-memory radix of reference-counted blocks.
+//! - [`StreamRestore`]: the same checks on a pack arriving as a byte stream, segment by
+//!   segment into a staging state, for packs sent over the network.
 //!
 //! The crate knows no model: the engine converts its KV snapshot to [`KvState`].
 //! docs/kvpack.md describes the format and the threat model.
@@ -25,6 +27,7 @@ pub mod radix;
 pub mod restore;
 pub mod state;
 pub mod store;
+pub mod stream;
 
 pub use error::{KvpackError, Region, Result};
 pub use identity::{
@@ -43,3 +46,4 @@ pub use radix::{BlockRows, ResidentBlock, ResidentCache, ResidentHit};
 pub use restore::{apply_delta, restore, verify_pack, Expect, RestoreControl, Restored};
 pub use state::{KvState, LayerKv};
 pub use store::{PackStore, PackTicket, RecoveryReport, StagedPack, Stager, StoreConfig, StoreHit};
+pub use stream::StreamRestore;

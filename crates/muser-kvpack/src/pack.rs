@@ -364,7 +364,13 @@ impl Header {
         h
     }
 
-    fn decode(h: &[u8; HEADER_BYTES], actual_len: u64, limits: &ReadLimits) -> Result<Header> {
+    /// Decodes and bounds a header; `actual_len` is the source's length when known (a stream
+    /// checks the declared length when it ends).
+    pub(crate) fn decode(
+        h: &[u8; HEADER_BYTES],
+        actual_len: Option<u64>,
+        limits: &ReadLimits,
+    ) -> Result<Header> {
         let u32_at = |o: usize| u32::from_le_bytes(h[o..o + 4].try_into().unwrap());
         let u64_at = |o: usize| u64::from_le_bytes(h[o..o + 8].try_into().unwrap());
         if h[0..8] != MAGIC {
@@ -409,10 +415,10 @@ impl Header {
                 });
             }
         }
-        if hd.file_len != actual_len {
+        if let Some(actual) = actual_len.filter(|&a| a != hd.file_len) {
             return Err(KvpackError::LengthMismatch {
                 declared: hd.file_len,
-                actual: actual_len,
+                actual,
             });
         }
         if HEADER_BYTES as u64 + hd.manifest_len + SEAL_BYTES as u64 + hd.segments_len
@@ -501,20 +507,33 @@ pub fn open_pack<S: PackSource + ?Sized>(
     }
     let mut hb = [0u8; HEADER_BYTES];
     src.read_at(0, &mut hb)?;
-    let header = Header::decode(&hb, actual, limits)?;
+    let header = Header::decode(&hb, Some(actual), limits)?;
     // Bounded by max_manifest_bytes and by the file length.
     let mut mb = vec![0u8; header.manifest_len as usize];
     src.read_at(HEADER_BYTES as u64, &mut mb)?;
-    let md: Digest32 = Sha256::digest(&mb).into();
+    let mut sb = [0u8; SEAL_BYTES];
+    src.read_at(HEADER_BYTES as u64 + header.manifest_len, &mut sb)?;
+    open_parts(&hb, header, &mb, &sb, keys, limits)
+}
+
+/// Verifies the manifest of a decoded header against its digest, the seal, the identity
+/// digest and the Merkle root (the checks before any segment is read).
+pub(crate) fn open_parts(
+    hb: &[u8; HEADER_BYTES],
+    header: Header,
+    mb: &[u8],
+    sb: &[u8; SEAL_BYTES],
+    keys: &Keys,
+    limits: &ReadLimits,
+) -> Result<OpenedPack> {
+    let md: Digest32 = Sha256::digest(mb).into();
     if !ct_eq(&md, &header.manifest_sha256) {
         return Err(KvpackError::ManifestDigest);
     }
-    let mut sb = [0u8; SEAL_BYTES];
-    src.read_at(HEADER_BYTES as u64 + header.manifest_len, &mut sb)?;
-    seal(keys, &hb, &mb)
-        .verify_slice(&sb)
+    seal(keys, hb, mb)
+        .verify_slice(sb)
         .map_err(|_| KvpackError::SealMismatch)?;
-    let manifest = Manifest::decode(&mb, limits)?;
+    let manifest = Manifest::decode(mb, limits)?;
     if manifest.identity.digest(keys) != manifest.identity_digest {
         return Err(KvpackError::Malformed {
             region: Region::Manifest,

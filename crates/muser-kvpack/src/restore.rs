@@ -54,6 +54,24 @@ pub struct Expect<'a> {
     pub identity: &'a KvIdentity,
     /// Cut id of the caller's tokens at the pack's length, when known.
     pub cut: Option<BlockId>,
+    /// Engine ABIs accepted besides the identity's own (a consumer's configured producers);
+    /// every other field must still match exactly.
+    pub other_abis: &'a [String],
+}
+
+impl Expect<'_> {
+    /// Checks a pack's identity field by field; its `engine_abi` may also be one of
+    /// `other_abis`.
+    pub fn check_identity(&self, found: &KvIdentity) -> Result<()> {
+        if found.engine_abi != self.identity.engine_abi
+            && self.other_abis.contains(&found.engine_abi)
+        {
+            let mut own = self.identity.clone();
+            own.engine_abi.clone_from(&found.engine_abi);
+            return own.check_matches(found);
+        }
+        self.identity.check_matches(found)
+    }
 }
 
 /// A verified pack and its KV state.
@@ -197,7 +215,7 @@ pub fn restore<S: PackSource + Sync + ?Sized>(
     control.check()?;
     let pack = open_pack(src, keys, limits)?;
     let m = &pack.manifest;
-    expect.identity.check_matches(&m.identity)?;
+    expect.check_identity(&m.identity)?;
     if expect.cut.is_some_and(|c| c != m.cut_id) {
         return Err(KvpackError::PrefixMismatch);
     }

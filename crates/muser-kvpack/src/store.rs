@@ -141,6 +141,7 @@ impl PackTicket {
         let expect = Expect {
             identity,
             cut: Some(self.cut),
+            other_abis: &[],
         };
         let r = restore(&self.file, &self.keys, &expect, &self.limits, control)?;
         let generation = r.manifest.generation;

@@ -292,6 +292,7 @@ fn prefix_budget_cancel_and_deadline() {
     let ok = Expect {
         identity: &id,
         cut: chain.cut_id(900),
+        other_abis: &[],
     };
     assert_eq!(
         restore(&bytes[..], &keys, &ok, &lim, &RestoreControl::default())
@@ -302,6 +303,7 @@ fn prefix_budget_cancel_and_deadline() {
     let wrong = Expect {
         identity: &id,
         cut: chain.cut_id(899),
+        other_abis: &[],
     };
     assert!(matches!(
         restore(&bytes[..], &keys, &wrong, &lim, &RestoreControl::default()),

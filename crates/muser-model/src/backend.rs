@@ -57,6 +57,10 @@ pub trait Backend: Send + Sync {
     /// Activations: a row-major `[rows × cols]` f32 matrix.
     type Act: Send;
 
+    /// Names the numerics this backend computes K/V with (part of a cache's `engine_abi`,
+    /// [`crate::Model::engine_abi`]): two backends with the same name must write the same
+    /// K/V bytes for the same batch.
+    fn numerics(&self) -> String;
     /// Whether matrices of this type can be multiplied (checked for every matrix at load).
     fn supports(&self, ty: GgmlType) -> bool;
     /// Called once per weight matrix when a model is loaded (a device backend uploads it here).

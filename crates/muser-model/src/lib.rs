@@ -166,6 +166,9 @@ pub trait FusedForward: Send + Sync {
     /// Whether `kv` can run here (its rows in a store this forward made), checked before a
     /// batch changes anything.
     fn accepts(&self, kv: &KvCache) -> Result<(), ModelError>;
+
+    /// Names the numerics of this forward ([`Backend::numerics`]).
+    fn numerics(&self) -> String;
 }
 
 enum Net {
@@ -194,6 +197,7 @@ trait Executor: Send + Sync {
     fn numerics_tag(&self) -> Option<String> {
         None
     }
+    fn numerics(&self) -> String;
     fn supports(&self, ty: GgmlType) -> bool;
     fn prepare_weight(&self, w: &Weight) -> Result<(), ModelError>;
     fn new_kv_store(
@@ -230,6 +234,10 @@ impl Executor for Fused {
 
     fn threads(&self) -> usize {
         1
+    }
+
+    fn numerics(&self) -> String {
+        self.0.numerics()
     }
 
     fn supports(&self, _ty: GgmlType) -> bool {
@@ -293,6 +301,10 @@ impl<B: Backend> Executor for On<B> {
             rows: prep.out_rows.clone(),
             argmax: Vec::new(),
         })
+    }
+
+    fn numerics(&self) -> String {
+        self.0.numerics()
     }
 
     fn threads(&self) -> usize {
@@ -431,6 +443,14 @@ impl Model {
     /// another.
     pub fn numerics_tag(&self) -> Option<String> {
         self.exec.numerics_tag()
+    }
+
+    /// Names the numerics that fill this model's caches of element type `kv_type`: the
+    /// executor's tag ([`Backend::numerics`], [`FusedForward::numerics`]) and the K/V type.
+    /// A kvpack identity carries it as `engine_abi`, so a cache computed by other numerics is
+    /// never resumed as this model's own.
+    pub fn engine_abi(&self, kv_type: KvType) -> String {
+        format!("muser-{}-{}-v1", self.exec.numerics(), kv_type.name())
     }
 
     /// The cache layout this model needs for element type `dtype`.
@@ -633,6 +653,9 @@ mod tests {
 
     impl Backend for Wrapped {
         type Act = Mat;
+        fn numerics(&self) -> String {
+            self.cpu.numerics()
+        }
         fn supports(&self, ty: GgmlType) -> bool {
             self.cpu.supports(ty)
         }
@@ -771,6 +794,9 @@ mod tests {
     }
 
     impl FusedForward for Recorder {
+        fn numerics(&self) -> String {
+            "recorder".to_string()
+        }
         fn forward(
             &self,
             kv: &mut KvCache,

@@ -143,7 +143,7 @@ pub fn openai_logit_bias(
 }
 
 /// How a generation ended, with its counts and timings.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Finished {
     pub reason: FinishReason,
     pub n_prompt: u32,
@@ -151,6 +151,8 @@ pub struct Finished {
     pub n_gen: u32,
     pub prompt_ms: f64,
     pub gen_ms: f64,
+    /// The producer that prefilled the prompt (`None`: prefilled here).
+    pub producer: Option<Arc<str>>,
 }
 
 impl Finished {
@@ -175,13 +177,25 @@ pub enum Step {
 }
 
 /// Submits a request, mapping engine refusals to HTTP errors (429 with Retry-After, 400).
-pub fn submit(
+/// A consumer of the prefill lane first gets the prompt's K/V from a producer when its lane
+/// says so (see `lane`).
+pub async fn submit(
     state: &AppState,
     log: &RequestLog,
-    req: GenerateRequest,
+    mut req: GenerateRequest,
 ) -> ApiResult<mpsc::UnboundedReceiver<Event>> {
     state.check_prompt_len(req.prompt.len())?;
     limits::check_stop(&req.stop)?;
+    if let Some(lane) = state
+        .lane
+        .as_ref()
+        .filter(|_| req.cache_prompt && !req.embeddings)
+    {
+        req.prefilled = lane
+            .prefill(&state.engine, &req.prompt)
+            .await?
+            .map(Arc::new);
+    }
     state.engine.submit(req).map_err(|e| match e {
         SubmitError::QueueFull { retry_after_s } => {
             state.metrics.record_busy();
@@ -227,6 +241,7 @@ pub async fn next_step(
                 n_gen: n_gen as u32,
                 prompt_ms: timings.prompt_ms,
                 gen_ms: timings.gen_ms,
+                producer: timings.producer,
             };
             log.add_generation(&crate::metrics::GenerationTimes {
                 prompt_tokens: u64::from(done.n_prompt - done.n_cached),

@@ -50,6 +50,12 @@
 //!   revisions and idempotency keys; see `routes::sessions` and docs/sessions.md),
 //!   `GET /v1/telemetry` and `GET /v1/telemetry/stream` (tagged measurements; see
 //!   `routes::telemetry` and docs/telemetry.md), and the dashboard at `GET /`.
+//!
+//! # The prefill lane
+//! A consumer (`lane`) may prefill long prompts on producers: the `timings` of every answer say
+//! `prefill_lane` (`local` or `remote`) and `producer`, `/props` has `prefill_lane`. A producer
+//! (`producer`) serves `POST /v1/prefill` and `GET /v1/lane/status` over mutual TLS instead of
+//! these routes (docs/disaggregated-prefill.md).
 
 pub mod auth;
 pub mod chat;
@@ -58,8 +64,10 @@ pub mod gen;
 pub mod http;
 pub mod json;
 pub mod kvkey;
+pub mod lane;
 pub mod limits;
 pub mod metrics;
+pub mod producer;
 pub mod reqlog;
 pub mod routes;
 pub mod server;

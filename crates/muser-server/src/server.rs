@@ -30,6 +30,8 @@ pub struct ServeConfig {
     /// Prompt cache across requests and restarts (`--prompt-cache DIR`): prompts' K/V kept
     /// as packs sealed with the same key, in memory and in the directory.
     pub prompt_cache: Option<muser_engine::PromptCacheConfig>,
+    /// A role on the disaggregated prefill lane (its packs are sealed with the same key).
+    pub lane: Option<crate::lane::LaneSetup>,
     /// Session bundles (`/v1/sessions`) in this directory, sealed with a key derived from
     /// the operator key.
     pub session_dir: Option<PathBuf>,
@@ -51,6 +53,7 @@ impl ServeConfig {
             slot_save_quota_bytes: 4 << 30,
             kv_key_file: None,
             prompt_cache: None,
+            lane: None,
             session_dir: None,
             device: "cpu".into(),
         }
@@ -82,6 +85,8 @@ pub enum StartError {
     Sessions { path: PathBuf, message: String },
     #[error("--prompt-cache {path}: {message}")]
     PromptCache { path: PathBuf, message: String },
+    #[error("prefill lane: {0}")]
+    Lane(String),
 }
 
 /// Loads everything a server needs, the model on the CPU backend.
@@ -127,8 +132,10 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
             source,
         })?;
     }
-    let needs_key =
-        cfg.slot_save_path.is_some() || cfg.prompt_cache.is_some() || cfg.session_dir.is_some();
+    let needs_key = cfg.slot_save_path.is_some()
+        || cfg.prompt_cache.is_some()
+        || cfg.session_dir.is_some()
+        || cfg.lane.is_some();
     let (kvpack, sessions) = match needs_key {
         true => {
             let mut operator_key = crate::kvkey::load_or_create(cfg.kv_key_file.as_deref())
@@ -189,8 +196,24 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
     };
     let engine = Engine::start(model, tokenizer.clone(), engine_cfg)
         .map_err(|e| StartError::Engine(e.to_string()))?;
+    let lane = match (&cfg.lane, &kvpack) {
+        (Some(setup), Some(ctx)) => match &setup.role {
+            crate::lane::LaneRole::Consumer(c) => {
+                let creds = muser_cluster::Pki::at(&setup.config_dir)
+                    .node(&setup.node)
+                    .map_err(|e| StartError::Lane(e.to_string()))?;
+                let lane =
+                    crate::lane::Lane::open(c, &creds, &setup.config_dir, ctx.clone(), cfg.n_ctx)
+                        .map_err(StartError::Lane)?;
+                Some(Arc::new(lane))
+            }
+            crate::lane::LaneRole::Producer { .. } => None,
+        },
+        _ => None,
+    };
     Ok(Arc::new(AppState {
-        engine,
+        engine: Arc::new(engine),
+        lane,
         kvpack,
         tokenizer,
         template,
@@ -270,4 +293,60 @@ fn file_type_name(ft: u32) -> String {
         other => return format!("type {other}"),
     }
     .to_string()
+}
+
+/// How often a consumer asks its producers for their status.
+const LANE_REFRESH: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Starts a consumer's lane upkeep (no-op without a lane): asks its producers for their status
+/// now, then every [`LANE_REFRESH`] while the server state lives.
+pub async fn start_lane_refresh(state: &SharedState) {
+    let Some(lane) = state.lane.clone() else {
+        return;
+    };
+    lane.refresh().await;
+    let weak = Arc::downgrade(&lane);
+    drop(lane);
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(LANE_REFRESH).await;
+            match weak.upgrade() {
+                Some(lane) => lane.refresh().await,
+                None => return,
+            }
+        }
+    });
+}
+
+/// Serves the producer role: the prefill lane's routes over mutual TLS to the enrolled
+/// `consumers`, as node `setup.node`, until `shutdown` resolves.
+pub async fn serve_producer(
+    state: SharedState,
+    setup: &crate::lane::LaneSetup,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), StartError> {
+    let crate::lane::LaneRole::Producer {
+        consumers,
+        max_queue,
+    } = &setup.role
+    else {
+        return Err(StartError::Lane("not a producer".into()));
+    };
+    let lane = |e: &dyn std::fmt::Display| StartError::Lane(e.to_string());
+    let creds = muser_cluster::Pki::at(&setup.config_dir)
+        .node(&setup.node)
+        .map_err(|e| lane(&e))?;
+    let tls = muser_cluster::server_config(&creds).map_err(|e| lane(&e))?;
+    let producer =
+        crate::producer::Producer::new(state, &setup.node, *max_queue).map_err(|e| lane(&e))?;
+    muser_cluster::serve(
+        listener,
+        tls,
+        consumers.iter().cloned().collect(),
+        producer.router(),
+        shutdown,
+    )
+    .await
+    .map_err(|e| lane(&e))
 }

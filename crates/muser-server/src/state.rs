@@ -40,7 +40,9 @@ pub struct ServerOptions {
 }
 
 pub struct AppState {
-    pub engine: Engine,
+    pub engine: Arc<Engine>,
+    /// The prefill lane of a consumer (`--prefill` with `--producer`s).
+    pub lane: Option<Arc<crate::lane::Lane>>,
     /// Identity and keys sealing slot files; present with `--slot-save-path`.
     pub kvpack: Option<Arc<muser_engine::KvPackContext>>,
     pub tokenizer: Arc<Tokenizer>,

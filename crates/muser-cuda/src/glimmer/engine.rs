@@ -243,6 +243,10 @@ fn cuda_kv(kv: &KvCache) -> Result<&CudaKv, ModelError> {
 }
 
 impl FusedForward for FusedGlimmer {
+    fn numerics(&self) -> String {
+        "cuda-fused".to_string()
+    }
+
     fn forward(
         &self,
         kv: &mut KvCache,

@@ -134,5 +134,6 @@ pub fn expect(id: &KvIdentity) -> Expect<'_> {
     Expect {
         identity: id,
         cut: None,
+        other_abis: &[],
     }
 }

@@ -168,6 +168,12 @@ fn rope_rows(data: &mut [f32], cols: usize, head_dim: usize, n_rot: usize, pos: 
 impl Backend for CpuBackend {
     type Act = Mat;
 
+    /// The CPU backend's numerics: `cpu:` and the numerics profile's tag, so caches computed
+    /// under two orders never share an engine ABI.
+    fn numerics(&self) -> String {
+        format!("cpu:{}", self.numerics_tag().unwrap_or_default())
+    }
+
     fn supports(&self, ty: muser_gguf::GgmlType) -> bool {
         matmul::supported(ty)
     }

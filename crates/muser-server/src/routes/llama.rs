@@ -108,8 +108,9 @@ pub async fn completion(
         cache_prompt: req.cache_prompt.unwrap_or(true),
         embeddings: false,
         special: false,
+        prefilled: None,
     };
-    let rx = gen::submit(&state, &log, greq)?;
+    let rx = gen::submit(&state, &log, greq).await?;
     let model = state.model.id.clone();
     let id_slot = slot.map_or(-1, |s| s as i64);
     let return_tokens = req.return_tokens;
@@ -239,7 +240,16 @@ pub async fn props(State(state): State<SharedState>) -> Json<Value> {
         "modalities": { "vision": false, "audio": false },
         "build_info": concat!("muser ", env!("CARGO_PKG_VERSION")),
         "prompt_cache": prompt_cache_props(&state),
+        "prefill_lane": state.lane.as_ref().map_or_else(
+            || json!({ "mode": "local", "engine_abi": engine_abi(&state) }),
+            |l| l.props()
+        ),
     }))
+}
+
+/// The engine ABI this server's caches carry (when it seals packs).
+fn engine_abi(state: &AppState) -> Option<String> {
+    state.kvpack.as_ref().map(|k| k.identity.engine_abi.clone())
 }
 
 /// The prompt cache's counters (`--prompt-cache`), or null without one.

@@ -303,6 +303,8 @@ pub fn timings(done: &Finished) -> Value {
         "predicted_ms": done.gen_ms,
         "predicted_per_token_ms": per_token(done.gen_ms, done.n_gen),
         "predicted_per_second": per_second(done.n_gen, done.gen_ms),
+        "prefill_lane": if done.producer.is_some() { "remote" } else { "local" },
+        "producer": done.producer.as_deref(),
     })
 }
 

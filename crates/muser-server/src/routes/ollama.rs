@@ -173,8 +173,9 @@ pub async fn generate(
         cache_prompt: true,
         embeddings: false,
         special: state.model.is_muse,
+        prefilled: None,
     };
-    let rx = gen::submit(&state, &log, greq)?;
+    let rx = gen::submit(&state, &log, greq).await?;
     let mut context = ids;
     if req.stream.unwrap_or(true) {
         let body = gen::stream_body(rx, log.0.clone(), move |step| match step {
@@ -266,8 +267,9 @@ pub async fn chat(
         cache_prompt: true,
         embeddings: false,
         special: state.model.is_muse,
+        prefilled: None,
     };
-    let rx = gen::submit(&state, &log, greq)?;
+    let rx = gen::submit(&state, &log, greq).await?;
     let model = state.model.id.clone();
     let tool_call = |name: &str, args: &str| {
         let arguments = serde_json::from_str::<Value>(args).unwrap_or_else(|_| json!(args));

@@ -119,8 +119,9 @@ pub async fn chat_completions(
         embeddings: false,
         // The Muse parser reads the control tokens that delimit its messages.
         special: state.model.is_muse,
+        prefilled: None,
     };
-    let rx = gen::submit(&state, &log, greq)?;
+    let rx = gen::submit(&state, &log, greq).await?;
     let offered_tools = req.tools.as_deref().map(chat::tools_value);
     let id = next_id("chatcmpl");
     let created = unix_now();
@@ -368,8 +369,9 @@ pub async fn completions(
         cache_prompt: req.cache_prompt.unwrap_or(true),
         embeddings: false,
         special: false,
+        prefilled: None,
     };
-    let rx = gen::submit(&state, &log, greq)?;
+    let rx = gen::submit(&state, &log, greq).await?;
     let id = next_id("cmpl");
     let created = unix_now();
     let model = state.model.id.clone();
@@ -452,8 +454,9 @@ pub async fn embed(
         cache_prompt: false,
         embeddings: true,
         special: false,
+        prefilled: None,
     };
-    let rx = gen::submit(state, log, greq)?;
+    let rx = gen::submit(state, log, greq).await?;
     let out = gen::collect(rx, log).await?;
     let mut v = out
         .embedding

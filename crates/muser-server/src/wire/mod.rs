@@ -2,6 +2,7 @@
 //! a 400 naming the field rather than a silently ignored option. Responses are built with
 //! `serde_json::json!` next to the handlers that send them.
 
+pub mod lane;
 pub mod llama;
 pub mod ollama;
 pub mod openai;

@@ -1,0 +1,226 @@
+//! Restore from a byte stream (a pack arriving over the network): the header, manifest and
+//! seal are verified as soon as they have arrived, before any K/V byte is accepted; every
+//! segment's bytes go straight into the staging state and its SHA-256 is checked when its
+//! last byte arrives. Nothing but the staging state and the manifest is kept, so memory is
+//! bounded by the K/V the caller budgeted, whatever the sender does; the state is handed out
+//! only after the last check ([`StreamRestore::finish`]).
+
+use crate::error::{KvpackError, Region, Result};
+use crate::keys::Keys;
+use crate::pack::{open_parts, Header, Manifest, ReadLimits, HEADER_BYTES, SEAL_BYTES};
+use crate::restore::{Expect, Restored};
+use crate::state::KvState;
+use sha2::{Digest, Sha256};
+
+/// A pack being verified as its bytes arrive, in order.
+pub struct StreamRestore<'a> {
+    keys: &'a Keys,
+    expect: Expect<'a>,
+    limits: &'a ReadLimits,
+    max_bytes: u64,
+    received: u64,
+    phase: Phase,
+}
+
+enum Phase {
+    /// Header, manifest and seal, gathered until complete.
+    Head {
+        buf: Vec<u8>,
+        header: Option<Header>,
+    },
+    Body(Box<Body>),
+    /// A check failed; nothing more is accepted.
+    Failed,
+}
+
+struct Body {
+    manifest: Manifest,
+    file_len: u64,
+    staging: KvState,
+    row_bytes: usize,
+    /// Segment being read, its part (per layer K then V), bytes of that part so far.
+    seg: usize,
+    part: usize,
+    at: usize,
+    /// Per layer, the bytes of K (equally V) filled by earlier segments.
+    fill: Vec<usize>,
+    hasher: Sha256,
+}
+
+impl<'a> StreamRestore<'a> {
+    /// A restore expecting `expect`, allocating at most `max_bytes` of K/V.
+    pub fn new(
+        keys: &'a Keys,
+        expect: Expect<'a>,
+        limits: &'a ReadLimits,
+        max_bytes: u64,
+    ) -> StreamRestore<'a> {
+        StreamRestore {
+            keys,
+            expect,
+            limits,
+            max_bytes,
+            received: 0,
+            phase: Phase::Head {
+                buf: Vec::with_capacity(HEADER_BYTES),
+                header: None,
+            },
+        }
+    }
+
+    /// Bytes accepted so far.
+    pub fn received(&self) -> u64 {
+        self.received
+    }
+
+    /// The verified manifest, once header, manifest and seal have arrived.
+    pub fn manifest(&self) -> Option<&Manifest> {
+        match &self.phase {
+            Phase::Body(b) => Some(&b.manifest),
+            _ => None,
+        }
+    }
+
+    /// Takes the next bytes of the pack. The first failed check is returned, and every later
+    /// call fails too.
+    pub fn push(&mut self, data: &[u8]) -> Result<()> {
+        let r = self.take(data);
+        if r.is_err() {
+            self.phase = Phase::Failed;
+        }
+        r
+    }
+
+    fn take(&mut self, mut data: &[u8]) -> Result<()> {
+        while !data.is_empty() {
+            let n = match &mut self.phase {
+                Phase::Failed => return Err(KvpackError::Cancelled),
+                Phase::Head { buf, header } => {
+                    let want = match header {
+                        None => HEADER_BYTES,
+                        Some(h) => HEADER_BYTES + h.manifest_len as usize + SEAL_BYTES,
+                    };
+                    let n = (want - buf.len()).min(data.len());
+                    buf.extend_from_slice(&data[..n]);
+                    if buf.len() == want {
+                        self.advance_head()?;
+                    }
+                    n
+                }
+                Phase::Body(b) => b.take(data, self.received)?,
+            };
+            self.received += n as u64;
+            data = &data[n..];
+        }
+        Ok(())
+    }
+
+    /// Runs the checks of a complete header, or of complete header, manifest and seal.
+    fn advance_head(&mut self) -> Result<()> {
+        let Phase::Head { buf, header } = &mut self.phase else {
+            return Ok(());
+        };
+        let hb: &[u8; HEADER_BYTES] = buf[..HEADER_BYTES].try_into().expect("header length");
+        let Some(h) = *header else {
+            // bounded by max_manifest_bytes before the manifest is gathered
+            let h = Header::decode(hb, None, self.limits)?;
+            *header = Some(h);
+            buf.reserve_exact(h.manifest_len as usize + SEAL_BYTES);
+            return Ok(());
+        };
+        let m_end = HEADER_BYTES + h.manifest_len as usize;
+        let sb: &[u8; SEAL_BYTES] = buf[m_end..].try_into().expect("seal length");
+        let opened = open_parts(hb, h, &buf[HEADER_BYTES..m_end], sb, self.keys, self.limits)?;
+        let m = opened.manifest;
+        self.expect.check_identity(&m.identity)?;
+        if self.expect.cut.is_some_and(|c| c != m.cut_id) {
+            return Err(KvpackError::PrefixMismatch);
+        }
+        let needed = m.segment_bytes();
+        if needed > self.max_bytes {
+            return Err(KvpackError::OverBudget {
+                needed,
+                budget: self.max_bytes,
+            });
+        }
+        let staging = KvState::zeroed(m.identity.layout.clone(), m.positions());
+        self.phase = Phase::Body(Box::new(Body {
+            row_bytes: m.identity.layout.row_bytes(),
+            fill: vec![0; m.identity.layout.n_layer as usize],
+            file_len: h.file_len,
+            manifest: m,
+            staging,
+            seg: 0,
+            part: 0,
+            at: 0,
+            hasher: Sha256::new(),
+        }));
+        Ok(())
+    }
+
+    /// The verified state, when every declared byte arrived and every segment checked out.
+    pub fn finish(self) -> Result<Restored> {
+        match self.phase {
+            Phase::Body(b) if b.seg == b.manifest.segments.len() => Ok(Restored {
+                manifest: b.manifest,
+                state: b.staging,
+            }),
+            Phase::Body(b) => Err(KvpackError::Truncated {
+                region: Region::Segments,
+                needed: b.file_len,
+                available: self.received,
+            }),
+            Phase::Head { header, .. } => Err(KvpackError::Truncated {
+                region: if header.is_some() {
+                    Region::Manifest
+                } else {
+                    Region::Header
+                },
+                needed: header.map_or(HEADER_BYTES as u64, |h| h.file_len),
+                available: self.received,
+            }),
+            Phase::Failed => Err(KvpackError::Cancelled),
+        }
+    }
+}
+
+impl Body {
+    /// Copies what of `data` belongs to the current part into the staging state; returns
+    /// the bytes taken.
+    fn take(&mut self, data: &[u8], received: u64) -> Result<usize> {
+        let Some(s) = self.manifest.segments.get(self.seg) else {
+            return Err(KvpackError::LengthMismatch {
+                declared: self.file_len,
+                actual: received + data.len() as u64,
+            });
+        };
+        let part_len = s.positions.len() * self.row_bytes;
+        let layer = (s.layer_first + self.part as u32 / 2) as usize;
+        let kv = &mut self.staging.layers[layer];
+        let is_v = self.part % 2 == 1;
+        let rows = if is_v { &mut kv.v } else { &mut kv.k };
+        let from = self.fill[layer] + self.at;
+        let n = (part_len - self.at).min(data.len());
+        rows[from..from + n].copy_from_slice(&data[..n]);
+        self.hasher.update(&data[..n]);
+        self.at += n;
+        if self.at == part_len {
+            self.at = 0;
+            if is_v {
+                self.fill[layer] += part_len;
+            }
+            self.part += 1;
+            if self.part == 2 * s.layer_count as usize {
+                let d: [u8; 32] = std::mem::take(&mut self.hasher).finalize().into();
+                if d != s.sha256 {
+                    return Err(KvpackError::SegmentDigest {
+                        index: self.seg as u32,
+                    });
+                }
+                self.seg += 1;
+                self.part = 0;
+            }
+        }
+        Ok(n)
+    }
+}

@@ -1,0 +1,115 @@
+//! Restore from a stream: any chunking gives the state a positional restore gives; a changed,
+//! missing or extra byte, a foreign identity or an engine ABI not accepted is refused.
+
+mod common;
+use common::*;
+use muser_kvpack::*;
+
+fn stream(bytes: &[u8], expect: Expect, chunk: usize) -> Result<Restored> {
+    let keys = keys();
+    let limits = ReadLimits::default();
+    let mut s = StreamRestore::new(&keys, expect, &limits, 1 << 30);
+    for c in bytes.chunks(chunk) {
+        s.push(c)?;
+    }
+    s.finish()
+}
+
+#[test]
+fn any_chunking_restores_the_same_state() {
+    let keys = keys();
+    let (bytes, id, st, _) = full_pack(&keys, 900, 6, 1);
+    let whole = restore(
+        &bytes[..],
+        &keys,
+        &expect(&id),
+        &ReadLimits::default(),
+        &RestoreControl::default(),
+    )
+    .unwrap();
+    assert_eq!(whole.state, st);
+    for chunk in [1, 7, 128, 4096, 65_537, bytes.len()] {
+        let r = stream(&bytes, expect(&id), chunk).unwrap();
+        assert_eq!(r.state, st, "chunk {chunk}");
+        assert_eq!(r.manifest, whole.manifest);
+    }
+}
+
+#[test]
+fn a_changed_byte_anywhere_is_refused() {
+    let keys = keys();
+    let (bytes, id, _, _) = full_pack(&keys, 600, 4, 2);
+    let mut rng = Rng(7);
+    for _ in 0..40 {
+        let mut bad = bytes.clone();
+        let at = rng.below(bad.len() as u64) as usize;
+        bad[at] ^= 1 << rng.below(8);
+        assert!(stream(&bad, expect(&id), 4093).is_err(), "flip at {at}");
+    }
+}
+
+#[test]
+fn truncated_or_extended_streams_are_refused() {
+    let keys = keys();
+    let (bytes, id, _, _) = full_pack(&keys, 600, 4, 3);
+    for cut in [0, 1, 127, 128, 300, bytes.len() - 1] {
+        assert!(matches!(
+            stream(&bytes[..cut], expect(&id), 1000),
+            Err(KvpackError::Truncated { .. })
+        ));
+    }
+    let mut long = bytes.clone();
+    long.push(0);
+    assert!(matches!(
+        stream(&long, expect(&id), 1000),
+        Err(KvpackError::LengthMismatch { .. })
+    ));
+}
+
+#[test]
+fn other_engine_abis_only_when_accepted() {
+    let keys = keys();
+    let (bytes, id, st, _) = full_pack(&keys, 300, 4, 4);
+    let mut own = id.clone();
+    own.engine_abi = "muser-other-v1".into();
+    let refuse = Expect {
+        identity: &own,
+        cut: None,
+        other_abis: &[],
+    };
+    assert!(matches!(
+        stream(&bytes, refuse, 999),
+        Err(KvpackError::IdentityMismatch(IdentityField::EngineAbi))
+    ));
+    let accepted = [id.engine_abi.clone()];
+    let accept = Expect {
+        identity: &own,
+        cut: None,
+        other_abis: &accepted,
+    };
+    assert_eq!(stream(&bytes, accept, 999).unwrap().state, st);
+    // the accepted ABI does not excuse another field
+    let mut other_model = own.clone();
+    other_model.model_weights[0] ^= 1;
+    let foreign = Expect {
+        identity: &other_model,
+        cut: None,
+        other_abis: &accepted,
+    };
+    assert!(matches!(
+        stream(&bytes, foreign, 999),
+        Err(KvpackError::IdentityMismatch(IdentityField::ModelWeights))
+    ));
+}
+
+#[test]
+fn the_budget_is_checked_before_any_kv_is_allocated() {
+    let keys = keys();
+    let (bytes, id, _, _) = full_pack(&keys, 600, 4, 5);
+    let limits = ReadLimits::default();
+    let mut s = StreamRestore::new(&keys, expect(&id), &limits, 1024);
+    assert!(matches!(
+        bytes.chunks(4096).try_for_each(|c| s.push(c)),
+        Err(KvpackError::OverBudget { .. })
+    ));
+}

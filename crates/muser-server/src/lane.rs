@@ -1,0 +1,587 @@
+//! The consumer's side of the disaggregated prefill lane.
+//!
+//! With `--prefill remote|auto` and one or more `--producer NAME=https://HOST:PORT`, a prompt
+//! long enough to pay is prefilled on a producer: the consumer sends the tokens of every
+//! prefill chunk but the last (which it computes itself, as a local prefill would, so the
+//! greedy tokens equal a local prefill's) over mutual TLS, the producer answers with a sealed
+//! kvpack pack as the response body, and the consumer verifies it segment by segment as it
+//! arrives ([`StreamRestore`]) into a staging state that the engine installs on a slot only
+//! after the last check. Decode always runs here.
+//!
+//! Checks on every pack, besides the pack's own (seal under the operator key, Merkle root,
+//! every segment's SHA-256): the identity equals this engine's in every field but
+//! `engine_abi`, which must be this engine's or one of `--accept-abi`; the prefix id equals
+//! the one of the tokens sent; the replay stream is this consumer–producer pair's and the
+//! generation the one asked for, above the ledger's high-water mark (kept on disk across
+//! restarts); the body is no larger than the K/V of the tokens sent, and arrives before the
+//! deadline. `auto` falls back to a local prefill on any failure and logs why; `remote`
+//! fails the request when every producer failed.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use bytes::Bytes;
+use http_body_util::Full;
+use muser_cluster::transport::next_chunk;
+use muser_cluster::{Endpoint, LaneClient, NodeCreds};
+use muser_engine::{Engine, KvPackContext, Prefilled};
+use muser_kvpack::{
+    field_digest, BlockId, Digest32, Expect, Ledger, Manifest, PackKind, PrefixHasher, ReadLimits,
+    StreamRestore, BLOCK_TOKENS,
+};
+
+use crate::error::ApiError;
+use crate::wire::lane::{LaneStatus, PrefillRequest};
+
+/// Where a prompt's prefill runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefillMode {
+    Local,
+    Remote,
+    Auto,
+}
+
+impl PrefillMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            PrefillMode::Local => "local",
+            PrefillMode::Remote => "remote",
+            PrefillMode::Auto => "auto",
+        }
+    }
+}
+
+/// A consumer's lane settings (`muser up --prefill ...`).
+#[derive(Clone, Debug)]
+pub struct ConsumerConfig {
+    pub mode: PrefillMode,
+    pub producers: Vec<Endpoint>,
+    /// `auto` sends prompts of at least this many tokens to a producer.
+    pub min_tokens: usize,
+    /// Longest a remote prefill may take, from the request to the last byte of the pack.
+    pub deadline: Duration,
+    /// Engine ABIs accepted besides this engine's own (producers with other numerics).
+    pub accept_abis: Vec<String>,
+}
+
+/// A node's place on the lane (`muser up --role ...`).
+#[derive(Clone, Debug)]
+pub struct LaneSetup {
+    /// Holds `tls/` (the CA and node certificates) and `lane/` (the consumer's ledger).
+    pub config_dir: PathBuf,
+    /// This node's certificate name.
+    pub node: String,
+    pub role: LaneRole,
+}
+
+#[derive(Clone, Debug)]
+pub enum LaneRole {
+    /// Serves prefills to the enrolled `consumers`; at most `max_queue` wait beyond the
+    /// slots.
+    Producer {
+        consumers: Vec<String>,
+        max_queue: usize,
+    },
+    Consumer(ConsumerConfig),
+}
+
+/// A producer failure keeps it out of the first choices this long.
+const DOWN_FOR: Duration = Duration::from_secs(5);
+/// Longest status or error body read from a producer.
+const MAX_SMALL_BODY: usize = 64 << 10;
+
+/// What the consumer knows of one producer.
+pub struct Producer {
+    pub ep: Endpoint,
+    /// The replay stream of this consumer–producer pair.
+    stream: Digest32,
+    /// Last generation handed out (starts at the ledger's high-water mark).
+    generation: AtomicU64,
+    /// Last reported queue depth plus this consumer's requests in flight.
+    queue_depth: AtomicU64,
+    in_flight: AtomicU64,
+    health: Mutex<Health>,
+}
+
+#[derive(Default, Clone)]
+struct Health {
+    down_until: Option<Instant>,
+    last_error: Option<String>,
+    engine_abi: Option<String>,
+    prefill_tok_s: f64,
+    last_handoff: Option<Handoff>,
+}
+
+/// The last pack installed from a producer.
+#[derive(Clone, Copy)]
+struct Handoff {
+    /// Tokens covered, and the first one the pack carried (above 0 for a delta).
+    tokens: usize,
+    from: u32,
+    /// K/V bytes received, and the time from request to verified state.
+    bytes: u64,
+    ms: f64,
+    /// The producer's own prefill and export time, as it reported it.
+    producer_ms: f64,
+}
+
+/// The consumer's lane: producers, client, ledger.
+pub struct Lane {
+    pub mode: PrefillMode,
+    pub min_tokens: usize,
+    deadline: Duration,
+    accept_abis: Vec<String>,
+    client: LaneClient,
+    producers: Vec<Producer>,
+    ctx: Arc<KvPackContext>,
+    ledger: Mutex<Ledger>,
+    n_ctx: usize,
+}
+
+/// The replay stream of packs sent by `producer` to `consumer`.
+pub fn stream_id(consumer: &str, producer: &str) -> Digest32 {
+    field_digest("lane stream", format!("{consumer}\0{producer}").as_bytes())
+}
+
+/// The consumer's ledger file in the configuration directory.
+pub fn ledger_path(config_dir: &Path, node: &str) -> PathBuf {
+    config_dir.join("lane").join(format!("{node}.ledger"))
+}
+
+fn lane_err(status: StatusCode, msg: String) -> ApiError {
+    ApiError::new(status, "prefill_lane_error", msg)
+}
+
+impl Lane {
+    /// The lane of consumer `creds.name`, its ledger under `config_dir`.
+    pub fn open(
+        cfg: &ConsumerConfig,
+        creds: &NodeCreds,
+        config_dir: &Path,
+        ctx: Arc<KvPackContext>,
+        n_ctx: usize,
+    ) -> Result<Lane, String> {
+        if cfg.mode != PrefillMode::Local && cfg.producers.is_empty() {
+            return Err(format!(
+                "--prefill {} needs at least one --producer NAME=https://HOST:PORT",
+                cfg.mode.name()
+            ));
+        }
+        let tls = muser_cluster::client_config(creds).map_err(|e| e.to_string())?;
+        let path = ledger_path(config_dir, &creds.name);
+        if let Some(dir) = path.parent() {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+        let ledger = Ledger::open(&path, &ctx.keys)
+            .map_err(|e| format!("lane ledger {}: {e}", path.display()))?;
+        let producers = cfg
+            .producers
+            .iter()
+            .map(|ep| {
+                let stream = stream_id(&creds.name, &ep.name);
+                Producer {
+                    generation: AtomicU64::new(ledger.high_water(&stream).unwrap_or(0)),
+                    stream,
+                    ep: ep.clone(),
+                    queue_depth: AtomicU64::new(0),
+                    in_flight: AtomicU64::new(0),
+                    health: Mutex::new(Health::default()),
+                }
+            })
+            .collect();
+        Ok(Lane {
+            mode: cfg.mode,
+            min_tokens: cfg.min_tokens,
+            deadline: cfg.deadline,
+            accept_abis: cfg.accept_abis.clone(),
+            client: LaneClient::new(tls),
+            producers,
+            ctx,
+            ledger: Mutex::new(ledger),
+            n_ctx,
+        })
+    }
+
+    /// The engine ABIs this consumer accepts: its own, then the configured others.
+    pub fn accepted_abis(&self) -> Vec<String> {
+        std::iter::once(self.ctx.identity.engine_abi.clone())
+            .chain(self.accept_abis.iter().cloned())
+            .collect()
+    }
+
+    /// `/props`' view of the lane.
+    pub fn props(&self) -> serde_json::Value {
+        let producers: Vec<_> = self
+            .producers
+            .iter()
+            .map(|p| {
+                let h = health(p);
+                serde_json::json!({
+                    "name": p.ep.name,
+                    "url": p.ep.to_string().split_once('=').map(|(_, u)| u.to_string()),
+                    "healthy": h.down_until.is_none_or(|t| Instant::now() >= t),
+                    "engine_abi": h.engine_abi,
+                    "queue_depth": p.queue_depth.load(Ordering::Relaxed),
+                    "prefill_tok_s": h.prefill_tok_s,
+                    "last_error": h.last_error,
+                    "last_handoff": h.last_handoff.map(|l| serde_json::json!({
+                        "tokens": l.tokens,
+                        "from_token": l.from,
+                        "kv_bytes": l.bytes,
+                        "ms": l.ms,
+                        "producer_prefill_ms": l.producer_ms,
+                        "gb_per_s": if l.ms > 0.0 { l.bytes as f64 / l.ms / 1e6 } else { 0.0 },
+                    })),
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "mode": self.mode.name(),
+            "remote_min_tokens": self.min_tokens,
+            "deadline_ms": self.deadline.as_millis() as u64,
+            "engine_abi": self.ctx.identity.engine_abi,
+            "accepted_abis": self.accepted_abis(),
+            "producers": producers,
+        })
+    }
+
+    /// Asks every producer for its status (queue depth, prefill rate, engine ABI); a
+    /// producer that does not answer is marked down.
+    pub async fn refresh(&self) {
+        for p in &self.producers {
+            match self.status(p).await {
+                Ok(s) => {
+                    p.queue_depth.store(s.queue_depth, Ordering::Relaxed);
+                    let mut h = lock(&p.health);
+                    h.engine_abi = Some(s.engine_abi);
+                    h.prefill_tok_s = s.prefill_tok_s;
+                }
+                Err(e) => mark_down(p, &e),
+            }
+        }
+    }
+
+    async fn status(&self, p: &Producer) -> Result<LaneStatus, String> {
+        let req = hyper::Request::get("/v1/lane/status")
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| e.to_string())?;
+        let mut resp = self
+            .client
+            .send(&p.ep, req, Duration::from_secs(5))
+            .await
+            .map_err(|e| e.to_string())?;
+        let body = small_body(resp.body_mut()).await?;
+        if resp.status() != StatusCode::OK {
+            return Err(format!("status {}: {body}", resp.status()));
+        }
+        serde_json::from_str(&body).map_err(|e| format!("status answer: {e}"))
+    }
+
+    /// Producers in the order to try: those not marked down first, each group by shortest
+    /// queue.
+    fn order(&self) -> Vec<usize> {
+        let now = Instant::now();
+        let mut idx: Vec<usize> = (0..self.producers.len()).collect();
+        idx.sort_by_key(|&i| {
+            let p = &self.producers[i];
+            let down = health(p).down_until.is_some_and(|t| now < t);
+            let q = p.queue_depth.load(Ordering::Relaxed) + p.in_flight.load(Ordering::Relaxed);
+            (down, q)
+        });
+        idx
+    }
+
+    /// The prefill of `prompt` from a producer, when this lane sends it to one: `Ok(None)`
+    /// means compute it here (local mode, a short prompt, or an `auto` fallback).
+    pub async fn prefill(
+        &self,
+        engine: &Arc<Engine>,
+        prompt: &[u32],
+    ) -> Result<Option<Prefilled>, ApiError> {
+        // The producer computes the prompt's chunks before the last one, this engine the last
+        // chunk, exactly as its own prefill would: the numerics depend on the batch shape,
+        // so this split gives the tokens a local prefill gives.
+        let chunk = engine.config().prefill_chunk;
+        let n = (prompt.len().saturating_sub(1) / chunk) * chunk;
+        let wanted = match self.mode {
+            PrefillMode::Local => false,
+            PrefillMode::Remote => n > 0,
+            PrefillMode::Auto => n > 0 && prompt.len() >= self.min_tokens,
+        };
+        if !wanted {
+            return Ok(None);
+        }
+        let tokens = &prompt[..n];
+        let held = held_prefix(engine, tokens).await;
+        if held >= n {
+            return Ok(None); // a slot here already holds it
+        }
+        let mut failures = Vec::new();
+        for i in self.order() {
+            let p = &self.producers[i];
+            p.in_flight.fetch_add(1, Ordering::Relaxed);
+            let r = self.fetch(p, tokens, held).await;
+            p.in_flight.fetch_sub(1, Ordering::Relaxed);
+            match r {
+                Ok((pf, producer_ms)) => {
+                    let mut h = lock(&p.health);
+                    h.down_until = None;
+                    h.last_handoff = Some(Handoff {
+                        tokens: n,
+                        from: pf.state.positions.start,
+                        bytes: pf
+                            .state
+                            .layers
+                            .iter()
+                            .map(|l| (l.k.len() + l.v.len()) as u64)
+                            .sum(),
+                        ms: pf.took.as_secs_f64() * 1e3,
+                        producer_ms,
+                    });
+                    tracing::info!(
+                        producer = %p.ep.name,
+                        tokens = n,
+                        from = pf.state.positions.start,
+                        ms = pf.took.as_secs_f64() * 1e3,
+                        "prefill lane: remote prefill installed"
+                    );
+                    return Ok(Some(pf));
+                }
+                Err(e) => {
+                    tracing::warn!(producer = %p.ep.name, error = %e, "prefill lane: producer failed");
+                    mark_down(p, &e);
+                    failures.push(format!("{}: {e}", p.ep.name));
+                }
+            }
+        }
+        let why = failures.join("; ");
+        match self.mode {
+            PrefillMode::Remote => Err(lane_err(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("remote prefill failed on every producer: {why}"),
+            )),
+            _ => {
+                tracing::warn!(reason = %why, "prefill lane: falling back to local prefill");
+                Ok(None)
+            }
+        }
+    }
+
+    /// One remote prefill of `tokens` from `p`, verified, with the prefill time the producer
+    /// reported; `held` leading tokens are on an idle slot here.
+    async fn fetch(
+        &self,
+        p: &Producer,
+        tokens: &[u32],
+        held: usize,
+    ) -> Result<(Prefilled, f64), String> {
+        let ctx = &self.ctx;
+        let own_abi = &ctx.identity.engine_abi;
+        let same_abi = health(p).engine_abi.as_deref() == Some(own_abi.as_str());
+        let chain = ctx.hasher.chain(tokens);
+        // block ids are rooted in the identity: a delta only between engines of one ABI
+        let held_ids: Vec<String> = if same_abi {
+            chain.block_ids()[..held / BLOCK_TOKENS as usize]
+                .iter()
+                .map(BlockId::to_hex)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let generation = p.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        let body = serde_json::to_vec(&PrefillRequest {
+            tokens: tokens.to_vec(),
+            held: held_ids,
+            generation,
+        })
+        .map_err(|e| e.to_string())?;
+        let req = hyper::Request::post("/v1/prefill")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| e.to_string())?;
+        let started = Instant::now();
+        let deadline = started + self.deadline;
+        let mut resp = self
+            .client
+            .send(&p.ep, req, self.deadline)
+            .await
+            .map_err(|e| e.to_string())?;
+        if resp.status() != StatusCode::OK {
+            let msg = small_body(resp.body_mut()).await.unwrap_or_default();
+            return Err(format!("answered {}: {msg}", resp.status()));
+        }
+        if let Some(q) = resp
+            .headers()
+            .get("x-muser-queue-depth")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+        {
+            p.queue_depth.store(q, Ordering::Relaxed);
+        }
+        let producer_ms = resp
+            .headers()
+            .get("x-muser-prefill-ms")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(0.0);
+        // bounded by the K/V of the tokens sent, whatever the producer declares
+        let layout = &ctx.identity.layout;
+        let max_kv =
+            layout.row_bytes() as u64 * 2 * u64::from(layout.n_layer) * tokens.len() as u64;
+        let limits = ReadLimits {
+            max_file_bytes: max_kv + (ctx.limits.max_manifest_bytes + 4096),
+            max_tokens: self.n_ctx as u32,
+            ..ctx.limits.clone()
+        };
+        let expect = Expect {
+            identity: &ctx.identity,
+            cut: None,
+            other_abis: &self.accept_abis,
+        };
+        let mut sr = StreamRestore::new(&ctx.keys, expect, &limits, max_kv);
+        let mut checked = false;
+        let t0 = Instant::now();
+        loop {
+            let next = tokio::time::timeout_at(deadline.into(), next_chunk(resp.body_mut()))
+                .await
+                .map_err(|_| {
+                    format!(
+                        "the pack did not arrive within the {} ms deadline",
+                        self.deadline.as_millis()
+                    )
+                })?;
+            match next {
+                None => break,
+                Some(chunk) => sr
+                    .push(&chunk.map_err(|e| e.to_string())?)
+                    .map_err(|e| format!("pack refused: {e}"))?,
+            }
+            if !checked {
+                if let Some(m) = sr.manifest() {
+                    self.check_manifest(m, p, generation, tokens, held, same_abi)?;
+                    checked = true;
+                }
+            }
+        }
+        let r = sr.finish().map_err(|e| format!("pack refused: {e}"))?;
+        if !checked {
+            self.check_manifest(&r.manifest, p, generation, tokens, held, same_abi)?;
+        }
+        lock(&self.ledger)
+            .record(p.stream, generation)
+            .map_err(|e| format!("pack refused: {e}"))?;
+        tracing::debug!(
+            bytes = r.manifest.segment_bytes(),
+            secs = t0.elapsed().as_secs_f64(),
+            "prefill lane: pack received"
+        );
+        let pf = Prefilled {
+            foreign_abi: r.manifest.identity.engine_abi != *own_abi,
+            state: r.state,
+            producer: Arc::from(p.ep.name.as_str()),
+            took: started.elapsed(),
+        };
+        Ok((pf, producer_ms))
+    }
+
+    /// What the manifest must say for this request: our stream and generation, above the
+    /// ledger; the prefix of exactly the tokens sent; a delta only on blocks we hold.
+    fn check_manifest(
+        &self,
+        m: &Manifest,
+        p: &Producer,
+        generation: u64,
+        tokens: &[u32],
+        held: usize,
+        same_abi: bool,
+    ) -> Result<(), String> {
+        if m.stream != p.stream {
+            return Err("pack refused: it belongs to another consumer-producer stream".into());
+        }
+        if m.generation != generation {
+            return Err(format!(
+                "pack refused: replayed or stale (generation {}, this request's is {generation})",
+                m.generation
+            ));
+        }
+        lock(&self.ledger)
+            .admit(&p.stream, generation)
+            .map_err(|e| format!("pack refused: {e}"))?;
+        if m.token_count as usize != tokens.len() {
+            return Err(format!(
+                "pack refused: it covers {} tokens, {} were sent",
+                m.token_count,
+                tokens.len()
+            ));
+        }
+        let chain = if m.identity.engine_abi == self.ctx.identity.engine_abi {
+            self.ctx.hasher.chain(tokens)
+        } else {
+            PrefixHasher::new(&self.ctx.keys, &m.identity.digest(&self.ctx.keys)).chain(tokens)
+        };
+        if chain.cut_id(m.token_count) != Some(m.cut_id) {
+            return Err("pack refused: it is not the prefix of the tokens sent".into());
+        }
+        if let PackKind::Delta {
+            base_tokens,
+            base_cut,
+        } = m.kind
+        {
+            if !same_abi
+                || base_tokens as usize > held
+                || chain.cut_id(base_tokens) != Some(base_cut)
+            {
+                return Err("pack refused: a delta on blocks this consumer does not hold".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn health(p: &Producer) -> Health {
+    lock(&p.health).clone()
+}
+
+fn mark_down(p: &Producer, why: &str) {
+    let mut h = lock(&p.health);
+    h.down_until = Some(Instant::now() + DOWN_FOR);
+    h.last_error = Some(why.to_string());
+}
+
+/// A short body as text (bounded).
+async fn small_body(body: &mut hyper::body::Incoming) -> Result<String, String> {
+    let mut out = Vec::new();
+    while let Some(c) = next_chunk(body).await {
+        let c = c.map_err(|e| e.to_string())?;
+        if out.len() + c.len() > MAX_SMALL_BODY {
+            return Err("answer too large".into());
+        }
+        out.extend_from_slice(&c);
+    }
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// The longest prefix of `tokens` an idle slot holds (busy slots are skipped).
+async fn held_prefix(engine: &Arc<Engine>, tokens: &[u32]) -> usize {
+    let engine = engine.clone();
+    let tokens = tokens.to_vec();
+    tokio::task::spawn_blocking(move || {
+        (0..engine.config().n_slots)
+            .filter_map(|s| engine.slot_tokens(s).ok())
+            .map(|held| held.iter().zip(&tokens).take_while(|(a, b)| a == b).count())
+            .max()
+            .unwrap_or(0)
+    })
+    .await
+    .unwrap_or(0)
+}

@@ -94,11 +94,24 @@ impl NumericsArgs {
     }
 }
 
-/// Loads `path` onto `device` with `threads` CPU threads (0: one per core); an error names
-/// the file.
-pub fn load(path: &Path, device: Device, threads: usize) -> anyhow::Result<Model> {
+/// Loads `path` onto `device` with `threads` CPU threads (0: one per core), the CPU backend
+/// in `numerics` (what [`NumericsArgs::resolve`] gave; `None` on the other devices); an error
+/// names the file.
+pub fn load(
+    path: &Path,
+    device: Device,
+    threads: usize,
+    numerics: Option<Numerics>,
+) -> anyhow::Result<Model> {
     let model = match device {
-        Device::Cpu => Model::load(path, &LoadOptions { threads }).map_err(anyhow::Error::from),
+        Device::Cpu => Model::load(
+            path,
+            &LoadOptions {
+                threads,
+                numerics: numerics.unwrap_or_default(),
+            },
+        )
+        .map_err(anyhow::Error::from),
         Device::Cuda => load_cuda(path, true),
         Device::CudaOps => load_cuda(path, false),
     };

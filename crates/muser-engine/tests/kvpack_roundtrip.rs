@@ -33,7 +33,14 @@ fn tiny_model(seed: u64) -> Arc<Model> {
         None,
     );
     plan.write_file(&path, &mut |_| {}).unwrap();
-    let model = Model::load(&path, &LoadOptions { threads: 2 }).unwrap();
+    let model = Model::load(
+        &path,
+        &LoadOptions {
+            threads: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let _ = std::fs::remove_file(&path);
     assert_eq!(model.info().n_swa, 32);
     Arc::new(model)
@@ -182,7 +189,14 @@ fn roundtrip(model: Arc<Model>, n_prompt: usize) {
 
 #[test]
 fn smollm_full_and_delta_packs_restore_bit_identical() {
-    let model = Model::load(&common::smollm_path(), &LoadOptions { threads: 2 }).unwrap();
+    let model = Model::load(
+        &common::smollm_path(),
+        &LoadOptions {
+            threads: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     roundtrip(Arc::new(model), 300);
 }
 

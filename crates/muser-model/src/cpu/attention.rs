@@ -13,6 +13,7 @@
 //!   ranges, merged in f32.
 
 use super::math::{dot_f16, fma_fn, soft_max_tile, LANES};
+use super::numerics::Order;
 use crate::backend::AttnInput;
 use crate::kv::KvType;
 use half::f16;
@@ -160,7 +161,7 @@ struct Partial {
 
 fma_fn! {
 /// The one-chunk kernel for one query head over cells `range`: returns (M, S, unnormalised V).
-fn one_chunk(view: &View, kvh: usize, q: &[f32], q_pos: i32, scale: f32, range: std::ops::Range<usize>) -> (f32, f32, Vec<f32>) {
+fn one_chunk(order: Order, view: &View, kvh: usize, q: &[f32], q_pos: i32, scale: f32, range: std::ops::Range<usize>) -> (f32, f32, Vec<f32>) {
     let hd = view.head_dim;
     let qh: Vec<f16> = q.iter().map(|&x| f16::from_f32(x)).collect();
     let mut s_sum = 0f32;
@@ -172,7 +173,7 @@ fn one_chunk(view: &View, kvh: usize, q: &[f32], q_pos: i32, scale: f32, range: 
             continue;
         }
         let k = view.f16_row(view.k, c, kvh, &mut tmp);
-        let mut s = dot_f16(k, &qh);
+        let mut s = dot_f16(order, k, &qh);
         s *= scale;
         let m_old = m;
         let mut ms = 1f32;
@@ -198,7 +199,9 @@ fn one_chunk(view: &View, kvh: usize, q: &[f32], q_pos: i32, scale: f32, range: 
 
 /// Attention for the query rows of one sequence and one query head `h`.
 /// `q(r)` gives query row `r`'s head slice; results go to `out(r)`.
+#[allow(clippy::too_many_arguments)]
 pub fn attend_head(
+    order: Order,
     view: &View,
     kernel: Kernel,
     n_kv: usize,
@@ -210,7 +213,7 @@ pub fn attend_head(
     match kernel {
         Kernel::OneChunk => {
             for ((q, p), o) in q_rows.iter().zip(out.iter_mut()) {
-                let (_, s, mut acc) = one_chunk(view, kvh, q, *p, scale, 0..n_kv);
+                let (_, s, mut acc) = one_chunk(order, view, kvh, q, *p, scale, 0..n_kv);
                 finish(&mut acc, s, o);
             }
         }
@@ -221,6 +224,7 @@ pub fn attend_head(
                     .filter(|i| i * chunk < n_kv)
                     .map(|i| {
                         let (m, s, acc) = one_chunk(
+                            order,
                             view,
                             kvh,
                             q,
@@ -234,7 +238,7 @@ pub fn attend_head(
                 merge(&partials, view.head_dim, o);
             }
         }
-        Kernel::Tiled => tiled(view, n_kv, kvh, scale, q_rows, out),
+        Kernel::Tiled => tiled(order, view, n_kv, kvh, scale, q_rows, out),
     }
 }
 
@@ -276,7 +280,7 @@ fn merge(parts: &[Partial], hd: usize, out: &mut [f32]) {
 
 fma_fn! {
 /// The tiled kernel for up to 64 query rows of one head.
-fn tiled(view: &View, n_kv: usize, kvh: usize, scale: f32, q_rows: &[(&[f32], i32)], out: &mut [&mut [f32]]) {
+fn tiled(order: Order, view: &View, n_kv: usize, kvh: usize, scale: f32, q_rows: &[(&[f32], i32)], out: &mut [&mut [f32]]) {
     let hd = view.head_dim;
     for (tile_q, tile_out) in q_rows.chunks(TILE_Q).zip(out.chunks_mut(TILE_Q)) {
         let nq = tile_q.len();
@@ -340,7 +344,7 @@ fn tiled(view: &View, n_kv: usize, kvh: usize, scale: f32, q_rows: &[(&[f32], i3
                 }
                 m[r] = m_new;
                 // `S += (double) sum` on a float S: the add happens in f64.
-                s[r] = (f64::from(s[r]) + soft_max_tile(&mut kq, m_new)) as f32;
+                s[r] = (f64::from(s[r]) + soft_max_tile(order, &mut kq, m_new)) as f32;
                 for t in 0..TILE_KV {
                     let w = kq[t];
                     let vrow = &vt[t * hd..(t + 1) * hd];
@@ -384,6 +388,7 @@ const TASK_Q: usize = TILE_Q;
 /// Attention for all groups of a batch on one layer. Called by the CPU backend after K/V are
 /// stored. Returns `[tokens × n_head·hd]`.
 pub fn run(
+    order: Order,
     at: &AttnInput,
     views: &[View],
     n_kvs: &[usize],
@@ -434,6 +439,7 @@ pub fn run(
             }
         };
         attend_rows(
+            order,
             view,
             kernel,
             n_kvs[g],
@@ -452,7 +458,9 @@ pub fn run(
 }
 
 /// Attention of some query rows of one head; row `r`'s result goes to `emit(r, values)`.
+#[allow(clippy::too_many_arguments)]
 fn attend_rows(
+    order: Order,
     view: &View,
     kernel: Kernel,
     n_kv: usize,
@@ -462,7 +470,7 @@ fn attend_rows(
     emit: &mut dyn FnMut(usize, &[f32]),
 ) {
     let isa = muser_quant::detected_isa();
-    attend_rows_isa(isa, view, kernel, n_kv, kvh, scale, q_rows, emit);
+    attend_rows_isa(isa, order, view, kernel, n_kv, kvh, scale, q_rows, emit);
 }
 
 /// [`attend_rows`] with the kernel family `isa` (at most what the CPU has): every family gives
@@ -470,6 +478,7 @@ fn attend_rows(
 #[allow(clippy::too_many_arguments)]
 fn attend_rows_isa(
     isa: muser_quant::Isa,
+    order: Order,
     view: &View,
     kernel: Kernel,
     n_kv: usize,
@@ -516,8 +525,9 @@ fn attend_rows_isa(
             return;
         }};
     }
+    // The SIMD kernels compute the AVX512 order; the AVX2 order runs the scalar models.
     #[cfg(target_arch = "x86_64")]
-    if view.head_dim.is_multiple_of(LANES) {
+    if order == Order::GgmlAvx512 && view.head_dim.is_multiple_of(LANES) {
         match isa {
             muser_quant::Isa::Avx512 => simd!(x86),
             muser_quant::Isa::Avx2 => simd!(x86_avx2),
@@ -527,7 +537,7 @@ fn attend_rows_isa(
     let mut buf = vec![0f32; q_rows.len() * view.head_dim];
     {
         let mut outs: Vec<&mut [f32]> = buf.chunks_mut(view.head_dim).collect();
-        attend_head(view, kernel, n_kv, kvh, scale, q_rows, &mut outs);
+        attend_head(order, view, kernel, n_kv, kvh, scale, q_rows, &mut outs);
     }
     for (r, o) in buf.chunks(view.head_dim).enumerate() {
         emit(r, o);
@@ -1489,13 +1499,23 @@ mod tests {
                                 let mut want = vec![0f32; nq * hd];
                                 {
                                     let mut outs: Vec<&mut [f32]> = want.chunks_mut(hd).collect();
-                                    attend_head(&view, kernel, n_kv, kvh, 0.125, &rows, &mut outs);
+                                    attend_head(
+                                        Order::GgmlAvx512,
+                                        &view,
+                                        kernel,
+                                        n_kv,
+                                        kvh,
+                                        0.125,
+                                        &rows,
+                                        &mut outs,
+                                    );
                                 }
                                 // AVX2 runs on AVX512 hosts too; a missing family falls back
                                 for isa in [muser_quant::Isa::Avx2, muser_quant::Isa::Avx512] {
                                     let mut got = vec![f32::NAN; nq * hd];
                                     attend_rows_isa(
                                         isa,
+                                        Order::GgmlAvx512,
                                         &view,
                                         kernel,
                                         n_kv,

@@ -6,6 +6,7 @@
 //! fused multiply-adds where ggml uses them) rather than the mathematically obvious loop.
 //! Callers run them inside `fma_fn!` functions so that `mul_add` is one instruction.
 
+use super::numerics::Order;
 use half::f16;
 
 /// Lanes of an AVX512 f32 register.
@@ -38,19 +39,38 @@ macro_rules! fma_fn {
 }
 pub(crate) use fma_fn;
 
-/// `_mm512_reduce_add_ps` as GCC expands it: upper half plus lower half, then quarters, then
-/// `(t0 + t2) + (t1 + t3)`.
+/// The halving reduction of 16 or 8 lanes: upper half plus lower half down to four values,
+/// then `(t0 + t2) + (t1 + t3)`. `_mm512_reduce_add_ps` on 16 lanes; on 8 lanes, the
+/// extract/`movehl`/`movehdup` sum of AVX2's `ggml_vec_soft_max_f32` and of tinyBLAS's `hsum`.
 #[inline(always)]
-pub fn reduce_add_16(v: &[f32; LANES]) -> f32 {
-    let mut t8 = [0f32; 8];
-    for i in 0..8 {
-        t8[i] = v[i + 8] + v[i];
+fn reduce_halves(v: &[f32]) -> f32 {
+    let mut t = [0f32; LANES];
+    t[..v.len()].copy_from_slice(v);
+    let mut w = v.len();
+    while w > 4 {
+        w /= 2;
+        for i in 0..w {
+            t[i] += t[i + w];
+        }
     }
-    let mut t4 = [0f32; 4];
-    for i in 0..4 {
-        t4[i] = t8[i + 4] + t8[i];
+    (t[0] + t[2]) + (t[1] + t[3])
+}
+
+/// The reduction of `GGML_F32x8_REDUCE` (AVX2 `ggml_vec_dot_f16`/`_f32`): upper half plus lower
+/// half, then two horizontal adds, `(t0 + t1) + (t2 + t3)`.
+#[inline(always)]
+fn reduce_hadd_8(v: &[f32]) -> f32 {
+    let t: [f32; 4] = std::array::from_fn(|i| v[i] + v[i + 4]);
+    (t[0] + t[1]) + (t[2] + t[3])
+}
+
+/// The lane reduction of `ggml_vec_dot_f16`/`_f32` in `order`.
+#[inline(always)]
+fn reduce_dot(order: Order, v: &[f32]) -> f32 {
+    match order {
+        Order::GgmlAvx512 => reduce_halves(v),
+        Order::GgmlAvx2 => reduce_hadd_8(v),
     }
-    (t4[0] + t4[2]) + (t4[1] + t4[3])
 }
 
 /// `j · 2^n` for integral `n` in `[-192, 192]` with one rounding, as `_mm512_scalef_ps` does.
@@ -63,10 +83,20 @@ fn scalef(j: f32, n: f32) -> f32 {
     (f64::from(j) * f64::from_bits((e as u64) << 52)) as f32
 }
 
-/// ggml's vectorised exponential (`ggml_v_expf`, AVX512 flavour) for one lane. It is not libm's
-/// `expf`: its error is up to 1.5 ulp, and it saturates to 0 / +inf beyond |n| > 192.
+/// ggml's vectorised exponential (`ggml_v_expf`) for one lane, in the flavour of `order`'s
+/// build. It is not libm's `expf`: its error is up to 1.5 ulp, and it saturates to 0 / +inf
+/// beyond |n| > 192.
 #[inline(always)]
-pub fn v_expf(x: f32) -> f32 {
+pub fn v_expf(order: Order, x: f32) -> f32 {
+    match order {
+        Order::GgmlAvx512 => v_expf_avx512(x),
+        Order::GgmlAvx2 => v_expf_avx2(x),
+    }
+}
+
+/// `ggml_v_expf`, AVX512 flavour: degree-5 polynomial, `_mm512_scalef_ps`.
+#[inline(always)]
+fn v_expf_avx512(x: f32) -> f32 {
     let r = f32::from_bits(0x4b40_0000);
     let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r);
     let n = z - r;
@@ -88,41 +118,74 @@ pub fn v_expf(x: f32) -> f32 {
     scalef(j, n)
 }
 
-/// ggml's vectorised SiLU lane: `x / (1 + v_expf(0 - x))`.
+/// `ggml_v_expf`, AVX2 flavour: the same reduction, a polynomial without the constant term,
+/// `2^n` built from the exponent bits of `z`, and a two-factor path past `|n| > 126`.
 #[inline(always)]
-pub fn v_silu(x: f32) -> f32 {
-    x / (1.0 + v_expf(0.0 - x))
+fn v_expf_avx2(x: f32) -> f32 {
+    let r = f32::from_bits(0x4b40_0000);
+    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r);
+    let n = z - r;
+    let b = (-n).mul_add(
+        f32::from_bits(0x35bf_be8e),
+        (-n).mul_add(f32::from_bits(0x3f31_7200), x),
+    );
+    let e = z.to_bits() << 23;
+    let k = f32::from_bits(e.wrapping_add(1f32.to_bits()));
+    let u = b * b;
+    let j = f32::from_bits(0x3c07_2010)
+        .mul_add(b, f32::from_bits(0x3d2b_9f17))
+        .mul_add(
+            u,
+            f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)),
+        )
+        .mul_add(u, f32::from_bits(0x3f7f_fff6) * b);
+    if !(n.abs() > 126.0) {
+        return k.mul_add(j, k);
+    }
+    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+    let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
+    let s2 = f32::from_bits(e.wrapping_sub(g));
+    if n.abs() > 192.0 {
+        s1 * s1
+    } else {
+        s2.mul_add(j, s2) * s1
+    }
 }
 
-/// `ggml_vec_swiglu_f32`: `silu(g) * u`, 16 lanes at a time with the vector SiLU, the tail with
-/// libm's `expf`. (The model of [`swiglu_fast`], which the tests compare it with.)
+/// ggml's vectorised SiLU lane: `x / (1 + v_expf(0 - x))`.
+#[inline(always)]
+pub fn v_silu(order: Order, x: f32) -> f32 {
+    x / (1.0 + v_expf(order, 0.0 - x))
+}
+
+/// `ggml_vec_swiglu_f32`: `silu(g) * u`, `order.lanes()` at a time with the vector SiLU, the
+/// tail with libm's `expf`. (The model of [`swiglu_fast`], which the tests compare it with.)
 #[cfg_attr(not(test), allow(dead_code))]
 #[inline(always)]
-pub fn swiglu(g: &[f32], u: &[f32], out: &mut [f32]) {
+pub fn swiglu(order: Order, g: &[f32], u: &[f32], out: &mut [f32]) {
     let n = out.len();
-    let body = n - n % LANES;
+    let body = n - n % order.lanes();
     for i in 0..body {
-        out[i] = v_silu(g[i]) * u[i];
+        out[i] = v_silu(order, g[i]) * u[i];
     }
     for i in body..n {
         out[i] = g[i] / (1.0 + (-g[i]).exp()) * u[i];
     }
 }
 
-/// `ggml_vec_soft_max_f32`: writes `exp(x - max)` (vector exp, 16 lanes at a time; libm for the
-/// tail) and returns the sum, accumulated per 16-lane group in f32 and across groups in f64.
+/// `ggml_vec_soft_max_f32`: writes `exp(x - max)` (vector exp, `order.lanes()` at a time; libm
+/// for the tail) and returns the sum, accumulated per lane group in f32 and across groups in f64.
 #[inline(always)]
-pub fn soft_max_tile(x: &mut [f32], max: f32) -> f64 {
+pub fn soft_max_tile(order: Order, x: &mut [f32], max: f32) -> f64 {
+    let w = order.lanes();
     let n = x.len();
-    let body = n - n % LANES;
+    let body = n - n % w;
     let mut sum = 0f64;
-    for chunk in x[..body].chunks_exact_mut(LANES) {
-        let mut v = [0f32; LANES];
-        for (l, e) in chunk.iter_mut().enumerate() {
-            *e = v_expf(*e - max);
-            v[l] = *e;
+    for chunk in x[..body].chunks_exact_mut(w) {
+        for e in chunk.iter_mut() {
+            *e = v_expf(order, *e - max);
         }
-        sum += f64::from(reduce_add_16(&v));
+        sum += f64::from(reduce_halves(chunk));
     }
     for e in &mut x[body..] {
         *e = (*e - max).exp();
@@ -131,48 +194,88 @@ pub fn soft_max_tile(x: &mut [f32], max: f32) -> f64 {
     sum
 }
 
-/// `ggml_vec_dot_f16` on AVX512 without FP16 arithmetic: four 16-lane f32 accumulators over
-/// 64-element steps, reduced `(a0+a2) + (a1+a3)` then across lanes; the tail in f64.
+/// `ggml_vec_dot_f16` without FP16 arithmetic: four f32 accumulators of `order.lanes()` lanes
+/// over steps of four registers, reduced `(a0+a2) + (a1+a3)` then across lanes; the tail in f64.
 #[inline(always)]
-pub fn dot_f16(x: &[f16], y: &[f16]) -> f32 {
+pub fn dot_f16(order: Order, x: &[f16], y: &[f16]) -> f32 {
+    let w = order.lanes();
     let n = x.len();
-    let body = n - n % (4 * LANES);
+    let body = n - n % (4 * w);
     let mut acc = [[0f32; LANES]; 4];
     let mut i = 0;
     while i < body {
         for (j, a) in acc.iter_mut().enumerate() {
-            let o = i + j * LANES;
-            for l in 0..LANES {
+            let o = i + j * w;
+            for l in 0..w {
                 a[l] = x[o + l].to_f32().mul_add(y[o + l].to_f32(), a[l]);
             }
         }
-        i += 4 * LANES;
+        i += 4 * w;
     }
     let mut s = [0f32; LANES];
-    for l in 0..LANES {
+    for l in 0..w {
         let a02 = acc[0][l] + acc[2][l];
         let a13 = acc[1][l] + acc[3][l];
         s[l] = a02 + a13;
     }
-    let mut sum = f64::from(reduce_add_16(&s));
+    let mut sum = f64::from(reduce_dot(order, &s[..w]));
     for k in body..n {
         sum += f64::from(x[k].to_f32() * y[k].to_f32());
     }
     sum as f32
 }
 
-/// One tinyBLAS dot product (llamafile `sgemm`, `KN = 16` lanes): lane `l` accumulates elements
-/// `l, l+16, ...` with FMA in order, then the lanes are reduced. Used for F16 weights with two or
-/// more activation rows. `n` must be a multiple of 16.
+/// One tinyBLAS dot product (llamafile `sgemm`, `KN = order.lanes()`): lane `l` accumulates
+/// elements `l, l+KN, ...` with FMA in order, then the lanes are reduced (`hsum`). Used for F16
+/// weights with two or more activation rows. `n` must be a multiple of `KN`.
 #[inline(always)]
-pub fn dot_f16_tinyblas(x: &[f16], y: &[f16]) -> f32 {
+pub fn dot_f16_tinyblas(order: Order, x: &[f16], y: &[f16]) -> f32 {
+    let w = order.lanes();
     let mut acc = [0f32; LANES];
-    for (cx, cy) in x.chunks_exact(LANES).zip(y.chunks_exact(LANES)) {
-        for l in 0..LANES {
+    for (cx, cy) in x.chunks_exact(w).zip(y.chunks_exact(w)) {
+        for l in 0..w {
             acc[l] = cx[l].to_f32().mul_add(cy[l].to_f32(), acc[l]);
         }
     }
-    reduce_add_16(&acc)
+    reduce_halves(&acc[..w])
+}
+
+/// `ggml_vec_dot_f32` (one row: four accumulators) or tinyBLAS f32 (several rows and `n` a
+/// multiple of the lanes: one accumulator), with `order.lanes()` lanes.
+#[inline(always)]
+pub fn dot_f32(order: Order, w: &[f32], x: &[f32], tinyblas: bool) -> f32 {
+    let lanes = order.lanes();
+    let n = w.len();
+    if tinyblas && n.is_multiple_of(lanes) {
+        let mut acc = [0f32; LANES];
+        for (cw, cx) in w.chunks_exact(lanes).zip(x.chunks_exact(lanes)) {
+            for l in 0..lanes {
+                acc[l] = cw[l].mul_add(cx[l], acc[l]);
+            }
+        }
+        return reduce_halves(&acc[..lanes]);
+    }
+    let body = n - n % (4 * lanes);
+    let mut acc = [[0f32; LANES]; 4];
+    let mut i = 0;
+    while i < body {
+        for (j, a) in acc.iter_mut().enumerate() {
+            for l in 0..lanes {
+                let k = i + j * lanes + l;
+                a[l] = w[k].mul_add(x[k], a[l]);
+            }
+        }
+        i += 4 * lanes;
+    }
+    let mut s = [0f32; LANES];
+    for l in 0..lanes {
+        s[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
+    let mut sum = f64::from(reduce_dot(order, &s[..lanes]));
+    for k in body..n {
+        sum += f64::from(w[k] * x[k]);
+    }
+    sum as f32
 }
 
 /// ggml's RMS norm scale for one row: the sum of squares (each square rounded to f32) in f64,
@@ -193,9 +296,14 @@ pub fn has_avx512() -> bool {
     muser_quant::detected_isa() == muser_quant::Isa::Avx512
 }
 
-/// `g = silu(g) * u` in place (`ggml_vec_swiglu_f32`), AVX512 or AVX2 when the CPU has it.
-pub fn swiglu_fast(g: &mut [f32], u: &[f32]) {
+/// `g = silu(g) * u` in place (`ggml_vec_swiglu_f32`) in `order`; the AVX512 order runs the
+/// AVX512 or AVX2 kernels when the CPU has them.
+pub fn swiglu_fast(order: Order, g: &mut [f32], u: &[f32]) {
     assert!(u.len() >= g.len());
+    if order != Order::GgmlAvx512 {
+        swiglu_scalar(order, g, u);
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if has_avx512() {
         // SAFETY: the features were detected; the lengths were checked above.
@@ -208,15 +316,15 @@ pub fn swiglu_fast(g: &mut [f32], u: &[f32]) {
         unsafe { x86_avx2::swiglu(g, u) };
         return;
     }
-    swiglu_scalar(g, u);
+    swiglu_scalar(order, g, u);
 }
 
 fma_fn! {
-fn swiglu_scalar(g: &mut [f32], u: &[f32]) {
+fn swiglu_scalar(order: Order, g: &mut [f32], u: &[f32]) {
     let n = g.len();
-    let body = n - n % LANES;
+    let body = n - n % order.lanes();
     for i in 0..body {
-        g[i] = v_silu(g[i]) * u[i];
+        g[i] = v_silu(order, g[i]) * u[i];
     }
     for i in body..n {
         g[i] = g[i] / (1.0 + (-g[i]).exp()) * u[i];
@@ -276,7 +384,7 @@ pub mod x86 {
         _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0), e))
     }
 
-    /// `_mm512_reduce_add_ps` as GCC expands it (see [`super::reduce_add_16`]).
+    /// `_mm512_reduce_add_ps` as GCC expands it (see [`super::reduce_halves`]).
     #[inline]
     #[target_feature(enable = "avx512f,avx512dq")]
     pub unsafe fn reduce_add(v: __m512) -> f32 {
@@ -396,7 +504,7 @@ pub mod x86_avx2 {
         _mm256_blendv_ps(res, alt, d)
     }
 
-    /// `_mm512_reduce_add_ps` (GCC's tree, [`super::reduce_add_16`]) of the 16 lanes `lo`, `hi`.
+    /// `_mm512_reduce_add_ps` (GCC's tree, [`super::reduce_halves`]) of the 16 lanes `lo`, `hi`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn reduce_add_16(lo: __m256, hi: __m256) -> f32 {
@@ -467,20 +575,41 @@ pub fn rms_norm_groups(data: &mut [f32], group: usize, eps: f32, weight: Option<
 mod tests {
     use super::*;
 
+    const ORDERS: [Order; 2] = [Order::GgmlAvx512, Order::GgmlAvx2];
+
     #[test]
     fn v_expf_is_close_to_exp_and_saturates() {
-        for i in -800..800 {
-            let x = i as f32 * 0.1;
-            let want = (x as f64).exp();
-            let got = v_expf(x) as f64;
-            assert!(
-                ((got - want) / want).abs() < 4e-7,
-                "x={x} got={got} want={want}"
-            );
+        for order in ORDERS {
+            // Past |x| > 87 the results are subnormal or infinite (AVX2's two-factor path).
+            for i in -870..870 {
+                let x = i as f32 * 0.1;
+                let want = (x as f64).exp();
+                let got = v_expf(order, x) as f64;
+                assert!(
+                    ((got - want) / want).abs() < 4e-7,
+                    "{order:?} x={x} got={got} want={want}"
+                );
+            }
+            assert_eq!(v_expf(order, -200.0), 0.0, "{order:?}");
+            assert_eq!(v_expf(order, f32::NEG_INFINITY), 0.0, "{order:?}");
+            assert_eq!(v_expf(order, 200.0), f32::INFINITY, "{order:?}");
+            assert!(v_expf(order, -95.0) > 0.0, "{order:?}: subnormal results");
         }
-        assert_eq!(v_expf(-200.0), 0.0);
-        assert_eq!(v_expf(f32::NEG_INFINITY), 0.0);
-        assert_eq!(v_expf(200.0), f32::INFINITY);
+    }
+
+    /// The two builds' exponentials are different functions: the AVX2 order must not be the
+    /// AVX512 one renamed.
+    #[test]
+    fn the_orders_round_differently() {
+        let differ = (0..10_000)
+            .map(|i| -20.0 + i as f32 * 0.004)
+            .filter(|&x| v_expf(Order::GgmlAvx2, x) != v_expf(Order::GgmlAvx512, x))
+            .count();
+        assert!(differ > 100, "{differ}");
+        // The two 8-lane trees: `(t0+t1)+(t2+t3)` cancels the large pair first.
+        let v = [1e8, -1e8, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+        assert_eq!(reduce_hadd_8(&v), 1.0);
+        assert_eq!(reduce_halves(&v), 0.0);
     }
 
     /// The AVX512 exp against the scalar model on every `step`-th f32 bit pattern.
@@ -493,7 +622,7 @@ mod tests {
         fma_fn! {
         fn scalar(x: &[f32], out: &mut [f32]) {
             for (o, &v) in out.iter_mut().zip(x) {
-                *o = v_expf(v);
+                *o = v_expf(Order::GgmlAvx512, v);
             }
         }
         }
@@ -548,7 +677,7 @@ mod tests {
         fma_fn! {
         fn scalar(x: &[f32], out: &mut [f32]) {
             for (o, &v) in out.iter_mut().zip(x) {
-                *o = v_expf(v);
+                *o = v_expf(Order::GgmlAvx512, v);
             }
         }
         }
@@ -586,7 +715,7 @@ mod tests {
         let g: Vec<f32> = (0..100).map(|i| (i as f32 - 50.0) * 0.37).collect();
         let u: Vec<f32> = (0..100).map(|i| (i as f32) * 0.11 - 3.0).collect();
         let mut want = g.clone();
-        swiglu_scalar(&mut want, &u);
+        swiglu_scalar(Order::GgmlAvx512, &mut want, &u);
         let mut got = g.clone();
         // SAFETY: as above.
         unsafe { x86_avx2::swiglu(&mut got, &u) };
@@ -600,7 +729,7 @@ mod tests {
                     _mm256_loadu_ps(c.as_ptr().add(8)),
                 )
             };
-            assert_eq!(reduce_add_16(&arr).to_bits(), r.to_bits());
+            assert_eq!(reduce_halves(&arr).to_bits(), r.to_bits());
         }
     }
 
@@ -626,21 +755,21 @@ mod tests {
             let mut got = g.clone();
             fma_fn! {
             fn model(g: &[f32], u: &[f32], out: &mut [f32]) {
-                swiglu(g, u, out);
+                swiglu(Order::GgmlAvx512, g, u, out);
             }
             }
             model(&g, &u, &mut want);
-            swiglu_fast(&mut got, &u);
+            swiglu_fast(Order::GgmlAvx512, &mut got, &u);
             assert_eq!(want, got, "swiglu n={n}");
             let mut got = g.clone();
-            swiglu_scalar(&mut got, &u);
+            swiglu_scalar(Order::GgmlAvx512, &mut got, &u);
             assert_eq!(want, got, "swiglu scalar n={n}");
             #[cfg(target_arch = "x86_64")]
             if has_avx512() {
                 let max = g.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 fma_fn! {
                 fn sm(x: &mut [f32], max: f32) -> f64 {
-                    soft_max_tile(x, max)
+                    soft_max_tile(Order::GgmlAvx512, x, max)
                 }
                 }
                 let mut a = g.clone();
@@ -655,7 +784,7 @@ mod tests {
                     // SAFETY: features detected.
                     let r =
                         unsafe { x86::reduce_add(std::arch::x86_64::_mm512_loadu_ps(c.as_ptr())) };
-                    assert_eq!(reduce_add_16(&arr).to_bits(), r.to_bits());
+                    assert_eq!(reduce_halves(&arr).to_bits(), r.to_bits());
                 }
             }
         }
@@ -693,7 +822,7 @@ mod tests {
         v[8] = -1e8;
         v[1] = 1.0;
         // t8[0] = 0 exactly, so the small value survives.
-        assert_eq!(reduce_add_16(&v), 1.0);
+        assert_eq!(reduce_halves(&v), 1.0);
     }
 
     #[test]
@@ -703,6 +832,6 @@ mod tests {
             .map(|i| f16::from_f32((i % 5) as f32 - 2.0))
             .collect();
         let want: f32 = (0..130).map(|i: i32| ((i % 7) * (i % 5 - 2)) as f32).sum();
-        assert_eq!(dot_f16(&x, &y), want);
+        assert_eq!(dot_f16(Order::GgmlAvx512, &x, &y), want);
     }
 }

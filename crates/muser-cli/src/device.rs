@@ -211,7 +211,7 @@ mod tests {
 
     #[test]
     fn cuda_without_the_feature_names_it() {
-        let Err(e) = load(Path::new("unused.gguf"), Device::Cuda, 0) else {
+        let Err(e) = load(Path::new("unused.gguf"), Device::Cuda, 0, None) else {
             panic!("--device cuda loaded a model without the cuda feature");
         };
         assert!(format!("{e:#}").contains("--features cuda"), "{e:#}");
@@ -223,7 +223,7 @@ mod tests {
         use clap::ValueEnum;
         for (name, want) in [("cuda", Device::Cuda), ("cuda-ops", Device::CudaOps)] {
             assert_eq!(Device::from_str(name, false), Ok(want));
-            let Err(e) = load(Path::new("unused.gguf"), want, 0) else {
+            let Err(e) = load(Path::new("unused.gguf"), want, 0, None) else {
                 panic!("--device {name} loaded a model without the cuda feature");
             };
             assert!(format!("{e:#}").contains("--features cuda"), "{e:#}");

@@ -134,8 +134,17 @@ pub fn model_identity(model: &Model, model_path: Option<&Path>, kv_type: KvType)
         weight_precision: precision_summary(model),
         layout: layout_abi(&model.kv_layout(kv_type)),
         context_policy: context_digest(model),
-        engine_abi: ENGINE_ABI.to_string(),
+        engine_abi: engine_abi(model),
         adapter: None,
+    }
+}
+
+/// [`ENGINE_ABI`] and the model's numerics profile (`Model::numerics_tag`): K/V bytes of the
+/// later layers depend on the floating-point order, so packs of two orders never mix.
+fn engine_abi(model: &Model) -> String {
+    match model.numerics_tag() {
+        Some(tag) => format!("{ENGINE_ABI} {tag}"),
+        None => ENGINE_ABI.to_string(),
     }
 }
 

@@ -139,7 +139,9 @@ fn v_expf_avx2(x: f32) -> f32 {
             f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)),
         )
         .mul_add(u, f32::from_bits(0x3f7f_fff6) * b);
-    if !(n.abs() > 126.0) {
+    // `_CMP_GT_OQ`: false for a NaN `n`, which takes the plain path.
+    let two_factors = n.abs() > 126.0;
+    if !two_factors {
         return k.mul_add(j, k);
     }
     let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };

@@ -488,17 +488,19 @@ fn attend_rows_isa(
     emit: &mut dyn FnMut(usize, &[f32]),
 ) {
     let isa = isa.min(muser_quant::hardware_isa());
-    // One dispatch for both SIMD families (`x86`: AVX512, `x86_avx2`), which share signatures.
+    // One dispatch for both SIMD families (`x86`: AVX512 order only; `x86_avx2`: either order,
+    // its first argument), which otherwise share signatures.
     #[cfg(target_arch = "x86_64")]
     macro_rules! simd {
-        ($m:ident) => {{
+        ($m:ident $(, $o:expr)?) => {{
             // SAFETY: the features were detected; `View::check` bounded every cell access.
             unsafe {
                 match kernel {
-                    Kernel::Tiled => $m::tiled(view, n_kv, kvh, scale, q_rows, emit),
+                    Kernel::Tiled => $m::tiled($($o,)? view, n_kv, kvh, scale, q_rows, emit),
                     Kernel::OneChunk => {
                         for (r, (q, p)) in q_rows.iter().enumerate() {
-                            let (_, s, mut acc) = $m::one_chunk(view, kvh, q, *p, scale, 0..n_kv);
+                            let (_, s, mut acc) =
+                                $m::one_chunk($($o,)? view, kvh, q, *p, scale, 0..n_kv);
                             let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
                             acc.iter_mut().for_each(|a| *a *= inv);
                             emit(r, &acc);
@@ -512,7 +514,7 @@ fn attend_rows_isa(
                                 .filter(|i| i * chunk < n_kv)
                                 .map(|i| {
                                     let range = i * chunk..((i + 1) * chunk).min(n_kv);
-                                    let (m, s, acc) = $m::one_chunk(view, kvh, q, *p, scale, range);
+                                    let (m, s, acc) = $m::one_chunk($($o,)? view, kvh, q, *p, scale, range);
                                     Partial { m, s, acc }
                                 })
                                 .collect();
@@ -525,13 +527,12 @@ fn attend_rows_isa(
             return;
         }};
     }
-    // The SIMD kernels compute the AVX512 order; the AVX2 order runs the scalar models.
     #[cfg(target_arch = "x86_64")]
-    if order == Order::GgmlAvx512 && view.head_dim.is_multiple_of(LANES) {
-        match isa {
-            muser_quant::Isa::Avx512 => simd!(x86),
-            muser_quant::Isa::Avx2 => simd!(x86_avx2),
-            muser_quant::Isa::Scalar => {}
+    if view.head_dim.is_multiple_of(LANES) {
+        match (isa, order) {
+            (muser_quant::Isa::Avx512, Order::GgmlAvx512) => simd!(x86),
+            (muser_quant::Isa::Avx512 | muser_quant::Isa::Avx2, _) => simd!(x86_avx2, order),
+            (muser_quant::Isa::Scalar, _) => {}
         }
     }
     let mut buf = vec![0f32; q_rows.len() * view.head_dim];
@@ -1001,8 +1002,9 @@ mod x86 {
 #[cfg(target_arch = "x86_64")]
 mod x86_avx2 {
     use super::{View, TILE_KV, TILE_Q};
-    use crate::cpu::math::x86_avx2::{reduce_add_16, v_expf};
+    use crate::cpu::math::x86_avx2::{reduce_add_16, reduce_hadd_8, v_expf, v_expf_avx2_order};
     use crate::cpu::math::LANES;
+    use crate::cpu::numerics::Order;
     use crate::kv::KvType;
     use std::arch::x86_64::*;
 
@@ -1077,6 +1079,7 @@ mod x86_avx2 {
     /// The tiled kernel for up to 64 query rows: rows in the lanes of eight 8-lane groups.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn tiled(
+        order: Order,
         view: &View,
         n_kv: usize,
         kvh: usize,
@@ -1086,13 +1089,14 @@ mod x86_avx2 {
     ) {
         for (b, rows) in q_rows.chunks(TILE_Q).enumerate() {
             let mut sub = |r: usize, v: &[f32]| emit(b * TILE_Q + r, v);
-            tile(view, n_kv, kvh, scale, rows, &mut sub);
+            tile(order, view, n_kv, kvh, scale, rows, &mut sub);
         }
     }
 
     /// One tile of `nq <= 64` query rows.
     #[inline(always)]
     unsafe fn tile(
+        order: Order,
         view: &View,
         n_kv: usize,
         kvh: usize,
@@ -1223,18 +1227,29 @@ mod x86_avx2 {
                 m[g] = _mm256_blendv_ps(m[g], mn, lanes_of(valid[g]));
                 // soft_max_tile: exp(x - max) per 16 cells, each group reduced by the
                 // `_mm512_reduce_add_ps` tree (across cells here), the groups summed in f64.
+                // (groups of `order.lanes()` cells: 16 in the AVX512 order, 8 in the AVX2 one)
                 let mut sum_lo = _mm256_setzero_pd();
                 let mut sum_hi = _mm256_setzero_pd();
-                for k in 0..TILE_KV / LANES {
+                let gw = order.lanes();
+                for k in 0..TILE_KV / gw {
                     let mut v = [zero; LANES];
-                    for (i, vi) in v.iter_mut().enumerate() {
-                        let at = sc.as_mut_ptr().add((k * LANES + i) * W + g * L);
-                        *vi = v_expf(_mm256_sub_ps(_mm256_loadu_ps(at), mn));
+                    for (i, vi) in v[..gw].iter_mut().enumerate() {
+                        let at = sc.as_mut_ptr().add((k * gw + i) * W + g * L);
+                        let x = _mm256_sub_ps(_mm256_loadu_ps(at), mn);
+                        *vi = match order {
+                            Order::GgmlAvx512 => v_expf(x),
+                            Order::GgmlAvx2 => v_expf_avx2_order(x),
+                        };
                         _mm256_storeu_ps(at, *vi);
                     }
-                    let t8: [__m256; 8] = std::array::from_fn(|i| _mm256_add_ps(v[i + 8], v[i]));
-                    let t4: [__m256; 4] = std::array::from_fn(|i| _mm256_add_ps(t8[i + 4], t8[i]));
-                    let r = _mm256_add_ps(_mm256_add_ps(t4[0], t4[2]), _mm256_add_ps(t4[1], t4[3]));
+                    let mut w = gw;
+                    while w > 4 {
+                        w /= 2;
+                        for i in 0..w {
+                            v[i] = _mm256_add_ps(v[i + w], v[i]);
+                        }
+                    }
+                    let r = _mm256_add_ps(_mm256_add_ps(v[0], v[2]), _mm256_add_ps(v[1], v[3]));
                     sum_lo = _mm256_add_pd(sum_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(r)));
                     sum_hi = _mm256_add_pd(sum_hi, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(r)));
                 }
@@ -1342,6 +1357,7 @@ mod x86_avx2 {
     /// after every update. `hd` is a multiple of 16.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn one_chunk(
+        order: Order,
         view: &View,
         kvh: usize,
         q: &[f32],
@@ -1351,7 +1367,9 @@ mod x86_avx2 {
     ) -> (f32, f32, Vec<f32>) {
         let hd = view.head_dim;
         let nv = hd / L;
-        let body = hd - hd % (4 * LANES);
+        // Accumulator width `w`: 16 lanes (a register pair) in the AVX512 order, 8 in the AVX2 one.
+        let w = order.lanes();
+        let body = hd - hd % (4 * w);
         let qf: Vec<__m256> = (0..nv)
             .map(|i| round_f16(_mm256_loadu_ps(q.as_ptr().add(i * L))))
             .collect();
@@ -1364,18 +1382,18 @@ mod x86_avx2 {
                 continue;
             }
             let base = c * view.row + kvh * hd;
-            // ggml_vec_dot_f16: four 16-lane accumulators over 64-value steps, the tail in f64.
+            // ggml_vec_dot_f16: four `w`-lane accumulators over `4w`-value steps, the tail in f64.
             let mut a4 = [[_mm256_setzero_ps(); 2]; 4];
             let mut i = 0;
             while i < body {
                 for (j, a) in a4.iter_mut().enumerate() {
-                    for (h, ah) in a.iter_mut().enumerate() {
-                        let o = i + j * LANES + h * L;
+                    for (h, ah) in a[..w / L].iter_mut().enumerate() {
+                        let o = i + j * w + h * L;
                         let k = load8(view.k, view.dtype, base + o, true);
                         *ah = _mm256_fmadd_ps(k, qf[o / L], *ah);
                     }
                 }
-                i += 4 * LANES;
+                i += 4 * w;
             }
             let s16: [__m256; 2] = std::array::from_fn(|h| {
                 _mm256_add_ps(
@@ -1383,7 +1401,10 @@ mod x86_avx2 {
                     _mm256_add_ps(a4[1][h], a4[3][h]),
                 )
             });
-            let mut sum = f64::from(reduce_add_16(s16[0], s16[1]));
+            let mut sum = f64::from(match order {
+                Order::GgmlAvx512 => reduce_add_16(s16[0], s16[1]),
+                Order::GgmlAvx2 => reduce_hadd_8(s16[0]),
+            });
             if body < hd {
                 for o in (body..hd).step_by(L) {
                     let k = load8(view.k, view.dtype, base + o, true);
@@ -1489,25 +1510,20 @@ mod tests {
                         let rows: Vec<(&[f32], i32)> = (0..nq)
                             .map(|r| (&q[r * hd..(r + 1) * hd], last - (nq - 1 - r) as i32))
                             .collect();
-                        for kernel in [
+                        let kernels = [
                             Kernel::Tiled,
                             Kernel::OneChunk,
                             Kernel::SplitKv { parts: 2 },
                             Kernel::SplitKv { parts: 3 },
-                        ] {
+                        ];
+                        let cases = Order::ALL.into_iter().flat_map(|o| kernels.map(|k| (o, k)));
+                        for (order, kernel) in cases {
                             for kvh in 0..n_head_kv {
                                 let mut want = vec![0f32; nq * hd];
                                 {
                                     let mut outs: Vec<&mut [f32]> = want.chunks_mut(hd).collect();
                                     attend_head(
-                                        Order::GgmlAvx512,
-                                        &view,
-                                        kernel,
-                                        n_kv,
-                                        kvh,
-                                        0.125,
-                                        &rows,
-                                        &mut outs,
+                                        order, &view, kernel, n_kv, kvh, 0.125, &rows, &mut outs,
                                     );
                                 }
                                 // AVX2 runs on AVX512 hosts too; a missing family falls back
@@ -1515,7 +1531,7 @@ mod tests {
                                     let mut got = vec![f32::NAN; nq * hd];
                                     attend_rows_isa(
                                         isa,
-                                        Order::GgmlAvx512,
+                                        order,
                                         &view,
                                         kernel,
                                         n_kv,
@@ -1528,7 +1544,7 @@ mod tests {
                                         .iter()
                                         .zip(&got)
                                         .all(|(a, b)| a.to_bits() == b.to_bits());
-                                    assert!(same, "{dtype:?} hd={hd} n_swa={n_swa} n_kv={n_kv} nq={nq} {kernel:?} {isa:?}");
+                                    assert!(same, "{dtype:?} hd={hd} n_swa={n_swa} n_kv={n_kv} nq={nq} {order:?} {kernel:?} {isa:?}");
                                 }
                             }
                         }

@@ -298,16 +298,12 @@ pub fn has_avx512() -> bool {
     muser_quant::detected_isa() == muser_quant::Isa::Avx512
 }
 
-/// `g = silu(g) * u` in place (`ggml_vec_swiglu_f32`) in `order`; the AVX512 order runs the
-/// AVX512 or AVX2 kernels when the CPU has them.
+/// `g = silu(g) * u` in place (`ggml_vec_swiglu_f32`) in `order`, with the AVX512 kernel
+/// (AVX512 order) or the AVX2 kernel (either order) when the CPU has it.
 pub fn swiglu_fast(order: Order, g: &mut [f32], u: &[f32]) {
     assert!(u.len() >= g.len());
-    if order != Order::GgmlAvx512 {
-        swiglu_scalar(order, g, u);
-        return;
-    }
     #[cfg(target_arch = "x86_64")]
-    if has_avx512() {
+    if order == Order::GgmlAvx512 && has_avx512() {
         // SAFETY: the features were detected; the lengths were checked above.
         unsafe { x86::swiglu(g, u) };
         return;
@@ -315,7 +311,7 @@ pub fn swiglu_fast(order: Order, g: &mut [f32], u: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     if muser_quant::detected_isa() >= muser_quant::Isa::Avx2 {
         // SAFETY: as above.
-        unsafe { x86_avx2::swiglu(g, u) };
+        unsafe { x86_avx2::swiglu(order, g, u) };
         return;
     }
     swiglu_scalar(order, g, u);
@@ -442,6 +438,7 @@ pub mod x86 {
 /// above bit for bit, and with them ggml's AVX512 build.
 #[cfg(target_arch = "x86_64")]
 pub mod x86_avx2 {
+    use super::Order;
     use std::arch::x86_64::*;
 
     #[inline(always)]
@@ -506,6 +503,60 @@ pub mod x86_avx2 {
         _mm256_blendv_ps(res, alt, d)
     }
 
+    /// `ggml_v_expf`, AVX2 flavour ([`super::v_expf`] in [`Order::GgmlAvx2`]): ggml's own
+    /// instructions.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn v_expf_avx2_order(x: __m256) -> __m256 {
+        let r = c(0x4b40_0000);
+        let z = _mm256_fmadd_ps(x, c(0x3fb8_aa3b), r);
+        let n = _mm256_sub_ps(z, r);
+        let b = _mm256_fnmadd_ps(n, c(0x35bf_be8e), _mm256_fnmadd_ps(n, c(0x3f31_7200), x));
+        let e = _mm256_slli_epi32::<23>(_mm256_castps_si256(z));
+        let k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(c(0x3f80_0000))));
+        let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+        let cm = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(126.0));
+        let u = _mm256_mul_ps(b, b);
+        let j = _mm256_fmadd_ps(
+            _mm256_fmadd_ps(
+                _mm256_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+                u,
+                _mm256_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+            ),
+            u,
+            _mm256_mul_ps(c(0x3f7f_fff6), b),
+        );
+        if _mm256_movemask_ps(cm) == 0 {
+            return _mm256_fmadd_ps(j, k, k);
+        }
+        let g = _mm256_and_si256(
+            _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps())),
+            _mm256_set1_epi32(0x8200_0000u32 as i32),
+        );
+        let s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f00_0000)));
+        let s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+        let d = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(192.0));
+        _mm256_or_ps(
+            _mm256_and_ps(d, _mm256_mul_ps(s1, s1)),
+            _mm256_andnot_ps(
+                d,
+                _mm256_or_ps(
+                    _mm256_and_ps(cm, _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1)),
+                    _mm256_andnot_ps(cm, _mm256_fmadd_ps(k, j, k)),
+                ),
+            ),
+        )
+    }
+
+    /// `GGML_F32x8_REDUCE`'s last step ([`super::reduce_hadd_8`]): `hi + lo`, two `hadd`s.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn reduce_hadd_8(v: __m256) -> f32 {
+        let t0 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let t1 = _mm_hadd_ps(t0, t0);
+        _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
+    }
+
     /// `_mm512_reduce_add_ps` (GCC's tree, [`super::reduce_halves`]) of the 16 lanes `lo`, `hi`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -516,17 +567,21 @@ pub mod x86_avx2 {
         _mm_cvtss_f32(_mm_add_ss(t2, _mm_movehdup_ps(t2)))
     }
 
-    /// [`super::swiglu`] in place on `g`; `u` at least as long.
+    /// [`super::swiglu`] in `order`, in place on `g`; `u` at least as long.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn swiglu(g: &mut [f32], u: &[f32]) {
+    pub unsafe fn swiglu(order: Order, g: &mut [f32], u: &[f32]) {
         let n = g.len();
-        let body = n - n % super::LANES;
+        let body = n - n % order.lanes();
         let (gp, up) = (g.as_mut_ptr(), u.as_ptr());
         let one = _mm256_set1_ps(1.0);
         let mut i = 0;
         while i < body {
             let x = _mm256_loadu_ps(gp.add(i));
-            let e = v_expf(_mm256_sub_ps(_mm256_setzero_ps(), x));
+            let neg = _mm256_sub_ps(_mm256_setzero_ps(), x);
+            let e = match order {
+                Order::GgmlAvx512 => v_expf(neg),
+                Order::GgmlAvx2 => v_expf_avx2_order(neg),
+            };
             let s = _mm256_div_ps(x, _mm256_add_ps(one, e));
             _mm256_storeu_ps(gp.add(i), _mm256_mul_ps(s, _mm256_loadu_ps(up.add(i))));
             i += 8;
@@ -677,19 +732,21 @@ mod tests {
             return;
         }
         fma_fn! {
-        fn scalar(x: &[f32], out: &mut [f32]) {
+        fn scalar(order: Order, x: &[f32], out: &mut [f32]) {
             for (o, &v) in out.iter_mut().zip(x) {
-                *o = v_expf(Order::GgmlAvx512, v);
+                *o = v_expf(order, v);
             }
         }
         }
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn simd(x: &[f32], out: &mut [f32]) {
+        unsafe fn simd(order: Order, x: &[f32], out: &mut [f32]) {
             for (o, v) in out.chunks_exact_mut(8).zip(x.chunks_exact(8)) {
-                _mm256_storeu_ps(
-                    o.as_mut_ptr(),
-                    x86_avx2::v_expf(_mm256_loadu_ps(v.as_ptr())),
-                );
+                let v = _mm256_loadu_ps(v.as_ptr());
+                let e = match order {
+                    Order::GgmlAvx512 => x86_avx2::v_expf(v),
+                    Order::GgmlAvx2 => x86_avx2::v_expf_avx2_order(v),
+                };
+                _mm256_storeu_ps(o.as_mut_ptr(), e);
             }
         }
         // every 997th bit pattern, plus the saturation and subnormal edges
@@ -701,27 +758,29 @@ mod tests {
             -87.5, -88.7, -103.0, -104.0, 88.7, 133.0, 134.0, -133.0, -134.0, 0.0, -0.0,
         ]);
         xs.resize(xs.len().next_multiple_of(8), 1.0);
-        let (mut a, mut b) = (vec![0f32; xs.len()], vec![0f32; xs.len()]);
-        scalar(&xs, &mut a);
-        // SAFETY: AVX2/FMA/F16C checked above.
-        unsafe { simd(&xs, &mut b) };
-        for i in 0..xs.len() {
-            assert!(
-                a[i].to_bits() == b[i].to_bits() || (a[i].is_nan() && b[i].is_nan()),
-                "x={:e}: scalar {:e} avx2 {:e}",
-                xs[i],
-                a[i],
-                b[i]
-            );
-        }
         let g: Vec<f32> = (0..100).map(|i| (i as f32 - 50.0) * 0.37).collect();
         let u: Vec<f32> = (0..100).map(|i| (i as f32) * 0.11 - 3.0).collect();
-        let mut want = g.clone();
-        swiglu_scalar(Order::GgmlAvx512, &mut want, &u);
-        let mut got = g.clone();
-        // SAFETY: as above.
-        unsafe { x86_avx2::swiglu(&mut got, &u) };
-        assert_eq!(want, got, "swiglu");
+        for order in ORDERS {
+            let (mut a, mut b) = (vec![0f32; xs.len()], vec![0f32; xs.len()]);
+            scalar(order, &xs, &mut a);
+            // SAFETY: AVX2/FMA/F16C checked above.
+            unsafe { simd(order, &xs, &mut b) };
+            for i in 0..xs.len() {
+                assert!(
+                    a[i].to_bits() == b[i].to_bits() || (a[i].is_nan() && b[i].is_nan()),
+                    "{order:?} x={:e}: scalar {:e} avx2 {:e}",
+                    xs[i],
+                    a[i],
+                    b[i]
+                );
+            }
+            let mut want = g.clone();
+            swiglu_scalar(order, &mut want, &u);
+            let mut got = g.clone();
+            // SAFETY: as above.
+            unsafe { x86_avx2::swiglu(order, &mut got, &u) };
+            assert_eq!(want, got, "swiglu {order:?}");
+        }
         for c in g.chunks_exact(LANES) {
             let arr: [f32; LANES] = c.try_into().unwrap();
             // SAFETY: as above.
@@ -753,19 +812,21 @@ mod tests {
         for n in [1usize, 15, 16, 17, 64, 100, 3072] {
             let g: Vec<f32> = (0..n).map(|_| rnd()).collect();
             let u: Vec<f32> = (0..n).map(|_| rnd()).collect();
-            let mut want = vec![0f32; n];
-            let mut got = g.clone();
             fma_fn! {
-            fn model(g: &[f32], u: &[f32], out: &mut [f32]) {
-                swiglu(Order::GgmlAvx512, g, u, out);
+            fn model(order: Order, g: &[f32], u: &[f32], out: &mut [f32]) {
+                swiglu(order, g, u, out);
             }
             }
-            model(&g, &u, &mut want);
-            swiglu_fast(Order::GgmlAvx512, &mut got, &u);
-            assert_eq!(want, got, "swiglu n={n}");
-            let mut got = g.clone();
-            swiglu_scalar(Order::GgmlAvx512, &mut got, &u);
-            assert_eq!(want, got, "swiglu scalar n={n}");
+            for order in ORDERS {
+                let mut want = vec![0f32; n];
+                model(order, &g, &u, &mut want);
+                let mut got = g.clone();
+                swiglu_fast(order, &mut got, &u);
+                assert_eq!(want, got, "swiglu {order:?} n={n}");
+                let mut got = g.clone();
+                swiglu_scalar(order, &mut got, &u);
+                assert_eq!(want, got, "swiglu scalar {order:?} n={n}");
+            }
             #[cfg(target_arch = "x86_64")]
             if has_avx512() {
                 let max = g.iter().copied().fold(f32::NEG_INFINITY, f32::max);

@@ -995,10 +995,12 @@ mod x86 {
     }
 }
 
-/// The AVX2 kernels: the AVX512 kernels' operations in the same order on eight lanes. In the
-/// tiled kernel the lanes are query rows (no lane ever meets another), so eight at a time give
-/// the same bits; in the one-chunk kernel the lanes are head dims, so each 16-lane AVX512
-/// accumulator is a pair of registers and reduced by the same tree.
+/// The AVX2 kernels, in either order. In the AVX512 order: the AVX512 kernels' operations in the
+/// same order on eight lanes. In the tiled kernel the lanes are query rows (no lane ever meets
+/// another), so eight at a time give the same bits; in the one-chunk kernel the lanes are head
+/// dims, so each 16-lane AVX512 accumulator is a pair of registers and reduced by the same tree.
+/// In the AVX2 order: ggml's AVX2 `expf`, softmax groups of 8 cells, one register per
+/// `vec_dot_f16` accumulator and the `hadd` tree.
 #[cfg(target_arch = "x86_64")]
 mod x86_avx2 {
     use super::{View, TILE_KV, TILE_Q};

@@ -1,9 +1,11 @@
 //! Scalar models of ggml's CPU vector primitives, written so that each result is bit-identical
-//! to what the AVX512 build of ggml b11434 computes on this class of machine.
+//! to what one build of ggml b11434 computes: the [`Order`] argument names the build (AVX512 or
+//! AVX2), whose register width, `expf` and reduction trees differ.
 //!
 //! The order of every floating-point operation matters here: the functions mirror the lane
-//! structure of the SIMD code (16-lane accumulators, the reduction tree of `_mm512_reduce_add_ps`,
-//! fused multiply-adds where ggml uses them) rather than the mathematically obvious loop.
+//! structure of the SIMD code (16- or 8-lane accumulators, the reduction trees of
+//! `_mm512_reduce_add_ps` and of AVX2's `hadd`s, fused multiply-adds where ggml uses them) rather
+//! than the mathematically obvious loop.
 //! Callers run them inside `fma_fn!` functions so that `mul_add` is one instruction.
 
 use super::numerics::Order;

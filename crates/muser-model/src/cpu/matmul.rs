@@ -1,4 +1,5 @@
-//! `y = x · Wᵀ` with ggml's CPU kernel choice (b11434, x86 AVX512 build, no weight repacking):
+//! `y = x · Wᵀ` with ggml's CPU kernel choice (b11434, x86 AVX512 build, no weight repacking;
+//! the AVX2 build differs only in the lanes of the F32/F16 rows below, which follow `Order`):
 //!
 //! | weight | rows of x | kernel |
 //! |---|---|---|

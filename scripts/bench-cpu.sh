@@ -8,6 +8,7 @@
 #   LLAMA_BIN=DIR GGML_CPU_LIB=DIR scripts/bench-cpu.sh   # see scripts/goldens.sh about AVX-VNNI
 #   BENCH_ISA=avx2 scripts/bench-cpu.sh   # an AVX2 host on any x86 machine: the comparator built
 #                                         # without AVX512, Muser's dispatch capped (MUSER_ISA)
+# Muser runs `--numerics host`: the order of the comparator build it is measured beside.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 isa="${BENCH_ISA:-native}"
@@ -37,7 +38,7 @@ for m in "$models/SmolLM2-135M-Instruct.Q4_1.gguf" "$bench310"; do
   LD_LIBRARY_PATH="$libpath" "$bin/llama-bench" -m "$m" -r $reps --repack 0 -t $threads -p $pp -n $tg -o json \
     > "$receipts/cpu-$stamp-$name-llama-bench.json"
   echo "== $name: muser bench" >&2
-  /usr/bin/time -v "$muser" bench -m "$m" -r $reps -t $threads -p $pp -n $tg \
+  /usr/bin/time -v "$muser" bench -m "$m" -r $reps -t $threads -p $pp -n $tg --numerics host \
     -o "$receipts/cpu-$stamp-$name-muser.json" 2> "$receipts/.time-$name.txt"
   grep -E "Maximum resident" "$receipts/.time-$name.txt" >&2 || true
   rm -f "$receipts/.time-$name.txt"

@@ -103,7 +103,7 @@ enum Engine {
 
 impl Engine {
     fn load(args: &Args, kv_type: KvType) -> anyhow::Result<Engine> {
-        args.numerics.resolve(args.device)?;
+        let numerics = args.numerics.resolve(args.device)?;
         if args.fused {
             if args.device != Device::Cuda {
                 bail!("--fused runs on the GPU: add --device cuda");
@@ -113,7 +113,7 @@ impl Engine {
             }
             return Engine::load_fused(args);
         }
-        let model = device::load(&args.model, args.device, args.threads)?;
+        let model = device::load(&args.model, args.device, args.threads, numerics)?;
         let n_ctx = args.n_prompt.max(args.n_gen).max(32) + 1;
         let kv = model.new_kv_ubatch(n_ctx, 1, kv_type, args.n_prompt.max(32) as u32)?;
         Ok(Engine::Model(Box::new(model), kv_type, kv))

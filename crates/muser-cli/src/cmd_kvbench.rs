@@ -263,6 +263,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             path,
             &LoadOptions {
                 threads: args.threads,
+                ..Default::default()
             },
         )
         .with_context(|| format!("loading {}", path.display()))?;

@@ -100,8 +100,8 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let t0 = Instant::now();
-    args.numerics.resolve(args.device)?;
-    let model = device::load(&args.model, args.device, args.threads)?;
+    let numerics = args.numerics.resolve(args.device)?;
+    let model = device::load(&args.model, args.device, args.threads, numerics)?;
     let tokenizer = load_tokenizer(&model)?.map(Arc::new);
     let info = model.info();
     eprintln!(

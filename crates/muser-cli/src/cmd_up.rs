@@ -269,12 +269,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if let Some(n) = args.numerics.resolve(args.device)? {
         eprintln!("numerics: {}", n.tag());
+        cfg.numerics = n;
     }
     let state = with_spinner(&format!("loading {}", model_path.display()), || {
         let state = match args.device {
             Device::Cpu => server::load(&cfg)?,
             device => {
-                let model = device::load(&model_path, device, LoadOptions::default().threads)?;
+                let model =
+                    device::load(&model_path, device, LoadOptions::default().threads, None)?;
                 server::load_with(&cfg, model)?
             }
         };

@@ -94,11 +94,24 @@ impl NumericsArgs {
     }
 }
 
-/// Loads `path` onto `device` with `threads` CPU threads (0: one per core); an error names
-/// the file.
-pub fn load(path: &Path, device: Device, threads: usize) -> anyhow::Result<Model> {
+/// Loads `path` onto `device` with `threads` CPU threads (0: one per core), the CPU backend
+/// in `numerics` (what [`NumericsArgs::resolve`] gave; `None` on the other devices); an error
+/// names the file.
+pub fn load(
+    path: &Path,
+    device: Device,
+    threads: usize,
+    numerics: Option<Numerics>,
+) -> anyhow::Result<Model> {
     let model = match device {
-        Device::Cpu => Model::load(path, &LoadOptions { threads }).map_err(anyhow::Error::from),
+        Device::Cpu => Model::load(
+            path,
+            &LoadOptions {
+                threads,
+                numerics: numerics.unwrap_or_default(),
+            },
+        )
+        .map_err(anyhow::Error::from),
         Device::Cuda => load_cuda(path, true),
         Device::CudaOps => load_cuda(path, false),
     };
@@ -198,7 +211,7 @@ mod tests {
 
     #[test]
     fn cuda_without_the_feature_names_it() {
-        let Err(e) = load(Path::new("unused.gguf"), Device::Cuda, 0) else {
+        let Err(e) = load(Path::new("unused.gguf"), Device::Cuda, 0, None) else {
             panic!("--device cuda loaded a model without the cuda feature");
         };
         assert!(format!("{e:#}").contains("--features cuda"), "{e:#}");
@@ -210,7 +223,7 @@ mod tests {
         use clap::ValueEnum;
         for (name, want) in [("cuda", Device::Cuda), ("cuda-ops", Device::CudaOps)] {
             assert_eq!(Device::from_str(name, false), Ok(want));
-            let Err(e) = load(Path::new("unused.gguf"), want, 0) else {
+            let Err(e) = load(Path::new("unused.gguf"), want, 0, None) else {
                 panic!("--device {name} loaded a model without the cuda feature");
             };
             assert!(format!("{e:#}").contains("--features cuda"), "{e:#}");

@@ -157,7 +157,10 @@ fn summation_order_alone_moves_random_quantized_models_by_about_2e_2() {
         Plan::new(preset("tiny").unwrap(), wt, 7, None)
             .write_file(&path, &mut |_| {})
             .unwrap();
-        let opts = LoadOptions { threads: 1 };
+        let opts = LoadOptions {
+            threads: 1,
+            ..Default::default()
+        };
         let cpu = Model::load(&path, &opts).unwrap();
         let emu = Model::load_with(&path, Emu(CpuBackend::new(1).unwrap())).unwrap();
         let n_vocab = cpu.info().n_vocab;
@@ -206,7 +209,10 @@ fn summation_order_on_a_model_file() {
     let Ok(path) = std::env::var("MUSER_EMU_MODEL") else {
         return;
     };
-    let opts = LoadOptions { threads: 1 };
+    let opts = LoadOptions {
+        threads: 1,
+        ..Default::default()
+    };
     let cpu = Model::load(std::path::Path::new(&path), &opts).unwrap();
     let emu = Model::load_with(
         std::path::Path::new(&path),

@@ -112,7 +112,10 @@ fn ids(e: &Engine, prompt: Vec<u32>, params: SamplingParams) -> Vec<u32> {
 #[test]
 fn argmax_answers_give_the_cpu_engines_tokens() {
     let path = common::smollm_path();
-    let opts = LoadOptions { threads: 2 };
+    let opts = LoadOptions {
+        threads: 2,
+        ..Default::default()
+    };
     let cpu = Arc::new(Model::load(&path, &opts).unwrap());
     let tok = Arc::new(Tokenizer::from_gguf(cpu.gguf()).unwrap());
     let inner = Model::load(&path, &opts).unwrap();

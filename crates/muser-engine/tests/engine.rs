@@ -18,7 +18,14 @@ mod common;
 fn loaded() -> (Arc<Model>, Arc<Tokenizer>) {
     static M: OnceLock<(Arc<Model>, Arc<Tokenizer>)> = OnceLock::new();
     M.get_or_init(|| {
-        let model = Model::load(&common::smollm_path(), &LoadOptions { threads: 2 }).unwrap();
+        let model = Model::load(
+            &common::smollm_path(),
+            &LoadOptions {
+                threads: 2,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
         (Arc::new(model), Arc::new(tok))
     })

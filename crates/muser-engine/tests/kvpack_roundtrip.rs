@@ -12,7 +12,7 @@ use muser_engine::kvpack_bridge::{KvPackContext, PackError};
 use muser_engine::{Engine, EngineConfig, Event, GenerateRequest, SamplingParams};
 use muser_kvpack::{IdentityField, Keys, KvpackError, PrefixHasher, ReadLimits};
 use muser_model::synth::{presets, Plan, WeightType};
-use muser_model::{Batch, KvType, LoadOptions, Model};
+use muser_model::{Batch, KvType, LoadOptions, Model, Numerics, Order};
 
 mod common;
 
@@ -20,6 +20,11 @@ const CHUNK: usize = 64;
 const STEPS: usize = 6;
 
 fn tiny_model(seed: u64) -> Arc<Model> {
+    tiny_model_in(seed, Numerics::PORTABLE)
+}
+
+/// [`tiny_model`] computing in `numerics`.
+fn tiny_model_in(seed: u64, numerics: Numerics) -> Arc<Model> {
     let dir = std::env::temp_dir().join(format!("muser-kvpack-bridge-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     // tests run in parallel: one file per call
@@ -33,7 +38,14 @@ fn tiny_model(seed: u64) -> Arc<Model> {
         None,
     );
     plan.write_file(&path, &mut |_| {}).unwrap();
-    let model = Model::load(&path, &LoadOptions { threads: 2 }).unwrap();
+    let model = Model::load(
+        &path,
+        &LoadOptions {
+            threads: 2,
+            numerics,
+        },
+    )
+    .unwrap();
     let _ = std::fs::remove_file(&path);
     assert_eq!(model.info().n_swa, 32);
     Arc::new(model)
@@ -182,7 +194,14 @@ fn roundtrip(model: Arc<Model>, n_prompt: usize) {
 
 #[test]
 fn smollm_full_and_delta_packs_restore_bit_identical() {
-    let model = Model::load(&common::smollm_path(), &LoadOptions { threads: 2 }).unwrap();
+    let model = Model::load(
+        &common::smollm_path(),
+        &LoadOptions {
+            threads: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     roundtrip(Arc::new(model), 300);
 }
 
@@ -236,6 +255,22 @@ fn packs_of_another_model_identity_key_or_prompt_are_rejected_and_the_slot_is_un
     match check(pack, &cached, &ctx) {
         PackError::Pack(KvpackError::IdentityMismatch(IdentityField::ModelWeights)) => {}
         e => panic!("expected a weights mismatch, got {e:?}"),
+    }
+
+    // the same weights computed in another numerics order (the x86-avx2 one)
+    let avx2 = tiny_model_in(
+        7,
+        Numerics {
+            order: Order::GgmlAvx2,
+            flash_attn: true,
+        },
+    );
+    let e_avx2 = engine(&avx2, 1);
+    prefill(&e_avx2, 0, &cached);
+    let pack = e_avx2.export_slot_pack(0, &context(&avx2, 7), 1).unwrap();
+    match check(pack, &cached, &ctx) {
+        PackError::Pack(KvpackError::IdentityMismatch(IdentityField::EngineAbi)) => {}
+        e => panic!("expected an engine ABI mismatch across numerics orders, got {e:?}"),
     }
 
     // same model, another engine ABI

@@ -31,7 +31,16 @@ fn tiny_model(dir: &Path) -> Arc<Model> {
         None,
     );
     plan.write_file(&path, &mut |_| {}).unwrap();
-    Arc::new(Model::load(&path, &LoadOptions { threads: 2 }).unwrap())
+    Arc::new(
+        Model::load(
+            &path,
+            &LoadOptions {
+                threads: 2,
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    )
 }
 
 fn ctx(model: &Model) -> Arc<KvPackContext> {

@@ -38,7 +38,14 @@ fn tiny_model(dir: &Path) -> Arc<Model> {
         );
         plan.write_file(&path, &mut |_| {}).unwrap();
     }
-    let model = Model::load(&path, &LoadOptions { threads: 2 }).unwrap();
+    let model = Model::load(
+        &path,
+        &LoadOptions {
+            threads: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert_eq!(model.info().n_swa, 32);
     Arc::new(model)
 }

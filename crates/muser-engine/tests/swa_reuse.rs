@@ -19,7 +19,14 @@ fn tiny_model() -> Arc<Model> {
         None,
     );
     plan.write_file(&path, &mut |_| {}).unwrap();
-    let model = Model::load(&path, &LoadOptions { threads: 2 }).unwrap();
+    let model = Model::load(
+        &path,
+        &LoadOptions {
+            threads: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let _ = std::fs::remove_file(&path);
     Arc::new(model)
 }

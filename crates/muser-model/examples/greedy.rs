@@ -16,7 +16,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let n: usize = args.get(3).map_or(Ok(16), |s| s.parse())?;
     let threads: usize = args.get(4).map_or(Ok(2), |s| s.parse())?;
     let chunk: usize = args.get(5).map_or(Ok(0), |s| s.parse())?;
-    let model = Model::load(args[1].as_ref(), &LoadOptions { threads })?;
+    let model = Model::load(
+        args[1].as_ref(),
+        &LoadOptions {
+            threads,
+            ..Default::default()
+        },
+    )?;
     let n_vocab = model.info().n_vocab;
     let mut kv = model.new_kv(1024, 1, KvType::F16)?;
     let t0 = Instant::now();

@@ -37,6 +37,8 @@ use std::path::Path;
 pub struct LoadOptions {
     /// Compute threads; 0 = one per core.
     pub threads: usize,
+    /// The CPU backend's numerics profile ([`Numerics::resolve`]); portable by default.
+    pub numerics: Numerics,
 }
 
 /// Tokens to run through the model: token `i` of sequence `seq[i]` at position `pos[i]`; its
@@ -356,7 +358,10 @@ impl Model {
 
     /// A model over an already opened file, on the CPU backend.
     pub fn from_gguf(gguf: GgufFile, opts: &LoadOptions) -> Result<Model, ModelError> {
-        Model::from_gguf_with(gguf, CpuBackend::new(opts.threads)?)
+        Model::from_gguf_with(
+            gguf,
+            CpuBackend::with_numerics(opts.threads, opts.numerics)?,
+        )
     }
 
     /// [`Model::load`] onto `backend`.
@@ -753,7 +758,10 @@ mod tests {
         let bytes = tiny();
         let cpu = Model::from_gguf(
             GgufFile::from_bytes(bytes.clone()).unwrap(),
-            &LoadOptions { threads: 1 },
+            &LoadOptions {
+                threads: 1,
+                ..Default::default()
+            },
         )
         .unwrap();
         let prepared = Arc::new(Mutex::new(Vec::new()));
@@ -856,7 +864,10 @@ mod tests {
         let bytes = tiny();
         let n_vocab = Model::from_gguf(
             GgufFile::from_bytes(bytes.clone()).unwrap(),
-            &LoadOptions { threads: 1 },
+            &LoadOptions {
+                threads: 1,
+                ..Default::default()
+            },
         )
         .unwrap()
         .info()
@@ -905,7 +916,10 @@ mod tests {
         let bytes = tiny();
         let cpu = Model::from_gguf(
             GgufFile::from_bytes(bytes.clone()).unwrap(),
-            &LoadOptions { threads: 1 },
+            &LoadOptions {
+                threads: 1,
+                ..Default::default()
+            },
         )
         .unwrap();
         let n_vocab = cpu.info().n_vocab;
@@ -966,7 +980,10 @@ mod tests {
     fn positional_cells_give_the_same_logits_on_the_cpu() {
         let m = Model::from_gguf(
             GgufFile::from_bytes(tiny()).unwrap(),
-            &LoadOptions { threads: 1 },
+            &LoadOptions {
+                threads: 1,
+                ..Default::default()
+            },
         )
         .unwrap();
         let toks = random_tokens(400, m.info().n_vocab, 3);

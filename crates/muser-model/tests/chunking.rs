@@ -15,7 +15,14 @@ use muser_model::{Batch, KvType, LoadOptions, Model};
 
 fn tiny_model() -> Model {
     let spec = serde_json::json!({"source": "synth", "preset": "tiny", "type": "q8_0", "seed": 11});
-    Model::load(&synth_model(&spec), &LoadOptions { threads: 2 }).unwrap()
+    Model::load(
+        &synth_model(&spec),
+        &LoadOptions {
+            threads: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap()
 }
 
 fn prompt(n: usize, n_vocab: usize) -> Vec<u32> {

@@ -37,6 +37,8 @@ pub struct ServeConfig {
     pub session_dir: Option<PathBuf>,
     /// The device label of the telemetry (`cpu`, `cuda`, `cuda-ops`).
     pub device: String,
+    /// The CPU backend's numerics profile (`--numerics`, `--flash-attn`).
+    pub numerics: muser_model::Numerics,
 }
 
 impl ServeConfig {
@@ -56,6 +58,7 @@ impl ServeConfig {
             lane: None,
             session_dir: None,
             device: "cpu".into(),
+            numerics: muser_model::Numerics::PORTABLE,
         }
     }
 }
@@ -98,6 +101,7 @@ pub fn load(cfg: &ServeConfig) -> Result<SharedState, StartError> {
         &cfg.model_path,
         &LoadOptions {
             threads: cfg.threads,
+            numerics: cfg.numerics,
         },
     )
     .map_err(|e| StartError::Model {

@@ -152,6 +152,7 @@ fn check_model(t: &Target, a: &Args) -> Result<(Value, bool), Error> {
         path,
         &LoadOptions {
             threads: a.cpu_threads,
+            ..Default::default()
         },
     )?;
     let s = Instant::now();

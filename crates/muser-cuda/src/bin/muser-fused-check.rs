@@ -186,7 +186,13 @@ fn run(a: &Args, results: &mut Vec<Value>) -> Result<bool, Error> {
     );
 
     // cpu + embeddings
-    let cpu = Model::load(&a.model, &LoadOptions { threads: 0 })?;
+    let cpu = Model::load(
+        &a.model,
+        &LoadOptions {
+            threads: 0,
+            ..Default::default()
+        },
+    )?;
     let mut ckv = cpu.new_kv(a.n_ctx, 1, KvType::F16)?;
     let ckv_chunked = |m: &Model, kv: &mut KvCache| -> Result<(Vec<f32>, Vec<f32>), Error> {
         let (head, last) = prompt.split_at(prompt.len() - 1);

@@ -13,6 +13,7 @@
 //!   ranges, merged in f32.
 
 use super::math::{dot_f16, fma_fn, soft_max_tile, LANES};
+use super::numerics::Order;
 use crate::backend::AttnInput;
 use crate::kv::KvType;
 use half::f16;
@@ -160,7 +161,7 @@ struct Partial {
 
 fma_fn! {
 /// The one-chunk kernel for one query head over cells `range`: returns (M, S, unnormalised V).
-fn one_chunk(view: &View, kvh: usize, q: &[f32], q_pos: i32, scale: f32, range: std::ops::Range<usize>) -> (f32, f32, Vec<f32>) {
+fn one_chunk(order: Order, view: &View, kvh: usize, q: &[f32], q_pos: i32, scale: f32, range: std::ops::Range<usize>) -> (f32, f32, Vec<f32>) {
     let hd = view.head_dim;
     let qh: Vec<f16> = q.iter().map(|&x| f16::from_f32(x)).collect();
     let mut s_sum = 0f32;
@@ -172,7 +173,7 @@ fn one_chunk(view: &View, kvh: usize, q: &[f32], q_pos: i32, scale: f32, range: 
             continue;
         }
         let k = view.f16_row(view.k, c, kvh, &mut tmp);
-        let mut s = dot_f16(k, &qh);
+        let mut s = dot_f16(order, k, &qh);
         s *= scale;
         let m_old = m;
         let mut ms = 1f32;
@@ -198,7 +199,9 @@ fn one_chunk(view: &View, kvh: usize, q: &[f32], q_pos: i32, scale: f32, range: 
 
 /// Attention for the query rows of one sequence and one query head `h`.
 /// `q(r)` gives query row `r`'s head slice; results go to `out(r)`.
+#[allow(clippy::too_many_arguments)]
 pub fn attend_head(
+    order: Order,
     view: &View,
     kernel: Kernel,
     n_kv: usize,
@@ -210,7 +213,7 @@ pub fn attend_head(
     match kernel {
         Kernel::OneChunk => {
             for ((q, p), o) in q_rows.iter().zip(out.iter_mut()) {
-                let (_, s, mut acc) = one_chunk(view, kvh, q, *p, scale, 0..n_kv);
+                let (_, s, mut acc) = one_chunk(order, view, kvh, q, *p, scale, 0..n_kv);
                 finish(&mut acc, s, o);
             }
         }
@@ -221,6 +224,7 @@ pub fn attend_head(
                     .filter(|i| i * chunk < n_kv)
                     .map(|i| {
                         let (m, s, acc) = one_chunk(
+                            order,
                             view,
                             kvh,
                             q,
@@ -234,7 +238,7 @@ pub fn attend_head(
                 merge(&partials, view.head_dim, o);
             }
         }
-        Kernel::Tiled => tiled(view, n_kv, kvh, scale, q_rows, out),
+        Kernel::Tiled => tiled(order, view, n_kv, kvh, scale, q_rows, out),
     }
 }
 
@@ -276,7 +280,7 @@ fn merge(parts: &[Partial], hd: usize, out: &mut [f32]) {
 
 fma_fn! {
 /// The tiled kernel for up to 64 query rows of one head.
-fn tiled(view: &View, n_kv: usize, kvh: usize, scale: f32, q_rows: &[(&[f32], i32)], out: &mut [&mut [f32]]) {
+fn tiled(order: Order, view: &View, n_kv: usize, kvh: usize, scale: f32, q_rows: &[(&[f32], i32)], out: &mut [&mut [f32]]) {
     let hd = view.head_dim;
     for (tile_q, tile_out) in q_rows.chunks(TILE_Q).zip(out.chunks_mut(TILE_Q)) {
         let nq = tile_q.len();
@@ -340,7 +344,7 @@ fn tiled(view: &View, n_kv: usize, kvh: usize, scale: f32, q_rows: &[(&[f32], i3
                 }
                 m[r] = m_new;
                 // `S += (double) sum` on a float S: the add happens in f64.
-                s[r] = (f64::from(s[r]) + soft_max_tile(&mut kq, m_new)) as f32;
+                s[r] = (f64::from(s[r]) + soft_max_tile(order, &mut kq, m_new)) as f32;
                 for t in 0..TILE_KV {
                     let w = kq[t];
                     let vrow = &vt[t * hd..(t + 1) * hd];
@@ -384,6 +388,7 @@ const TASK_Q: usize = TILE_Q;
 /// Attention for all groups of a batch on one layer. Called by the CPU backend after K/V are
 /// stored. Returns `[tokens × n_head·hd]`.
 pub fn run(
+    order: Order,
     at: &AttnInput,
     views: &[View],
     n_kvs: &[usize],
@@ -434,6 +439,7 @@ pub fn run(
             }
         };
         attend_rows(
+            order,
             view,
             kernel,
             n_kvs[g],
@@ -452,7 +458,9 @@ pub fn run(
 }
 
 /// Attention of some query rows of one head; row `r`'s result goes to `emit(r, values)`.
+#[allow(clippy::too_many_arguments)]
 fn attend_rows(
+    order: Order,
     view: &View,
     kernel: Kernel,
     n_kv: usize,
@@ -462,7 +470,7 @@ fn attend_rows(
     emit: &mut dyn FnMut(usize, &[f32]),
 ) {
     let isa = muser_quant::detected_isa();
-    attend_rows_isa(isa, view, kernel, n_kv, kvh, scale, q_rows, emit);
+    attend_rows_isa(isa, order, view, kernel, n_kv, kvh, scale, q_rows, emit);
 }
 
 /// [`attend_rows`] with the kernel family `isa` (at most what the CPU has): every family gives
@@ -470,6 +478,7 @@ fn attend_rows(
 #[allow(clippy::too_many_arguments)]
 fn attend_rows_isa(
     isa: muser_quant::Isa,
+    order: Order,
     view: &View,
     kernel: Kernel,
     n_kv: usize,
@@ -479,17 +488,19 @@ fn attend_rows_isa(
     emit: &mut dyn FnMut(usize, &[f32]),
 ) {
     let isa = isa.min(muser_quant::hardware_isa());
-    // One dispatch for both SIMD families (`x86`: AVX512, `x86_avx2`), which share signatures.
+    // One dispatch for both SIMD families (`x86`: AVX512 order only; `x86_avx2`: either order,
+    // its first argument), which otherwise share signatures.
     #[cfg(target_arch = "x86_64")]
     macro_rules! simd {
-        ($m:ident) => {{
+        ($m:ident $(, $o:expr)?) => {{
             // SAFETY: the features were detected; `View::check` bounded every cell access.
             unsafe {
                 match kernel {
-                    Kernel::Tiled => $m::tiled(view, n_kv, kvh, scale, q_rows, emit),
+                    Kernel::Tiled => $m::tiled($($o,)? view, n_kv, kvh, scale, q_rows, emit),
                     Kernel::OneChunk => {
                         for (r, (q, p)) in q_rows.iter().enumerate() {
-                            let (_, s, mut acc) = $m::one_chunk(view, kvh, q, *p, scale, 0..n_kv);
+                            let (_, s, mut acc) =
+                                $m::one_chunk($($o,)? view, kvh, q, *p, scale, 0..n_kv);
                             let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
                             acc.iter_mut().for_each(|a| *a *= inv);
                             emit(r, &acc);
@@ -503,7 +514,7 @@ fn attend_rows_isa(
                                 .filter(|i| i * chunk < n_kv)
                                 .map(|i| {
                                     let range = i * chunk..((i + 1) * chunk).min(n_kv);
-                                    let (m, s, acc) = $m::one_chunk(view, kvh, q, *p, scale, range);
+                                    let (m, s, acc) = $m::one_chunk($($o,)? view, kvh, q, *p, scale, range);
                                     Partial { m, s, acc }
                                 })
                                 .collect();
@@ -518,16 +529,16 @@ fn attend_rows_isa(
     }
     #[cfg(target_arch = "x86_64")]
     if view.head_dim.is_multiple_of(LANES) {
-        match isa {
-            muser_quant::Isa::Avx512 => simd!(x86),
-            muser_quant::Isa::Avx2 => simd!(x86_avx2),
-            muser_quant::Isa::Scalar => {}
+        match (isa, order) {
+            (muser_quant::Isa::Avx512, Order::GgmlAvx512) => simd!(x86),
+            (muser_quant::Isa::Avx512 | muser_quant::Isa::Avx2, _) => simd!(x86_avx2, order),
+            (muser_quant::Isa::Scalar, _) => {}
         }
     }
     let mut buf = vec![0f32; q_rows.len() * view.head_dim];
     {
         let mut outs: Vec<&mut [f32]> = buf.chunks_mut(view.head_dim).collect();
-        attend_head(view, kernel, n_kv, kvh, scale, q_rows, &mut outs);
+        attend_head(order, view, kernel, n_kv, kvh, scale, q_rows, &mut outs);
     }
     for (r, o) in buf.chunks(view.head_dim).enumerate() {
         emit(r, o);
@@ -984,15 +995,18 @@ mod x86 {
     }
 }
 
-/// The AVX2 kernels: the AVX512 kernels' operations in the same order on eight lanes. In the
-/// tiled kernel the lanes are query rows (no lane ever meets another), so eight at a time give
-/// the same bits; in the one-chunk kernel the lanes are head dims, so each 16-lane AVX512
-/// accumulator is a pair of registers and reduced by the same tree.
+/// The AVX2 kernels, in either order. In the AVX512 order: the AVX512 kernels' operations in the
+/// same order on eight lanes. In the tiled kernel the lanes are query rows (no lane ever meets
+/// another), so eight at a time give the same bits; in the one-chunk kernel the lanes are head
+/// dims, so each 16-lane AVX512 accumulator is a pair of registers and reduced by the same tree.
+/// In the AVX2 order: ggml's AVX2 `expf`, softmax groups of 8 cells, one register per
+/// `vec_dot_f16` accumulator and the `hadd` tree.
 #[cfg(target_arch = "x86_64")]
 mod x86_avx2 {
     use super::{View, TILE_KV, TILE_Q};
-    use crate::cpu::math::x86_avx2::{reduce_add_16, v_expf};
+    use crate::cpu::math::x86_avx2::{reduce_add_16, reduce_hadd_8, v_expf, v_expf_avx2_order};
     use crate::cpu::math::LANES;
+    use crate::cpu::numerics::Order;
     use crate::kv::KvType;
     use std::arch::x86_64::*;
 
@@ -1067,6 +1081,7 @@ mod x86_avx2 {
     /// The tiled kernel for up to 64 query rows: rows in the lanes of eight 8-lane groups.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn tiled(
+        order: Order,
         view: &View,
         n_kv: usize,
         kvh: usize,
@@ -1076,13 +1091,14 @@ mod x86_avx2 {
     ) {
         for (b, rows) in q_rows.chunks(TILE_Q).enumerate() {
             let mut sub = |r: usize, v: &[f32]| emit(b * TILE_Q + r, v);
-            tile(view, n_kv, kvh, scale, rows, &mut sub);
+            tile(order, view, n_kv, kvh, scale, rows, &mut sub);
         }
     }
 
     /// One tile of `nq <= 64` query rows.
     #[inline(always)]
     unsafe fn tile(
+        order: Order,
         view: &View,
         n_kv: usize,
         kvh: usize,
@@ -1213,18 +1229,29 @@ mod x86_avx2 {
                 m[g] = _mm256_blendv_ps(m[g], mn, lanes_of(valid[g]));
                 // soft_max_tile: exp(x - max) per 16 cells, each group reduced by the
                 // `_mm512_reduce_add_ps` tree (across cells here), the groups summed in f64.
+                // (groups of `order.lanes()` cells: 16 in the AVX512 order, 8 in the AVX2 one)
                 let mut sum_lo = _mm256_setzero_pd();
                 let mut sum_hi = _mm256_setzero_pd();
-                for k in 0..TILE_KV / LANES {
+                let gw = order.lanes();
+                for k in 0..TILE_KV / gw {
                     let mut v = [zero; LANES];
-                    for (i, vi) in v.iter_mut().enumerate() {
-                        let at = sc.as_mut_ptr().add((k * LANES + i) * W + g * L);
-                        *vi = v_expf(_mm256_sub_ps(_mm256_loadu_ps(at), mn));
+                    for (i, vi) in v[..gw].iter_mut().enumerate() {
+                        let at = sc.as_mut_ptr().add((k * gw + i) * W + g * L);
+                        let x = _mm256_sub_ps(_mm256_loadu_ps(at), mn);
+                        *vi = match order {
+                            Order::GgmlAvx512 => v_expf(x),
+                            Order::GgmlAvx2 => v_expf_avx2_order(x),
+                        };
                         _mm256_storeu_ps(at, *vi);
                     }
-                    let t8: [__m256; 8] = std::array::from_fn(|i| _mm256_add_ps(v[i + 8], v[i]));
-                    let t4: [__m256; 4] = std::array::from_fn(|i| _mm256_add_ps(t8[i + 4], t8[i]));
-                    let r = _mm256_add_ps(_mm256_add_ps(t4[0], t4[2]), _mm256_add_ps(t4[1], t4[3]));
+                    let mut w = gw;
+                    while w > 4 {
+                        w /= 2;
+                        for i in 0..w {
+                            v[i] = _mm256_add_ps(v[i + w], v[i]);
+                        }
+                    }
+                    let r = _mm256_add_ps(_mm256_add_ps(v[0], v[2]), _mm256_add_ps(v[1], v[3]));
                     sum_lo = _mm256_add_pd(sum_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(r)));
                     sum_hi = _mm256_add_pd(sum_hi, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(r)));
                 }
@@ -1332,6 +1359,7 @@ mod x86_avx2 {
     /// after every update. `hd` is a multiple of 16.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn one_chunk(
+        order: Order,
         view: &View,
         kvh: usize,
         q: &[f32],
@@ -1341,7 +1369,9 @@ mod x86_avx2 {
     ) -> (f32, f32, Vec<f32>) {
         let hd = view.head_dim;
         let nv = hd / L;
-        let body = hd - hd % (4 * LANES);
+        // Accumulator width `w`: 16 lanes (a register pair) in the AVX512 order, 8 in the AVX2 one.
+        let w = order.lanes();
+        let body = hd - hd % (4 * w);
         let qf: Vec<__m256> = (0..nv)
             .map(|i| round_f16(_mm256_loadu_ps(q.as_ptr().add(i * L))))
             .collect();
@@ -1354,18 +1384,18 @@ mod x86_avx2 {
                 continue;
             }
             let base = c * view.row + kvh * hd;
-            // ggml_vec_dot_f16: four 16-lane accumulators over 64-value steps, the tail in f64.
+            // ggml_vec_dot_f16: four `w`-lane accumulators over `4w`-value steps, the tail in f64.
             let mut a4 = [[_mm256_setzero_ps(); 2]; 4];
             let mut i = 0;
             while i < body {
                 for (j, a) in a4.iter_mut().enumerate() {
-                    for (h, ah) in a.iter_mut().enumerate() {
-                        let o = i + j * LANES + h * L;
+                    for (h, ah) in a[..w / L].iter_mut().enumerate() {
+                        let o = i + j * w + h * L;
                         let k = load8(view.k, view.dtype, base + o, true);
                         *ah = _mm256_fmadd_ps(k, qf[o / L], *ah);
                     }
                 }
-                i += 4 * LANES;
+                i += 4 * w;
             }
             let s16: [__m256; 2] = std::array::from_fn(|h| {
                 _mm256_add_ps(
@@ -1373,7 +1403,10 @@ mod x86_avx2 {
                     _mm256_add_ps(a4[1][h], a4[3][h]),
                 )
             });
-            let mut sum = f64::from(reduce_add_16(s16[0], s16[1]));
+            let mut sum = f64::from(match order {
+                Order::GgmlAvx512 => reduce_add_16(s16[0], s16[1]),
+                Order::GgmlAvx2 => reduce_hadd_8(s16[0]),
+            });
             if body < hd {
                 for o in (body..hd).step_by(L) {
                     let k = load8(view.k, view.dtype, base + o, true);
@@ -1479,23 +1512,28 @@ mod tests {
                         let rows: Vec<(&[f32], i32)> = (0..nq)
                             .map(|r| (&q[r * hd..(r + 1) * hd], last - (nq - 1 - r) as i32))
                             .collect();
-                        for kernel in [
+                        let kernels = [
                             Kernel::Tiled,
                             Kernel::OneChunk,
                             Kernel::SplitKv { parts: 2 },
                             Kernel::SplitKv { parts: 3 },
-                        ] {
+                        ];
+                        let cases = Order::ALL.into_iter().flat_map(|o| kernels.map(|k| (o, k)));
+                        for (order, kernel) in cases {
                             for kvh in 0..n_head_kv {
                                 let mut want = vec![0f32; nq * hd];
                                 {
                                     let mut outs: Vec<&mut [f32]> = want.chunks_mut(hd).collect();
-                                    attend_head(&view, kernel, n_kv, kvh, 0.125, &rows, &mut outs);
+                                    attend_head(
+                                        order, &view, kernel, n_kv, kvh, 0.125, &rows, &mut outs,
+                                    );
                                 }
                                 // AVX2 runs on AVX512 hosts too; a missing family falls back
                                 for isa in [muser_quant::Isa::Avx2, muser_quant::Isa::Avx512] {
                                     let mut got = vec![f32::NAN; nq * hd];
                                     attend_rows_isa(
                                         isa,
+                                        order,
                                         &view,
                                         kernel,
                                         n_kv,
@@ -1508,7 +1546,7 @@ mod tests {
                                         .iter()
                                         .zip(&got)
                                         .all(|(a, b)| a.to_bits() == b.to_bits());
-                                    assert!(same, "{dtype:?} hd={hd} n_swa={n_swa} n_kv={n_kv} nq={nq} {kernel:?} {isa:?}");
+                                    assert!(same, "{dtype:?} hd={hd} n_swa={n_swa} n_kv={n_kv} nq={nq} {order:?} {kernel:?} {isa:?}");
                                 }
                             }
                         }

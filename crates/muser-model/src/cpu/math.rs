@@ -1,11 +1,14 @@
 //! Scalar models of ggml's CPU vector primitives, written so that each result is bit-identical
-//! to what the AVX512 build of ggml b11434 computes on this class of machine.
+//! to what one build of ggml b11434 computes: the [`Order`] argument names the build (AVX512 or
+//! AVX2), whose register width, `expf` and reduction trees differ.
 //!
 //! The order of every floating-point operation matters here: the functions mirror the lane
-//! structure of the SIMD code (16-lane accumulators, the reduction tree of `_mm512_reduce_add_ps`,
-//! fused multiply-adds where ggml uses them) rather than the mathematically obvious loop.
+//! structure of the SIMD code (16- or 8-lane accumulators, the reduction trees of
+//! `_mm512_reduce_add_ps` and of AVX2's `hadd`s, fused multiply-adds where ggml uses them) rather
+//! than the mathematically obvious loop.
 //! Callers run them inside `fma_fn!` functions so that `mul_add` is one instruction.
 
+use super::numerics::Order;
 use half::f16;
 
 /// Lanes of an AVX512 f32 register.
@@ -38,19 +41,38 @@ macro_rules! fma_fn {
 }
 pub(crate) use fma_fn;
 
-/// `_mm512_reduce_add_ps` as GCC expands it: upper half plus lower half, then quarters, then
-/// `(t0 + t2) + (t1 + t3)`.
+/// The halving reduction of 16 or 8 lanes: upper half plus lower half down to four values,
+/// then `(t0 + t2) + (t1 + t3)`. `_mm512_reduce_add_ps` on 16 lanes; on 8 lanes, the
+/// extract/`movehl`/`movehdup` sum of AVX2's `ggml_vec_soft_max_f32` and of tinyBLAS's `hsum`.
 #[inline(always)]
-pub fn reduce_add_16(v: &[f32; LANES]) -> f32 {
-    let mut t8 = [0f32; 8];
-    for i in 0..8 {
-        t8[i] = v[i + 8] + v[i];
+fn reduce_halves(v: &[f32]) -> f32 {
+    let mut t = [0f32; LANES];
+    t[..v.len()].copy_from_slice(v);
+    let mut w = v.len();
+    while w > 4 {
+        w /= 2;
+        for i in 0..w {
+            t[i] += t[i + w];
+        }
     }
-    let mut t4 = [0f32; 4];
-    for i in 0..4 {
-        t4[i] = t8[i + 4] + t8[i];
+    (t[0] + t[2]) + (t[1] + t[3])
+}
+
+/// The reduction of `GGML_F32x8_REDUCE` (AVX2 `ggml_vec_dot_f16`/`_f32`): upper half plus lower
+/// half, then two horizontal adds, `(t0 + t1) + (t2 + t3)`.
+#[inline(always)]
+fn reduce_hadd_8(v: &[f32]) -> f32 {
+    let t: [f32; 4] = std::array::from_fn(|i| v[i] + v[i + 4]);
+    (t[0] + t[1]) + (t[2] + t[3])
+}
+
+/// The lane reduction of `ggml_vec_dot_f16`/`_f32` in `order`.
+#[inline(always)]
+fn reduce_dot(order: Order, v: &[f32]) -> f32 {
+    match order {
+        Order::GgmlAvx512 => reduce_halves(v),
+        Order::GgmlAvx2 => reduce_hadd_8(v),
     }
-    (t4[0] + t4[2]) + (t4[1] + t4[3])
 }
 
 /// `j · 2^n` for integral `n` in `[-192, 192]` with one rounding, as `_mm512_scalef_ps` does.
@@ -63,10 +85,20 @@ fn scalef(j: f32, n: f32) -> f32 {
     (f64::from(j) * f64::from_bits((e as u64) << 52)) as f32
 }
 
-/// ggml's vectorised exponential (`ggml_v_expf`, AVX512 flavour) for one lane. It is not libm's
-/// `expf`: its error is up to 1.5 ulp, and it saturates to 0 / +inf beyond |n| > 192.
+/// ggml's vectorised exponential (`ggml_v_expf`) for one lane, in the flavour of `order`'s
+/// build. It is not libm's `expf`: its error is up to 1.5 ulp, and it saturates to 0 / +inf
+/// beyond |n| > 192.
 #[inline(always)]
-pub fn v_expf(x: f32) -> f32 {
+pub fn v_expf(order: Order, x: f32) -> f32 {
+    match order {
+        Order::GgmlAvx512 => v_expf_avx512(x),
+        Order::GgmlAvx2 => v_expf_avx2(x),
+    }
+}
+
+/// `ggml_v_expf`, AVX512 flavour: degree-5 polynomial, `_mm512_scalef_ps`.
+#[inline(always)]
+fn v_expf_avx512(x: f32) -> f32 {
     let r = f32::from_bits(0x4b40_0000);
     let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r);
     let n = z - r;
@@ -88,41 +120,76 @@ pub fn v_expf(x: f32) -> f32 {
     scalef(j, n)
 }
 
-/// ggml's vectorised SiLU lane: `x / (1 + v_expf(0 - x))`.
+/// `ggml_v_expf`, AVX2 flavour: the same reduction, a polynomial without the constant term,
+/// `2^n` built from the exponent bits of `z`, and a two-factor path past `|n| > 126`.
 #[inline(always)]
-pub fn v_silu(x: f32) -> f32 {
-    x / (1.0 + v_expf(0.0 - x))
+fn v_expf_avx2(x: f32) -> f32 {
+    let r = f32::from_bits(0x4b40_0000);
+    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r);
+    let n = z - r;
+    let b = (-n).mul_add(
+        f32::from_bits(0x35bf_be8e),
+        (-n).mul_add(f32::from_bits(0x3f31_7200), x),
+    );
+    let e = z.to_bits() << 23;
+    let k = f32::from_bits(e.wrapping_add(1f32.to_bits()));
+    let u = b * b;
+    let j = f32::from_bits(0x3c07_2010)
+        .mul_add(b, f32::from_bits(0x3d2b_9f17))
+        .mul_add(
+            u,
+            f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)),
+        )
+        .mul_add(u, f32::from_bits(0x3f7f_fff6) * b);
+    // `_CMP_GT_OQ`: false for a NaN `n`, which takes the plain path.
+    let two_factors = n.abs() > 126.0;
+    if !two_factors {
+        return k.mul_add(j, k);
+    }
+    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+    let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
+    let s2 = f32::from_bits(e.wrapping_sub(g));
+    if n.abs() > 192.0 {
+        s1 * s1
+    } else {
+        s2.mul_add(j, s2) * s1
+    }
 }
 
-/// `ggml_vec_swiglu_f32`: `silu(g) * u`, 16 lanes at a time with the vector SiLU, the tail with
-/// libm's `expf`. (The model of [`swiglu_fast`], which the tests compare it with.)
+/// ggml's vectorised SiLU lane: `x / (1 + v_expf(0 - x))`.
+#[inline(always)]
+pub fn v_silu(order: Order, x: f32) -> f32 {
+    x / (1.0 + v_expf(order, 0.0 - x))
+}
+
+/// `ggml_vec_swiglu_f32`: `silu(g) * u`, `order.lanes()` at a time with the vector SiLU, the
+/// tail with libm's `expf`. (The model of [`swiglu_fast`], which the tests compare it with.)
 #[cfg_attr(not(test), allow(dead_code))]
 #[inline(always)]
-pub fn swiglu(g: &[f32], u: &[f32], out: &mut [f32]) {
+pub fn swiglu(order: Order, g: &[f32], u: &[f32], out: &mut [f32]) {
     let n = out.len();
-    let body = n - n % LANES;
+    let body = n - n % order.lanes();
     for i in 0..body {
-        out[i] = v_silu(g[i]) * u[i];
+        out[i] = v_silu(order, g[i]) * u[i];
     }
     for i in body..n {
         out[i] = g[i] / (1.0 + (-g[i]).exp()) * u[i];
     }
 }
 
-/// `ggml_vec_soft_max_f32`: writes `exp(x - max)` (vector exp, 16 lanes at a time; libm for the
-/// tail) and returns the sum, accumulated per 16-lane group in f32 and across groups in f64.
+/// `ggml_vec_soft_max_f32`: writes `exp(x - max)` (vector exp, `order.lanes()` at a time; libm
+/// for the tail) and returns the sum, accumulated per lane group in f32 and across groups in f64.
 #[inline(always)]
-pub fn soft_max_tile(x: &mut [f32], max: f32) -> f64 {
+pub fn soft_max_tile(order: Order, x: &mut [f32], max: f32) -> f64 {
+    let w = order.lanes();
     let n = x.len();
-    let body = n - n % LANES;
+    let body = n - n % w;
     let mut sum = 0f64;
-    for chunk in x[..body].chunks_exact_mut(LANES) {
-        let mut v = [0f32; LANES];
-        for (l, e) in chunk.iter_mut().enumerate() {
-            *e = v_expf(*e - max);
-            v[l] = *e;
+    for chunk in x[..body].chunks_exact_mut(w) {
+        for e in chunk.iter_mut() {
+            *e = v_expf(order, *e - max);
         }
-        sum += f64::from(reduce_add_16(&v));
+        sum += f64::from(reduce_halves(chunk));
     }
     for e in &mut x[body..] {
         *e = (*e - max).exp();
@@ -131,48 +198,88 @@ pub fn soft_max_tile(x: &mut [f32], max: f32) -> f64 {
     sum
 }
 
-/// `ggml_vec_dot_f16` on AVX512 without FP16 arithmetic: four 16-lane f32 accumulators over
-/// 64-element steps, reduced `(a0+a2) + (a1+a3)` then across lanes; the tail in f64.
+/// `ggml_vec_dot_f16` without FP16 arithmetic: four f32 accumulators of `order.lanes()` lanes
+/// over steps of four registers, reduced `(a0+a2) + (a1+a3)` then across lanes; the tail in f64.
 #[inline(always)]
-pub fn dot_f16(x: &[f16], y: &[f16]) -> f32 {
+pub fn dot_f16(order: Order, x: &[f16], y: &[f16]) -> f32 {
+    let w = order.lanes();
     let n = x.len();
-    let body = n - n % (4 * LANES);
+    let body = n - n % (4 * w);
     let mut acc = [[0f32; LANES]; 4];
     let mut i = 0;
     while i < body {
         for (j, a) in acc.iter_mut().enumerate() {
-            let o = i + j * LANES;
-            for l in 0..LANES {
+            let o = i + j * w;
+            for l in 0..w {
                 a[l] = x[o + l].to_f32().mul_add(y[o + l].to_f32(), a[l]);
             }
         }
-        i += 4 * LANES;
+        i += 4 * w;
     }
     let mut s = [0f32; LANES];
-    for l in 0..LANES {
+    for l in 0..w {
         let a02 = acc[0][l] + acc[2][l];
         let a13 = acc[1][l] + acc[3][l];
         s[l] = a02 + a13;
     }
-    let mut sum = f64::from(reduce_add_16(&s));
+    let mut sum = f64::from(reduce_dot(order, &s[..w]));
     for k in body..n {
         sum += f64::from(x[k].to_f32() * y[k].to_f32());
     }
     sum as f32
 }
 
-/// One tinyBLAS dot product (llamafile `sgemm`, `KN = 16` lanes): lane `l` accumulates elements
-/// `l, l+16, ...` with FMA in order, then the lanes are reduced. Used for F16 weights with two or
-/// more activation rows. `n` must be a multiple of 16.
+/// One tinyBLAS dot product (llamafile `sgemm`, `KN = order.lanes()`): lane `l` accumulates
+/// elements `l, l+KN, ...` with FMA in order, then the lanes are reduced (`hsum`). Used for F16
+/// weights with two or more activation rows. `n` must be a multiple of `KN`.
 #[inline(always)]
-pub fn dot_f16_tinyblas(x: &[f16], y: &[f16]) -> f32 {
+pub fn dot_f16_tinyblas(order: Order, x: &[f16], y: &[f16]) -> f32 {
+    let w = order.lanes();
     let mut acc = [0f32; LANES];
-    for (cx, cy) in x.chunks_exact(LANES).zip(y.chunks_exact(LANES)) {
-        for l in 0..LANES {
+    for (cx, cy) in x.chunks_exact(w).zip(y.chunks_exact(w)) {
+        for l in 0..w {
             acc[l] = cx[l].to_f32().mul_add(cy[l].to_f32(), acc[l]);
         }
     }
-    reduce_add_16(&acc)
+    reduce_halves(&acc[..w])
+}
+
+/// `ggml_vec_dot_f32` (one row: four accumulators) or tinyBLAS f32 (several rows and `n` a
+/// multiple of the lanes: one accumulator), with `order.lanes()` lanes.
+#[inline(always)]
+pub fn dot_f32(order: Order, w: &[f32], x: &[f32], tinyblas: bool) -> f32 {
+    let lanes = order.lanes();
+    let n = w.len();
+    if tinyblas && n.is_multiple_of(lanes) {
+        let mut acc = [0f32; LANES];
+        for (cw, cx) in w.chunks_exact(lanes).zip(x.chunks_exact(lanes)) {
+            for l in 0..lanes {
+                acc[l] = cw[l].mul_add(cx[l], acc[l]);
+            }
+        }
+        return reduce_halves(&acc[..lanes]);
+    }
+    let body = n - n % (4 * lanes);
+    let mut acc = [[0f32; LANES]; 4];
+    let mut i = 0;
+    while i < body {
+        for (j, a) in acc.iter_mut().enumerate() {
+            for l in 0..lanes {
+                let k = i + j * lanes + l;
+                a[l] = w[k].mul_add(x[k], a[l]);
+            }
+        }
+        i += 4 * lanes;
+    }
+    let mut s = [0f32; LANES];
+    for l in 0..lanes {
+        s[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
+    let mut sum = f64::from(reduce_dot(order, &s[..lanes]));
+    for k in body..n {
+        sum += f64::from(w[k] * x[k]);
+    }
+    sum as f32
 }
 
 /// ggml's RMS norm scale for one row: the sum of squares (each square rounded to f32) in f64,
@@ -193,11 +300,12 @@ pub fn has_avx512() -> bool {
     muser_quant::detected_isa() == muser_quant::Isa::Avx512
 }
 
-/// `g = silu(g) * u` in place (`ggml_vec_swiglu_f32`), AVX512 or AVX2 when the CPU has it.
-pub fn swiglu_fast(g: &mut [f32], u: &[f32]) {
+/// `g = silu(g) * u` in place (`ggml_vec_swiglu_f32`) in `order`, with the AVX512 kernel
+/// (AVX512 order) or the AVX2 kernel (either order) when the CPU has it.
+pub fn swiglu_fast(order: Order, g: &mut [f32], u: &[f32]) {
     assert!(u.len() >= g.len());
     #[cfg(target_arch = "x86_64")]
-    if has_avx512() {
+    if order == Order::GgmlAvx512 && has_avx512() {
         // SAFETY: the features were detected; the lengths were checked above.
         unsafe { x86::swiglu(g, u) };
         return;
@@ -205,18 +313,18 @@ pub fn swiglu_fast(g: &mut [f32], u: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     if muser_quant::detected_isa() >= muser_quant::Isa::Avx2 {
         // SAFETY: as above.
-        unsafe { x86_avx2::swiglu(g, u) };
+        unsafe { x86_avx2::swiglu(order, g, u) };
         return;
     }
-    swiglu_scalar(g, u);
+    swiglu_scalar(order, g, u);
 }
 
 fma_fn! {
-fn swiglu_scalar(g: &mut [f32], u: &[f32]) {
+fn swiglu_scalar(order: Order, g: &mut [f32], u: &[f32]) {
     let n = g.len();
-    let body = n - n % LANES;
+    let body = n - n % order.lanes();
     for i in 0..body {
-        g[i] = v_silu(g[i]) * u[i];
+        g[i] = v_silu(order, g[i]) * u[i];
     }
     for i in body..n {
         g[i] = g[i] / (1.0 + (-g[i]).exp()) * u[i];
@@ -276,7 +384,7 @@ pub mod x86 {
         _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0), e))
     }
 
-    /// `_mm512_reduce_add_ps` as GCC expands it (see [`super::reduce_add_16`]).
+    /// `_mm512_reduce_add_ps` as GCC expands it (see [`super::reduce_halves`]).
     #[inline]
     #[target_feature(enable = "avx512f,avx512dq")]
     pub unsafe fn reduce_add(v: __m512) -> f32 {
@@ -332,6 +440,7 @@ pub mod x86 {
 /// above bit for bit, and with them ggml's AVX512 build.
 #[cfg(target_arch = "x86_64")]
 pub mod x86_avx2 {
+    use super::Order;
     use std::arch::x86_64::*;
 
     #[inline(always)]
@@ -396,7 +505,61 @@ pub mod x86_avx2 {
         _mm256_blendv_ps(res, alt, d)
     }
 
-    /// `_mm512_reduce_add_ps` (GCC's tree, [`super::reduce_add_16`]) of the 16 lanes `lo`, `hi`.
+    /// `ggml_v_expf`, AVX2 flavour ([`super::v_expf`] in [`Order::GgmlAvx2`]): ggml's own
+    /// instructions.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn v_expf_avx2_order(x: __m256) -> __m256 {
+        let r = c(0x4b40_0000);
+        let z = _mm256_fmadd_ps(x, c(0x3fb8_aa3b), r);
+        let n = _mm256_sub_ps(z, r);
+        let b = _mm256_fnmadd_ps(n, c(0x35bf_be8e), _mm256_fnmadd_ps(n, c(0x3f31_7200), x));
+        let e = _mm256_slli_epi32::<23>(_mm256_castps_si256(z));
+        let k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(c(0x3f80_0000))));
+        let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+        let cm = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(126.0));
+        let u = _mm256_mul_ps(b, b);
+        let j = _mm256_fmadd_ps(
+            _mm256_fmadd_ps(
+                _mm256_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+                u,
+                _mm256_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+            ),
+            u,
+            _mm256_mul_ps(c(0x3f7f_fff6), b),
+        );
+        if _mm256_movemask_ps(cm) == 0 {
+            return _mm256_fmadd_ps(j, k, k);
+        }
+        let g = _mm256_and_si256(
+            _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps())),
+            _mm256_set1_epi32(0x8200_0000u32 as i32),
+        );
+        let s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f00_0000)));
+        let s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+        let d = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(192.0));
+        _mm256_or_ps(
+            _mm256_and_ps(d, _mm256_mul_ps(s1, s1)),
+            _mm256_andnot_ps(
+                d,
+                _mm256_or_ps(
+                    _mm256_and_ps(cm, _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1)),
+                    _mm256_andnot_ps(cm, _mm256_fmadd_ps(k, j, k)),
+                ),
+            ),
+        )
+    }
+
+    /// `GGML_F32x8_REDUCE`'s last step ([`super::reduce_hadd_8`]): `hi + lo`, two `hadd`s.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn reduce_hadd_8(v: __m256) -> f32 {
+        let t0 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let t1 = _mm_hadd_ps(t0, t0);
+        _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
+    }
+
+    /// `_mm512_reduce_add_ps` (GCC's tree, [`super::reduce_halves`]) of the 16 lanes `lo`, `hi`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn reduce_add_16(lo: __m256, hi: __m256) -> f32 {
@@ -406,17 +569,21 @@ pub mod x86_avx2 {
         _mm_cvtss_f32(_mm_add_ss(t2, _mm_movehdup_ps(t2)))
     }
 
-    /// [`super::swiglu`] in place on `g`; `u` at least as long.
+    /// [`super::swiglu`] in `order`, in place on `g`; `u` at least as long.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn swiglu(g: &mut [f32], u: &[f32]) {
+    pub unsafe fn swiglu(order: Order, g: &mut [f32], u: &[f32]) {
         let n = g.len();
-        let body = n - n % super::LANES;
+        let body = n - n % order.lanes();
         let (gp, up) = (g.as_mut_ptr(), u.as_ptr());
         let one = _mm256_set1_ps(1.0);
         let mut i = 0;
         while i < body {
             let x = _mm256_loadu_ps(gp.add(i));
-            let e = v_expf(_mm256_sub_ps(_mm256_setzero_ps(), x));
+            let neg = _mm256_sub_ps(_mm256_setzero_ps(), x);
+            let e = match order {
+                Order::GgmlAvx512 => v_expf(neg),
+                Order::GgmlAvx2 => v_expf_avx2_order(neg),
+            };
             let s = _mm256_div_ps(x, _mm256_add_ps(one, e));
             _mm256_storeu_ps(gp.add(i), _mm256_mul_ps(s, _mm256_loadu_ps(up.add(i))));
             i += 8;
@@ -467,20 +634,41 @@ pub fn rms_norm_groups(data: &mut [f32], group: usize, eps: f32, weight: Option<
 mod tests {
     use super::*;
 
+    const ORDERS: [Order; 2] = [Order::GgmlAvx512, Order::GgmlAvx2];
+
     #[test]
     fn v_expf_is_close_to_exp_and_saturates() {
-        for i in -800..800 {
-            let x = i as f32 * 0.1;
-            let want = (x as f64).exp();
-            let got = v_expf(x) as f64;
-            assert!(
-                ((got - want) / want).abs() < 4e-7,
-                "x={x} got={got} want={want}"
-            );
+        for order in ORDERS {
+            // Past |x| > 87 the results are subnormal or infinite (AVX2's two-factor path).
+            for i in -870..870 {
+                let x = i as f32 * 0.1;
+                let want = (x as f64).exp();
+                let got = v_expf(order, x) as f64;
+                assert!(
+                    ((got - want) / want).abs() < 4e-7,
+                    "{order:?} x={x} got={got} want={want}"
+                );
+            }
+            assert_eq!(v_expf(order, -200.0), 0.0, "{order:?}");
+            assert_eq!(v_expf(order, f32::NEG_INFINITY), 0.0, "{order:?}");
+            assert_eq!(v_expf(order, 200.0), f32::INFINITY, "{order:?}");
+            assert!(v_expf(order, -95.0) > 0.0, "{order:?}: subnormal results");
         }
-        assert_eq!(v_expf(-200.0), 0.0);
-        assert_eq!(v_expf(f32::NEG_INFINITY), 0.0);
-        assert_eq!(v_expf(200.0), f32::INFINITY);
+    }
+
+    /// The two builds' exponentials are different functions: the AVX2 order must not be the
+    /// AVX512 one renamed.
+    #[test]
+    fn the_orders_round_differently() {
+        let differ = (0..10_000)
+            .map(|i| -20.0 + i as f32 * 0.004)
+            .filter(|&x| v_expf(Order::GgmlAvx2, x) != v_expf(Order::GgmlAvx512, x))
+            .count();
+        assert!(differ > 100, "{differ}");
+        // The two 8-lane trees: `(t0+t1)+(t2+t3)` cancels the large pair first.
+        let v = [1e8, -1e8, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+        assert_eq!(reduce_hadd_8(&v), 1.0);
+        assert_eq!(reduce_halves(&v), 0.0);
     }
 
     /// The AVX512 exp against the scalar model on every `step`-th f32 bit pattern.
@@ -493,7 +681,7 @@ mod tests {
         fma_fn! {
         fn scalar(x: &[f32], out: &mut [f32]) {
             for (o, &v) in out.iter_mut().zip(x) {
-                *o = v_expf(v);
+                *o = v_expf(Order::GgmlAvx512, v);
             }
         }
         }
@@ -546,19 +734,21 @@ mod tests {
             return;
         }
         fma_fn! {
-        fn scalar(x: &[f32], out: &mut [f32]) {
+        fn scalar(order: Order, x: &[f32], out: &mut [f32]) {
             for (o, &v) in out.iter_mut().zip(x) {
-                *o = v_expf(v);
+                *o = v_expf(order, v);
             }
         }
         }
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn simd(x: &[f32], out: &mut [f32]) {
+        unsafe fn simd(order: Order, x: &[f32], out: &mut [f32]) {
             for (o, v) in out.chunks_exact_mut(8).zip(x.chunks_exact(8)) {
-                _mm256_storeu_ps(
-                    o.as_mut_ptr(),
-                    x86_avx2::v_expf(_mm256_loadu_ps(v.as_ptr())),
-                );
+                let v = _mm256_loadu_ps(v.as_ptr());
+                let e = match order {
+                    Order::GgmlAvx512 => x86_avx2::v_expf(v),
+                    Order::GgmlAvx2 => x86_avx2::v_expf_avx2_order(v),
+                };
+                _mm256_storeu_ps(o.as_mut_ptr(), e);
             }
         }
         // every 997th bit pattern, plus the saturation and subnormal edges
@@ -570,27 +760,29 @@ mod tests {
             -87.5, -88.7, -103.0, -104.0, 88.7, 133.0, 134.0, -133.0, -134.0, 0.0, -0.0,
         ]);
         xs.resize(xs.len().next_multiple_of(8), 1.0);
-        let (mut a, mut b) = (vec![0f32; xs.len()], vec![0f32; xs.len()]);
-        scalar(&xs, &mut a);
-        // SAFETY: AVX2/FMA/F16C checked above.
-        unsafe { simd(&xs, &mut b) };
-        for i in 0..xs.len() {
-            assert!(
-                a[i].to_bits() == b[i].to_bits() || (a[i].is_nan() && b[i].is_nan()),
-                "x={:e}: scalar {:e} avx2 {:e}",
-                xs[i],
-                a[i],
-                b[i]
-            );
-        }
         let g: Vec<f32> = (0..100).map(|i| (i as f32 - 50.0) * 0.37).collect();
         let u: Vec<f32> = (0..100).map(|i| (i as f32) * 0.11 - 3.0).collect();
-        let mut want = g.clone();
-        swiglu_scalar(&mut want, &u);
-        let mut got = g.clone();
-        // SAFETY: as above.
-        unsafe { x86_avx2::swiglu(&mut got, &u) };
-        assert_eq!(want, got, "swiglu");
+        for order in ORDERS {
+            let (mut a, mut b) = (vec![0f32; xs.len()], vec![0f32; xs.len()]);
+            scalar(order, &xs, &mut a);
+            // SAFETY: AVX2/FMA/F16C checked above.
+            unsafe { simd(order, &xs, &mut b) };
+            for i in 0..xs.len() {
+                assert!(
+                    a[i].to_bits() == b[i].to_bits() || (a[i].is_nan() && b[i].is_nan()),
+                    "{order:?} x={:e}: scalar {:e} avx2 {:e}",
+                    xs[i],
+                    a[i],
+                    b[i]
+                );
+            }
+            let mut want = g.clone();
+            swiglu_scalar(order, &mut want, &u);
+            let mut got = g.clone();
+            // SAFETY: as above.
+            unsafe { x86_avx2::swiglu(order, &mut got, &u) };
+            assert_eq!(want, got, "swiglu {order:?}");
+        }
         for c in g.chunks_exact(LANES) {
             let arr: [f32; LANES] = c.try_into().unwrap();
             // SAFETY: as above.
@@ -600,7 +792,7 @@ mod tests {
                     _mm256_loadu_ps(c.as_ptr().add(8)),
                 )
             };
-            assert_eq!(reduce_add_16(&arr).to_bits(), r.to_bits());
+            assert_eq!(reduce_halves(&arr).to_bits(), r.to_bits());
         }
     }
 
@@ -622,25 +814,27 @@ mod tests {
         for n in [1usize, 15, 16, 17, 64, 100, 3072] {
             let g: Vec<f32> = (0..n).map(|_| rnd()).collect();
             let u: Vec<f32> = (0..n).map(|_| rnd()).collect();
-            let mut want = vec![0f32; n];
-            let mut got = g.clone();
             fma_fn! {
-            fn model(g: &[f32], u: &[f32], out: &mut [f32]) {
-                swiglu(g, u, out);
+            fn model(order: Order, g: &[f32], u: &[f32], out: &mut [f32]) {
+                swiglu(order, g, u, out);
             }
             }
-            model(&g, &u, &mut want);
-            swiglu_fast(&mut got, &u);
-            assert_eq!(want, got, "swiglu n={n}");
-            let mut got = g.clone();
-            swiglu_scalar(&mut got, &u);
-            assert_eq!(want, got, "swiglu scalar n={n}");
+            for order in ORDERS {
+                let mut want = vec![0f32; n];
+                model(order, &g, &u, &mut want);
+                let mut got = g.clone();
+                swiglu_fast(order, &mut got, &u);
+                assert_eq!(want, got, "swiglu {order:?} n={n}");
+                let mut got = g.clone();
+                swiglu_scalar(order, &mut got, &u);
+                assert_eq!(want, got, "swiglu scalar {order:?} n={n}");
+            }
             #[cfg(target_arch = "x86_64")]
             if has_avx512() {
                 let max = g.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 fma_fn! {
                 fn sm(x: &mut [f32], max: f32) -> f64 {
-                    soft_max_tile(x, max)
+                    soft_max_tile(Order::GgmlAvx512, x, max)
                 }
                 }
                 let mut a = g.clone();
@@ -655,7 +849,7 @@ mod tests {
                     // SAFETY: features detected.
                     let r =
                         unsafe { x86::reduce_add(std::arch::x86_64::_mm512_loadu_ps(c.as_ptr())) };
-                    assert_eq!(reduce_add_16(&arr).to_bits(), r.to_bits());
+                    assert_eq!(reduce_halves(&arr).to_bits(), r.to_bits());
                 }
             }
         }
@@ -693,7 +887,7 @@ mod tests {
         v[8] = -1e8;
         v[1] = 1.0;
         // t8[0] = 0 exactly, so the small value survives.
-        assert_eq!(reduce_add_16(&v), 1.0);
+        assert_eq!(reduce_halves(&v), 1.0);
     }
 
     #[test]
@@ -703,6 +897,6 @@ mod tests {
             .map(|i| f16::from_f32((i % 5) as f32 - 2.0))
             .collect();
         let want: f32 = (0..130).map(|i: i32| ((i % 7) * (i % 5 - 2)) as f32).sum();
-        assert_eq!(dot_f16(&x, &y), want);
+        assert_eq!(dot_f16(Order::GgmlAvx512, &x, &y), want);
     }
 }

@@ -1,4 +1,5 @@
-//! `y = x · Wᵀ` with ggml's CPU kernel choice (b11434, x86 AVX512 build, no weight repacking):
+//! `y = x · Wᵀ` with ggml's CPU kernel choice (b11434, x86 AVX512 build, no weight repacking;
+//! the AVX2 build differs only in the lanes of the F32/F16 rows below, which follow `Order`):
 //!
 //! | weight | rows of x | kernel |
 //! |---|---|---|
@@ -14,7 +15,8 @@
 //! with every activation row while it is hot in cache.
 
 use super::kquant;
-use super::math::{dot_f16, dot_f16_tinyblas, fma_fn, reduce_add_16, LANES};
+use super::math::{dot_f16, dot_f16_tinyblas, dot_f32, fma_fn};
+use super::numerics::Order;
 use crate::backend::Weight;
 use crate::error::ModelError;
 use half::f16;
@@ -49,7 +51,8 @@ pub fn supported(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::F32 | GgmlType::F16) || muser_quant::has_vec_dot(ty)
 }
 
-pub fn matmul(w: &Weight, x: &[f32], n_rows: usize) -> Result<Vec<f32>, ModelError> {
+/// `y = x · Wᵀ` for `n_rows` activation rows; F32 and F16 weights sum in `order`'s lanes.
+pub fn matmul(order: Order, w: &Weight, x: &[f32], n_rows: usize) -> Result<Vec<f32>, ModelError> {
     let (n_in, n_out) = (w.n_in, w.n_out);
     if x.len() != n_rows * n_in {
         return Err(ModelError::BadBatch(format!(
@@ -110,7 +113,7 @@ pub fn matmul(w: &Weight, x: &[f32], n_rows: usize) -> Result<Vec<f32>, ModelErr
             // SAFETY: the ranges are disjoint and inside `y` (n_out values).
             let o = unsafe { std::slice::from_raw_parts_mut(y_ptr.0.add(r0), r1 - r0) };
             for (r, o) in (r0..r1).zip(o.chunks_exact_mut(1)) {
-                dot_row(w.ty, n_in, &w.data[r * rb..(r + 1) * rb], &acts, o);
+                dot_row(order, w.ty, n_in, &w.data[r * rb..(r + 1) * rb], &acts, o);
             }
             return;
         }
@@ -136,7 +139,7 @@ pub fn matmul(w: &Weight, x: &[f32], n_rows: usize) -> Result<Vec<f32>, ModelErr
         for r in r0..r1 {
             let wrow = &w.data[r * rb..(r + 1) * rb];
             let o = &mut out[(r - r0) * n_rows..(r - r0 + 1) * n_rows];
-            dot_row(w.ty, n_in, wrow, &acts, o);
+            dot_row(order, w.ty, n_in, wrow, &acts, o);
         }
         // Transpose [row][token] into y's [token][row], 16 rows at a time so that every
         // token's write is one contiguous run.
@@ -220,8 +223,9 @@ struct SendPtr(*mut f32);
 unsafe impl Sync for SendPtr {}
 unsafe impl Send for SendPtr {}
 
-/// One weight row against every activation row.
-fn dot_row(ty: GgmlType, n_in: usize, wrow: &[u8], acts: &Acts, out: &mut [f32]) {
+fma_fn! {
+/// One weight row against every activation row, in `order`.
+fn dot_row(order: Order, ty: GgmlType, n_in: usize, wrow: &[u8], acts: &Acts, out: &mut [f32]) {
     let n_rows = out.len();
     match acts {
         Acts::F32(x) => {
@@ -230,7 +234,7 @@ fn dot_row(ty: GgmlType, n_in: usize, wrow: &[u8], acts: &Acts, out: &mut [f32])
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                 .collect();
             for (t, o) in out.iter_mut().enumerate() {
-                *o = dot_f32(&wf, &x[t * n_in..(t + 1) * n_in], n_rows >= 2);
+                *o = dot_f32(order, &wf, &x[t * n_in..(t + 1) * n_in], n_rows >= 2);
             }
         }
         Acts::F16(x) => {
@@ -240,10 +244,10 @@ fn dot_row(ty: GgmlType, n_in: usize, wrow: &[u8], acts: &Acts, out: &mut [f32])
                 .collect();
             for (t, o) in out.iter_mut().enumerate() {
                 let a = &x[t * n_in..(t + 1) * n_in];
-                *o = if n_rows >= 2 && n_in.is_multiple_of(LANES) {
-                    dot_f16_tinyblas(&wh, a)
+                *o = if n_rows >= 2 && n_in.is_multiple_of(order.lanes()) {
+                    dot_f16_tinyblas(order, &wh, a)
                 } else {
-                    dot_f16(&wh, a)
+                    dot_f16(order, &wh, a)
                 };
             }
         }
@@ -254,43 +258,6 @@ fn dot_row(ty: GgmlType, n_in: usize, wrow: &[u8], acts: &Acts, out: &mut [f32])
             }
         }
     }
-}
-
-fma_fn! {
-/// `ggml_vec_dot_f32` (one row: four 16-lane accumulators) or tinyBLAS f32 (several rows: one
-/// 16-lane accumulator).
-fn dot_f32(w: &[f32], x: &[f32], tinyblas: bool) -> f32 {
-    let n = w.len();
-    if tinyblas && n.is_multiple_of(LANES) {
-        let mut acc = [0f32; LANES];
-        for (cw, cx) in w.chunks_exact(LANES).zip(x.chunks_exact(LANES)) {
-            for l in 0..LANES {
-                acc[l] = cw[l].mul_add(cx[l], acc[l]);
-            }
-        }
-        return reduce_add_16(&acc);
-    }
-    let body = n - n % (4 * LANES);
-    let mut acc = [[0f32; LANES]; 4];
-    let mut i = 0;
-    while i < body {
-        for (j, a) in acc.iter_mut().enumerate() {
-            for l in 0..LANES {
-                let k = i + j * LANES + l;
-                a[l] = w[k].mul_add(x[k], a[l]);
-            }
-        }
-        i += 4 * LANES;
-    }
-    let mut s = [0f32; LANES];
-    for l in 0..LANES {
-        s[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-    }
-    let mut sum = f64::from(reduce_add_16(&s));
-    for k in body..n {
-        sum += f64::from(w[k] * x[k]);
-    }
-    sum as f32
 }
 }
 
@@ -330,7 +297,9 @@ mod tests {
             let ab = muser_quant::row_size(vt, n_in).unwrap();
             for n_rows in [1, 2, 3, 5, FEW_TOKENS, FEW_TOKENS + 1, 40] {
                 let x: Vec<f32> = (0..n_rows * n_in).map(|_| rnd()).collect();
-                let y = pool.install(|| matmul(&w, &x, n_rows)).unwrap();
+                let y = pool
+                    .install(|| matmul(Order::GgmlAvx512, &w, &x, n_rows))
+                    .unwrap();
                 for t in 0..n_rows {
                     let mut a = vec![0u8; ab];
                     muser_quant::quantize_activations(vt, &x[t * n_in..(t + 1) * n_in], &mut a)

@@ -37,6 +37,8 @@ impl Mat {
 pub struct CpuBackend {
     pool: rayon::ThreadPool,
     threads: usize,
+    /// The floating-point order of the kernels that depend on it (see [`numerics`]).
+    numerics: numerics::Numerics,
     /// RoPE cos/sin per (base, n_rot), by position: computed once, shared by Q and K of every
     /// layer and every later batch.
     rope: Mutex<Vec<RopeTable>>,
@@ -59,8 +61,16 @@ const SPIN_IDLE_MAX: u32 = 1 << 16;
 const PAR_MIN: usize = 1 << 13;
 
 impl CpuBackend {
-    /// A backend running on `threads` threads (0 = one per core).
+    /// A backend running on `threads` threads (0 = one per core), in the portable order.
     pub fn new(threads: usize) -> Result<CpuBackend, ModelError> {
+        CpuBackend::with_numerics(threads, numerics::Numerics::PORTABLE)
+    }
+
+    /// A backend computing in `numerics` (a profile [`numerics::Numerics::resolve`] accepted).
+    pub fn with_numerics(
+        threads: usize,
+        numerics: numerics::Numerics,
+    ) -> Result<CpuBackend, ModelError> {
         let threads = if threads == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
         } else {
@@ -76,6 +86,7 @@ impl CpuBackend {
         Ok(CpuBackend {
             pool,
             threads,
+            numerics,
             rope: Mutex::new(Vec::new()),
         })
     }
@@ -183,7 +194,7 @@ impl Backend for CpuBackend {
     }
 
     fn numerics_tag(&self) -> Option<String> {
-        Some(numerics::Numerics::PORTABLE.tag())
+        Some(self.numerics.tag())
     }
 
     /// Runs `f` (a whole forward pass) on one of the pool's threads, so that every op inside
@@ -290,7 +301,9 @@ impl Backend for CpuBackend {
     }
 
     fn matmul(&self, w: &Weight, x: &Mat) -> Result<Mat, ModelError> {
-        let data = self.pool.install(|| matmul::matmul(w, &x.data, x.rows))?;
+        let data = self
+            .pool
+            .install(|| matmul::matmul(self.numerics.order, w, &x.data, x.rows))?;
         Ok(Mat {
             rows: x.rows,
             cols: w.n_out,
@@ -379,12 +392,12 @@ impl Backend for CpuBackend {
     }
 
     fn swiglu(&self, gate: &mut Mat, up: &Mat) -> Result<(), ModelError> {
-        // Whole rows: ggml's 16-lane body and libm tail are counted from each row's start.
-        let cols = gate.cols;
+        // Whole rows: the order's vector body and libm tail are counted from each row's start.
+        let (cols, order) = (gate.cols, self.numerics.order);
         self.par_units(&mut gate.data, cols, |first, c| {
             for (i, g) in c.chunks_exact_mut(cols).enumerate() {
                 let at = (first + i) * cols;
-                math::swiglu_fast(g, &up.data[at..at + cols]);
+                math::swiglu_fast(order, g, &up.data[at..at + cols]);
             }
         });
         Ok(())
@@ -469,9 +482,17 @@ impl Backend for CpuBackend {
             });
             n_kvs.push(n_kv);
         }
-        let data = self
-            .pool
-            .install(|| attention::run(at, &views, &n_kvs, self.threads, &q.data, q.rows));
+        let data = self.pool.install(|| {
+            attention::run(
+                self.numerics.order,
+                at,
+                &views,
+                &n_kvs,
+                self.threads,
+                &q.data,
+                q.rows,
+            )
+        });
         Ok(Mat {
             rows: q.rows,
             cols: at.n_head * at.head_dim,

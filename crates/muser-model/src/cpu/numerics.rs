@@ -14,8 +14,9 @@
 //!   CPU with its default settings: the AVX512 order on an AVX512 host, the AVX2 order on an
 //!   AVX2-only host.
 //!
-//! The CPU backend implements one order today, [`Numerics::PORTABLE`]; a request that
-//! resolves to another one is refused with a message that says so (see `docs/exactness.md`).
+//! The CPU backend computes both orders with flash attention on; `fa-off` profiles are refused
+//! with a message that says so (see `docs/exactness.md`). The order travels with the backend
+//! ([`crate::cpu::CpuBackend::with_numerics`]) down to the kernels that depend on it.
 
 use crate::error::ModelError;
 use muser_quant::Isa;
@@ -50,11 +51,28 @@ pub enum Order {
 }
 
 impl Order {
+    /// Every order, for tests and listings.
+    pub const ALL: [Order; 2] = [Order::GgmlAvx512, Order::GgmlAvx2];
+
+    /// The order named `name` ([`Order::name`]).
+    pub fn from_name(name: &str) -> Option<Order> {
+        Order::ALL.into_iter().find(|o| o.name() == name)
+    }
+
     /// The order's name in tags and messages.
     pub fn name(self) -> &'static str {
         match self {
             Order::GgmlAvx512 => "x86-avx512",
             Order::GgmlAvx2 => "x86-avx2",
+        }
+    }
+
+    /// f32 lanes of the build's vector registers: the width of its softmax groups, tinyBLAS
+    /// accumulators and `ggml_vec_dot_f16`/`_f32` accumulators.
+    pub fn lanes(self) -> usize {
+        match self {
+            Order::GgmlAvx512 => 16,
+            Order::GgmlAvx2 => 8,
         }
     }
 }
@@ -66,8 +84,15 @@ pub struct Numerics {
     pub flash_attn: bool,
 }
 
+impl Default for Numerics {
+    fn default() -> Numerics {
+        Numerics::PORTABLE
+    }
+}
+
 impl Numerics {
-    /// The order the CPU backend computes in: ggml's AVX512 build with flash attention.
+    /// The order the CPU backend computes on every host by default: ggml's AVX512 build with
+    /// flash attention.
     pub const PORTABLE: Numerics = Numerics {
         order: Order::GgmlAvx512,
         flash_attn: true,
@@ -93,19 +118,24 @@ impl Numerics {
             order,
             flash_attn: fa != FlashAttn::Off,
         };
-        if want != Numerics::PORTABLE {
+        if !want.is_implemented() {
             return Err(ModelError::Numerics(format!(
-                "numerics profile {} is not implemented by the CPU backend (it computes {} only){}",
+                "numerics profile {} is not implemented by the CPU backend (it computes \
+                 flash attention on only: {})",
                 want.tag(),
-                Numerics::PORTABLE.tag(),
-                if order == Order::GgmlAvx2 {
-                    "; --numerics portable runs that order on this host at full speed"
-                } else {
-                    ""
+                Numerics {
+                    flash_attn: true,
+                    ..want
                 }
+                .tag(),
             )));
         }
         Ok(want)
+    }
+
+    /// Whether the CPU backend computes this profile: both orders, with flash attention on.
+    pub fn is_implemented(&self) -> bool {
+        self.flash_attn
     }
 
     /// The profile's identity, for kvpack's `engine_abi` and for receipts:
@@ -143,13 +173,13 @@ mod tests {
             Numerics::resolve(Host, Auto, Isa::Avx512).unwrap(),
             Numerics::PORTABLE
         );
-        let avx2 = Numerics::resolve(Host, Auto, Isa::Avx2)
+        let avx2 = Numerics::resolve(Host, Auto, Isa::Avx2).unwrap();
+        assert_eq!(avx2.tag(), "ggml-b11434/x86-avx2/fa-on");
+        assert_ne!(avx2.tag(), Numerics::PORTABLE.tag());
+        let off = Numerics::resolve(Host, Off, Isa::Avx2)
             .unwrap_err()
             .to_string();
-        assert!(
-            avx2.contains("x86-avx2") && avx2.contains("--numerics portable"),
-            "{avx2}"
-        );
+        assert!(off.contains("ggml-b11434/x86-avx2/fa-off"), "{off}");
         let none = Numerics::resolve(Host, On, Isa::Scalar)
             .unwrap_err()
             .to_string();

@@ -1,7 +1,7 @@
 //! Shared helpers of the integration tests: golden files, model lookup, greedy decoding.
 #![allow(dead_code)]
 
-use muser_model::{Batch, KvCache, LoadOptions, Model};
+use muser_model::{Batch, KvCache, LoadOptions, Model, Numerics};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
@@ -112,10 +112,12 @@ pub fn sha256_file(p: &std::path::Path) -> String {
     hex::encode(h.finalize())
 }
 
-/// The model a golden was recorded on, loaded with the golden's thread count.
-pub fn load_golden_model(g: &Golden, name: &str) -> Model {
+/// The model a golden was recorded on, loaded with the golden's thread count, computing in
+/// `numerics`.
+pub fn load_golden_model(g: &Golden, name: &str, numerics: Numerics) -> Model {
     let opts = LoadOptions {
         threads: g.n_threads,
+        numerics,
     };
     let path = match g.model["source"].as_str() {
         Some("file") => real_model(g.model["file"].as_str().unwrap()),

@@ -281,13 +281,14 @@ pub fn detected_isa() -> Isa {
     static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
     *ISA.get_or_init(|| {
         let hw = hardware_isa();
-        match std::env::var(ISA_ENV) {
-            Ok(v) => {
+        // an empty value is the same as unset (`MUSER_ISA= cmd` in a script)
+        match std::env::var(ISA_ENV).ok().filter(|v| !v.is_empty()) {
+            Some(v) => {
                 let cap = Isa::parse(&v)
                     .unwrap_or_else(|| panic!("{ISA_ENV}={v:?}: expected scalar, avx2 or avx512"));
                 cap.min(hw)
             }
-            Err(_) => hw,
+            None => hw,
         }
     })
 }

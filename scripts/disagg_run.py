@@ -123,7 +123,8 @@ def main():
     if a.receipt:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
         receipt = {
-            "command": " ".join(sys.argv),
+            # receipts name no machine paths: an absolute path is recorded by its file name
+            "command": " ".join(os.path.basename(x) if os.path.isabs(x) else x for x in sys.argv),
             "commit": commit,
             "machine": {"host": platform.node(), "cpu": platform.processor() or platform.machine(),
                         "cores": os.cpu_count(), "os": platform.platform()},

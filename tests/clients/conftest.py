@@ -5,6 +5,7 @@ import contextlib
 import os
 import re
 import subprocess
+import tempfile
 
 import pytest
 import requests
@@ -41,16 +42,22 @@ def spawn_muser(*args):
     for var in ["MUSER_BIN", "MUSER_MODEL"]:
         if not env.get(var):
             pytest.fail(f"{var} is not set: run these tests through scripts/test-clients.sh")
+    log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: the server never blocks on it
     proc = subprocess.Popen(
         [env["MUSER_BIN"], "up", "--model", env["MUSER_MODEL"], "--port", "0", "--slots", "1",
          "-c", "2048", "--threads", "1", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        stdout=subprocess.PIPE, stderr=log, text=True,
     )
     try:
         line = proc.stdout.readline()
         m = re.search(r"http://\S+", line)
-        assert m, f"no ready line from the second server: {line!r}"
+        if not m:
+            proc.terminate()
+            proc.wait(timeout=30)
+            log.seek(0)
+            pytest.fail(f"no ready line from the second server: {line!r}; stderr: {log.read()[-2000:]}")
         yield m.group(0)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        log.close()

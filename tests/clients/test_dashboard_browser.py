@@ -120,7 +120,7 @@ def test_dashboard_asks_once_for_the_api_key(browser):
         key_file = os.path.join(work, "kv.key")
         with open(key_file, "w") as f:
             f.write("ab" * 32)
-        with spawn_muser("--api-key", "dash-key-123", "--kv-key-file", key_file,
+        with spawn_muser("--api-key", "dash-key-0123456789abcdef", "--kv-key-file", key_file,
                          "--session-dir", os.path.join(work, "sessions")) as url:
             d = browser
             wait = WebDriverWait(d, 60, poll_frequency=0.2)
@@ -128,7 +128,7 @@ def test_dashboard_asks_once_for_the_api_key(browser):
             wait.until(lambda d: d.find_element(By.ID, "key-dialog").get_attribute("open") is not None)
             assert text(d, "live") != "live"
             shot(d, "login")
-            d.find_element(By.ID, "key-input").send_keys("dash-key-123" + Keys.ENTER)
+            d.find_element(By.ID, "key-input").send_keys("dash-key-0123456789abcdef" + Keys.ENTER)
             wait.until(lambda d: text(d, "live") == "live")
             wait.until(lambda d: "No sessions yet" in text(d, "session-list"))
             assert text(d, "m-slots") == "0 / 1"

@@ -114,6 +114,21 @@ fn layer_positions(layout: &KvLayout, il: usize, r: &Range<u32>) -> Range<u32> {
     }
 }
 
+/// The cell holding each position of `want` (`usize::MAX` where none does), in one pass
+/// over the cells: a 131k-token export looks up every position of every layer.
+fn cells_of(cells: &[i32], want: &Range<u32>) -> Vec<usize> {
+    let mut at = vec![usize::MAX; want.len()];
+    for (c, &p) in cells.iter().enumerate() {
+        if p >= 0 && want.contains(&(p as u32)) {
+            let slot = &mut at[(p as u32 - want.start) as usize];
+            if *slot == usize::MAX {
+                *slot = c; // the first cell, as a linear search would find
+            }
+        }
+    }
+    at
+}
+
 const EMPTY: i32 = -1;
 const PAD: u32 = 256;
 
@@ -554,8 +569,9 @@ impl KvCache {
             return false;
         }
         (0..self.layout.n_layer).all(|il| {
-            let cells = self.cell_pos(seq, il);
-            layer_positions(&self.layout, il, &positions).all(|p| cells.contains(&(p as i32)))
+            let want = layer_positions(&self.layout, il, &positions);
+            let at = cells_of(self.cell_pos(seq, il), &want);
+            at.iter().all(|&c| c != usize::MAX)
         })
     }
 
@@ -572,14 +588,12 @@ impl KvCache {
         let mut layers = Vec::with_capacity(self.layout.n_layer);
         for il in 0..self.layout.n_layer {
             let want = layer_positions(&self.layout, il, &positions);
-            let cells = self.cell_pos(seq, il);
-            let mut at = Vec::with_capacity(want.len());
-            for p in want {
-                at.push(cells.iter().position(|&cp| cp == p as i32).ok_or_else(|| {
-                    ModelError::Kv(format!(
-                        "position {p} of seq {seq} is no longer cached in layer {il}"
-                    ))
-                })?);
+            let at = cells_of(self.cell_pos(seq, il), &want);
+            if let Some(i) = at.iter().position(|&c| c == usize::MAX) {
+                let p = want.start + i as u32;
+                return Err(ModelError::Kv(format!(
+                    "position {p} of seq {seq} is no longer cached in layer {il}"
+                )));
             }
             // One read of the cells spanned, then the wanted rows in position order.
             let span = match (at.iter().min(), at.iter().max()) {
@@ -838,6 +852,14 @@ mod tests {
         assert_eq!(kv.cell_pos(1, 0)[10], 10);
         kv.clear(1);
         assert_eq!(kv.seq_len(1), 0);
+    }
+
+    #[test]
+    fn cells_of_maps_each_position_to_its_first_cell() {
+        // cells hold positions 7, 5, empty, 6, 5 (a duplicate); want 4..8
+        let at = cells_of(&[7, 5, EMPTY, 6, 5], &(4..8));
+        assert_eq!(at, vec![usize::MAX, 1, 3, 0]);
+        assert!(cells_of(&[], &(0..0)).is_empty());
     }
 
     #[test]

@@ -195,6 +195,9 @@ pub async fn submit(
             .prefill(&state.engine, &req.prompt)
             .await?
             .map(Arc::new);
+        if req.prefilled.is_some() {
+            log.set_remote();
+        }
     }
     state.engine.submit(req).map_err(|e| match e {
         SubmitError::QueueFull { retry_after_s } => {
@@ -204,14 +207,11 @@ pub async fn submit(
         SubmitError::PromptTooLong { n_prompt, n_ctx } => ApiError::bad_request(format!(
             "the prompt has {n_prompt} tokens; the context per slot is {n_ctx} tokens"
         )),
-        SubmitError::Stopped => {
-            let _ = log;
-            ApiError::new(
-                axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                "engine_unavailable",
-                "the engine has stopped",
-            )
-        }
+        SubmitError::Stopped => ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "engine_unavailable",
+            "the engine has stopped",
+        ),
         other => ApiError::bad_request(other.to_string()),
     })
 }

@@ -2,6 +2,7 @@
 //! streamed response that is when the stream ends, so the line carries the real timings.
 
 use crate::metrics::{GenerationTimes, Lane, Metrics};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -19,7 +20,8 @@ pub struct RequestLog {
     path: String,
     route: String,
     start: Instant,
-    lane: Lane,
+    /// Whether a producer prefilled the prompt (the metrics' lane label).
+    remote: AtomicBool,
     counts: Mutex<Counts>,
     /// When the last token of this request's generation streamed.
     last_token: Mutex<Option<Instant>>,
@@ -34,7 +36,7 @@ impl RequestLog {
             path: path.chars().take(256).collect(),
             route: route.to_string(),
             start: Instant::now(),
-            lane: Lane::Local,
+            remote: AtomicBool::new(false),
             counts: Mutex::new(Counts::default()),
             last_token: Mutex::new(None),
             metrics,
@@ -49,11 +51,24 @@ impl RequestLog {
         self.with(|c| c.status = status);
     }
 
+    /// Marks the request as prefilled by a producer: its timings go to the remote lane.
+    pub fn set_remote(&self) {
+        self.remote.store(true, Ordering::Relaxed);
+    }
+
+    fn lane(&self) -> Lane {
+        if self.remote.load(Ordering::Relaxed) {
+            Lane::Remote
+        } else {
+            Lane::Local
+        }
+    }
+
     /// Records one streamed token: the time to the first token (from the request's arrival)
     /// or since the previous one.
     pub fn add_token(&self) {
         let now = Instant::now();
-        let lane = self.metrics.lane(self.lane);
+        let lane = self.metrics.lane(self.lane());
         let mut last = self.last_token.lock().unwrap_or_else(|e| e.into_inner());
         match last.replace(now) {
             None => lane.ttft_s.observe((now - self.start).as_secs_f64()),
@@ -71,7 +86,7 @@ impl RequestLog {
             c.gen_ms += g.gen_ms;
         });
         *self.last_token.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        self.metrics.record_generation(self.lane, g);
+        self.metrics.record_generation(self.lane(), g);
     }
 }
 
@@ -83,10 +98,11 @@ impl Drop for RequestLog {
             .record_request(&self.route, c.status, total.as_secs_f64());
         tracing::info!(
             target: "muser::http",
-            "{} {} {} prompt_tokens={} gen_tokens={} prompt_ms={:.1} gen_ms={:.1} total_ms={:.1}",
+            "{} {} {} lane={} prompt_tokens={} gen_tokens={} prompt_ms={:.1} gen_ms={:.1} total_ms={:.1}",
             self.method,
             self.path,
             c.status,
+            self.lane().label(),
             c.prompt_tokens,
             c.generated_tokens,
             c.prompt_ms,

@@ -16,6 +16,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use muser_cluster::{Endpoint, Pki};
 use muser_server::lane::{ConsumerConfig, LaneRole, LaneSetup, PrefillMode};
+use muser_server::metrics::Lane;
 use muser_server::producer::Producer;
 use muser_server::routes::router;
 use muser_server::server::{load, ServeConfig};
@@ -199,7 +200,7 @@ async fn every_bad_answer_is_refused_and_the_consumer_keeps_serving() {
             mode,
             producers: vec![Endpoint::parse(&format!("prod=https://127.0.0.1:{port}")).unwrap()],
             min_tokens: 1,
-            deadline: Duration::from_secs(6),
+            deadline: Duration::from_secs(15),
             accept_abis: vec![],
         };
         config(d, "kv.key", setup(d, "cons", LaneRole::Consumer(c)))
@@ -215,6 +216,9 @@ async fn every_bad_answer_is_refused_and_the_consumer_keeps_serving() {
     assert_eq!(s, 200, "{first}");
     assert_eq!(first["timings"]["prefill_lane"], "remote");
     assert_eq!(first["timings"]["producer"], "prod");
+    // its timings land in the remote lane's histograms, not the local one's
+    let lane_ttft = |l: Lane| state.metrics.lane(l).ttft_s.count();
+    assert_eq!((lane_ttft(Lane::Local), lane_ttft(Lane::Remote) > 0), (0, true));
     let tokens = first["tokens"].clone();
     // the handoff is lossless: the consumer holds the producer's K/V byte for byte
     assert_eq!(slot_kv(&state, 512).await, slot_kv(&prod, 512).await);

@@ -218,7 +218,10 @@ async fn every_bad_answer_is_refused_and_the_consumer_keeps_serving() {
     assert_eq!(first["timings"]["producer"], "prod");
     // its timings land in the remote lane's histograms, not the local one's
     let lane_ttft = |l: Lane| state.metrics.lane(l).ttft_s.count();
-    assert_eq!((lane_ttft(Lane::Local), lane_ttft(Lane::Remote) > 0), (0, true));
+    assert_eq!(
+        (lane_ttft(Lane::Local), lane_ttft(Lane::Remote) > 0),
+        (0, true)
+    );
     let tokens = first["tokens"].clone();
     // the handoff is lossless: the consumer holds the producer's K/V byte for byte
     assert_eq!(slot_kv(&state, 512).await, slot_kv(&prod, 512).await);

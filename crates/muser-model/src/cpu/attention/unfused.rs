@@ -176,7 +176,77 @@ pub fn run(
 
 #[cfg(test)]
 mod tests {
+    use super::super::store;
     use super::*;
+
+    /// Both cache types, both kernels of each matmul, a window and empty cells: the result is
+    /// softmax(q·k·scale) · v over the visible cells, computed here plainly in f64 (the cache
+    /// rounding of q and the probabilities bounds the difference).
+    #[test]
+    fn unfused_attention_is_the_softmax_of_the_visible_cells() {
+        let (hd, n_head_kv, n_kv) = (32usize, 2usize, 96usize);
+        let row = n_head_kv * hd;
+        let mut seed = 0x2545_f491u32;
+        let mut rnd = move || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
+        };
+        let kv_vals: Vec<f32> = (0..2 * n_kv * row).map(|_| rnd()).collect();
+        let cell_pos: Vec<i32> = (0..n_kv as i32)
+            .map(|c| if c % 13 == 4 { -1 } else { c })
+            .collect();
+        let q: Vec<f32> = (0..5 * hd).map(|_| 2.0 * rnd()).collect();
+        for dtype in [KvType::F16, KvType::F32] {
+            let mut k = vec![0u8; n_kv * row * dtype.size()];
+            let mut v = vec![0u8; n_kv * row * dtype.size()];
+            store(&mut k, dtype, 0, &kv_vals[..n_kv * row]);
+            store(&mut v, dtype, 0, &kv_vals[n_kv * row..]);
+            for n_swa in [0u32, 20] {
+                let view = View {
+                    k: &k,
+                    v: &v,
+                    cell_pos: &cell_pos,
+                    dtype,
+                    row,
+                    head_dim: hd,
+                    n_swa,
+                };
+                for n_rows in [1usize, 5] {
+                    let rows: Vec<(&[f32], i32)> = (0..n_rows)
+                        .map(|r| (&q[r * hd..(r + 1) * hd], 60 + r as i32))
+                        .collect();
+                    let kernels = Kernels::choose(dtype, n_rows, n_kv, hd, 1);
+                    let mut got = vec![vec![0f32; hd]; n_rows];
+                    attend_kv_head(Order::GgmlAvx2, &view, n_kv, 1, 0.25, kernels, &rows, &mut |r, o| {
+                        got[r].copy_from_slice(o)
+                    });
+                    for (r, (qr, p)) in rows.iter().enumerate() {
+                        let mut kc = vec![0f32; hd];
+                        let mut vc = vec![0f32; hd];
+                        let mut w = Vec::new();
+                        for c in (0..n_kv).filter(|&c| view.visible(c, *p)) {
+                            view.k_f32(c, 1, &mut kc);
+                            let s: f64 = kc.iter().zip(*qr).map(|(a, b)| f64::from(a * b)).sum();
+                            w.push((c, s * 0.25));
+                        }
+                        let max = w.iter().map(|x| x.1).fold(f64::MIN, f64::max);
+                        let sum: f64 = w.iter().map(|x| (x.1 - max).exp()).sum();
+                        let mut want = vec![0f64; hd];
+                        for &(c, s) in &w {
+                            view.v_f32(c, 1, &mut vc);
+                            for d in 0..hd {
+                                want[d] += (s - max).exp() / sum * f64::from(vc[d]);
+                            }
+                        }
+                        for d in 0..hd {
+                            let err = (f64::from(got[r][d]) - want[d]).abs();
+                            assert!(err < 4e-3, "{dtype:?} swa {n_swa} rows {n_rows} r {r} d {d}: {err}");
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn kernels_follow_ggml_s_choice() {

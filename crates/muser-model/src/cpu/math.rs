@@ -213,7 +213,10 @@ fn vec_dot_lanes<const W: usize, T: Copy + Into<f32>>(order: Order, x: &[T], y: 
     let n = x.len();
     let body = n - n % (4 * W);
     let mut acc = [[0f32; W]; 4];
-    for (cx, cy) in x[..body].chunks_exact(4 * W).zip(y[..body].chunks_exact(4 * W)) {
+    for (cx, cy) in x[..body]
+        .chunks_exact(4 * W)
+        .zip(y[..body].chunks_exact(4 * W))
+    {
         for (j, a) in acc.iter_mut().enumerate() {
             for l in 0..W {
                 a[l] = cx[j * W + l].into().mul_add(cy[j * W + l].into(), a[l]);

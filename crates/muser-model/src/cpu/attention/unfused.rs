@@ -39,9 +39,7 @@ impl Kernels {
         // llamafile_sgemm: only for two or more columns, and (x86) rows in multiples of 4.
         let rows = q_rows >= 2;
         Kernels {
-            kq_tinyblas: rows
-                && n_kv.is_multiple_of(4)
-                && (dtype == KvType::F16 || n_head == 1),
+            kq_tinyblas: rows && n_kv.is_multiple_of(4) && (dtype == KvType::F16 || n_head == 1),
             kqv_tinyblas: rows && head_dim.is_multiple_of(4),
         }
     }
@@ -217,9 +215,16 @@ mod tests {
                         .collect();
                     let kernels = Kernels::choose(dtype, n_rows, n_kv, hd, 1);
                     let mut got = vec![vec![0f32; hd]; n_rows];
-                    attend_kv_head(Order::GgmlAvx2, &view, n_kv, 1, 0.25, kernels, &rows, &mut |r, o| {
-                        got[r].copy_from_slice(o)
-                    });
+                    attend_kv_head(
+                        Order::GgmlAvx2,
+                        &view,
+                        n_kv,
+                        1,
+                        0.25,
+                        kernels,
+                        &rows,
+                        &mut |r, o| got[r].copy_from_slice(o),
+                    );
                     for (r, (qr, p)) in rows.iter().enumerate() {
                         let mut kc = vec![0f32; hd];
                         let mut vc = vec![0f32; hd];
@@ -240,7 +245,10 @@ mod tests {
                         }
                         for d in 0..hd {
                             let err = (f64::from(got[r][d]) - want[d]).abs();
-                            assert!(err < 4e-3, "{dtype:?} swa {n_swa} rows {n_rows} r {r} d {d}: {err}");
+                            assert!(
+                                err < 4e-3,
+                                "{dtype:?} swa {n_swa} rows {n_rows} r {r} d {d}: {err}"
+                            );
                         }
                     }
                 }

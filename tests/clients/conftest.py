@@ -35,10 +35,10 @@ def server_pid():
 
 
 @contextlib.contextmanager
-def spawn_muser(*args):
-    """A second `muser up` (SmolLM2, one slot, a free port) with extra arguments; yields its
-    URL and stops it on exit."""
-    env = os.environ
+def spawn_muser(*args, env_extra=None):
+    """A second `muser up` (SmolLM2, one slot, a free port) with extra arguments (and extra
+    environment variables); yields its URL and stops it on exit."""
+    env = {**os.environ, **(env_extra or {})}
     for var in ["MUSER_BIN", "MUSER_MODEL"]:
         if not env.get(var):
             pytest.fail(f"{var} is not set: run these tests through scripts/test-clients.sh")
@@ -46,7 +46,7 @@ def spawn_muser(*args):
     proc = subprocess.Popen(
         [env["MUSER_BIN"], "up", "--model", env["MUSER_MODEL"], "--port", "0", "--slots", "1",
          "-c", "2048", "--threads", "1", *args],
-        stdout=subprocess.PIPE, stderr=log, text=True,
+        stdout=subprocess.PIPE, stderr=log, text=True, env=env,
     )
     try:
         line = proc.stdout.readline()

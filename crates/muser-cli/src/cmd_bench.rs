@@ -585,12 +585,10 @@ mod tests {
     }
 
     #[test]
-    fn a_profile_the_cpu_backend_does_not_compute_is_refused_before_loading() {
+    fn numerics_flags_resolve_or_are_refused_before_loading() {
+        // every CPU profile resolves: the error is about the missing file
         let e = load_err(&["bench", "-m", "no-such.gguf", "--flash-attn", "off"]);
-        assert!(
-            e.contains("ggml-b11434/x86-avx512/fa-off") && e.contains("not implemented"),
-            "{e}"
-        );
+        assert!(e.contains("no-such.gguf"), "{e}");
         let e = load_err(&[
             "bench",
             "-m",
@@ -601,7 +599,6 @@ mod tests {
             "cuda",
         ]);
         assert!(e.contains("CPU backend's order"), "{e}");
-        // the defaults resolve: the error is about the missing file
         let e = load_err(&[
             "bench",
             "-m",

@@ -12,8 +12,8 @@
 //! - **split KV** (one query row, `n_kv >= 512`): the one-chunk kernel over `threads` equal cell
 //!   ranges, merged in f32.
 
-use super::math::{dot_f16, fma_fn, soft_max_tile, LANES};
-use super::numerics::Order;
+use super::math::{fma_fn, soft_max_tile, vec_dot, LANES};
+use super::numerics::{Numerics, Order};
 use crate::backend::AttnInput;
 use crate::kv::KvType;
 use half::f16;
@@ -173,7 +173,7 @@ fn one_chunk(order: Order, view: &View, kvh: usize, q: &[f32], q_pos: i32, scale
             continue;
         }
         let k = view.f16_row(view.k, c, kvh, &mut tmp);
-        let mut s = dot_f16(order, k, &qh);
+        let mut s = vec_dot(order, k, &qh);
         s *= scale;
         let m_old = m;
         let mut ms = 1f32;
@@ -385,10 +385,11 @@ impl OutPtr {
 /// Query rows per tiled task (ggml's Q tile: results per row do not depend on the split).
 const TASK_Q: usize = TILE_Q;
 
-/// Attention for all groups of a batch on one layer. Called by the CPU backend after K/V are
-/// stored. Returns `[tokens × n_head·hd]`.
+/// Attention for all groups of a batch on one layer, in `numerics` (flash attention on: the
+/// kernels above; off: [`unfused`]). Called by the CPU backend after K/V are stored. Returns
+/// `[tokens × n_head·hd]`.
 pub fn run(
-    order: Order,
+    numerics: Numerics,
     at: &AttnInput,
     views: &[View],
     n_kvs: &[usize],
@@ -400,12 +401,16 @@ pub fn run(
     let hd = at.head_dim;
     let qw = at.n_head * hd;
     let group = at.n_head / at.n_head_kv;
-    let mut out = vec![0f32; n_tokens * qw];
     assert!(q.len() >= n_tokens * qw);
     for (g, idx) in at.groups.iter().enumerate() {
         assert!(idx.1.iter().all(|&t| t < n_tokens));
         views[g].check(n_kvs[g], at.n_head_kv);
     }
+    let order = numerics.order;
+    if !numerics.flash_attn {
+        return unfused::run(order, at, views, n_kvs, q, n_tokens);
+    }
+    let mut out = vec![0f32; n_tokens * qw];
     // One task per (sequence, head, block of query rows).
     let mut tasks: Vec<(usize, usize, usize, usize)> = Vec::new();
     for (g, (_, idx)) in at.groups.iter().enumerate() {
@@ -552,6 +557,10 @@ mod x86;
 /// The AVX2 kernels, in either order (`attention/x86_avx2.rs`).
 #[cfg(target_arch = "x86_64")]
 mod x86_avx2;
+
+/// Flash attention off: llama.cpp's unfused graph (`attention/unfused.rs`).
+#[allow(clippy::needless_range_loop)]
+mod unfused;
 
 #[cfg(test)]
 mod tests {

@@ -9,7 +9,6 @@
 //! Callers run them inside `fma_fn!` functions so that `mul_add` is one instruction.
 
 use super::numerics::Order;
-use half::f16;
 
 /// Lanes of an AVX512 f32 register.
 pub const LANES: usize = 16;
@@ -198,88 +197,71 @@ pub fn soft_max_tile(order: Order, x: &mut [f32], max: f32) -> f64 {
     sum
 }
 
-/// `ggml_vec_dot_f16` without FP16 arithmetic: four f32 accumulators of `order.lanes()` lanes
-/// over steps of four registers, reduced `(a0+a2) + (a1+a3)` then across lanes; the tail in f64.
+/// `ggml_vec_dot_f16` / `ggml_vec_dot_f32` in `order` (F16 values widened exactly, no FP16
+/// arithmetic): four accumulators of `order.lanes()` lanes over steps of four registers, reduced
+/// `(a0+a2) + (a1+a3)` then across lanes; the tail in f64.
 #[inline(always)]
-pub fn dot_f16(order: Order, x: &[f16], y: &[f16]) -> f32 {
-    let w = order.lanes();
+pub fn vec_dot<T: Copy + Into<f32>>(order: Order, x: &[T], y: &[T]) -> f32 {
+    match order {
+        Order::GgmlAvx512 => vec_dot_lanes::<16, T>(order, x, y),
+        Order::GgmlAvx2 => vec_dot_lanes::<8, T>(order, x, y),
+    }
+}
+
+#[inline(always)]
+fn vec_dot_lanes<const W: usize, T: Copy + Into<f32>>(order: Order, x: &[T], y: &[T]) -> f32 {
     let n = x.len();
-    let body = n - n % (4 * w);
-    let mut acc = [[0f32; LANES]; 4];
-    let mut i = 0;
-    while i < body {
+    let body = n - n % (4 * W);
+    let mut acc = [[0f32; W]; 4];
+    for (cx, cy) in x[..body]
+        .chunks_exact(4 * W)
+        .zip(y[..body].chunks_exact(4 * W))
+    {
         for (j, a) in acc.iter_mut().enumerate() {
-            let o = i + j * w;
-            for l in 0..w {
-                a[l] = x[o + l].to_f32().mul_add(y[o + l].to_f32(), a[l]);
+            for l in 0..W {
+                a[l] = cx[j * W + l].into().mul_add(cy[j * W + l].into(), a[l]);
             }
         }
-        i += 4 * w;
     }
-    let mut s = [0f32; LANES];
-    for l in 0..w {
-        let a02 = acc[0][l] + acc[2][l];
-        let a13 = acc[1][l] + acc[3][l];
-        s[l] = a02 + a13;
-    }
-    let mut sum = f64::from(reduce_dot(order, &s[..w]));
+    let s: [f32; W] = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+    let mut sum = f64::from(reduce_dot(order, &s));
     for k in body..n {
-        sum += f64::from(x[k].to_f32() * y[k].to_f32());
+        sum += f64::from(x[k].into() * y[k].into());
     }
     sum as f32
 }
 
-/// One tinyBLAS dot product (llamafile `sgemm`, `KN = order.lanes()`): lane `l` accumulates
-/// elements `l, l+KN, ...` with FMA in order, then the lanes are reduced (`hsum`). Used for F16
-/// weights with two or more activation rows. `n` must be a multiple of `KN`.
+/// One tinyBLAS dot product (llamafile `sgemm` on x86, F16 or F32 values, `KN =
+/// order.lanes()`): lane `l` accumulates elements `l, l+KN, ...` with FMA in order; the last
+/// `n % KN` values are loaded partially (the other lanes add `0·0`); then `hsum`.
 #[inline(always)]
-pub fn dot_f16_tinyblas(order: Order, x: &[f16], y: &[f16]) -> f32 {
-    let w = order.lanes();
-    let mut acc = [0f32; LANES];
-    for (cx, cy) in x.chunks_exact(w).zip(y.chunks_exact(w)) {
-        for l in 0..w {
-            acc[l] = cx[l].to_f32().mul_add(cy[l].to_f32(), acc[l]);
-        }
+pub fn tinyblas_dot<T: Copy + Into<f32>>(order: Order, x: &[T], y: &[T]) -> f32 {
+    match order {
+        Order::GgmlAvx512 => tinyblas_lanes::<16, T>(x, y),
+        Order::GgmlAvx2 => tinyblas_lanes::<8, T>(x, y),
     }
-    reduce_halves(&acc[..w])
 }
 
-/// `ggml_vec_dot_f32` (one row: four accumulators) or tinyBLAS f32 (several rows and `n` a
-/// multiple of the lanes: one accumulator), with `order.lanes()` lanes.
 #[inline(always)]
-pub fn dot_f32(order: Order, w: &[f32], x: &[f32], tinyblas: bool) -> f32 {
-    let lanes = order.lanes();
-    let n = w.len();
-    if tinyblas && n.is_multiple_of(lanes) {
-        let mut acc = [0f32; LANES];
-        for (cw, cx) in w.chunks_exact(lanes).zip(x.chunks_exact(lanes)) {
-            for l in 0..lanes {
-                acc[l] = cw[l].mul_add(cx[l], acc[l]);
-            }
+fn tinyblas_lanes<const W: usize, T: Copy + Into<f32>>(x: &[T], y: &[T]) -> f32 {
+    let mut acc = [0f32; W];
+    let (mut cx, mut cy) = (x.chunks_exact(W), y.chunks_exact(W));
+    for (a, b) in (&mut cx).zip(&mut cy) {
+        for l in 0..W {
+            acc[l] = a[l].into().mul_add(b[l].into(), acc[l]);
         }
-        return reduce_halves(&acc[..lanes]);
     }
-    let body = n - n % (4 * lanes);
-    let mut acc = [[0f32; LANES]; 4];
-    let mut i = 0;
-    while i < body {
-        for (j, a) in acc.iter_mut().enumerate() {
-            for l in 0..lanes {
-                let k = i + j * lanes + l;
-                a[l] = w[k].mul_add(x[k], a[l]);
-            }
+    let (rx, ry) = (cx.remainder(), cy.remainder());
+    if !rx.is_empty() {
+        for l in 0..W {
+            acc[l] = if l < rx.len() {
+                rx[l].into().mul_add(ry[l].into(), acc[l])
+            } else {
+                acc[l] + 0.0
+            };
         }
-        i += 4 * lanes;
     }
-    let mut s = [0f32; LANES];
-    for l in 0..lanes {
-        s[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-    }
-    let mut sum = f64::from(reduce_dot(order, &s[..lanes]));
-    for k in body..n {
-        sum += f64::from(w[k] * x[k]);
-    }
-    sum as f32
+    reduce_halves(&acc)
 }
 
 /// ggml's RMS norm scale for one row: the sum of squares (each square rounded to f32) in f64,
@@ -892,11 +874,12 @@ mod tests {
 
     #[test]
     fn dot_f16_is_exact_for_small_integers() {
+        use half::f16;
         let x: Vec<f16> = (0..130).map(|i| f16::from_f32((i % 7) as f32)).collect();
         let y: Vec<f16> = (0..130)
             .map(|i| f16::from_f32((i % 5) as f32 - 2.0))
             .collect();
         let want: f32 = (0..130).map(|i: i32| ((i % 7) * (i % 5 - 2)) as f32).sum();
-        assert_eq!(dot_f16(Order::GgmlAvx512, &x, &y), want);
+        assert_eq!(vec_dot(Order::GgmlAvx512, &x, &y), want);
     }
 }

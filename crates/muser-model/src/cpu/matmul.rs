@@ -15,7 +15,7 @@
 //! with every activation row while it is hot in cache.
 
 use super::kquant;
-use super::math::{dot_f16, dot_f16_tinyblas, dot_f32, fma_fn};
+use super::math::{fma_fn, tinyblas_dot, vec_dot};
 use super::numerics::Order;
 use crate::backend::Weight;
 use crate::error::ModelError;
@@ -234,7 +234,12 @@ fn dot_row(order: Order, ty: GgmlType, n_in: usize, wrow: &[u8], acts: &Acts, ou
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                 .collect();
             for (t, o) in out.iter_mut().enumerate() {
-                *o = dot_f32(order, &wf, &x[t * n_in..(t + 1) * n_in], n_rows >= 2);
+                let a = &x[t * n_in..(t + 1) * n_in];
+                *o = if n_rows >= 2 && n_in.is_multiple_of(order.lanes()) {
+                    tinyblas_dot(order, &wf, a)
+                } else {
+                    vec_dot(order, &wf, a)
+                };
             }
         }
         Acts::F16(x) => {
@@ -245,9 +250,9 @@ fn dot_row(order: Order, ty: GgmlType, n_in: usize, wrow: &[u8], acts: &Acts, ou
             for (t, o) in out.iter_mut().enumerate() {
                 let a = &x[t * n_in..(t + 1) * n_in];
                 *o = if n_rows >= 2 && n_in.is_multiple_of(order.lanes()) {
-                    dot_f16_tinyblas(order, &wh, a)
+                    tinyblas_dot(order, &wh, a)
                 } else {
-                    dot_f16(order, &wh, a)
+                    vec_dot(order, &wh, a)
                 };
             }
         }

@@ -484,7 +484,7 @@ impl Backend for CpuBackend {
         }
         let data = self.pool.install(|| {
             attention::run(
-                self.numerics.order,
+                self.numerics,
                 at,
                 &views,
                 &n_kvs,

@@ -14,9 +14,9 @@
 //!   CPU with its default settings: the AVX512 order on an AVX512 host, the AVX2 order on an
 //!   AVX2-only host.
 //!
-//! The CPU backend computes both orders with flash attention on; `fa-off` profiles are refused
-//! with a message that says so (see `docs/exactness.md`). The order travels with the backend
-//! ([`crate::cpu::CpuBackend::with_numerics`]) down to the kernels that depend on it.
+//! The CPU backend computes both orders with flash attention on and off (`docs/exactness.md`).
+//! The profile travels with the backend ([`crate::cpu::CpuBackend::with_numerics`]) down to the
+//! kernels that depend on it.
 
 use crate::error::ModelError;
 use muser_quant::Isa;
@@ -100,8 +100,8 @@ impl Numerics {
 
     /// The profile `mode` and `fa` name on a host whose best kernel family is `isa`
     /// ([`muser_quant::detected_isa`], so `MUSER_ISA=avx2` resolves as an AVX2 host would).
-    /// Refused when the CPU backend does not implement it, or when `host` has no meaning
-    /// (a CPU without AVX2, for which llama.cpp's build is yet another order).
+    /// Refused when `host` has no meaning (a CPU without AVX2, for which llama.cpp's build is
+    /// yet another order).
     pub fn resolve(mode: NumericsMode, fa: FlashAttn, isa: Isa) -> Result<Numerics, ModelError> {
         let order = match (mode, isa) {
             (NumericsMode::Portable, _) | (NumericsMode::Host, Isa::Avx512) => Order::GgmlAvx512,
@@ -114,28 +114,10 @@ impl Numerics {
                 ))
             }
         };
-        let want = Numerics {
+        Ok(Numerics {
             order,
             flash_attn: fa != FlashAttn::Off,
-        };
-        if !want.is_implemented() {
-            return Err(ModelError::Numerics(format!(
-                "numerics profile {} is not implemented by the CPU backend (it computes \
-                 flash attention on only: {})",
-                want.tag(),
-                Numerics {
-                    flash_attn: true,
-                    ..want
-                }
-                .tag(),
-            )));
-        }
-        Ok(want)
-    }
-
-    /// Whether the CPU backend computes this profile: both orders, with flash attention on.
-    pub fn is_implemented(&self) -> bool {
-        self.flash_attn
+        })
     }
 
     /// The profile's identity, for kvpack's `engine_abi` and for receipts:
@@ -154,7 +136,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn profiles_resolve_per_host_and_refuse_what_is_not_implemented() {
+    fn profiles_resolve_per_host() {
         use FlashAttn::*;
         use NumericsMode::*;
         for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512] {
@@ -164,10 +146,8 @@ mod tests {
                     Numerics::PORTABLE
                 );
             }
-            let off = Numerics::resolve(Portable, Off, isa)
-                .unwrap_err()
-                .to_string();
-            assert!(off.contains("ggml-b11434/x86-avx512/fa-off"), "{off}");
+            let off = Numerics::resolve(Portable, Off, isa).unwrap();
+            assert_eq!(off.tag(), "ggml-b11434/x86-avx512/fa-off");
         }
         assert_eq!(
             Numerics::resolve(Host, Auto, Isa::Avx512).unwrap(),
@@ -176,10 +156,8 @@ mod tests {
         let avx2 = Numerics::resolve(Host, Auto, Isa::Avx2).unwrap();
         assert_eq!(avx2.tag(), "ggml-b11434/x86-avx2/fa-on");
         assert_ne!(avx2.tag(), Numerics::PORTABLE.tag());
-        let off = Numerics::resolve(Host, Off, Isa::Avx2)
-            .unwrap_err()
-            .to_string();
-        assert!(off.contains("ggml-b11434/x86-avx2/fa-off"), "{off}");
+        let off = Numerics::resolve(Host, Off, Isa::Avx2).unwrap();
+        assert_eq!(off.tag(), "ggml-b11434/x86-avx2/fa-off");
         let none = Numerics::resolve(Host, On, Isa::Scalar)
             .unwrap_err()
             .to_string();

@@ -4,7 +4,7 @@ defaults, recorded by scripts/server-goldens.py per numerics profile
 (tests/server-goldens/<order>-<fa>.json, docs/exactness.md).
 
 Every recorded profile is checked on every host with AVX2 (each kernel family computes every
-order): the server under test at its defaults (`--numerics portable`) against the goldens of the
+order): the server under test at its defaults (`--numerics host`) against the goldens of the
 profile it reports (its engine ABI in `/props`), and a second `muser up` for each other profile:
 `--numerics host` with `MUSER_ISA=avx2` computes the `x86-avx2` order, as on an AVX2-only host
 (where llama.cpp built natively is that build)."""

@@ -31,11 +31,10 @@ impl Device {
 }
 
 /// `--numerics` (run, bench, up): which profile the CPU backend computes in.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum NumericsArg {
-    /// One order on every x86 host: llama.cpp b11434's AVX512 build (what kvpack and the
-    /// disaggregated lane rely on)
-    #[default]
+    /// One order on every x86 host: llama.cpp b11434's AVX512 build (for a lane or a pack
+    /// store shared by hosts of different instruction sets)
     Portable,
     /// llama.cpp b11434 as built natively for this CPU, with its default settings
     Host,
@@ -54,9 +53,10 @@ pub enum FlashAttnArg {
 /// The numerics flags shared by `run`, `bench` and `up` (see `docs/exactness.md`).
 #[derive(Clone, Copy, Debug, Default, clap::Args)]
 pub struct NumericsArgs {
-    /// Numerics profile of the CPU backend
-    #[arg(long, value_enum, default_value_t = NumericsArg::Portable)]
-    pub numerics: NumericsArg,
+    /// Numerics profile of the CPU backend [default: host, the order of llama.cpp built for
+    /// this CPU; portable on a CPU without AVX2, which no llama.cpp order of Muser's matches]
+    #[arg(long, value_enum)]
+    pub numerics: Option<NumericsArg>,
     /// Flash attention (llama.cpp's `-fa`)
     #[arg(long = "flash-attn", value_enum, default_value_t = FlashAttnArg::Auto)]
     pub flash_attn: FlashAttnArg,
@@ -67,9 +67,13 @@ impl NumericsArgs {
     /// does not implement it, or when a device backend (which has its own numerics) is asked
     /// for anything but the defaults. `None` for device backends.
     pub fn resolve(&self, device: Device) -> anyhow::Result<Option<Numerics>> {
+        let isa = muser_quant::detected_isa();
         let mode = match self.numerics {
-            NumericsArg::Portable => NumericsMode::Portable,
-            NumericsArg::Host => NumericsMode::Host,
+            Some(NumericsArg::Portable) => NumericsMode::Portable,
+            Some(NumericsArg::Host) => NumericsMode::Host,
+            // the default: equal to the llama.cpp a user builds on this machine
+            None if isa == muser_quant::Isa::Scalar => NumericsMode::Portable,
+            None => NumericsMode::Host,
         };
         let fa = match self.flash_attn {
             FlashAttnArg::On => FlashAttn::On,
@@ -77,7 +81,7 @@ impl NumericsArgs {
             FlashAttnArg::Auto => FlashAttn::Auto,
         };
         if device != Device::Cpu {
-            if mode != NumericsMode::Portable || fa != FlashAttn::Auto {
+            if self.numerics.is_some() || fa != FlashAttn::Auto {
                 anyhow::bail!(
                     "--numerics and --flash-attn choose the CPU backend's order; --device {} \
                      computes in its own",
@@ -86,11 +90,7 @@ impl NumericsArgs {
             }
             return Ok(None);
         }
-        Ok(Some(Numerics::resolve(
-            mode,
-            fa,
-            muser_quant::detected_isa(),
-        )?))
+        Ok(Some(Numerics::resolve(mode, fa, isa)?))
     }
 }
 

@@ -270,19 +270,7 @@ impl Lane {
     }
 
     async fn status(&self, p: &Producer) -> Result<LaneStatus, String> {
-        let req = hyper::Request::get("/v1/lane/status")
-            .body(Full::new(Bytes::new()))
-            .map_err(|e| e.to_string())?;
-        let mut resp = self
-            .client
-            .send(&p.ep, req, Duration::from_secs(5))
-            .await
-            .map_err(|e| e.to_string())?;
-        let body = small_body(resp.body_mut()).await?;
-        if resp.status() != StatusCode::OK {
-            return Err(format!("status {}: {body}", resp.status()));
-        }
-        serde_json::from_str(&body).map_err(|e| format!("status answer: {e}"))
+        probe(&self.client, &p.ep, Duration::from_secs(5)).await
     }
 
     /// Producers in the order to try: those not marked down first, each group by shortest
@@ -558,8 +546,30 @@ fn mark_down(p: &Producer, why: &str) {
     h.last_error = Some(why.to_string());
 }
 
+/// Producer `ep`'s `GET /v1/lane/status`, answered within `timeout`.
+pub async fn probe(
+    client: &LaneClient,
+    ep: &Endpoint,
+    timeout: Duration,
+) -> Result<LaneStatus, String> {
+    let req = hyper::Request::get("/v1/lane/status")
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| e.to_string())?;
+    let mut resp = client
+        .send(ep, req, timeout)
+        .await
+        .map_err(|e| e.to_string())?;
+    let body = tokio::time::timeout(timeout, small_body(resp.body_mut()))
+        .await
+        .map_err(|_| format!("producer `{}` did not finish its status in time", ep.name))??;
+    if resp.status() != StatusCode::OK {
+        return Err(format!("status {}: {body}", resp.status()));
+    }
+    serde_json::from_str(&body).map_err(|e| format!("status answer: {e}"))
+}
+
 /// A short body as text (bounded).
-async fn small_body(body: &mut hyper::body::Incoming) -> Result<String, String> {
+pub(crate) async fn small_body(body: &mut hyper::body::Incoming) -> Result<String, String> {
     let mut out = Vec::new();
     while let Some(c) = next_chunk(body).await {
         let c = c.map_err(|e| e.to_string())?;

@@ -59,6 +59,7 @@
 
 pub mod auth;
 pub mod chat;
+pub mod enroll;
 pub mod error;
 pub mod gen;
 pub mod http;
@@ -67,6 +68,7 @@ pub mod kvkey;
 pub mod lane;
 pub mod limits;
 pub mod metrics;
+pub mod onboard;
 pub mod producer;
 pub mod reqlog;
 pub mod routes;

@@ -203,8 +203,7 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
     let lane = match (&cfg.lane, &kvpack) {
         (Some(setup), Some(ctx)) => match &setup.role {
             crate::lane::LaneRole::Consumer(c) => {
-                let creds = muser_cluster::Pki::at(&setup.config_dir)
-                    .node(&setup.node)
+                let creds = muser_cluster::enroll::node_creds(&setup.config_dir, &setup.node)
                     .map_err(|e| StartError::Lane(e.to_string()))?;
                 let lane =
                     crate::lane::Lane::open(c, &creds, &setup.config_dir, ctx.clone(), cfg.n_ctx)
@@ -338,9 +337,8 @@ pub async fn serve_producer(
         return Err(StartError::Lane("not a producer".into()));
     };
     let lane = |e: &dyn std::fmt::Display| StartError::Lane(e.to_string());
-    let creds = muser_cluster::Pki::at(&setup.config_dir)
-        .node(&setup.node)
-        .map_err(|e| lane(&e))?;
+    let creds =
+        muser_cluster::enroll::node_creds(&setup.config_dir, &setup.node).map_err(|e| lane(&e))?;
     let tls = muser_cluster::server_config(&creds).map_err(|e| lane(&e))?;
     let producer =
         crate::producer::Producer::new(state, &setup.node, *max_queue).map_err(|e| lane(&e))?;

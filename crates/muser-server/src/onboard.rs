@@ -302,53 +302,42 @@ impl Onboarding {
         let (_, cert) = pki
             .sign(&ep.name, &node_key, not_before, CERT_DAYS)
             .map_err(|e| keys(e.to_string()))?;
-        let r = self.finish(pki, client, ep, code, hello, nonce, cert).await;
-        if r.is_err() {
-            rollback(pki, &ep.name);
-        }
-        r
-    }
-
-    async fn finish(
-        &self,
-        pki: &Pki,
-        client: &LaneClient,
-        ep: &Endpoint,
-        code: &EnrollCode,
-        hello: &HelloAnswer,
-        nonce: &str,
-        cert: String,
-    ) -> Result<(), StepError> {
-        let keys = fail(Step::Keys);
-        let (ca, crl) = pki.trust().map_err(|e| keys(e.to_string()))?;
-        let grant = GrantWire {
-            cert,
-            ca,
-            crl,
-            kv_key: self.operator_key_hex.clone(),
-            consumers: vec![self.consumer.clone()],
+        // from here on a failure revokes what was just issued
+        let sent = async {
+            let (ca, crl) = pki.trust().map_err(|e| e.to_string())?;
+            let grant = GrantWire {
+                cert,
+                ca,
+                crl,
+                kv_key: self.operator_key_hex.clone(),
+                consumers: vec![self.consumer.clone()],
+            };
+            let grant_json = serde_json::to_vec(&grant).map_err(|e| e.to_string())?;
+            let proof = code.prove(
+                Side::Consumer,
+                &finish_parts(
+                    &ep.name,
+                    &self.consumer,
+                    (nonce, &hello.facts.nonce),
+                    &hello.facts.public_key,
+                    &grant_json,
+                ),
+            );
+            let body = serde_json::to_vec(&EnrollFinish {
+                nonce: hello.facts.nonce.clone(),
+                grant,
+                proof: hex::encode(proof),
+            })
+            .map_err(|e| e.to_string())?;
+            exchange(client, ep, "/v1/enroll/finish", body).await
         };
-        let grant_json = serde_json::to_vec(&grant).map_err(|e| keys(e.to_string()))?;
-        let proof = code.prove(
-            Side::Consumer,
-            &finish_parts(
-                &ep.name,
-                &self.consumer,
-                (nonce, &hello.facts.nonce),
-                &hello.facts.public_key,
-                &grant_json,
-            ),
-        );
-        let body = serde_json::to_vec(&EnrollFinish {
-            nonce: hello.facts.nonce.clone(),
-            grant,
-            proof: hex::encode(proof),
-        })
-        .map_err(|e| keys(e.to_string()))?;
-        exchange(client, ep, "/v1/enroll/finish", body)
-            .await
-            .map(drop)
-            .map_err(keys)
+        match sent.await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                rollback(pki, &ep.name);
+                Err(keys(e))
+            }
+        }
     }
 
     /// One remote prefill of the fixed prompt from the newly enrolled node, decoded here,

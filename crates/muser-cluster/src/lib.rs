@@ -10,6 +10,8 @@
 //!   node's temporary certificate and carries a secret both sides prove they know; the
 //!   node's own key is signed by the consumer's CA, and the node keeps what it was granted.
 //! - [`registry`]: the consumer's enrolled nodes (`nodes.toml`, written atomically).
+//! - [`supervise`]: a producer's health as a consumer sees it (healthy, degraded, down) and
+//!   the backoff of its probes.
 //! - [`transport`]: HTTP/2 over those connections: a producer serves an axum router to
 //!   authenticated peers (the peer's name in each request's extensions); a consumer sends a
 //!   request to a named producer and reads the answer's body as it streams.
@@ -20,6 +22,7 @@
 pub mod enroll;
 pub mod pki;
 pub mod registry;
+pub mod supervise;
 pub mod tls;
 pub mod transport;
 

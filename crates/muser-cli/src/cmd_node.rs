@@ -34,6 +34,9 @@ enum Command {
     List,
     /// One node's record and its status now.
     Status { name: String },
+    /// Remote against local prefill, `--reps` times at each of `--sizes` tokens: identical
+    /// tokens, TTFT both ways, payload rate; writes a JSON receipt.
+    Qualify(QualifyArgs),
     /// Revoke NAME's certificates and forget it.
     Remove { name: String },
 }
@@ -52,6 +55,29 @@ struct AddArgs {
     /// This consumer's certificate name (default: the registry's, else `consumer`).
     #[arg(long = "as", value_name = "NAME")]
     consumer: Option<String>,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+#[derive(clap::Args)]
+struct QualifyArgs {
+    name: String,
+    /// Prompt lengths in tokens (the node and this consumer need a context above the largest).
+    #[arg(long, value_delimiter = ',', default_values_t = [2048, 8000])]
+    sizes: Vec<usize>,
+    /// Trials at each length.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    reps: u32,
+    /// The receipt (default: CONFIG/qualify/NAME-UNIXTIME.json).
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+/// The consumer's engine for a handoff or a qualification: its model and operator key.
+#[derive(clap::Args)]
+struct EngineArgs {
     /// The consumer's model (default: the model store's default model, as `muser up`).
     #[arg(short, long)]
     model: Option<PathBuf>,
@@ -61,7 +87,7 @@ struct AddArgs {
     /// Accept the node's engine ABI besides this engine's own (as `muser up --accept-abi`).
     #[arg(long, value_name = "ABI")]
     accept_abi: Vec<String>,
-    /// Compute threads for the handoff check.
+    /// Compute threads.
     #[arg(short, long)]
     threads: Option<usize>,
 }
@@ -72,6 +98,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Command::Add(a) => add(&config, a),
         Command::List => list(&config),
         Command::Status { name } => status(&config, &name),
+        Command::Qualify(a) => qualify(&config, a),
         Command::Remove { name } => remove(&config, &name),
     }
 }
@@ -98,39 +125,20 @@ fn read_code(a: &AddArgs) -> anyhow::Result<EnrollCode> {
     Ok(EnrollCode::parse(&text)?)
 }
 
-/// This consumer's name and certificate: the CA and the certificate are created on first use.
-fn consumer_identity(config: &Path, flag: Option<String>) -> anyhow::Result<String> {
-    let registry = Registry::load(config)?;
-    let name = match (flag, registry.consumer) {
-        (Some(f), Some(r)) if f != r => anyhow::bail!(
-            "this consumer enrolled its nodes as `{r}`; `--as {f}` would split the lane"
-        ),
-        (f, r) => f.or(r).unwrap_or_else(|| "consumer".into()),
-    };
-    muser_cluster::check_name(&name)?;
-    let pki = Pki::at(config);
-    if !pki.dir().join("ca.key").exists() {
-        pki.init()?;
-        eprintln!("muser: created the lane CA in {}", pki.dir().display());
-    }
-    if pki.node(&name).is_err() {
-        let now = time::OffsetDateTime::now_utc() - time::Duration::minutes(1);
-        pki.issue(&name, now, 365)?;
-        eprintln!("muser: issued this consumer's certificate `{name}`");
-    }
-    Ok(name)
-}
-
-fn add(config: &Path, a: AddArgs) -> anyhow::Result<()> {
-    let code = read_code(&a)?;
-    let consumer = consumer_identity(config, a.consumer.clone())?;
+/// The consumer side of onboarding over this consumer's model, with a context of `n_ctx`.
+fn onboarding(
+    config: &Path,
+    consumer: String,
+    a: &EngineArgs,
+    n_ctx: usize,
+) -> anyhow::Result<(Onboarding, PathBuf)> {
     let model_path = match &a.model {
         Some(p) => p.clone(),
         None => store::ensure(&store::DEFAULT_MODEL, &store::default_store_dir()?)?,
     };
     let mut cfg = ServeConfig::new(&model_path);
     cfg.n_slots = 1;
-    cfg.n_ctx = 2048;
+    cfg.n_ctx = n_ctx;
     cfg.kv_key_file = a.kv_key_file.clone();
     if let Some(t) = a.threads {
         cfg.threads = t.max(1);
@@ -155,8 +163,15 @@ fn add(config: &Path, a: AddArgs) -> anyhow::Result<()> {
         config_dir: config.to_path_buf(),
         consumer,
         operator_key_hex: hex::encode(key),
-        accept_abis: a.accept_abi,
+        accept_abis: a.accept_abi.clone(),
     };
+    Ok((onboarding, model_path))
+}
+
+fn add(config: &Path, a: AddArgs) -> anyhow::Result<()> {
+    let code = read_code(&a)?;
+    let consumer = muser_server::onboard::consumer_identity(config, a.consumer.clone())?;
+    let (onboarding, _) = onboarding(config, consumer, &a.engine, 2048)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -267,6 +282,105 @@ fn status(config: &Path, name: &str) -> anyhow::Result<()> {
         );
     }
     println!("now:           {health}");
+    Ok(())
+}
+
+fn qualify(config: &Path, a: QualifyArgs) -> anyhow::Result<()> {
+    let mut reg = Registry::load(config)?;
+    let entry = reg
+        .get(&a.name)
+        .cloned()
+        .with_context(|| format!("node `{}` is not enrolled (see `muser node list`)", a.name))?;
+    let consumer = reg
+        .consumer
+        .clone()
+        .context("the registry names no consumer")?;
+    let largest = a.sizes.iter().copied().max().unwrap_or(0);
+    anyhow::ensure!(
+        a.sizes.iter().all(|&n| n > 512),
+        "--sizes: every prompt needs more than one 512-token chunk to cross the lane"
+    );
+    let (onboarding, model_path) =
+        onboarding(config, consumer, &a.engine, (largest + 64).max(2048))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let trials = rt
+        .block_on(onboarding.qualify(&entry.endpoint()?, &a.sizes, a.reps))
+        .map_err(|e| anyhow::anyhow!("qualify {}: {e}", a.name))?;
+    println!(
+        "{:>7} {:>4} {:>12} {:>12} {:>10} {:>9}  tokens",
+        "tokens", "rep", "local ttft", "remote ttft", "handoff", "GB/s"
+    );
+    let mut runs = Vec::new();
+    for (i, (n, t)) in trials.iter().enumerate() {
+        let rep = i as u32 % a.reps;
+        println!(
+            "{n:>7} {rep:>4} {:>9.1} ms {:>9.1} ms {:>7.1} ms {:>9.3}  {}",
+            t.local_ttft_ms,
+            t.remote_ttft_ms,
+            t.handoff.ms,
+            t.handoff.gb_per_s(),
+            if t.identical() { "identical" } else { "DIFFER" }
+        );
+        runs.push(serde_json::json!({
+            "tokens": n,
+            "rep": rep,
+            "local_ttft_ms": t.local_ttft_ms,
+            "remote_ttft_ms": t.remote_ttft_ms,
+            "handoff_ms": t.handoff.ms,
+            "kv_bytes": t.handoff.kv_bytes,
+            "gb_per_s": t.handoff.gb_per_s(),
+            "tokens_identical": t.identical(),
+        }));
+    }
+    let identical = trials.iter().all(|(_, t)| t.identical());
+    let receipt = serde_json::json!({
+        "tool": "muser node qualify",
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "git_commit": crate::cmd_bench::git_commit(),
+        "machine": {
+            "cpu": crate::cmd_bench::cpu_model(),
+            "logical_cpus": std::thread::available_parallelism().map_or(1, |n| n.get()),
+        },
+        "model": model_path.file_name().map(|f| f.to_string_lossy().into_owned()),
+        "node": {
+            "name": entry.name,
+            "url": entry.url,
+            "device": entry.device,
+            "engine_abi": entry.engine_abi,
+        },
+        "reps": a.reps,
+        "runs": runs,
+        "tokens_identical": identical,
+    });
+    let path = match a.output {
+        Some(p) => p,
+        None => {
+            let dir = config.join("qualify");
+            std::fs::create_dir_all(&dir)?;
+            let unix = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            dir.join(format!("{}-{unix}.json", a.name))
+        }
+    };
+    std::fs::write(&path, serde_json::to_string_pretty(&receipt)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))?;
+    println!("receipt: {}", path.display());
+    if let (Some((_, last)), Some(e)) = (
+        trials.last(),
+        reg.nodes.iter_mut().find(|e| e.name == a.name),
+    ) {
+        e.handoff = Some(last.handoff);
+        reg.save(config)?;
+    }
+    anyhow::ensure!(
+        identical,
+        "node `{}`: remote and local tokens differ",
+        a.name
+    );
     Ok(())
 }
 

@@ -282,6 +282,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .lane
         .enroll
         .then(|| Duration::from_secs(args.lane.enroll_ttl_s.max(1)));
+    let registry = match args.lane.role {
+        Role::Consumer => Some(crate::cmd_tls::config_dir(args.lane.config_dir.clone())?),
+        Role::Producer => None,
+    };
     let lane = args.lane.setup()?;
     let producer = lane
         .clone()
@@ -328,6 +332,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         pc
     });
     cfg.lane = lane;
+    cfg.node_registry = registry;
     cfg.session_dir = Some(match args.session_dir {
         Some(dir) => dir,
         None => default_session_dir()?,

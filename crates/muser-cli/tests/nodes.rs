@@ -2,9 +2,9 @@
 //! `--enroll` prints a one-time code, `muser node add` enrolls it (preflight, model, keys,
 //! handoff), `muser node list` shows it healthy and a plain `muser up` of the consumer
 //! (a new process: the registry survives restarts) prefills on it; the code does not work
-//! twice; `muser node remove` revokes it and the lane refuses it at once. An expired code,
-//! a node serving another model and a node that is gone each fail naming their step, and
-//! leave no node recorded.
+//! twice; `qualify` writes its receipt; `muser node remove` revokes it and the lane refuses
+//! it at once. An expired code, a node serving another model, a node that is gone and a
+//! forged secret each fail naming their step, and leave no node recorded.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -143,12 +143,17 @@ fn setup() -> tempfile::TempDir {
 }
 
 fn complete(port: u16, prompt: &str) -> (u16, Value) {
+    let body = json!({"prompt": prompt, "n_predict": 4, "temperature": 0});
+    http(port, "POST", "/completion", &body)
+}
+
+fn http(port: u16, method: &str, path: &str, body: &Value) -> (u16, Value) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
-    let body = json!({"prompt": prompt, "n_predict": 4, "temperature": 0}).to_string();
+    let body = body.to_string();
     write!(
         s,
-        "POST /completion HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
@@ -227,12 +232,52 @@ fn an_enrolled_node_is_healthy_used_by_up_and_refused_once_removed() {
     let list = String::from_utf8_lossy(&list.stdout);
     assert!(list.contains("prod") && list.contains("healthy"), "{list}");
 
+    // qualify (small sizes): identical tokens, TTFT both ways, a receipt
+    let receipt = d.join("qualify.json");
+    let key = d.join("kv.key");
+    let out = node(
+        d,
+        &[
+            "qualify",
+            "prod",
+            "--sizes",
+            "600",
+            "--reps",
+            "1",
+            "-t",
+            "1",
+            "--kv-key-file",
+            key.to_str().unwrap(),
+            "-m",
+            smollm2().to_str().unwrap(),
+            "-o",
+            receipt.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&receipt).unwrap()).unwrap();
+    assert_eq!(r["tokens_identical"], true, "{r}");
+    assert_eq!(r["runs"][0]["tokens"], 600, "{r}");
+    assert!(
+        r["runs"][0]["remote_ttft_ms"].as_f64().unwrap() > 0.0,
+        "{r}"
+    );
+    assert!(r["runs"][0]["kv_bytes"].as_u64().unwrap() > 0, "{r}");
+
     // a new consumer process takes the node from the registry
     let (c, cport) = consumer(d, &["--prefill", "remote"]);
     let (s, got) = complete(cport, &prompt());
     assert_eq!(s, 200, "{got}");
     assert_eq!(got["timings"]["prefill_lane"], "remote", "{got}");
     assert_eq!(got["timings"]["producer"], "prod", "{got}");
+    let (s, nodes) = http(cport, "GET", "/v1/nodes", &Value::Null);
+    assert_eq!(s, 200, "{nodes}");
+    assert_eq!(nodes["nodes"][0]["name"], "prod", "{nodes}");
+    assert_eq!(nodes["nodes"][0]["state"], "healthy", "{nodes}");
     drop(c);
     // --local ignores it
     let (c, cport) = consumer(d, &["--local"]);
@@ -292,14 +337,20 @@ fn a_bad_enrollment_names_its_step_and_records_nothing() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    // another model: refused at the model step, the issued nothing
+    // another model, enrolled through the running consumer's POST /v1/nodes: refused at
+    // the model step, nothing issued
     let (p, port, code) = enrolling(d, &tiny, &[]);
-    let (ok, out) = add(d, "prod", port, &code);
-    assert!(
-        !ok && out.contains("model") && out.contains("model_weights: expected"),
-        "{out}"
-    );
-    drop(p);
+    let (c, cport) = consumer(d, &[]);
+    let url = format!("https://127.0.0.1:{port}");
+    let add_req = json!({"name": "prod", "url": url, "code": code});
+    let (s, got) = http(cport, "POST", "/v1/nodes", &add_req);
+    assert_eq!(s, 422, "{got}");
+    assert_eq!(got["error"]["step"], "model", "{got}");
+    assert!(got.to_string().contains("model_weights: expected"), "{got}");
+    assert_eq!(got["steps"][0]["step"], "preflight", "{got}");
+    let (s, got) = http(cport, "DELETE", "/v1/nodes/prod", &Value::Null);
+    assert_eq!(s, 404, "{got}");
+    drop((c, p));
 
     // an expired code
     let (p, port, code) = enrolling(d, &smollm2(), &["--enroll-ttl-s", "1"]);

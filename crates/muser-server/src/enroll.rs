@@ -235,6 +235,7 @@ pub fn with_operator_key(app: &AppState, kv_key_file: &Path) -> Result<SharedSta
         options: app.options.clone(),
         metrics: app.metrics.clone(),
         sessions: None,
+        nodes: None,
         in_flight: app.in_flight.clone(),
         started_unix_s: app.started_unix_s,
     }))

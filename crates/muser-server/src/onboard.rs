@@ -344,13 +344,37 @@ impl Onboarding {
     /// against a local prefill of the same prompt.
     async fn handoff(&self, ep: &Endpoint) -> Result<HandoffRecord, StepError> {
         let hand = fail(Step::Handoff);
-        let app = &self.app;
-        let ctx = app
-            .kvpack
-            .clone()
-            .ok_or_else(|| hand("no kvpack context".into()))?;
+        let lane = self.lane_to(ep).map_err(&hand)?;
+        let prompt = self
+            .app
+            .tokenizer
+            .encode(&handoff_prompt(&ep.name), true, false);
+        // the node restarts its listener with the new identity: give it a moment
+        let started = Instant::now();
+        let trial = loop {
+            match self.trial(&lane, &prompt).await {
+                Ok(t) => break t,
+                Err(e) if started.elapsed() < Duration::from_secs(5) => {
+                    tracing::debug!(error = %e, "handoff: retrying");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => return Err(hand(e)),
+            }
+        };
+        if !trial.identical() {
+            return Err(hand(format!(
+                "tokens: expected {:?} (local prefill), found {:?} (the node's prefill)",
+                trial.local_tokens, trial.remote_tokens
+            )));
+        }
+        Ok(trial.handoff)
+    }
+
+    /// A lane of this consumer to `ep` alone, every prompt prefilled there.
+    fn lane_to(&self, ep: &Endpoint) -> Result<Lane, String> {
+        let ctx = self.app.kvpack.clone().ok_or("no kvpack context")?;
         let creds = muser_cluster::enroll::node_creds(&self.config_dir, &self.consumer)
-            .map_err(|e| hand(e.to_string()))?;
+            .map_err(|e| e.to_string())?;
         let cfg = ConsumerConfig {
             mode: PrefillMode::Remote,
             producers: vec![ep.clone()],
@@ -358,26 +382,21 @@ impl Onboarding {
             deadline: HANDOFF_TIMEOUT,
             accept_abis: self.accept_abis.clone(),
         };
-        let lane =
-            Lane::open(&cfg, &creds, &self.config_dir, ctx, app.options.n_ctx).map_err(&hand)?;
-        let prompt = app.tokenizer.encode(&handoff_prompt(&ep.name), true, false);
-        let started = Instant::now();
-        // the node restarts its listener with the new identity: give it a moment
-        let prefilled = loop {
-            match lane.prefill(&app.engine, &prompt).await {
-                Ok(Some(pf)) => break pf,
-                Ok(None) => {
-                    return Err(hand("the prompt was held locally; nothing crossed".into()))
-                }
-                Err(e) if started.elapsed() < Duration::from_secs(5) => {
-                    tracing::debug!(error = %e.message, "handoff: retrying");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                Err(e) => return Err(hand(e.message.clone())),
-            }
-        };
-        let record = HandoffRecord {
-            tokens: prefilled.state.positions.end as u64,
+        Lane::open(&cfg, &creds, &self.config_dir, ctx, self.app.options.n_ctx)
+    }
+
+    /// `prompt` prefilled by the lane's producer and decoded here, then prefilled and
+    /// decoded here.
+    async fn trial(&self, lane: &Lane, prompt: &[u32]) -> Result<Trial, String> {
+        let app = &self.app;
+        let t0 = Instant::now();
+        let prefilled = lane
+            .prefill(&app.engine, prompt)
+            .await
+            .map_err(|e| e.message)?
+            .ok_or("the prompt was held locally; nothing crossed")?;
+        let handoff = HandoffRecord {
+            tokens: u64::from(prefilled.state.positions.end),
             kv_bytes: prefilled
                 .state
                 .layers
@@ -386,26 +405,80 @@ impl Onboarding {
                 .sum(),
             ms: prefilled.took.as_secs_f64() * 1e3,
         };
-        let remote = decode(app, &prompt, Some(Arc::new(prefilled)))
-            .await
-            .map_err(&hand)?;
-        let local = decode(app, &prompt, None).await.map_err(&hand)?;
-        if remote != local {
-            return Err(hand(format!(
-                "tokens: expected {local:?} (local prefill), found {remote:?} (the node's prefill)"
-            )));
+        let (remote_tokens, first) = decode(app, prompt, Some(Arc::new(prefilled))).await?;
+        let remote_ttft_ms = (first - t0).as_secs_f64() * 1e3;
+        let t0 = Instant::now();
+        let (local_tokens, first) = decode(app, prompt, None).await?;
+        Ok(Trial {
+            handoff,
+            remote_ttft_ms,
+            local_ttft_ms: (first - t0).as_secs_f64() * 1e3,
+            remote_tokens,
+            local_tokens,
+        })
+    }
+
+    /// `reps` trials of remote against local prefill at each prompt length of `sizes`
+    /// (tokens; each trial's prompt is its own, so no cache on either side serves it).
+    pub async fn qualify(
+        &self,
+        ep: &Endpoint,
+        sizes: &[usize],
+        reps: u32,
+    ) -> Result<Vec<(usize, Trial)>, String> {
+        let lane = self.lane_to(ep)?;
+        let mut out = Vec::new();
+        for &n in sizes {
+            if n + HANDOFF_TOKENS as usize >= self.app.options.n_ctx {
+                return Err(format!(
+                    "{n} tokens do not fit the context of {} with the decoded tokens",
+                    self.app.options.n_ctx
+                ));
+            }
+            for rep in 0..reps {
+                let prompt = self.prompt_of(&format!("qualify {} {n} {rep}", ep.name), n);
+                out.push((n, self.trial(&lane, &prompt).await?));
+            }
         }
-        Ok(record)
+        Ok(out)
+    }
+
+    /// A prompt of exactly `n` tokens starting with `head`.
+    fn prompt_of(&self, head: &str, n: usize) -> Vec<u32> {
+        let mut text = handoff_prompt(head);
+        loop {
+            let tokens = self.app.tokenizer.encode(&text, true, false);
+            if tokens.len() >= n {
+                return tokens[..n].to_vec();
+            }
+            text.push_str(&handoff_prompt(&tokens.len().to_string()));
+        }
     }
 }
 
-/// Greedy tokens of `prompt` (with a producer's prefill, or computed here), computing the
-/// whole prompt (no cached prefix).
+/// One remote-against-local comparison.
+pub struct Trial {
+    pub handoff: HandoffRecord,
+    /// From the request to the first token, remote prefill (handoff included) and local.
+    pub remote_ttft_ms: f64,
+    pub local_ttft_ms: f64,
+    pub remote_tokens: Vec<u32>,
+    pub local_tokens: Vec<u32>,
+}
+
+impl Trial {
+    pub fn identical(&self) -> bool {
+        self.remote_tokens == self.local_tokens
+    }
+}
+
+/// Greedy tokens of `prompt` (with a producer's prefill, or computed here, the whole prompt:
+/// no cached prefix) and when the first came.
 async fn decode(
     app: &SharedState,
     prompt: &[u32],
     prefilled: Option<Arc<Prefilled>>,
-) -> Result<Vec<u32>, String> {
+) -> Result<(Vec<u32>, Instant), String> {
     let mut rx = app
         .engine
         .submit(GenerateRequest {
@@ -421,12 +494,18 @@ async fn decode(
         })
         .map_err(|e| e.to_string())?;
     let mut tokens = Vec::new();
+    let mut first = None;
     let deadline = tokio::time::Instant::now() + HANDOFF_TIMEOUT;
     loop {
         match tokio::time::timeout_at(deadline, rx.recv()).await {
             Err(_) => return Err("the decode did not finish in time".into()),
-            Ok(Some(Event::Token { id, .. })) => tokens.push(id),
-            Ok(Some(Event::Done { .. })) => return Ok(tokens),
+            Ok(Some(Event::Token { id, .. })) => {
+                first.get_or_insert_with(Instant::now);
+                tokens.push(id);
+            }
+            Ok(Some(Event::Done { .. })) => {
+                return Ok((tokens, first.unwrap_or_else(Instant::now)))
+            }
             Ok(Some(Event::Error(e))) => return Err(e),
             Ok(Some(_)) => {}
             Ok(None) => return Err("the engine stopped".into()),
@@ -476,6 +555,35 @@ fn preflight_summary(h: &HelloAnswer) -> String {
         f.free_disk_bytes as f64 / (1u64 << 30) as f64,
         unix_ms().abs_diff(f.time_unix_ms)
     )
+}
+
+/// This consumer's certificate name (`flag`, else the registry's, else `consumer`) and its
+/// certificate: the lane CA and the certificate are created on first use.
+pub fn consumer_identity(
+    config: &std::path::Path,
+    flag: Option<String>,
+) -> Result<String, muser_cluster::ClusterError> {
+    let registry = Registry::load(config)?;
+    let name = match (flag, registry.consumer) {
+        (Some(f), Some(r)) if f != r => {
+            return Err(muser_cluster::ClusterError::Config(format!(
+                "this consumer enrolled its nodes as `{r}`, not `{f}`"
+            )))
+        }
+        (f, r) => f.or(r).unwrap_or_else(|| "consumer".into()),
+    };
+    muser_cluster::check_name(&name)?;
+    let pki = Pki::at(config);
+    if !pki.dir().join("ca.key").exists() {
+        pki.init()?;
+        tracing::info!(dir = %pki.dir().display(), "created the lane CA");
+    }
+    if muser_cluster::enroll::node_creds(config, &name).is_err() {
+        let now = time::OffsetDateTime::now_utc() - time::Duration::minutes(1);
+        pki.issue(&name, now, CERT_DAYS)?;
+        tracing::info!(consumer = %name, "issued this consumer's certificate");
+    }
+    Ok(name)
 }
 
 /// Revokes what a failed enrollment issued to `name` (its only certificates: a name is

@@ -2,9 +2,10 @@
 //! `--enroll` prints a one-time code, `muser node add` enrolls it (preflight, model, keys,
 //! handoff), `muser node list` shows it healthy and a plain `muser up` of the consumer
 //! (a new process: the registry survives restarts) prefills on it; the code does not work
-//! twice; `qualify` writes its receipt; `muser node remove` revokes it and the lane refuses
-//! it at once. An expired code, a node serving another model, a node that is gone and a
-//! forged secret each fail naming their step, and leave no node recorded.
+//! twice; `qualify` writes its receipt; `DELETE /v1/nodes/{name}` revokes it and the lane
+//! stops using it at once, and a consumer started later refuses it in the handshake. An
+//! expired code, a node serving another model (through `POST /v1/nodes`), a node that is
+//! gone and a forged secret each fail naming their step, and leave no node recorded.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -268,6 +269,13 @@ fn an_enrolled_node_is_healthy_used_by_up_and_refused_once_removed() {
     );
     assert!(r["runs"][0]["kv_bytes"].as_u64().unwrap() > 0, "{r}");
 
+    // --local ignores the registry
+    let (c, cport) = consumer(d, &["--local"]);
+    let (s, got) = complete(cport, &prompt());
+    assert_eq!(s, 200, "{got}");
+    assert_eq!(got["timings"]["prefill_lane"], "local", "{got}");
+    drop(c);
+
     // a new consumer process takes the node from the registry
     let (c, cport) = consumer(d, &["--prefill", "remote"]);
     let (s, got) = complete(cport, &prompt());
@@ -278,35 +286,33 @@ fn an_enrolled_node_is_healthy_used_by_up_and_refused_once_removed() {
     assert_eq!(s, 200, "{nodes}");
     assert_eq!(nodes["nodes"][0]["name"], "prod", "{nodes}");
     assert_eq!(nodes["nodes"][0]["state"], "healthy", "{nodes}");
-    drop(c);
-    // --local ignores it
-    let (c, cport) = consumer(d, &["--local"]);
-    let (s, got) = complete(cport, &prompt());
-    assert_eq!(s, 200, "{got}");
-    assert_eq!(got["timings"]["prefill_lane"], "local", "{got}");
-    drop(c);
 
-    let out = node(d, &["remove", "prod"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // removed through the running consumer: revoked, forgotten, and not used from now on
+    let (s, got) = http(cport, "DELETE", "/v1/nodes/prod", &Value::Null);
+    assert_eq!(s, 200, "{got}");
+    assert_eq!(got["certificates_revoked"], 1, "{got}");
+    // (another prompt: the slot holds the last one, which needs no producer)
+    let (s, got) = complete(cport, &format!("Again. {}", prompt()));
+    assert_eq!(s, 503, "{got}");
+    assert!(got.to_string().contains("no producer is healthy"), "{got}");
+    drop(c);
     let list = node(d, &["list"]);
     assert!(String::from_utf8_lossy(&list.stdout).contains("no node is enrolled"));
-    // the revoked certificate is refused in the handshake: remote prefill fails clearly
+    let out = node(d, &["remove", "prod"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not enrolled"));
+
+    // a consumer started afterwards refuses the revoked certificate in the handshake
     let url = format!("prod=https://127.0.0.1:{port}");
-    let (_c, cport) = consumer(
-        d,
-        &[
-            "--prefill",
-            "remote",
-            "--name",
-            "consumer",
-            "--producer",
-            &url,
-        ],
-    );
+    let args = [
+        "--prefill",
+        "remote",
+        "--name",
+        "consumer",
+        "--producer",
+        &url,
+    ];
+    let (_c, cport) = consumer(d, &args);
     let (s, got) = complete(cport, &prompt());
     assert_eq!(s, 503, "{got}");
     assert!(got.to_string().contains("every producer"), "{got}");

@@ -48,6 +48,8 @@ pub struct Supervision {
     next_probe: Instant,
     /// State changes so far (exported as a counter).
     pub changes: u64,
+    /// Removed from the registry: down for good, never probed again.
+    retired: bool,
 }
 
 impl Supervision {
@@ -56,10 +58,14 @@ impl Supervision {
             failures: 0,
             next_probe: now,
             changes: 0,
+            retired: false,
         }
     }
 
     pub fn state(&self) -> NodeHealth {
+        if self.retired {
+            return NodeHealth::Down;
+        }
         match self.failures {
             0 => NodeHealth::Healthy,
             f if f < DOWN_AFTER => NodeHealth::Degraded,
@@ -69,7 +75,14 @@ impl Supervision {
 
     /// Whether a probe is due.
     pub fn due(&self, now: Instant) -> bool {
-        now >= self.next_probe
+        !self.retired && now >= self.next_probe
+    }
+
+    /// The node was removed: it is down from now on, whatever a probe or prefill says.
+    pub fn retire(&mut self) -> Option<Change> {
+        let before = self.state();
+        self.retired = true;
+        self.changed(before)
     }
 
     /// A probe or prefill worked.
@@ -128,5 +141,9 @@ mod tests {
         assert_eq!(s.state(), NodeHealth::Down);
         assert_eq!(s.success(t0), Some((NodeHealth::Down, NodeHealth::Healthy)));
         assert_eq!(s.changes, 3);
+        assert_eq!(s.retire(), Some((NodeHealth::Healthy, NodeHealth::Down)));
+        assert_eq!(s.success(t0), None);
+        assert_eq!(s.state(), NodeHealth::Down);
+        assert!(!s.due(t0 + BACKOFF_MAX * 2));
     }
 }

@@ -281,6 +281,24 @@ impl Lane {
         }
     }
 
+    /// Stops routing to producer `name` at once (it was removed from the registry); whether
+    /// this lane had it.
+    pub fn retire(&self, name: &str) -> bool {
+        let Some(p) = self.producers.iter().find(|p| p.ep.name == name) else {
+            return false;
+        };
+        let change = lock(&p.health).sup.retire();
+        if let Some((from, to)) = change {
+            tracing::warn!(
+                producer = name,
+                from = from.name(),
+                to = to.name(),
+                "prefill lane: producer removed"
+            );
+        }
+        true
+    }
+
     /// Each producer's name, health and count of health changes (for `/metrics`).
     pub fn health(&self) -> Vec<(String, NodeHealth, u64)> {
         self.producers

@@ -2,8 +2,9 @@
 //! route. `GET` lists the registry with each node's health as this server's lane sees it;
 //! `POST {name, url, code}` runs the enrollment steps of [`crate::onboard`] on this server's
 //! engine (one at a time; 201 with the steps, or 422 naming the failed step); `DELETE
-//! /v1/nodes/{name}` revokes the node's certificates and forgets it. A node enrolled or
-//! removed here takes effect in the lane at the server's next start.
+//! /v1/nodes/{name}` revokes the node's certificates, forgets it, and stops this server's
+//! lane from routing to it at once. A node enrolled here joins the lane at the server's next
+//! start.
 
 use std::path::PathBuf;
 
@@ -152,6 +153,9 @@ pub async fn remove(
     }
     let revoked = Pki::at(&admin.config_dir).revoke(&name).map_err(internal)?;
     reg.save(&admin.config_dir).map_err(internal)?;
+    if let Some(lane) = &state.lane {
+        lane.retire(&name);
+    }
     Ok(Json(
         json!({ "removed": name, "certificates_revoked": revoked }),
     ))

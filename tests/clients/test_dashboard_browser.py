@@ -1,6 +1,7 @@
 """The dashboard in a real browser: headless Chromium (Debian's package) driven by Selenium.
-It loads, its numbers move while a client generates, a chat message streams an answer, a
-session is saved and restored, and the console stays free of errors. Screenshots go to
+It loads, the Add-node form reports a refused enrollment, its numbers move while a client
+generates, a chat message streams an answer, a session is saved and restored, and the
+console stays free of errors. Screenshots go to
 $MUSER_ARTIFACTS (default target/test-artifacts)."""
 
 import os
@@ -55,6 +56,18 @@ def test_dashboard_end_to_end(base_url, browser):
     assert d.title == "Muser"
     wait.until(lambda d: text(d, "live") == "live")
     assert "No nodes configured" in text(d, "nodes")
+
+    # the Add-node form posts to /v1/nodes and shows why an enrollment was refused
+    wait.until(lambda d: d.find_element(By.ID, "node-form").is_displayed())
+    d.find_element(By.ID, "node-name").send_keys("prod")
+    d.find_element(By.ID, "node-url").send_keys("https://127.0.0.1:9")
+    d.find_element(By.ID, "node-code").send_keys("mu1-not-a-code")
+    d.find_element(By.ID, "node-add").click()
+    wait.until(lambda d: "failed: an enrollment code is" in text(d, "node-steps"))
+    assert d.find_element(By.ID, "node-code").get_attribute("value") == ""
+    # the browser logs the refused request itself (and nothing else)
+    logged = [e["message"] for e in d.get_log("browser") if e["level"] == "SEVERE"]
+    assert all("/v1/nodes" in m and "400" in m for m in logged), logged
 
     # a client generates: the throughput card and the chart's numbers move
     stop = threading.Event()

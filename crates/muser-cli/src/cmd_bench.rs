@@ -527,7 +527,7 @@ fn json_str(s: &str) -> String {
     o
 }
 
-fn git_commit() -> String {
+pub(crate) fn git_commit() -> String {
     std::process::Command::new("git")
         .args(["rev-parse", "HEAD"])
         .output()
@@ -539,7 +539,7 @@ fn git_commit() -> String {
         )
 }
 
-fn cpu_model() -> String {
+pub(crate) fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {

@@ -4,15 +4,16 @@
 
 use crate::device::{self, Device};
 use anyhow::Context;
+use muser_cluster::registry::Registry;
 use muser_cluster::Endpoint;
 use muser_model::LoadOptions;
 use muser_server::lane::{ConsumerConfig, LaneRole, LaneSetup, PrefillMode};
 use muser_server::server::{self, ServeConfig};
 use muser_server::store;
-use muser_server::{auth, http};
+use muser_server::{auth, enroll, http};
 use std::io::{IsTerminal, Write};
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -114,12 +115,26 @@ struct LaneArgs {
     config_dir: Option<PathBuf>,
     /// Where prompts are prefilled: local; remote (always on a producer, failing the request
     /// when none answers); auto (on a producer from --remote-min-tokens, local on any
-    /// producer failure).
-    #[arg(long, value_enum, default_value_t = Prefill::Local)]
-    prefill: Prefill,
-    /// A producer, NAME=https://HOST:PORT (NAME: its certificate name); repeatable.
+    /// producer failure). Default: auto with enrolled nodes, else local.
+    #[arg(long, value_enum)]
+    prefill: Option<Prefill>,
+    /// A producer, NAME=https://HOST:PORT (NAME: its certificate name); repeatable. Without
+    /// it, a consumer uses the nodes enrolled with `muser node add` (nodes.toml).
     #[arg(long, value_name = "NAME=URL")]
     producer: Vec<String>,
+    /// Use only these enrolled nodes (repeatable).
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["local", "producer"])]
+    node: Vec<String>,
+    /// Ignore the enrolled nodes: prefill here unless --producer is given.
+    #[arg(long)]
+    local: bool,
+    /// Producer: print a one-time enrollment code and wait for a consumer's
+    /// `muser node add` before serving the lane (docs/nodes.md).
+    #[arg(long)]
+    enroll: bool,
+    /// Producer: seconds the enrollment code stays valid.
+    #[arg(long, default_value_t = 600, requires = "enroll")]
+    enroll_ttl_s: u64,
     /// With --prefill auto, prompts of at least this many tokens go to a producer.
     #[arg(long, default_value_t = 1024)]
     remote_min_tokens: usize,
@@ -151,33 +166,77 @@ enum Prefill {
 }
 
 impl LaneArgs {
+    /// A consumer without --producer takes its producers from the node registry (every
+    /// enrolled node, or the --node ones) and prefills `auto` unless --prefill says otherwise.
+    fn use_registry(&mut self, config_dir: &Path) -> anyhow::Result<()> {
+        if self.role != Role::Consumer || self.local || !self.producer.is_empty() {
+            return Ok(());
+        }
+        let reg = Registry::load(config_dir)?;
+        for n in &self.node {
+            anyhow::ensure!(
+                reg.get(n).is_some(),
+                "node `{n}` is not enrolled (see `muser node list`)"
+            );
+        }
+        let chosen: Vec<_> = reg
+            .nodes
+            .iter()
+            .filter(|n| self.node.is_empty() || self.node.contains(&n.name))
+            .collect();
+        if chosen.is_empty() {
+            return Ok(());
+        }
+        self.producer = chosen
+            .iter()
+            .map(|n| format!("{}={}", n.name, n.url))
+            .collect();
+        if self.name.is_none() {
+            self.name = reg.consumer.clone();
+        }
+        self.prefill.get_or_insert(Prefill::Auto);
+        let names: Vec<&str> = chosen.iter().map(|n| n.name.as_str()).collect();
+        eprintln!("muser: enrolled nodes: {}", names.join(", "));
+        Ok(())
+    }
+
     /// The lane setup these flags ask for (`None`: a plain server).
-    fn setup(self) -> anyhow::Result<Option<LaneSetup>> {
-        let wants = self.role == Role::Producer
-            || self.prefill != Prefill::Local
-            || !self.producer.is_empty();
+    fn setup(mut self) -> anyhow::Result<Option<LaneSetup>> {
+        let config_dir = crate::cmd_tls::config_dir(self.config_dir.take())?;
+        self.use_registry(&config_dir)?;
+        let prefill = self.prefill.unwrap_or(Prefill::Local);
+        let wants =
+            self.role == Role::Producer || prefill != Prefill::Local || !self.producer.is_empty();
         if !wants {
             return Ok(None);
         }
         let node = self
             .name
             .context("the prefill lane needs this node's certificate name: --name NAME")?;
+        anyhow::ensure!(
+            !self.enroll || self.role == Role::Producer,
+            "--enroll is for a producer (--role producer)"
+        );
         let role = match self.role {
             Role::Producer => {
+                let mut consumers = self.consumer;
+                if let Some(e) = muser_cluster::enroll::load_enrolled(&config_dir, &node)? {
+                    consumers.extend(e.consumers);
+                }
                 anyhow::ensure!(
-                    !self.consumer.is_empty(),
-                    "a producer serves only enrolled consumers: give at least one --consumer NAME"
+                    !consumers.is_empty() || self.enroll,
+                    "a producer serves only enrolled consumers: give at least one --consumer NAME, or --enroll"
                 );
-                for c in &self.consumer {
+                for c in &consumers {
                     muser_cluster::check_name(c)?;
                 }
                 LaneRole::Producer {
-                    consumers: self.consumer,
+                    consumers,
                     max_queue: self.lane_queue,
                 }
             }
             Role::Consumer => LaneRole::Consumer(ConsumerConfig {
-                mode: match self.prefill {
+                mode: match prefill {
                     Prefill::Local => PrefillMode::Local,
                     Prefill::Remote => PrefillMode::Remote,
                     Prefill::Auto => PrefillMode::Auto,
@@ -193,7 +252,7 @@ impl LaneArgs {
             }),
         };
         Ok(Some(LaneSetup {
-            config_dir: crate::cmd_tls::config_dir(self.config_dir)?,
+            config_dir,
             node,
             role,
         }))
@@ -219,10 +278,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (Some(cert), Some(key)) => Some(http::tls_config(cert, key).map_err(anyhow::Error::msg)?),
         _ => None,
     };
+    let enroll = args
+        .lane
+        .enroll
+        .then(|| Duration::from_secs(args.lane.enroll_ttl_s.max(1)));
+    let registry = match args.lane.role {
+        Role::Consumer => Some(crate::cmd_tls::config_dir(args.lane.config_dir.clone())?),
+        Role::Producer => None,
+    };
     let lane = args.lane.setup()?;
     let producer = lane
         .clone()
         .filter(|l| matches!(l.role, LaneRole::Producer { .. }));
+    // an enrolled producer seals with the operator key its enrollment provisioned
+    let enrolled_key = match &producer {
+        Some(p) if enroll.is_none() => {
+            muser_cluster::enroll::load_enrolled(&p.config_dir, &p.node)?.map(|e| e.kv_key_file)
+        }
+        _ => None,
+    };
     // a producer serves enrolled nodes over mutual TLS only; the API's bind rules are for the API
     if producer.is_none() {
         auth::check_bind(
@@ -250,7 +324,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     cfg.slot_save_path = args.slot_save_path;
     cfg.slot_save_quota_bytes = args.slot_save_quota_mib << 20;
-    cfg.kv_key_file = args.kv_key_file;
+    cfg.kv_key_file = enrolled_key.or(args.kv_key_file);
     cfg.prompt_cache = args.prompt_cache.map(|dir| {
         let mut pc = muser_engine::PromptCacheConfig::new(dir);
         pc.disk_budget_bytes = args.prompt_cache_disk_mib << 20;
@@ -258,6 +332,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         pc
     });
     cfg.lane = lane;
+    cfg.node_registry = registry;
     cfg.session_dir = Some(match args.session_dir {
         Some(dir) => dir,
         None => default_session_dir()?,
@@ -299,6 +374,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             IpAddr::V4(ip) => ip.to_string(),
         };
         if let Some(setup) = &producer {
+            let (state, setup) = match enroll {
+                Some(ttl) => enroll_producer(&state, setup, &listener, ttl).await?,
+                None => (state, setup.clone()),
+            };
             println!(
                 "muser producer ready: https://{host}:{} (node {}, model {}, {} slots x {} tokens)",
                 local.port(),
@@ -308,7 +387,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 cfg.n_ctx
             );
             std::io::stdout().flush()?;
-            server::serve_producer(state, setup, listener, shutdown_signal()).await?;
+            server::serve_producer(state, &setup, listener, shutdown_signal()).await?;
             return anyhow::Ok(());
         }
         let scheme = if tls.is_some() { "https" } else { "http" };
@@ -325,6 +404,39 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         http::serve(state, listener, tls, shutdown_signal()).await?;
         anyhow::Ok(())
     })
+}
+
+/// Serves enrollment on `listener` until a consumer enrolled this producer (the code goes to
+/// stdout only); returns the state and setup to serve the lane with.
+async fn enroll_producer(
+    state: &muser_server::state::SharedState,
+    setup: &LaneSetup,
+    listener: &tokio::net::TcpListener,
+    ttl: Duration,
+) -> anyhow::Result<(muser_server::state::SharedState, LaneSetup)> {
+    let addr = listener.local_addr()?;
+    let show = |code: &str| {
+        println!(
+            "muser producer enrolling: https://{addr} (node {}); one-time code, valid {} s: {code}",
+            setup.node,
+            ttl.as_secs()
+        );
+        let _ = std::io::stdout().flush();
+    };
+    let enrolled = enroll::enroll(state, &setup.node, &setup.config_dir, listener, ttl, show)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    eprintln!(
+        "muser: enrolled by {}; serving the lane with the issued certificate",
+        enrolled.consumers.join(", ")
+    );
+    let state =
+        enroll::with_operator_key(state, &enrolled.kv_key_file).map_err(anyhow::Error::msg)?;
+    let mut setup = setup.clone();
+    if let LaneRole::Producer { consumers, .. } = &mut setup.role {
+        consumers.extend(enrolled.consumers);
+    }
+    Ok((state, setup))
 }
 
 /// `sessions` beside the model store (`$MUSER_HOME/sessions`, or `~/.cache/muser/sessions`).

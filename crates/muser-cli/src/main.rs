@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 mod cmd_bench;
 mod cmd_inspect;
 mod cmd_kvbench;
+mod cmd_node;
 mod cmd_run;
 mod cmd_synth;
 mod cmd_text;
@@ -48,6 +49,8 @@ enum Command {
     Template(cmd_text::TemplateArgs),
     /// The prefill lane's certificate authority: init, issue NAME, revoke NAME.
     Tls(cmd_tls::Args),
+    /// Enrolled producer nodes: add NAME URL --code CODE, list, status NAME, remove NAME.
+    Node(cmd_node::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -62,5 +65,6 @@ fn main() -> anyhow::Result<()> {
         Command::Tokenize(a) => cmd_text::tokenize(a),
         Command::Template(a) => cmd_text::template(a),
         Command::Tls(a) => cmd_tls::run(a),
+        Command::Node(a) => cmd_node::run(a),
     }
 }

@@ -86,7 +86,7 @@ fn pki_err(e: rcgen::Error) -> ClusterError {
 }
 
 /// Reads a small text file (bounded: the files here are certificates and short lists).
-fn read_text(path: &Path) -> Result<String, ClusterError> {
+pub(crate) fn read_text(path: &Path) -> Result<String, ClusterError> {
     let md = std::fs::metadata(path).map_err(io(path))?;
     if md.len() > 16 << 20 {
         return Err(ClusterError::Pki(format!(
@@ -98,7 +98,7 @@ fn read_text(path: &Path) -> Result<String, ClusterError> {
 }
 
 /// Writes `text` atomically with `mode` (temporary file, fsync, rename).
-fn write_file(path: &Path, text: &str, mode: u32) -> Result<(), ClusterError> {
+pub(crate) fn write_file(path: &Path, text: &str, mode: u32) -> Result<(), ClusterError> {
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
     let mut f = std::fs::OpenOptions::new()
@@ -113,7 +113,7 @@ fn write_file(path: &Path, text: &str, mode: u32) -> Result<(), ClusterError> {
     std::fs::rename(&tmp, path).map_err(io(path))
 }
 
-fn make_dir(path: &Path) -> Result<(), ClusterError> {
+pub(crate) fn make_dir(path: &Path) -> Result<(), ClusterError> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -206,6 +206,30 @@ impl Pki {
         not_before: OffsetDateTime,
         days: i64,
     ) -> Result<PathBuf, ClusterError> {
+        let key = KeyPair::generate().map_err(pki_err)?;
+        let (_, pem) = self.sign(name, &key, not_before, days)?;
+        let nodes = self.path("nodes");
+        make_dir(&nodes)?;
+        write_file(
+            &nodes.join(format!("{name}.key")),
+            &key.serialize_pem(),
+            0o600,
+        )?;
+        let crt = nodes.join(format!("{name}.crt"));
+        write_file(&crt, &pem, 0o644)?;
+        Ok(crt)
+    }
+
+    /// Signs a certificate for node `name` over `public_key` (a key the CA never sees the
+    /// private half of: an enrolling node's), valid from `not_before` for `days` days, and
+    /// records it as issued; returns its serial and PEM text.
+    pub fn sign(
+        &self,
+        name: &str,
+        public_key: &impl rcgen::PublicKeyData,
+        not_before: OffsetDateTime,
+        days: i64,
+    ) -> Result<(u64, String), ClusterError> {
         check_name(name)?;
         let (ca, ca_key) = self.issuer()?;
         let issued = self.issued()?;
@@ -224,21 +248,21 @@ impl Pki {
             ExtendedKeyUsagePurpose::ClientAuth,
         ];
         params.use_authority_key_identifier_extension = true;
-        let key = KeyPair::generate().map_err(pki_err)?;
-        let cert = params.signed_by(&key, &ca, &ca_key).map_err(pki_err)?;
-        let nodes = self.path("nodes");
-        make_dir(&nodes)?;
-        write_file(
-            &nodes.join(format!("{name}.key")),
-            &key.serialize_pem(),
-            0o600,
-        )?;
-        let crt = nodes.join(format!("{name}.crt"));
-        write_file(&crt, &cert.pem(), 0o644)?;
+        let cert = params
+            .signed_by(public_key, &ca, &ca_key)
+            .map_err(pki_err)?;
         let mut list = read_text(&self.path("issued"))?;
         list.push_str(&format!("{serial} {name}\n"));
         write_file(&self.path("issued"), &list, 0o644)?;
-        Ok(crt)
+        Ok((serial, cert.pem()))
+    }
+
+    /// The CA certificate and its current revocation list (PEM text each).
+    pub fn trust(&self) -> Result<(String, String), ClusterError> {
+        Ok((
+            read_text(&self.path("ca.crt"))?,
+            read_text(&self.path("ca.crl"))?,
+        ))
     }
 
     /// Revokes every certificate issued to `name`; returns how many.
@@ -311,6 +335,31 @@ impl Pki {
             ca_pem: read(self.path("ca.crt"), "the CA certificate")?,
             crl_pem: read(self.path("ca.crl"), "the revocation list")?,
         })
+    }
+}
+
+/// An enrolling node's public key as the CA receives it: an uncompressed P-256 point (the
+/// key type every node of the lane uses).
+pub struct NodeKey(Vec<u8>);
+
+impl NodeKey {
+    pub fn from_raw(raw: &[u8]) -> Result<NodeKey, ClusterError> {
+        if raw.len() != 65 || raw[0] != 4 {
+            return Err(ClusterError::Pki(
+                "a node key is an uncompressed P-256 point (65 bytes)".into(),
+            ));
+        }
+        Ok(NodeKey(raw.to_vec()))
+    }
+}
+
+impl rcgen::PublicKeyData for NodeKey {
+    fn der_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    fn algorithm(&self) -> &rcgen::SignatureAlgorithm {
+        &rcgen::PKCS_ECDSA_P256_SHA256
     }
 }
 

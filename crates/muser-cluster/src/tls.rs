@@ -15,7 +15,7 @@ use crate::{ClusterError, NodeCreds};
 #[derive(Clone, Debug)]
 pub struct PeerName(pub Arc<str>);
 
-fn provider() -> Arc<CryptoProvider> {
+pub(crate) fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 

@@ -349,7 +349,9 @@ function staleWatch() {
 async function refreshNodes() {
   const box = $("nodes");
   const none = "No nodes configured. This Muser serves alone.";
-  if (!snapshot || !snapshot.features || !snapshot.features.node_registry) {
+  const registry = !!(snapshot && snapshot.features && snapshot.features.node_registry);
+  $("node-form").hidden = !registry;
+  if (!registry) {
     box.replaceChildren(el("p", "empty", snapshot ? none : "Waiting for the server…"));
     return;
   }
@@ -365,6 +367,26 @@ async function refreshNodes() {
     }
   } catch (e) {
     box.replaceChildren(el("p", "empty", "Nodes unavailable: " + e.message));
+  }
+}
+
+// Enrolls a node with the code it printed: POST /v1/nodes runs preflight, model, keys,
+// handoff; each step's result (or the failed step) is listed under the form.
+async function addNode(e) {
+  e.preventDefault();
+  const steps = $("node-steps");
+  const body = { name: $("node-name").value.trim(), url: $("node-url").value.trim(), code: $("node-code").value.trim() };
+  $("node-code").value = "";
+  $("node-add").disabled = true;
+  steps.replaceChildren(el("li", "", "enrolling " + body.name + "…"));
+  try {
+    const r = await api("POST", "/v1/nodes", body);
+    steps.replaceChildren(...(r.steps || []).map((s) => el("li", "", s.step + ": " + s.result)));
+  } catch (err) {
+    steps.replaceChildren(el("li", "bad", "failed: " + err.message));
+  } finally {
+    $("node-add").disabled = false;
+    refreshNodes();
   }
 }
 
@@ -582,6 +604,7 @@ async function start() {
   setupKeyDialog();
   setupChat();
   $("session-save").addEventListener("click", saveSession);
+  $("node-form").addEventListener("submit", addNode);
   try {
     onSnapshot(await api("GET", "/v1/telemetry"));
   } catch (_) {

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use axum::http::StatusCode;
 use bytes::Bytes;
 use http_body_util::Full;
+use muser_cluster::supervise::{NodeHealth, Supervision};
 use muser_cluster::transport::next_chunk;
 use muser_cluster::{Endpoint, LaneClient, NodeCreds};
 use muser_engine::{Engine, KvPackContext, Prefilled};
@@ -88,8 +89,6 @@ pub enum LaneRole {
     Consumer(ConsumerConfig),
 }
 
-/// A producer failure keeps it out of the first choices this long.
-const DOWN_FOR: Duration = Duration::from_secs(5);
 /// Longest status or error body read from a producer.
 const MAX_SMALL_BODY: usize = 64 << 10;
 
@@ -106,9 +105,10 @@ pub struct Producer {
     health: Mutex<Health>,
 }
 
-#[derive(Default, Clone)]
+#[derive(Clone)]
 struct Health {
-    down_until: Option<Instant>,
+    /// Healthy, degraded or down, from probes and prefills (`muser_cluster::supervise`).
+    sup: Supervision,
     last_error: Option<String>,
     engine_abi: Option<String>,
     prefill_tok_s: f64,
@@ -193,7 +193,13 @@ impl Lane {
                     ep: ep.clone(),
                     queue_depth: AtomicU64::new(0),
                     in_flight: AtomicU64::new(0),
-                    health: Mutex::new(Health::default()),
+                    health: Mutex::new(Health {
+                        sup: Supervision::new(Instant::now()),
+                        last_error: None,
+                        engine_abi: None,
+                        prefill_tok_s: 0.0,
+                        last_handoff: None,
+                    }),
                 }
             })
             .collect();
@@ -227,7 +233,8 @@ impl Lane {
                 serde_json::json!({
                     "name": p.ep.name,
                     "url": p.ep.to_string().split_once('=').map(|(_, u)| u.to_string()),
-                    "healthy": h.down_until.is_none_or(|t| Instant::now() >= t),
+                    "healthy": h.sup.state() == NodeHealth::Healthy,
+                    "health": h.sup.state().name(),
                     "engine_abi": h.engine_abi,
                     "queue_depth": p.queue_depth.load(Ordering::Relaxed),
                     "prefill_tok_s": h.prefill_tok_s,
@@ -253,50 +260,73 @@ impl Lane {
         })
     }
 
-    /// Asks every producer for its status (queue depth, prefill rate, engine ABI); a
-    /// producer that does not answer is marked down.
+    /// Asks every producer whose probe is due for its status (queue depth, prefill rate,
+    /// engine ABI); an answer heals it, a failure degrades it and backs its probes off.
     pub async fn refresh(&self) {
         for p in &self.producers {
+            if !health(p).sup.due(Instant::now()) {
+                continue;
+            }
             match self.status(p).await {
                 Ok(s) => {
                     p.queue_depth.store(s.queue_depth, Ordering::Relaxed);
                     let mut h = lock(&p.health);
                     h.engine_abi = Some(s.engine_abi);
                     h.prefill_tok_s = s.prefill_tok_s;
+                    drop(h);
+                    record(p, Ok(()));
                 }
-                Err(e) => mark_down(p, &e),
+                Err(e) => record(p, Err(&e)),
             }
         }
     }
 
-    async fn status(&self, p: &Producer) -> Result<LaneStatus, String> {
-        let req = hyper::Request::get("/v1/lane/status")
-            .body(Full::new(Bytes::new()))
-            .map_err(|e| e.to_string())?;
-        let mut resp = self
-            .client
-            .send(&p.ep, req, Duration::from_secs(5))
-            .await
-            .map_err(|e| e.to_string())?;
-        let body = small_body(resp.body_mut()).await?;
-        if resp.status() != StatusCode::OK {
-            return Err(format!("status {}: {body}", resp.status()));
+    /// Stops routing to producer `name` at once (it was removed from the registry); whether
+    /// this lane had it.
+    pub fn retire(&self, name: &str) -> bool {
+        let Some(p) = self.producers.iter().find(|p| p.ep.name == name) else {
+            return false;
+        };
+        let change = lock(&p.health).sup.retire();
+        if let Some((from, to)) = change {
+            tracing::warn!(
+                producer = name,
+                from = from.name(),
+                to = to.name(),
+                "prefill lane: producer removed"
+            );
         }
-        serde_json::from_str(&body).map_err(|e| format!("status answer: {e}"))
+        true
     }
 
-    /// Producers in the order to try: those not marked down first, each group by shortest
-    /// queue.
+    /// Each producer's name, health and count of health changes (for `/metrics`).
+    pub fn health(&self) -> Vec<(String, NodeHealth, u64)> {
+        self.producers
+            .iter()
+            .map(|p| {
+                let h = health(p);
+                (p.ep.name.clone(), h.sup.state(), h.sup.changes)
+            })
+            .collect()
+    }
+
+    async fn status(&self, p: &Producer) -> Result<LaneStatus, String> {
+        probe(&self.client, &p.ep, Duration::from_secs(5)).await
+    }
+
+    /// Producers in the order to try: healthy ones, then degraded ones, each group by
+    /// shortest queue; producers that are down are not tried (their probes bring them back).
     fn order(&self) -> Vec<usize> {
-        let now = Instant::now();
-        let mut idx: Vec<usize> = (0..self.producers.len()).collect();
-        idx.sort_by_key(|&i| {
+        let mut idx: Vec<(usize, NodeHealth)> = (0..self.producers.len())
+            .map(|i| (i, health(&self.producers[i]).sup.state()))
+            .filter(|(_, h)| *h != NodeHealth::Down)
+            .collect();
+        idx.sort_by_key(|&(i, h)| {
             let p = &self.producers[i];
-            let down = health(p).down_until.is_some_and(|t| now < t);
             let q = p.queue_depth.load(Ordering::Relaxed) + p.in_flight.load(Ordering::Relaxed);
-            (down, q)
+            (h != NodeHealth::Healthy, q)
         });
-        idx
+        idx.into_iter().map(|(i, _)| i).collect()
     }
 
     /// The prefill of `prompt` from a producer, when this lane sends it to one: `Ok(None)`
@@ -332,8 +362,8 @@ impl Lane {
             p.in_flight.fetch_sub(1, Ordering::Relaxed);
             match r {
                 Ok((pf, producer_ms)) => {
+                    record(p, Ok(()));
                     let mut h = lock(&p.health);
-                    h.down_until = None;
                     h.last_handoff = Some(Handoff {
                         tokens: n,
                         from: pf.state.positions.start,
@@ -357,12 +387,15 @@ impl Lane {
                 }
                 Err(e) => {
                     tracing::warn!(producer = %p.ep.name, error = %e, "prefill lane: producer failed");
-                    mark_down(p, &e);
+                    record(p, Err(&e));
                     failures.push(format!("{}: {e}", p.ep.name));
                 }
             }
         }
-        let why = failures.join("; ");
+        let why = match failures.is_empty() {
+            true => "no producer is healthy".to_string(),
+            false => failures.join("; "),
+        };
         match self.mode {
             PrefillMode::Remote => Err(lane_err(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -552,14 +585,52 @@ fn health(p: &Producer) -> Health {
     lock(&p.health).clone()
 }
 
-fn mark_down(p: &Producer, why: &str) {
+/// A probe's or prefill's outcome for `p`'s health; a change of state is logged.
+fn record(p: &Producer, outcome: Result<(), &str>) {
     let mut h = lock(&p.health);
-    h.down_until = Some(Instant::now() + DOWN_FOR);
-    h.last_error = Some(why.to_string());
+    let now = Instant::now();
+    let change = match outcome {
+        Ok(()) => h.sup.success(now),
+        Err(why) => {
+            h.last_error = Some(why.to_string());
+            h.sup.failure(now)
+        }
+    };
+    drop(h);
+    if let Some((from, to)) = change {
+        tracing::warn!(
+            producer = %p.ep.name,
+            from = from.name(),
+            to = to.name(),
+            "prefill lane: producer health changed"
+        );
+    }
+}
+
+/// Producer `ep`'s `GET /v1/lane/status`, answered within `timeout`.
+pub async fn probe(
+    client: &LaneClient,
+    ep: &Endpoint,
+    timeout: Duration,
+) -> Result<LaneStatus, String> {
+    let req = hyper::Request::get("/v1/lane/status")
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| e.to_string())?;
+    let mut resp = client
+        .send(ep, req, timeout)
+        .await
+        .map_err(|e| e.to_string())?;
+    let body = tokio::time::timeout(timeout, small_body(resp.body_mut()))
+        .await
+        .map_err(|_| format!("producer `{}` did not finish its status in time", ep.name))??;
+    if resp.status() != StatusCode::OK {
+        return Err(format!("status {}: {body}", resp.status()));
+    }
+    serde_json::from_str(&body).map_err(|e| format!("status answer: {e}"))
 }
 
 /// A short body as text (bounded).
-async fn small_body(body: &mut hyper::body::Incoming) -> Result<String, String> {
+pub(crate) async fn small_body(body: &mut hyper::body::Incoming) -> Result<String, String> {
     let mut out = Vec::new();
     while let Some(c) = next_chunk(body).await {
         let c = c.map_err(|e| e.to_string())?;

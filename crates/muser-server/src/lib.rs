@@ -48,6 +48,8 @@
 //!   like `response_format`, `keep_alive` ignored), `GET /api/tags`, `POST /api/show`, `GET /api/version`.
 //! - Muser: `/v1/sessions` (a slot's conversation and exact K/V as an encrypted bundle with
 //!   revisions and idempotency keys; see `routes::sessions` and docs/sessions.md),
+//!   `/v1/nodes` (a consumer's enrolled producers: list, enroll with a one-time code,
+//!   remove; see `routes::nodes` and docs/nodes.md),
 //!   `GET /v1/telemetry` and `GET /v1/telemetry/stream` (tagged measurements; see
 //!   `routes::telemetry` and docs/telemetry.md), and the dashboard at `GET /`.
 //!
@@ -59,6 +61,7 @@
 
 pub mod auth;
 pub mod chat;
+pub mod enroll;
 pub mod error;
 pub mod gen;
 pub mod http;
@@ -67,6 +70,7 @@ pub mod kvkey;
 pub mod lane;
 pub mod limits;
 pub mod metrics;
+pub mod onboard;
 pub mod producer;
 pub mod reqlog;
 pub mod routes;

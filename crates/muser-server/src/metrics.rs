@@ -192,6 +192,8 @@ pub struct Gauges {
     pub n_slots: usize,
     pub kv_capacity_tokens: usize,
     pub prompt_cache: Option<PromptCacheStats>,
+    /// A consumer's producers: name, health, health changes so far.
+    pub producers: Vec<(String, muser_cluster::supervise::NodeHealth, u64)>,
 }
 
 pub struct Metrics {
@@ -437,6 +439,29 @@ impl Metrics {
         let _ = writeln!(out, "# HELP {name} HTTP request latency, to the end of the response body.\n# TYPE {name} histogram");
         self.latency.render(&mut out, name, "");
         // the local lane always; another lane once it has served a request
+        if !g.producers.is_empty() {
+            let _ = writeln!(
+                out,
+                "# HELP muser_lane_producer_health A producer's health: 2 healthy, 1 degraded, 0 down.\n# TYPE muser_lane_producer_health gauge"
+            );
+            for (name, h, _) in &g.producers {
+                let _ = writeln!(
+                    out,
+                    "muser_lane_producer_health{{producer=\"{name}\"}} {}",
+                    h.gauge()
+                );
+            }
+            let _ = writeln!(
+                out,
+                "# HELP muser_lane_producer_health_changes_total A producer's changes of health.\n# TYPE muser_lane_producer_health_changes_total counter"
+            );
+            for (name, _, n) in &g.producers {
+                let _ = writeln!(
+                    out,
+                    "muser_lane_producer_health_changes_total{{producer=\"{name}\"}} {n}"
+                );
+            }
+        }
         let lanes: Vec<Lane> = Lane::ALL
             .into_iter()
             .filter(|&l| l == Lane::Local || self.lane(l).ttft_s.count() > 0)
@@ -496,7 +521,14 @@ mod tests {
             n_slots: 4,
             kv_capacity_tokens: 4096,
             prompt_cache: None,
+            producers: vec![(
+                "prod".into(),
+                muser_cluster::supervise::NodeHealth::Degraded,
+                1,
+            )],
         });
+        assert!(text.contains("muser_lane_producer_health{producer=\"prod\"} 1"));
+        assert!(text.contains("muser_lane_producer_health_changes_total{producer=\"prod\"} 1"));
         assert!(text.contains("muser_prompt_tokens_total 10"));
         assert!(text.contains("muser_generated_tokens_total 5"));
         assert!(text.contains("muser_generated_tokens_per_second 100"));

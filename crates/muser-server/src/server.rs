@@ -39,6 +39,8 @@ pub struct ServeConfig {
     pub device: String,
     /// The CPU backend's numerics profile (`--numerics`, `--flash-attn`).
     pub numerics: muser_model::Numerics,
+    /// The configuration directory whose node registry `/v1/nodes` serves (a consumer).
+    pub node_registry: Option<PathBuf>,
 }
 
 impl ServeConfig {
@@ -59,6 +61,7 @@ impl ServeConfig {
             session_dir: None,
             device: "cpu".into(),
             numerics: muser_model::Numerics::PORTABLE,
+            node_registry: None,
         }
     }
 }
@@ -203,8 +206,7 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
     let lane = match (&cfg.lane, &kvpack) {
         (Some(setup), Some(ctx)) => match &setup.role {
             crate::lane::LaneRole::Consumer(c) => {
-                let creds = muser_cluster::Pki::at(&setup.config_dir)
-                    .node(&setup.node)
+                let creds = muser_cluster::enroll::node_creds(&setup.config_dir, &setup.node)
                     .map_err(|e| StartError::Lane(e.to_string()))?;
                 let lane =
                     crate::lane::Lane::open(c, &creds, &setup.config_dir, ctx.clone(), cfg.n_ctx)
@@ -236,6 +238,19 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
         },
         metrics: Arc::new(Metrics::new(&cfg.device)),
         sessions,
+        nodes: cfg.node_registry.as_ref().map(|dir| {
+            let consumer = cfg.lane.as_ref().and_then(|l| match &l.role {
+                crate::lane::LaneRole::Consumer(c) => Some((l.node.clone(), c.accept_abis.clone())),
+                crate::lane::LaneRole::Producer { .. } => None,
+            });
+            crate::routes::nodes::NodeAdmin {
+                config_dir: dir.clone(),
+                consumer: consumer.as_ref().map(|c| c.0.clone()),
+                kv_key_file: cfg.kv_key_file.clone(),
+                accept_abis: consumer.map(|c| c.1).unwrap_or_default(),
+                enrolling: tokio::sync::Mutex::new(()),
+            }
+        }),
         in_flight: Arc::new(tokio::sync::Semaphore::new(crate::limits::IN_FLIGHT_MAX)),
         started_unix_s: crate::routes::unix_now(),
     }))
@@ -338,9 +353,8 @@ pub async fn serve_producer(
         return Err(StartError::Lane("not a producer".into()));
     };
     let lane = |e: &dyn std::fmt::Display| StartError::Lane(e.to_string());
-    let creds = muser_cluster::Pki::at(&setup.config_dir)
-        .node(&setup.node)
-        .map_err(|e| lane(&e))?;
+    let creds =
+        muser_cluster::enroll::node_creds(&setup.config_dir, &setup.node).map_err(|e| lane(&e))?;
     let tls = muser_cluster::server_config(&creds).map_err(|e| lane(&e))?;
     let producer =
         crate::producer::Producer::new(state, &setup.node, *max_queue).map_err(|e| lane(&e))?;

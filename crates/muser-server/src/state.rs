@@ -52,6 +52,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Session bundles (`/v1/sessions`); present with a session directory.
     pub sessions: Option<crate::routes::sessions::Sessions>,
+    /// The node registry's routes (`/v1/nodes`); present on a consumer.
+    pub nodes: Option<crate::routes::nodes::NodeAdmin>,
     /// Permits of requests in flight ([`crate::limits::IN_FLIGHT_MAX`]).
     pub in_flight: Arc<tokio::sync::Semaphore>,
     /// Unix seconds at start-up (the `created` of /v1/models).

@@ -3,6 +3,7 @@
 
 pub mod dashboard;
 pub mod llama;
+pub mod nodes;
 pub mod ollama;
 pub mod openai;
 pub mod sessions;
@@ -18,7 +19,7 @@ use axum::extract::{FromRequestParts, Request, State};
 use axum::http::{header, request::Parts, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::Router;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -108,6 +109,8 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/sessions/{id}/restore", post(sessions::restore))
         .route("/v1/sessions/{id}/bundle", get(sessions::export))
         // telemetry and the dashboard
+        .route("/v1/nodes", get(nodes::list).post(nodes::add))
+        .route("/v1/nodes/{name}", delete(nodes::remove))
         .route("/v1/telemetry", get(telemetry::get))
         .route("/v1/telemetry/stream", get(telemetry::stream))
         .route("/", get(dashboard::index))

@@ -39,6 +39,7 @@ pub fn gauges(state: &SharedState) -> Gauges {
             .prompt_cache
             .as_ref()
             .map(|pc| pc.stats()),
+        producers: state.lane.as_ref().map_or_else(Vec::new, |l| l.health()),
     }
 }
 
@@ -124,9 +125,8 @@ pub fn snapshot(state: &SharedState) -> Value {
         "generated_at": crate::routes::unix_now(),
         "uptime_s": measured(m.uptime().as_secs_f64(), "s"),
         "model": { "id": state.model.id, "arch": state.model.arch, "device": m.device },
-        // what this server offers; the dashboard asks only for what is here (a node registry
-        // arrives with the cluster's node API)
-        "features": { "sessions": state.sessions.is_some(), "node_registry": false },
+        // what this server offers; the dashboard asks only for what is here
+        "features": { "sessions": state.sessions.is_some(), "node_registry": state.nodes.is_some() },
         "throughput": {
             "tokens_per_second": measured(m.tokens_per_second(), "tok/s"),
             "window_s": RATE_WINDOW_S,

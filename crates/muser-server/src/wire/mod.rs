@@ -4,6 +4,7 @@
 
 pub mod lane;
 pub mod llama;
+pub mod nodes;
 pub mod ollama;
 pub mod openai;
 pub mod sessions;

@@ -1,0 +1,389 @@
+//! Node onboarding with real `muser` processes on loopback: a producer started with
+//! `--enroll` prints a one-time code, `muser node add` enrolls it (preflight, model, keys,
+//! handoff), `muser node list` shows it healthy and a plain `muser up` of the consumer
+//! (a new process: the registry survives restarts) prefills on it; the code does not work
+//! twice; `qualify` writes its receipt; `DELETE /v1/nodes/{name}` revokes it and the lane
+//! stops using it at once, and a consumer started later refuses it in the handshake. An
+//! expired code, a node serving another model (through `POST /v1/nodes`), a node that is
+//! gone and a forged secret each fail naming their step, and leave no node recorded.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Output, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+fn muser() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_muser"))
+}
+
+fn smollm2() -> PathBuf {
+    let dir = std::env::var_os("MUSER_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/muser/models")
+        });
+    let p = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        p.exists(),
+        "missing {} (run scripts/fetch-models.sh)",
+        p.display()
+    );
+    p
+}
+
+/// A `muser up` child; killed when dropped.
+struct Proc {
+    child: Child,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proc {
+    fn line(&mut self) -> String {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line
+    }
+}
+
+fn spawn(d: &Path, log: &str, model: &Path, args: &[&str]) -> Proc {
+    let mut child = muser()
+        .args([
+            "up", "--port", "0", "--slots", "1", "-c", "2048", "-t", "1", "-m",
+        ])
+        .arg(model)
+        .args(args)
+        .env("MUSER_HOME", d.join("home"))
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(d.join(log)).unwrap())
+        .spawn()
+        .unwrap();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    Proc { child, stdout }
+}
+
+/// A producer waiting for enrollment: the process, its port and its code.
+fn enrolling(d: &Path, model: &Path, extra: &[&str]) -> (Proc, u16, String) {
+    let cfg = d.join("prod-cfg");
+    let mut args = vec![
+        "--role",
+        "producer",
+        "--name",
+        "prod",
+        "--enroll",
+        "--config-dir",
+    ];
+    args.push(cfg.to_str().unwrap());
+    args.extend(extra);
+    let mut p = spawn(d, "prod.log", model, &args);
+    let line = p.line();
+    assert!(line.contains("enrolling"), "{line}: see prod.log");
+    let port = line
+        .split("https://127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    let code = line.trim_end().rsplit(' ').next().unwrap().to_string();
+    assert!(code.starts_with("mu1-"), "{line}");
+    (p, port, code)
+}
+
+fn node(d: &Path, args: &[&str]) -> Output {
+    muser()
+        .arg("node")
+        .args(args)
+        .arg("--config-dir")
+        .arg(d.join("cons-cfg"))
+        .env("MUSER_HOME", d.join("home"))
+        .output()
+        .unwrap()
+}
+
+fn add(d: &Path, name: &str, port: u16, code: &str) -> (bool, String) {
+    let url = format!("https://127.0.0.1:{port}");
+    let key = d.join("kv.key");
+    let out = node(
+        d,
+        &[
+            "add",
+            name,
+            &url,
+            "--code",
+            code,
+            "-t",
+            "1",
+            "--kv-key-file",
+            key.to_str().unwrap(),
+            "-m",
+            smollm2().to_str().unwrap(),
+        ],
+    );
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+fn setup() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("kv.key"), "07".repeat(32)).unwrap();
+    dir
+}
+
+fn complete(port: u16, prompt: &str) -> (u16, Value) {
+    let body = json!({"prompt": prompt, "n_predict": 4, "temperature": 0});
+    http(port, "POST", "/completion", &body)
+}
+
+fn http(port: u16, method: &str, path: &str, body: &Value) -> (u16, Value) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+    let body = body.to_string();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out[9..12].parse().unwrap();
+    let json = out.split_once("\r\n\r\n").unwrap().1;
+    (status, serde_json::from_str(json).unwrap_or(Value::Null))
+}
+
+/// About 650 SmolLM2 tokens: one 512-token chunk prefilled by the producer.
+fn prompt() -> String {
+    (0..40)
+        .map(|i| {
+            format!(
+                "Entry {i}: the courier left {} parcels at the mill. ",
+                i * 3 + 1
+            )
+        })
+        .collect()
+}
+
+fn consumer(d: &Path, extra: &[&str]) -> (Proc, u16) {
+    let cfg = d.join("cons-cfg");
+    let key = d.join("kv.key");
+    let mut args = vec![
+        "--config-dir",
+        cfg.to_str().unwrap(),
+        "--kv-key-file",
+        key.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    let mut c = spawn(d, "cons.log", &smollm2(), &args);
+    let line = c.line();
+    assert!(line.contains("muser ready"), "{line}: see cons.log");
+    let addr = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http"))
+        .unwrap();
+    let port = addr.rsplit(':').next().unwrap().parse().unwrap();
+    (c, port)
+}
+
+#[test]
+fn an_enrolled_node_is_healthy_used_by_up_and_refused_once_removed() {
+    let dir = setup();
+    let d = dir.path();
+    let (mut prod, port, code) = enrolling(d, &smollm2(), &[]);
+    let (ok, out) = add(d, "prod", port, &code);
+    assert!(ok, "{out}");
+    for step in ["preflight", "model", "keys", "handoff", "record"] {
+        assert!(out.contains(&format!("{step} ")), "{step} missing: {out}");
+    }
+    assert!(out.contains("tokens identical"), "{out}");
+    let ready = prod.line();
+    assert!(ready.contains("muser producer ready"), "{ready}");
+
+    // the code worked once
+    let (ok, out) = add(d, "prod", port, &code);
+    assert!(
+        !ok && out.contains("preflight") && out.contains("already enrolled"),
+        "{out}"
+    );
+    let reg = d.join("cons-cfg/nodes.toml");
+    let text = std::fs::read_to_string(&reg).unwrap();
+    std::fs::remove_file(&reg).unwrap();
+    let (ok, out) = add(d, "prod", port, &code);
+    assert!(
+        !ok && out.contains("preflight") && out.contains("pins"),
+        "{out}"
+    );
+    std::fs::write(&reg, text).unwrap();
+
+    let list = node(d, &["list"]);
+    let list = String::from_utf8_lossy(&list.stdout);
+    assert!(list.contains("prod") && list.contains("healthy"), "{list}");
+
+    // qualify (small sizes): identical tokens, TTFT both ways, a receipt
+    let receipt = d.join("qualify.json");
+    let key = d.join("kv.key");
+    let out = node(
+        d,
+        &[
+            "qualify",
+            "prod",
+            "--sizes",
+            "600",
+            "--reps",
+            "1",
+            "-t",
+            "1",
+            "--kv-key-file",
+            key.to_str().unwrap(),
+            "-m",
+            smollm2().to_str().unwrap(),
+            "-o",
+            receipt.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&receipt).unwrap()).unwrap();
+    assert_eq!(r["tokens_identical"], true, "{r}");
+    assert_eq!(r["runs"][0]["tokens"], 600, "{r}");
+    assert!(
+        r["runs"][0]["remote_ttft_ms"].as_f64().unwrap() > 0.0,
+        "{r}"
+    );
+    assert!(r["runs"][0]["kv_bytes"].as_u64().unwrap() > 0, "{r}");
+
+    // --local ignores the registry
+    let (c, cport) = consumer(d, &["--local"]);
+    let (s, got) = complete(cport, &prompt());
+    assert_eq!(s, 200, "{got}");
+    assert_eq!(got["timings"]["prefill_lane"], "local", "{got}");
+    drop(c);
+
+    // a new consumer process takes the node from the registry
+    let (c, cport) = consumer(d, &["--prefill", "remote"]);
+    let (s, got) = complete(cport, &prompt());
+    assert_eq!(s, 200, "{got}");
+    assert_eq!(got["timings"]["prefill_lane"], "remote", "{got}");
+    assert_eq!(got["timings"]["producer"], "prod", "{got}");
+    let (s, nodes) = http(cport, "GET", "/v1/nodes", &Value::Null);
+    assert_eq!(s, 200, "{nodes}");
+    assert_eq!(nodes["nodes"][0]["name"], "prod", "{nodes}");
+    assert_eq!(nodes["nodes"][0]["state"], "healthy", "{nodes}");
+
+    // removed through the running consumer: revoked, forgotten, and not used from now on
+    let (s, got) = http(cport, "DELETE", "/v1/nodes/prod", &Value::Null);
+    assert_eq!(s, 200, "{got}");
+    assert_eq!(got["certificates_revoked"], 1, "{got}");
+    // (another prompt: the slot holds the last one, which needs no producer)
+    let (s, got) = complete(cport, &format!("Again. {}", prompt()));
+    assert_eq!(s, 503, "{got}");
+    assert!(got.to_string().contains("no producer is healthy"), "{got}");
+    drop(c);
+    let list = node(d, &["list"]);
+    assert!(String::from_utf8_lossy(&list.stdout).contains("no node is enrolled"));
+    let out = node(d, &["remove", "prod"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not enrolled"));
+
+    // a consumer started afterwards refuses the revoked certificate in the handshake
+    let url = format!("prod=https://127.0.0.1:{port}");
+    let args = [
+        "--prefill",
+        "remote",
+        "--name",
+        "consumer",
+        "--producer",
+        &url,
+    ];
+    let (_c, cport) = consumer(d, &args);
+    let (s, got) = complete(cport, &prompt());
+    assert_eq!(s, 503, "{got}");
+    assert!(got.to_string().contains("every producer"), "{got}");
+}
+
+#[test]
+fn a_bad_enrollment_names_its_step_and_records_nothing() {
+    let dir = setup();
+    let d = dir.path();
+    let tiny = d.join("tiny.gguf");
+    let out = muser()
+        .args([
+            "synth",
+            "--preset",
+            "tiny",
+            "--type",
+            "q8_0",
+            "--vocab-from",
+        ])
+        .arg(smollm2())
+        .arg("-o")
+        .arg(&tiny)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // another model, enrolled through the running consumer's POST /v1/nodes: refused at
+    // the model step, nothing issued
+    let (p, port, code) = enrolling(d, &tiny, &[]);
+    let (c, cport) = consumer(d, &[]);
+    let url = format!("https://127.0.0.1:{port}");
+    let add_req = json!({"name": "prod", "url": url, "code": code});
+    let (s, got) = http(cport, "POST", "/v1/nodes", &add_req);
+    assert_eq!(s, 422, "{got}");
+    assert_eq!(got["error"]["step"], "model", "{got}");
+    assert!(got.to_string().contains("model_weights: expected"), "{got}");
+    assert_eq!(got["steps"][0]["step"], "preflight", "{got}");
+    let (s, got) = http(cport, "DELETE", "/v1/nodes/prod", &Value::Null);
+    assert_eq!(s, 404, "{got}");
+    drop((c, p));
+
+    // an expired code
+    let (p, port, code) = enrolling(d, &smollm2(), &["--enroll-ttl-s", "1"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let (ok, out) = add(d, "prod", port, &code);
+    assert!(
+        !ok && out.contains("preflight") && out.contains("expired"),
+        "{out}"
+    );
+
+    // a node that is gone
+    drop(p);
+    let (ok, out) = add(d, "prod", port, &code);
+    assert!(
+        !ok && out.contains("preflight") && out.contains("connect"),
+        "{out}"
+    );
+
+    // a code of the right shape but another secret: the node's proof fails
+    let (_p, port, code) = enrolling(d, &smollm2(), &[]);
+    let forged = format!("{}{}", &code[..36], "0".repeat(32));
+    let (ok, out) = add(d, "prod", port, &forged);
+    assert!(
+        !ok && out.contains("preflight") && out.contains("proof"),
+        "{out}"
+    );
+
+    let list = node(d, &["list"]);
+    assert!(String::from_utf8_lossy(&list.stdout).contains("no node is enrolled"));
+}

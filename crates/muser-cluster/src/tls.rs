@@ -11,11 +11,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::UnixTime;
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{
@@ -51,7 +51,9 @@ fn parse_crls(pem: &str) -> Result<Vec<CertificateRevocationListDer<'static>>, C
         .collect::<Result<Vec<_>, _>>()
         .map_err(tls_err)?;
     if crls.is_empty() {
-        return Err(ClusterError::Tls("the revocation list file holds no list".into()));
+        return Err(ClusterError::Tls(
+            "the revocation list file holds no list".into(),
+        ));
     }
     Ok(crls)
 }
@@ -115,14 +117,12 @@ pub fn client_config(creds: &NodeCreds) -> Result<Arc<ClientConfig>, ClusterErro
     let p = parse(creds)?;
     let roots = p.roots.clone();
     let build = move |crls| -> Result<Arc<dyn ServerCertVerifier>, ClusterError> {
-        let v = rustls::client::WebPkiServerVerifier::builder_with_provider(
-            roots.clone(),
-            provider(),
-        )
-        .with_crls(crls)
-        .only_check_end_entity_revocation()
-        .build()
-        .map_err(tls_err)?;
+        let v =
+            rustls::client::WebPkiServerVerifier::builder_with_provider(roots.clone(), provider())
+                .with_crls(crls)
+                .only_check_end_entity_revocation()
+                .build()
+                .map_err(tls_err)?;
         Ok(v)
     };
     let verifier = Arc::new(LiveCrl::new(creds.crl_path.clone(), p.crls, build)?);

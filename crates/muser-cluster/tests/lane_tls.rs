@@ -93,7 +93,10 @@ async fn enrolled_peers_talk_and_every_other_certificate_is_refused() {
     pki2.issue("prod", now(), 30).unwrap();
     assert!(ping(&pki2, "cons", "prod", port).await.is_err());
     let foreign = producer(&pki2, "prod", &["cons"]).await;
-    assert_eq!(ping(&pki2, "cons", "prod", foreign).await.unwrap(), "pong cons");
+    assert_eq!(
+        ping(&pki2, "cons", "prod", foreign).await.unwrap(),
+        "pong cons"
+    );
     assert!(ping(&pki, "cons", "prod", foreign).await.is_err());
 
     // revocation: a producer started after the revoke refuses the revoked consumer

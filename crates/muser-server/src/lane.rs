@@ -66,6 +66,8 @@ pub struct ConsumerConfig {
     pub deadline: Duration,
     /// Engine ABIs accepted besides this engine's own (producers with other numerics).
     pub accept_abis: Vec<String>,
+    /// Nodes this one may move sessions to (`--migrate-to NAME=https://HOST:PORT`).
+    pub migrate_to: Vec<Endpoint>,
 }
 
 /// A node's place on the lane (`muser up --role ...`).
@@ -76,6 +78,16 @@ pub struct LaneSetup {
     /// This node's certificate name.
     pub node: String,
     pub role: LaneRole,
+    /// A consumer's own lane listener (`--lane-port`): sessions migrated in from the
+    /// `peers`, over mutual TLS.
+    pub listen: Option<LaneListen>,
+}
+
+/// A consumer's lane endpoint: the port, and the node names allowed to connect.
+#[derive(Clone, Debug)]
+pub struct LaneListen {
+    pub port: u16,
+    pub peers: Vec<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -136,6 +148,7 @@ pub struct Lane {
     accept_abis: Vec<String>,
     client: LaneClient,
     producers: Vec<Producer>,
+    migrate_to: Vec<Endpoint>,
     ctx: Arc<KvPackContext>,
     ledger: Arc<Mutex<Ledger>>,
     n_ctx: usize,
@@ -204,10 +217,17 @@ impl Lane {
             accept_abis: cfg.accept_abis.clone(),
             client: LaneClient::new(tls),
             producers,
+            migrate_to: cfg.migrate_to.clone(),
             ctx,
             ledger: Arc::new(Mutex::new(ledger)),
             n_ctx,
         })
+    }
+
+    /// The node `name` of `--migrate-to`, and the client that reaches it.
+    pub fn migration_target(&self, name: &str) -> Option<(&Endpoint, &LaneClient)> {
+        let ep = self.migrate_to.iter().find(|e| e.name == name)?;
+        Some((ep, &self.client))
     }
 
     /// The engine ABIs this consumer accepts: its own, then the configured others.
@@ -635,7 +655,7 @@ fn mark_down(p: &Producer, why: &str) {
 }
 
 /// A short body as text (bounded).
-async fn small_body(body: &mut hyper::body::Incoming) -> Result<String, String> {
+pub(crate) async fn small_body(body: &mut hyper::body::Incoming) -> Result<String, String> {
     let mut out = Vec::new();
     while let Some(c) = next_chunk(body).await {
         let c = c.map_err(|e| e.to_string())?;

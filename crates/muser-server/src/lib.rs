@@ -67,6 +67,7 @@ pub mod kvkey;
 pub mod lane;
 pub mod limits;
 pub mod metrics;
+pub mod migrate;
 pub mod producer;
 pub mod reqlog;
 pub mod routes;

@@ -221,7 +221,10 @@ async fn prefill(
                 return;
             }
         };
-        if sealed_tx.send(Ok(t0.elapsed().as_secs_f64() * 1e3)).is_err() {
+        if sealed_tx
+            .send(Ok(t0.elapsed().as_secs_f64() * 1e3))
+            .is_err()
+        {
             return; // the request is gone
         }
         let mut w = ChunkWriter {
@@ -238,7 +241,8 @@ async fn prefill(
         .map_err(|_| ApiError::internal("sealing the pack stopped"))?
         .map_err(|e| ApiError::internal(format!("sealing the pack: {e}")))?;
     let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
-    let ms = |name: &'static str, v: f64| (header::HeaderName::from_static(name), format!("{v:.3}"));
+    let ms =
+        |name: &'static str, v: f64| (header::HeaderName::from_static(name), format!("{v:.3}"));
     Ok((
         StatusCode::OK,
         [
@@ -307,11 +311,7 @@ async fn run_prefill(
     result.map(|e| (e, took))
 }
 
-async fn prefill_on(
-    p: &Arc<Producer>,
-    slot: usize,
-    tokens: &[u32],
-) -> Result<(), ApiError> {
+async fn prefill_on(p: &Arc<Producer>, slot: usize, tokens: &[u32]) -> Result<(), ApiError> {
     align_slot(p, slot, tokens).await?;
     let mut rx = p
         .app

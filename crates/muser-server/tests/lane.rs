@@ -81,6 +81,7 @@ fn setup(dir: &Path, node: &str, role: LaneRole) -> LaneSetup {
         config_dir: dir.join("cfg"),
         node: node.into(),
         role,
+        listen: None,
     }
 }
 
@@ -201,6 +202,7 @@ async fn every_bad_answer_is_refused_and_the_consumer_keeps_serving() {
             min_tokens: 1,
             deadline: Duration::from_secs(6),
             accept_abis: vec![],
+            migrate_to: vec![],
         };
         config(d, "kv.key", setup(d, "cons", LaneRole::Consumer(c)))
     };
@@ -258,6 +260,7 @@ async fn every_bad_answer_is_refused_and_the_consumer_keeps_serving() {
         min_tokens: 1,
         deadline: Duration::from_secs(30),
         accept_abis: vec![],
+        migrate_to: vec![],
     };
     drop(app);
     let state = load(&config(

@@ -107,6 +107,7 @@ pub fn router(state: SharedState) -> Router {
         )
         .route("/v1/sessions/{id}/restore", post(sessions::restore))
         .route("/v1/sessions/{id}/bundle", get(sessions::export))
+        .route("/v1/sessions/{id}/migrate", post(crate::migrate::migrate))
         // telemetry and the dashboard
         .route("/v1/telemetry", get(telemetry::get))
         .route("/v1/telemetry/stream", get(telemetry::stream))

@@ -483,8 +483,9 @@ impl Lane {
             held,
             same_abi,
         };
-        // the transport receives while a blocking thread verifies what arrived: TLS, HTTP/2
-        // and the segments' SHA-256 run side by side, VERIFY_AHEAD_CHUNKS apart at most
+        // the transport receives while a blocking thread verifies what arrived (copying into
+        // the staging state, the segments' SHA-256 on workers): TLS, HTTP/2 and hashing run
+        // side by side, VERIFY_AHEAD_CHUNKS apart at most
         let (tx, rx) = mpsc::channel::<Bytes>(VERIFY_AHEAD_CHUNKS);
         let worker = tokio::task::spawn_blocking(move || ask.verify(&limits, max_kv, rx));
         let late = || {
@@ -530,6 +531,12 @@ impl Lane {
 /// Chunks of a pack received ahead of its verification.
 const VERIFY_AHEAD_CHUNKS: usize = 16;
 
+/// Threads hashing a pack's segments as they arrive: the cores, up to 8 (the receiving
+/// thread only copies into the staging state).
+fn verify_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
+}
+
 /// Where a handoff's time went: the producer's prefill, export and seal (as it reported
 /// them), the answer's head (request to head, those included), the body (head to the last
 /// byte verified) and the verifier's own busy time within it.
@@ -570,7 +577,8 @@ impl Ask {
             cut: None,
             other_abis: &self.accept_abis,
         };
-        let mut sr = StreamRestore::new(&self.ctx.keys, expect, limits, max_kv);
+        let mut sr = StreamRestore::new(&self.ctx.keys, expect, limits, max_kv)
+            .hash_threads(verify_threads());
         let mut checked = false;
         let mut busy = Duration::ZERO;
         while let Some(chunk) = rx.blocking_recv() {

@@ -168,8 +168,11 @@ struct LiveCrl<V: ?Sized> {
     path: Option<PathBuf>,
     build: Box<Build<V>>,
     base: Arc<V>,
-    current: Mutex<(Option<Stamp>, Result<Arc<V>, String>)>,
+    current: Mutex<Loaded<V>>,
 }
+
+/// The file version a verifier was built from, and the verifier (or why there is none).
+type Loaded<V> = (Option<Stamp>, Result<Arc<V>, String>);
 
 impl<V: ?Sized> std::fmt::Debug for LiveCrl<V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

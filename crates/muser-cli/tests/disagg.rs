@@ -4,7 +4,11 @@
 //! times); an unenrolled name and a certificate of another CA are refused and `auto` falls
 //! back to a local prefill; with two producers, killing one keeps the consumer serving
 //! through the other; with none left, `remote` fails the request clearly and the consumer
-//! still answers.
+//! still answers. A producer's connection cut mid-pack (`auto` falls back with the local
+//! tokens, `remote` fails), a producer of an engine ABI not accepted (refused; `--accept-abi`
+//! admits it) and a node revoked while both run (refused at its next request) leave the
+//! consumer serving. A session migrates between two consumers over the lane and continues
+//! with the tokens it would have produced where it was.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

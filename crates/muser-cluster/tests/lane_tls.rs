@@ -1,6 +1,8 @@
 //! The lane's PKI and transport on loopback: an enrolled peer gets an answer; a wrong CA,
 //! an expired or revoked certificate, an unenrolled name and a producer presenting another
-//! name are refused before any request is served.
+//! name are refused before any request is served, both ways; a revocation reaches running
+//! producers and consumers at their next handshake, and a damaged revocation list refuses
+//! everyone.
 
 use std::sync::Arc;
 use std::time::Duration;

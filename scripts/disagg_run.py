@@ -4,8 +4,9 @@ a producer and a consumer (`muser up --role producer` / `--prefill auto`), then,
 size, one prompt prefilled locally and one prefilled on the producer. Prints TTFT both ways (and
 remote again for the same prompt, which the producer's slot then holds),
 the handoff's K/V bytes and rate, the share of the remote TTFT spent on the handoff itself
-(seal, stream, verify, install: outside the producer's prefill and the consumer's last
-chunk), and whether the greedy tokens are identical; with --receipt, writes a JSON receipt.
+(export, seal, stream, verify: outside the producer's prefill and the consumer's last
+chunk) with its phases (the producer's export and seal, the body's arrival and the
+consumer's verification), and whether the greedy tokens are identical; with --receipt, writes a JSON receipt.
 Used by scripts/disagg-demo.sh and scripts/bench-handoff.sh. Python standard library only."""
 import argparse, json, os, platform, subprocess, sys, tempfile, time, urllib.request
 
@@ -90,6 +91,8 @@ def main():
                 h = get(cp, "/props")["prefill_lane"]["producers"][0]["last_handoff"]
                 # the same prompt again: the producer's slot holds it and computes one block
                 repeat = run_once(cp, ids, True, 16)
+                # the handoff: everything after the producer's prefill (export, seal, stream,
+                # verify); its phases as the producer reported them and the consumer timed them
                 wire_ms = max(h["ms"] - h["producer_prefill_ms"], 1e-9)
                 rows.append({
                     "prompt_tokens": n,
@@ -97,6 +100,18 @@ def main():
                     "ttft_local_ms": local["timings"]["prompt_ms"],
                     "ttft_remote_ms": remote["timings"]["prompt_ms"],
                     "producer_prefill_ms": h["producer_prefill_ms"],
+                    "phases_ms": {
+                        "producer_export": h["producer_export_ms"],
+                        "producer_seal": h["producer_seal_ms"],
+                        # request sent to the answer's head (prefill, export and seal included)
+                        "head": h["head_ms"],
+                        # the answer's head to its last byte verified
+                        "body": h["body_ms"],
+                        # the verifier's busy time within the body (SHA-256, copies, checks)
+                        "verify": h["verify_ms"],
+                    },
+                    # bytes over the time the body took to arrive and verify
+                    "body_gb_s": h["kv_bytes"] / max(h["body_ms"], 1e-9) / 1e6,
                     "handoff_ms": h["ms"],
                     "kv_bytes": h["kv_bytes"],
                     "payload_gb_s": h["kv_bytes"] / wire_ms / 1e6,
@@ -113,12 +128,14 @@ def main():
             p.terminate()
             p.wait()
     print(f"{'tokens':>7} {'TTFT local ms':>14} {'TTFT remote ms':>15} {'repeat ms':>10} {'KV MB':>8} {'GB/s':>6} "
-          f"{'handoff share':>14}  identical")
+          f"{'handoff share':>14} {'export':>7} {'seal':>7} {'body':>7} {'verify':>7} {'body GB/s':>9}  identical")
     for r in rows:
+        ph = r["phases_ms"]
         print(f"{r['prompt_tokens']:>7} {r['ttft_local_ms']:>14.1f} {r['ttft_remote_ms']:>15.1f} "
               f"{r['ttft_remote_repeat_ms']:>10.1f} "
-              f"{r['kv_bytes'] / 1e6:>8.1f} {r['payload_gb_s']:>6.2f} {r['handoff_share_of_ttft']:>13.1%}  "
-              f"{'yes' if r['tokens_identical'] else 'no'}")
+              f"{r['kv_bytes'] / 1e6:>8.1f} {r['payload_gb_s']:>6.2f} {r['handoff_share_of_ttft']:>13.1%} "
+              f"{ph['producer_export']:>7.1f} {ph['producer_seal']:>7.1f} {ph['body']:>7.1f} {ph['verify']:>7.1f} "
+              f"{r['body_gb_s']:>9.2f}  {'yes' if r['tokens_identical'] else 'no'}")
     print(f"tokens identical: {'yes' if all(r['tokens_identical'] for r in rows) else 'no'}")
     if a.receipt:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()

@@ -4,7 +4,9 @@
 # the same box, also on the GPU (same engine ABI: the greedy tokens must be identical); then,
 # with CPU_CONSUMER=1, a consumer on the CPU accepting the fused forward's ABI (slow: it
 # computes each prompt's last chunk of the 30B model on the CPU). Per prompt size: TTFT with
-# local and with remote prefill, payload GB/s, the handoff's share of the remote TTFT.
+# local and with remote prefill, payload GB/s, the handoff's share of the remote TTFT, and its
+# phases (the producer's export and seal, the body's arrival, the consumer's verifier time:
+# `phases_ms` and `body_gb_s` in the receipt, columns in the printed table).
 # Needs in $CARRY (default .carry/, git-ignored), as for scripts/gpu-check-bench.sh:
 #   muser             cargo build --release -p muser-cli --features cuda
 #   muse-vocab.gguf   muser synth --preset bench-310m --vocab-from SMOLLM2.gguf --vocab-only

@@ -153,7 +153,9 @@ fn onboarding(
             min_tokens: 0,
             deadline: Duration::from_secs(60),
             accept_abis: a.accept_abi.clone(),
+            migrate_to: Vec::new(),
         }),
+        listen: None,
     });
     eprintln!("muser: loading {}", model_path.display());
     let app = server::load(&cfg)?;

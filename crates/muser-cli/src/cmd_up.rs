@@ -7,7 +7,7 @@ use anyhow::Context;
 use muser_cluster::registry::Registry;
 use muser_cluster::Endpoint;
 use muser_model::LoadOptions;
-use muser_server::lane::{ConsumerConfig, LaneRole, LaneSetup, PrefillMode};
+use muser_server::lane::{ConsumerConfig, LaneListen, LaneRole, LaneSetup, PrefillMode};
 use muser_server::server::{self, ServeConfig};
 use muser_server::store;
 use muser_server::{auth, enroll, http};
@@ -150,6 +150,17 @@ struct LaneArgs {
     /// Producer: prefills allowed to wait beyond the slots before it answers 429.
     #[arg(long, default_value_t = 16)]
     lane_queue: usize,
+    /// A node this one may move sessions to (`POST /v1/sessions/{id}/migrate`),
+    /// NAME=https://HOST:PORT (its --lane-port); repeatable.
+    #[arg(long, value_name = "NAME=URL")]
+    migrate_to: Vec<String>,
+    /// Consumer: also serve the lane over mutual TLS on this port (sessions migrated in from
+    /// the --lane-peer nodes).
+    #[arg(long, value_name = "PORT")]
+    lane_port: Option<u16>,
+    /// A node allowed to connect to --lane-port; repeatable.
+    #[arg(long, value_name = "NAME")]
+    lane_peer: Vec<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -205,8 +216,11 @@ impl LaneArgs {
         let config_dir = crate::cmd_tls::config_dir(self.config_dir.take())?;
         self.use_registry(&config_dir)?;
         let prefill = self.prefill.unwrap_or(Prefill::Local);
-        let wants =
-            self.role == Role::Producer || prefill != Prefill::Local || !self.producer.is_empty();
+        let wants = self.role == Role::Producer
+            || prefill != Prefill::Local
+            || !self.producer.is_empty()
+            || !self.migrate_to.is_empty()
+            || self.lane_port.is_some();
         if !wants {
             return Ok(None);
         }
@@ -249,12 +263,38 @@ impl LaneArgs {
                 min_tokens: self.remote_min_tokens,
                 deadline: Duration::from_millis(self.prefill_deadline_ms.max(1)),
                 accept_abis: self.accept_abi,
+                migrate_to: self
+                    .migrate_to
+                    .iter()
+                    .map(|p| Endpoint::parse(p))
+                    .collect::<Result<_, _>>()?,
             }),
+        };
+        let listen = match self.lane_port {
+            None => None,
+            Some(port) => {
+                anyhow::ensure!(
+                    self.role == Role::Consumer,
+                    "--lane-port is for a consumer (a producer serves the lane on --port)"
+                );
+                anyhow::ensure!(
+                    !self.lane_peer.is_empty(),
+                    "--lane-port serves only enrolled nodes: give at least one --lane-peer NAME"
+                );
+                for p in &self.lane_peer {
+                    muser_cluster::check_name(p)?;
+                }
+                Some(LaneListen {
+                    port,
+                    peers: self.lane_peer,
+                })
+            }
         };
         Ok(Some(LaneSetup {
             config_dir,
             node,
             role,
+            listen,
         }))
     }
 }
@@ -331,7 +371,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         pc.memory_budget_bytes = args.prompt_cache_ram_mib << 20;
         pc
     });
-    cfg.lane = lane;
+    cfg.lane = lane.clone();
     cfg.node_registry = registry;
     cfg.session_dir = Some(match args.session_dir {
         Some(dir) => dir,
@@ -400,6 +440,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
         std::io::stdout().flush()?;
         eprintln!("muser: dashboard at {scheme}://{host}:{}/", local.port());
+        if let Some((setup, listen)) = lane.as_ref().and_then(|l| Some((l, l.listen.as_ref()?))) {
+            let addr = SocketAddr::new(args.host, listen.port);
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} (--lane-port)"))?;
+            eprintln!("muser: lane (sessions in) at https://{addr}");
+            let (st, setup) = (state.clone(), setup.clone());
+            tokio::spawn(async move {
+                let peers = setup.listen.as_ref().map_or(&[][..], |l| &l.peers[..]);
+                if let Err(e) = muser_server::migrate::serve_lane(
+                    st,
+                    &setup.config_dir,
+                    &setup.node,
+                    peers,
+                    listener,
+                )
+                .await
+                {
+                    eprintln!("muser: the lane listener stopped: {e}");
+                }
+            });
+        }
         server::start_lane_refresh(&state).await;
         http::serve(state, listener, tls, shutdown_signal()).await?;
         anyhow::Ok(())

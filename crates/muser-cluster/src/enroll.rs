@@ -455,6 +455,8 @@ pub fn load_enrolled(config: &Path, name: &str) -> Result<Option<EnrolledNode>, 
             key_pem: read_text(&dir.join("node.key"))?,
             ca_pem: read_text(&dir.join("ca.crt"))?,
             crl_pem: read_text(&dir.join("ca.crl"))?,
+            // the copy enrollment left; reloaded on change like the CA's own
+            crl_path: Some(dir.join("ca.crl")),
         },
         kv_key_file: dir.join("kv.key"),
         consumers,

@@ -67,7 +67,7 @@ pub struct Pki {
 }
 
 /// What a node presents and trusts: its certificate and key, the CA, the revocation list
-/// (PEM text each).
+/// (PEM text each), and the file the revocation list is read again from when it changes.
 #[derive(Clone)]
 pub struct NodeCreds {
     pub name: String,
@@ -75,6 +75,8 @@ pub struct NodeCreds {
     pub key_pem: String,
     pub ca_pem: String,
     pub crl_pem: String,
+    /// `None`: the list is fixed for the life of the configuration.
+    pub crl_path: Option<PathBuf>,
 }
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> ClusterError + '_ {
@@ -265,7 +267,14 @@ impl Pki {
         ))
     }
 
-    /// Revokes every certificate issued to `name`; returns how many.
+    /// The CA's revocation list, which running nodes read again when it changes.
+    pub fn crl_path(&self) -> PathBuf {
+        self.path("ca.crl")
+    }
+
+    /// Revokes every certificate issued to `name`; returns how many. Running nodes that read
+    /// this CA directory refuse the certificates from their next handshake on, without a
+    /// restart ([`crate::tls`] looks at the revocation list's file on every handshake).
     pub fn revoke(&self, name: &str) -> Result<usize, ClusterError> {
         check_name(name)?;
         let mut revoked = self.revoked()?;
@@ -334,6 +343,7 @@ impl Pki {
             key_pem: read(nodes.join(format!("{name}.key")), "the key")?,
             ca_pem: read(self.path("ca.crt"), "the CA certificate")?,
             crl_pem: read(self.path("ca.crl"), "the revocation list")?,
+            crl_path: Some(self.crl_path()),
         })
     }
 }

@@ -23,6 +23,17 @@ use crate::{check_name, ClusterError};
 /// Longest TLS handshake a producer waits for.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// HTTP/2 flow control of the lane, both sides: a pack is tens of MB to GB moved as one
+/// answer, so the receive windows cover several milliseconds of a fast link (the protocol's
+/// 64 KiB default stalls the sender every few frames), and frames are large enough that
+/// their headers cost nothing. Memory stays bounded: at most a window per stream is
+/// buffered unread.
+pub const STREAM_WINDOW_BYTES: u32 = 16 << 20;
+pub const CONNECTION_WINDOW_BYTES: u32 = 32 << 20;
+pub const MAX_FRAME_BYTES: u32 = 1 << 20;
+/// A producer buffers at most this much of an answer ahead of the consumer's window.
+pub const SEND_BUFFER_BYTES: usize = 8 << 20;
+
 /// A producer as a consumer names it: `NAME=https://HOST:PORT`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Endpoint {
@@ -108,6 +119,10 @@ pub async fn serve(
             };
             let svc = TowerToHyperService::new(router.layer(axum::Extension(PeerName(name))));
             if let Err(e) = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .initial_stream_window_size(STREAM_WINDOW_BYTES)
+                .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+                .max_frame_size(MAX_FRAME_BYTES)
+                .max_send_buf_size(SEND_BUFFER_BYTES)
                 .serve_connection(TokioIo::new(stream), svc)
                 .await
             {
@@ -166,10 +181,14 @@ impl LaneClient {
             .connect(server, tcp)
             .await
             .map_err(|e| net("TLS", &e))?;
-        let (mut sender, conn) =
-            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
-                .await
-                .map_err(|e| net("HTTP/2", &e))?;
+        let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .initial_stream_window_size(STREAM_WINDOW_BYTES)
+            .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+            .max_frame_size(MAX_FRAME_BYTES)
+            .max_send_buf_size(SEND_BUFFER_BYTES)
+            .handshake(TokioIo::new(tls))
+            .await
+            .map_err(|e| net("HTTP/2", &e))?;
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "lane: producer connection ended");

@@ -1,6 +1,8 @@
 //! The lane's PKI and transport on loopback: an enrolled peer gets an answer; a wrong CA,
 //! an expired or revoked certificate, an unenrolled name and a producer presenting another
-//! name are refused before any request is served.
+//! name are refused before any request is served, both ways; a revocation reaches running
+//! producers and consumers at their next handshake, and a damaged revocation list refuses
+//! everyone.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +48,10 @@ async fn producer(pki: &Pki, name: &str, enrolled: &[&str]) -> u16 {
 
 async fn ping(pki: &Pki, me: &str, producer: &str, port: u16) -> Result<String, String> {
     let client = LaneClient::new(client_config(&pki.node(me).unwrap()).unwrap());
+    ping_with(&client, producer, port).await
+}
+
+async fn ping_with(client: &LaneClient, producer: &str, port: u16) -> Result<String, String> {
     let ep = Endpoint::parse(&format!("{producer}=https://127.0.0.1:{port}")).unwrap();
     let req = hyper::Request::post("/ping")
         .body(Full::new(Bytes::new()))
@@ -81,11 +87,19 @@ async fn enrolled_peers_talk_and_every_other_certificate_is_refused() {
     // the consumer dials a name the producer's certificate does not carry
     assert!(ping(&pki, "cons", "late", port).await.is_err());
 
-    // a certificate of another CA with an enrolled name
+    // a certificate of another CA with an enrolled name, both ways: a foreign consumer is
+    // refused by the producer, a foreign producer by the consumer
     let other = tempfile::tempdir().unwrap();
     let pki2 = ca(other.path());
     pki2.issue("cons", now(), 30).unwrap();
+    pki2.issue("prod", now(), 30).unwrap();
     assert!(ping(&pki2, "cons", "prod", port).await.is_err());
+    let foreign = producer(&pki2, "prod", &["cons"]).await;
+    assert_eq!(
+        ping(&pki2, "cons", "prod", foreign).await.unwrap(),
+        "pong cons"
+    );
+    assert!(ping(&pki, "cons", "prod", foreign).await.is_err());
 
     // revocation: a producer started after the revoke refuses the revoked consumer
     assert_eq!(pki.revoke("gone").unwrap(), 1);
@@ -98,6 +112,40 @@ async fn enrolled_peers_talk_and_every_other_certificate_is_refused() {
     // and a consumer refuses a revoked producer
     pki.revoke("prod").unwrap();
     assert!(ping(&pki, "cons", "prod", port2).await.is_err());
+}
+
+#[tokio::test]
+async fn a_revocation_takes_effect_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = ca(dir.path());
+    for n in ["prod", "cons", "gone"] {
+        pki.issue(n, now(), 30).unwrap();
+    }
+    // both sides configured before the revocations
+    let port = producer(&pki, "prod", &["cons", "gone"]).await;
+    let cons = LaneClient::new(client_config(&pki.node("cons").unwrap()).unwrap());
+    let gone = LaneClient::new(client_config(&pki.node("gone").unwrap()).unwrap());
+    assert_eq!(ping_with(&gone, "prod", port).await.unwrap(), "pong gone");
+    assert_eq!(ping_with(&cons, "prod", port).await.unwrap(), "pong cons");
+
+    // the running producer refuses a consumer revoked after it started
+    pki.revoke("gone").unwrap();
+    assert!(ping_with(&gone, "prod", port).await.is_err());
+    assert_eq!(ping_with(&cons, "prod", port).await.unwrap(), "pong cons");
+
+    // the running consumer refuses a producer revoked after it was configured
+    pki.revoke("prod").unwrap();
+    assert!(ping_with(&cons, "prod", port).await.is_err());
+
+    // a revocation list that no longer parses refuses every peer (never fails open)
+    for n in ["p2", "c2"] {
+        pki.issue(n, now(), 30).unwrap();
+    }
+    let port2 = producer(&pki, "p2", &["c2"]).await;
+    let c2 = LaneClient::new(client_config(&pki.node("c2").unwrap()).unwrap());
+    assert_eq!(ping_with(&c2, "p2", port2).await.unwrap(), "pong c2");
+    std::fs::write(pki.crl_path(), "not a list").unwrap();
+    assert!(ping_with(&c2, "p2", port2).await.is_err());
 }
 
 #[test]

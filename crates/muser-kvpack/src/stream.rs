@@ -4,6 +4,12 @@
 //! last byte arrives. Nothing but the staging state and the manifest is kept, so memory is
 //! bounded by the K/V the caller budgeted, whatever the sender does; the state is handed out
 //! only after the last check ([`StreamRestore::finish`]).
+//!
+//! With [`StreamRestore::hash_threads`] above one, segments are hashed on worker threads
+//! (segment i on worker i mod n, each fed its segments' bytes in order through a bounded
+//! channel) while the caller's thread only copies: a digest that does not match stops the
+//! restore at the next segment boundary or, at the latest, in `finish`, and the state is
+//! never handed out.
 
 use crate::error::{KvpackError, Region, Result};
 use crate::keys::Keys;
@@ -11,6 +17,13 @@ use crate::pack::{open_parts, Header, Manifest, ReadLimits, HEADER_BYTES, SEAL_B
 use crate::restore::{Expect, Restored};
 use crate::state::KvState;
 use sha2::{Digest, Sha256};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// Pieces of segment bytes queued per hashing worker.
+const HASH_QUEUE: usize = 8;
 
 /// A pack being verified as its bytes arrive, in order.
 pub struct StreamRestore<'a> {
@@ -19,6 +32,7 @@ pub struct StreamRestore<'a> {
     limits: &'a ReadLimits,
     max_bytes: u64,
     received: u64,
+    hash_threads: usize,
     phase: Phase,
 }
 
@@ -44,7 +58,104 @@ struct Body {
     at: usize,
     /// Per layer, the bytes of K (equally V) filled by earlier segments.
     fill: Vec<usize>,
-    hasher: Sha256,
+    hashing: Hashing,
+}
+
+/// Where segment bytes are hashed: here, or on worker threads.
+enum Hashing {
+    Inline(Sha256),
+    Pool(Pool),
+}
+
+struct Pool {
+    queues: Vec<SyncSender<Piece>>,
+    workers: Vec<JoinHandle<()>>,
+    /// The first segment whose digest did not match, plus one (0: none yet).
+    failed: Arc<AtomicU64>,
+}
+
+fn first_failure(failed: &AtomicU64) -> Result<()> {
+    match failed.load(Ordering::Relaxed) {
+        0 => Ok(()),
+        i => Err(KvpackError::SegmentDigest {
+            index: (i - 1) as u32,
+        }),
+    }
+}
+
+enum Piece {
+    Bytes(Vec<u8>),
+    End { index: u32, sha256: [u8; 32] },
+}
+
+impl Pool {
+    fn new(threads: usize) -> Pool {
+        let failed = Arc::new(AtomicU64::new(0));
+        let (queues, workers) = (0..threads)
+            .map(|_| {
+                let (tx, rx) = sync_channel::<Piece>(HASH_QUEUE);
+                let failed = failed.clone();
+                let worker = std::thread::spawn(move || {
+                    let mut h = Sha256::new();
+                    for piece in rx {
+                        match piece {
+                            Piece::Bytes(b) => h.update(&b),
+                            Piece::End { index, sha256 } => {
+                                let d: [u8; 32] = std::mem::take(&mut h).finalize().into();
+                                if d != sha256 {
+                                    let _ = failed.compare_exchange(
+                                        0,
+                                        u64::from(index) + 1,
+                                        Ordering::Relaxed,
+                                        Ordering::Relaxed,
+                                    );
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                });
+                (tx, worker)
+            })
+            .unzip();
+        Pool {
+            queues,
+            workers,
+            failed,
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        first_failure(&self.failed)
+    }
+
+    /// Sends a piece to segment `seg`'s worker; a worker gone means it found a mismatch.
+    fn send(&self, seg: usize, piece: Piece) -> Result<()> {
+        let q = &self.queues[seg % self.queues.len()];
+        q.send(piece)
+            .map_err(|_| self.check().err().unwrap_or(KvpackError::Cancelled))
+    }
+
+    /// Waits for every digest; the first mismatch, if any.
+    fn join(self) -> Result<()> {
+        let Pool {
+            queues,
+            workers,
+            failed,
+        } = self;
+        drop(queues);
+        let mut all_ran = true;
+        for w in workers {
+            all_ran &= w.join().is_ok();
+        }
+        first_failure(&failed)?;
+        // a worker that did not run to the end checked nothing: never a pass
+        if all_ran {
+            Ok(())
+        } else {
+            Err(KvpackError::Cancelled)
+        }
+    }
 }
 
 impl<'a> StreamRestore<'a> {
@@ -61,11 +172,18 @@ impl<'a> StreamRestore<'a> {
             limits,
             max_bytes,
             received: 0,
+            hash_threads: 1,
             phase: Phase::Head {
                 buf: Vec::with_capacity(HEADER_BYTES),
                 header: None,
             },
         }
+    }
+
+    /// Hashes segments on `threads` worker threads (1, the default: on the caller's).
+    pub fn hash_threads(mut self, threads: usize) -> Self {
+        self.hash_threads = threads.max(1);
+        self
     }
 
     /// Bytes accepted so far.
@@ -153,7 +271,10 @@ impl<'a> StreamRestore<'a> {
             seg: 0,
             part: 0,
             at: 0,
-            hasher: Sha256::new(),
+            hashing: match self.hash_threads {
+                1 => Hashing::Inline(Sha256::new()),
+                n => Hashing::Pool(Pool::new(n)),
+            },
         }));
         Ok(())
     }
@@ -161,10 +282,15 @@ impl<'a> StreamRestore<'a> {
     /// The verified state, when every declared byte arrived and every segment checked out.
     pub fn finish(self) -> Result<Restored> {
         match self.phase {
-            Phase::Body(b) if b.seg == b.manifest.segments.len() => Ok(Restored {
-                manifest: b.manifest,
-                state: b.staging,
-            }),
+            Phase::Body(b) if b.seg == b.manifest.segments.len() => {
+                if let Hashing::Pool(pool) = b.hashing {
+                    pool.join()?;
+                }
+                Ok(Restored {
+                    manifest: b.manifest,
+                    state: b.staging,
+                })
+            }
             Phase::Body(b) => Err(KvpackError::Truncated {
                 region: Region::Segments,
                 needed: b.file_len,
@@ -202,7 +328,10 @@ impl Body {
         let from = self.fill[layer] + self.at;
         let n = (part_len - self.at).min(data.len());
         rows[from..from + n].copy_from_slice(&data[..n]);
-        self.hasher.update(&data[..n]);
+        match &mut self.hashing {
+            Hashing::Inline(h) => h.update(&data[..n]),
+            Hashing::Pool(pool) => pool.send(self.seg, Piece::Bytes(data[..n].to_vec()))?,
+        }
         self.at += n;
         if self.at == part_len {
             self.at = 0;
@@ -211,11 +340,24 @@ impl Body {
             }
             self.part += 1;
             if self.part == 2 * s.layer_count as usize {
-                let d: [u8; 32] = std::mem::take(&mut self.hasher).finalize().into();
-                if d != s.sha256 {
-                    return Err(KvpackError::SegmentDigest {
-                        index: self.seg as u32,
-                    });
+                let index = self.seg as u32;
+                match &mut self.hashing {
+                    Hashing::Inline(h) => {
+                        let d: [u8; 32] = std::mem::take(h).finalize().into();
+                        if d != s.sha256 {
+                            return Err(KvpackError::SegmentDigest { index });
+                        }
+                    }
+                    Hashing::Pool(pool) => {
+                        pool.check()?;
+                        pool.send(
+                            self.seg,
+                            Piece::End {
+                                index,
+                                sha256: s.sha256,
+                            },
+                        )?;
+                    }
                 }
                 self.seg += 1;
                 self.part = 0;

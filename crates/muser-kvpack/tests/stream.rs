@@ -1,18 +1,30 @@
 //! Restore from a stream: any chunking gives the state a positional restore gives; a changed,
-//! missing or extra byte, a foreign identity or an engine ABI not accepted is refused.
+//! missing or extra byte, a foreign identity or an engine ABI not accepted is refused; the
+//! same whether segments are hashed on the caller's thread or on workers.
 
 mod common;
 use common::*;
 use muser_kvpack::*;
 
+/// Streams `bytes` in `chunk`-byte pieces, hashing here and on three worker threads: both
+/// must come to the same state or the same refusal.
 fn stream(bytes: &[u8], expect: Expect, chunk: usize) -> Result<Restored> {
     let keys = keys();
     let limits = ReadLimits::default();
-    let mut s = StreamRestore::new(&keys, expect, &limits, 1 << 30);
-    for c in bytes.chunks(chunk) {
-        s.push(c)?;
+    let run = |threads: usize| {
+        let mut s = StreamRestore::new(&keys, expect, &limits, 1 << 30).hash_threads(threads);
+        for c in bytes.chunks(chunk) {
+            s.push(c)?;
+        }
+        s.finish()
+    };
+    let (here, pooled) = (run(1), run(3));
+    match (&here, &pooled) {
+        (Ok(a), Ok(b)) => assert_eq!(a.state, b.state),
+        (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string()),
+        _ => panic!("hashing on workers disagrees: {here:?} / {pooled:?}"),
     }
-    s.finish()
+    here
 }
 
 #[test]

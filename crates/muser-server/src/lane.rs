@@ -31,8 +31,9 @@ use muser_cluster::{Endpoint, LaneClient, NodeCreds};
 use muser_engine::{Engine, KvPackContext, Prefilled};
 use muser_kvpack::{
     field_digest, BlockId, Digest32, Expect, Ledger, Manifest, PackKind, PrefixHasher, ReadLimits,
-    StreamRestore, BLOCK_TOKENS,
+    Restored, StreamRestore, BLOCK_TOKENS,
 };
+use tokio::sync::mpsc;
 
 use crate::error::ApiError;
 use crate::wire::lane::{LaneStatus, PrefillRequest};
@@ -66,6 +67,8 @@ pub struct ConsumerConfig {
     pub deadline: Duration,
     /// Engine ABIs accepted besides this engine's own (producers with other numerics).
     pub accept_abis: Vec<String>,
+    /// Nodes this one may move sessions to (`--migrate-to NAME=https://HOST:PORT`).
+    pub migrate_to: Vec<Endpoint>,
 }
 
 /// A node's place on the lane (`muser up --role ...`).
@@ -76,6 +79,16 @@ pub struct LaneSetup {
     /// This node's certificate name.
     pub node: String,
     pub role: LaneRole,
+    /// A consumer's own lane listener (`--lane-port`): sessions migrated in from the
+    /// `peers`, over mutual TLS.
+    pub listen: Option<LaneListen>,
+}
+
+/// A consumer's lane endpoint: the port, and the node names allowed to connect.
+#[derive(Clone, Debug)]
+pub struct LaneListen {
+    pub port: u16,
+    pub peers: Vec<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -124,8 +137,7 @@ struct Handoff {
     /// K/V bytes received, and the time from request to verified state.
     bytes: u64,
     ms: f64,
-    /// The producer's own prefill and export time, as it reported it.
-    producer_ms: f64,
+    phases: Phases,
 }
 
 /// The consumer's lane: producers, client, ledger.
@@ -136,8 +148,9 @@ pub struct Lane {
     accept_abis: Vec<String>,
     client: LaneClient,
     producers: Vec<Producer>,
+    migrate_to: Vec<Endpoint>,
     ctx: Arc<KvPackContext>,
-    ledger: Mutex<Ledger>,
+    ledger: Arc<Mutex<Ledger>>,
     n_ctx: usize,
 }
 
@@ -210,10 +223,17 @@ impl Lane {
             accept_abis: cfg.accept_abis.clone(),
             client: LaneClient::new(tls),
             producers,
+            migrate_to: cfg.migrate_to.clone(),
             ctx,
-            ledger: Mutex::new(ledger),
+            ledger: Arc::new(Mutex::new(ledger)),
             n_ctx,
         })
+    }
+
+    /// The node `name` of `--migrate-to`, and the client that reaches it.
+    pub fn migration_target(&self, name: &str) -> Option<(&Endpoint, &LaneClient)> {
+        let ep = self.migrate_to.iter().find(|e| e.name == name)?;
+        Some((ep, &self.client))
     }
 
     /// The engine ABIs this consumer accepts: its own, then the configured others.
@@ -244,7 +264,12 @@ impl Lane {
                         "from_token": l.from,
                         "kv_bytes": l.bytes,
                         "ms": l.ms,
-                        "producer_prefill_ms": l.producer_ms,
+                        "producer_prefill_ms": l.phases.producer_prefill_ms,
+                        "producer_export_ms": l.phases.producer_export_ms,
+                        "producer_seal_ms": l.phases.producer_seal_ms,
+                        "head_ms": l.phases.head_ms,
+                        "body_ms": l.phases.body_ms,
+                        "verify_ms": l.phases.verify_ms,
                         "gb_per_s": if l.ms > 0.0 { l.bytes as f64 / l.ms / 1e6 } else { 0.0 },
                     })),
                 })
@@ -361,7 +386,7 @@ impl Lane {
             let r = self.fetch(p, tokens, held).await;
             p.in_flight.fetch_sub(1, Ordering::Relaxed);
             match r {
-                Ok((pf, producer_ms)) => {
+                Ok((pf, phases)) => {
                     record(p, Ok(()));
                     let mut h = lock(&p.health);
                     h.last_handoff = Some(Handoff {
@@ -374,13 +399,14 @@ impl Lane {
                             .map(|l| (l.k.len() + l.v.len()) as u64)
                             .sum(),
                         ms: pf.took.as_secs_f64() * 1e3,
-                        producer_ms,
+                        phases,
                     });
                     tracing::info!(
                         producer = %p.ep.name,
                         tokens = n,
                         from = pf.state.positions.start,
                         ms = pf.took.as_secs_f64() * 1e3,
+                        ?phases,
                         "prefill lane: remote prefill installed"
                     );
                     return Ok(Some(pf));
@@ -408,14 +434,14 @@ impl Lane {
         }
     }
 
-    /// One remote prefill of `tokens` from `p`, verified, with the prefill time the producer
-    /// reported; `held` leading tokens are on an idle slot here.
+    /// One remote prefill of `tokens` from `p`, verified, with where its time went; `held`
+    /// leading tokens are on an idle slot here.
     async fn fetch(
         &self,
         p: &Producer,
         tokens: &[u32],
         held: usize,
-    ) -> Result<(Prefilled, f64), String> {
+    ) -> Result<(Prefilled, Phases), String> {
         let ctx = &self.ctx;
         let own_abi = &ctx.identity.engine_abi;
         let same_abi = health(p).engine_abi.as_deref() == Some(own_abi.as_str());
@@ -451,6 +477,19 @@ impl Lane {
             let msg = small_body(resp.body_mut()).await.unwrap_or_default();
             return Err(format!("answered {}: {msg}", resp.status()));
         }
+        let header_f64 = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok()?.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        let mut phases = Phases {
+            producer_prefill_ms: header_f64("x-muser-prefill-ms"),
+            producer_export_ms: header_f64("x-muser-export-ms"),
+            producer_seal_ms: header_f64("x-muser-seal-ms"),
+            head_ms: started.elapsed().as_secs_f64() * 1e3,
+            ..Phases::default()
+        };
         if let Some(q) = resp
             .headers()
             .get("x-muser-queue-depth")
@@ -458,11 +497,6 @@ impl Lane {
         {
             p.queue_depth.store(q, Ordering::Relaxed);
         }
-        let producer_ms = resp
-            .headers()
-            .get("x-muser-prefill-ms")
-            .and_then(|v| v.to_str().ok()?.parse().ok())
-            .unwrap_or(0.0);
         // bounded by the K/V of the tokens sent, whatever the producer declares
         let layout = &ctx.identity.layout;
         let max_kv =
@@ -472,69 +506,137 @@ impl Lane {
             max_tokens: self.n_ctx as u32,
             ..ctx.limits.clone()
         };
-        let expect = Expect {
-            identity: &ctx.identity,
-            cut: None,
-            other_abis: &self.accept_abis,
+        let ask = Ask {
+            ctx: ctx.clone(),
+            ledger: self.ledger.clone(),
+            accept_abis: self.accept_abis.clone(),
+            stream: p.stream,
+            generation,
+            tokens: tokens.to_vec(),
+            held,
+            same_abi,
         };
-        let mut sr = StreamRestore::new(&ctx.keys, expect, &limits, max_kv);
-        let mut checked = false;
-        let t0 = Instant::now();
+        // the transport receives while a blocking thread verifies what arrived (copying into
+        // the staging state, the segments' SHA-256 on workers): TLS, HTTP/2 and hashing run
+        // side by side, VERIFY_AHEAD_CHUNKS apart at most
+        let (tx, rx) = mpsc::channel::<Bytes>(VERIFY_AHEAD_CHUNKS);
+        let worker = tokio::task::spawn_blocking(move || ask.verify(&limits, max_kv, rx));
+        let late = || {
+            format!(
+                "the pack did not arrive within the {} ms deadline",
+                self.deadline.as_millis()
+            )
+        };
+        let t_body = Instant::now();
         loop {
             let next = tokio::time::timeout_at(deadline.into(), next_chunk(resp.body_mut()))
                 .await
-                .map_err(|_| {
-                    format!(
-                        "the pack did not arrive within the {} ms deadline",
-                        self.deadline.as_millis()
-                    )
-                })?;
+                .map_err(|_| late())?;
             match next {
                 None => break,
-                Some(chunk) => sr
-                    .push(&chunk.map_err(|e| e.to_string())?)
-                    .map_err(|e| format!("pack refused: {e}"))?,
-            }
-            if !checked {
-                if let Some(m) = sr.manifest() {
-                    self.check_manifest(m, p, generation, tokens, held, same_abi)?;
-                    checked = true;
+                Some(chunk) => {
+                    if tx.send(chunk.map_err(|e| e.to_string())?).await.is_err() {
+                        break; // the verifier stopped: its error says why
+                    }
                 }
             }
         }
-        let r = sr.finish().map_err(|e| format!("pack refused: {e}"))?;
-        if !checked {
-            self.check_manifest(&r.manifest, p, generation, tokens, held, same_abi)?;
-        }
+        drop(tx);
+        let (r, verify) = tokio::time::timeout_at(deadline.into(), worker)
+            .await
+            .map_err(|_| late())?
+            .map_err(|e| format!("verifying the pack: {e}"))??;
         lock(&self.ledger)
             .record(p.stream, generation)
             .map_err(|e| format!("pack refused: {e}"))?;
-        tracing::debug!(
-            bytes = r.manifest.segment_bytes(),
-            secs = t0.elapsed().as_secs_f64(),
-            "prefill lane: pack received"
-        );
+        phases.body_ms = t_body.elapsed().as_secs_f64() * 1e3;
+        phases.verify_ms = verify.as_secs_f64() * 1e3;
         let pf = Prefilled {
             foreign_abi: r.manifest.identity.engine_abi != *own_abi,
             state: r.state,
             producer: Arc::from(p.ep.name.as_str()),
             took: started.elapsed(),
         };
-        Ok((pf, producer_ms))
+        Ok((pf, phases))
+    }
+}
+
+/// Chunks of a pack received ahead of its verification.
+const VERIFY_AHEAD_CHUNKS: usize = 16;
+
+/// Threads hashing a pack's segments as they arrive: the cores, up to 8 (the receiving
+/// thread only copies into the staging state).
+fn verify_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
+}
+
+/// Where a handoff's time went: the producer's prefill, export and seal (as it reported
+/// them), the answer's head (request to head, those included), the body (head to the last
+/// byte verified) and the verifier's own busy time within it.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct Phases {
+    pub producer_prefill_ms: f64,
+    pub producer_export_ms: f64,
+    pub producer_seal_ms: f64,
+    pub head_ms: f64,
+    pub body_ms: f64,
+    pub verify_ms: f64,
+}
+
+/// What the pack of one request must be; owned, so it verifies on a blocking thread.
+struct Ask {
+    ctx: Arc<KvPackContext>,
+    ledger: Arc<Mutex<Ledger>>,
+    accept_abis: Vec<String>,
+    stream: Digest32,
+    generation: u64,
+    tokens: Vec<u32>,
+    held: usize,
+    same_abi: bool,
+}
+
+impl Ask {
+    /// Verifies the pack whose chunks arrive on `rx` into a staging state; the state and the
+    /// time spent verifying. The manifest is checked as soon as it is complete, before any
+    /// K/V byte is accepted.
+    fn verify(
+        &self,
+        limits: &ReadLimits,
+        max_kv: u64,
+        mut rx: mpsc::Receiver<Bytes>,
+    ) -> Result<(Restored, Duration), String> {
+        let expect = Expect {
+            identity: &self.ctx.identity,
+            cut: None,
+            other_abis: &self.accept_abis,
+        };
+        let mut sr = StreamRestore::new(&self.ctx.keys, expect, limits, max_kv)
+            .hash_threads(verify_threads());
+        let mut checked = false;
+        let mut busy = Duration::ZERO;
+        while let Some(chunk) = rx.blocking_recv() {
+            let t = Instant::now();
+            sr.push(&chunk).map_err(|e| format!("pack refused: {e}"))?;
+            if !checked {
+                if let Some(m) = sr.manifest() {
+                    self.check_manifest(m)?;
+                    checked = true;
+                }
+            }
+            busy += t.elapsed();
+        }
+        let r = sr.finish().map_err(|e| format!("pack refused: {e}"))?;
+        if !checked {
+            self.check_manifest(&r.manifest)?;
+        }
+        Ok((r, busy))
     }
 
     /// What the manifest must say for this request: our stream and generation, above the
     /// ledger; the prefix of exactly the tokens sent; a delta only on blocks we hold.
-    fn check_manifest(
-        &self,
-        m: &Manifest,
-        p: &Producer,
-        generation: u64,
-        tokens: &[u32],
-        held: usize,
-        same_abi: bool,
-    ) -> Result<(), String> {
-        if m.stream != p.stream {
+    fn check_manifest(&self, m: &Manifest) -> Result<(), String> {
+        let generation = self.generation;
+        if m.stream != self.stream {
             return Err("pack refused: it belongs to another consumer-producer stream".into());
         }
         if m.generation != generation {
@@ -544,8 +646,9 @@ impl Lane {
             ));
         }
         lock(&self.ledger)
-            .admit(&p.stream, generation)
+            .admit(&self.stream, generation)
             .map_err(|e| format!("pack refused: {e}"))?;
+        let tokens = &self.tokens;
         if m.token_count as usize != tokens.len() {
             return Err(format!(
                 "pack refused: it covers {} tokens, {} were sent",
@@ -553,10 +656,11 @@ impl Lane {
                 tokens.len()
             ));
         }
-        let chain = if m.identity.engine_abi == self.ctx.identity.engine_abi {
-            self.ctx.hasher.chain(tokens)
+        let ctx = &self.ctx;
+        let chain = if m.identity.engine_abi == ctx.identity.engine_abi {
+            ctx.hasher.chain(tokens)
         } else {
-            PrefixHasher::new(&self.ctx.keys, &m.identity.digest(&self.ctx.keys)).chain(tokens)
+            PrefixHasher::new(&ctx.keys, &m.identity.digest(&ctx.keys)).chain(tokens)
         };
         if chain.cut_id(m.token_count) != Some(m.cut_id) {
             return Err("pack refused: it is not the prefix of the tokens sent".into());
@@ -566,8 +670,8 @@ impl Lane {
             base_cut,
         } = m.kind
         {
-            if !same_abi
-                || base_tokens as usize > held
+            if !self.same_abi
+                || base_tokens as usize > self.held
                 || chain.cut_id(base_tokens) != Some(base_cut)
             {
                 return Err("pack refused: a delta on blocks this consumer does not hold".into());

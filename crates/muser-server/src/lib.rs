@@ -70,6 +70,7 @@ pub mod kvkey;
 pub mod lane;
 pub mod limits;
 pub mod metrics;
+pub mod migrate;
 pub mod onboard;
 pub mod producer;
 pub mod reqlog;

@@ -381,6 +381,7 @@ impl Onboarding {
             min_tokens: 0,
             deadline: HANDOFF_TIMEOUT,
             accept_abis: self.accept_abis.clone(),
+            migrate_to: Vec::new(),
         };
         Lane::open(&cfg, &creds, &self.config_dir, ctx, self.app.options.n_ctx)
     }

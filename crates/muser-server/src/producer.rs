@@ -6,8 +6,10 @@
 //! only the rest; `--prompt-cache` adds the pack store behind it), and answers with the
 //! sealed pack as the response body: full, or a delta past the blocks the consumer says it
 //! holds. The pack carries the consumer's replay generation on the stream of this
-//! consumer–producer pair; `x-muser-prefill-ms` says how long the prefill and export took
-//! (queueing included), so a consumer can tell the handoff's own cost. `GET /v1/lane/status` reports the queue depth and the recent
+//! consumer–producer pair; `x-muser-prefill-ms` (waiting for a slot and the prefill),
+//! `x-muser-export-ms` (K/V out of the cache) and `x-muser-seal-ms` (hashing the segments and
+//! sealing the manifest) say where the producer's time went, so a consumer can tell the
+//! handoff's own cost. `GET /v1/lane/status` reports the queue depth and the recent
 //! prefill rate consumers route by. Concurrent prefills are bounded by the slots, waiting ones
 //! by `max_queue` (429 beyond).
 
@@ -25,7 +27,7 @@ use axum::{Extension, Json, Router};
 use muser_cluster::PeerName;
 use muser_engine::{Event, GenerateRequest, KvPackContext, SlotExport};
 use muser_kvpack::{BlockId, PackPlan, BLOCK_TOKENS};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::error::ApiError;
 use crate::lane::stream_id;
@@ -34,6 +36,8 @@ use crate::wire::lane::{LaneStatus, PrefillRequest};
 
 /// Bytes of pack per body chunk.
 const CHUNK_BYTES: usize = 1 << 20;
+/// Chunks copied ahead of the connection (bounded: the sender waits for the consumer).
+const SEND_AHEAD_CHUNKS: usize = 8;
 
 /// A producer: the engine it prefills on and what it tracks of its slots.
 pub struct Producer {
@@ -197,33 +201,48 @@ async fn prefill(
         return Err(ApiError::busy(1));
     }
     let queued = Queued(&p.queue_depth);
-    let t0 = Instant::now();
-    let export = run_prefill(&p, &req.tokens, held).await?;
-    let prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let (export, took) = run_prefill(&p, &req.tokens, held).await?;
     drop(queued);
     let stream = stream_id(&peer.0, &p.name);
-    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(4);
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(SEND_AHEAD_CHUNKS);
+    let (sealed_tx, sealed_rx) = oneshot::channel::<Result<f64, std::io::Error>>();
     let ctx = p.ctx.clone();
     let generation = req.generation;
+    // hashing every segment (in parallel) comes first: the manifest and its seal lead the
+    // pack; then the segments are copied out while the consumer reads, SEND_AHEAD_CHUNKS ahead
     tokio::task::spawn_blocking(move || {
+        let t0 = Instant::now();
+        let mut spec = export.spec(&ctx, generation, Some(stream));
+        spec.threads = seal_threads();
+        let plan = match PackPlan::new(&export.state, &ctx.keys, &spec) {
+            Ok(plan) => plan,
+            Err(e) => {
+                let _ = sealed_tx.send(Err(std::io::Error::other(e)));
+                return;
+            }
+        };
+        if sealed_tx
+            .send(Ok(t0.elapsed().as_secs_f64() * 1e3))
+            .is_err()
+        {
+            return; // the request is gone
+        }
         let mut w = ChunkWriter {
             tx,
             buf: Vec::with_capacity(CHUNK_BYTES),
         };
-        let r = PackPlan::new(
-            &export.state,
-            &ctx.keys,
-            &export.spec(&ctx, generation, Some(stream)),
-        )
-        .map_err(std::io::Error::other)
-        .and_then(|plan| plan.write_to(&mut w))
-        .and_then(|()| w.flush());
-        if let Err(e) = r {
+        if let Err(e) = plan.write_to(&mut w).and_then(|()| w.flush()) {
             tracing::warn!(error = %e, "prefill lane: sending a pack failed");
             let _ = w.tx.blocking_send(Err(e));
         }
     });
+    let seal_ms = sealed_rx
+        .await
+        .map_err(|_| ApiError::internal("sealing the pack stopped"))?
+        .map_err(|e| ApiError::internal(format!("sealing the pack: {e}")))?;
     let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let ms =
+        |name: &'static str, v: f64| (header::HeaderName::from_static(name), format!("{v:.3}"));
     Ok((
         StatusCode::OK,
         [
@@ -235,14 +254,27 @@ async fn prefill(
                 header::HeaderName::from_static("x-muser-queue-depth"),
                 p.queue_depth.load(Ordering::Relaxed).to_string(),
             ),
-            (
-                header::HeaderName::from_static("x-muser-prefill-ms"),
-                format!("{prefill_ms:.3}"),
-            ),
+            ms("x-muser-prefill-ms", took.prefill_ms),
+            ms("x-muser-export-ms", took.export_ms),
+            ms("x-muser-seal-ms", seal_ms),
         ],
         body,
     )
         .into_response())
+}
+
+/// Threads hashing a pack's segments: the cores of this machine (up to 16), since the
+/// consumer waits for the seal before the first K/V byte can leave.
+fn seal_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(16))
+}
+
+/// Where a producer's time before the first byte went.
+struct Took {
+    /// Waiting for a slot and the prefill itself.
+    prefill_ms: f64,
+    /// Copying the slot's K/V out of the cache.
+    export_ms: f64,
 }
 
 /// Prefills `tokens` on a slot of its own and exports its K/V past the blocks `held`.
@@ -250,7 +282,8 @@ async fn run_prefill(
     p: &Arc<Producer>,
     tokens: &[u32],
     held: Vec<BlockId>,
-) -> Result<SlotExport, ApiError> {
+) -> Result<(SlotExport, Took), ApiError> {
+    let t0 = Instant::now();
     let _permit = p
         .permits
         .acquire()
@@ -259,21 +292,26 @@ async fn run_prefill(
     let slot = p
         .take_slot(tokens)
         .ok_or_else(|| ApiError::internal("no free slot under a permit"))?;
-    let t0 = Instant::now();
-    let result = prefill_on(p, slot, tokens, held).await;
-    p.release_slot(slot, result.is_ok().then(|| tokens.to_vec()));
+    let t1 = Instant::now();
+    let result = prefill_on(p, slot, tokens).await;
     if result.is_ok() {
-        p.record_rate(tokens.len(), t0.elapsed().as_secs_f64());
+        p.record_rate(tokens.len(), t1.elapsed().as_secs_f64());
     }
-    result
+    let prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let t2 = Instant::now();
+    let result = match result {
+        Ok(()) => export(p, slot, held).await,
+        Err(e) => Err(e),
+    };
+    p.release_slot(slot, result.is_ok().then(|| tokens.to_vec()));
+    let took = Took {
+        prefill_ms,
+        export_ms: t2.elapsed().as_secs_f64() * 1e3,
+    };
+    result.map(|e| (e, took))
 }
 
-async fn prefill_on(
-    p: &Arc<Producer>,
-    slot: usize,
-    tokens: &[u32],
-    held: Vec<BlockId>,
-) -> Result<SlotExport, ApiError> {
+async fn prefill_on(p: &Arc<Producer>, slot: usize, tokens: &[u32]) -> Result<(), ApiError> {
     align_slot(p, slot, tokens).await?;
     let mut rx = p
         .app
@@ -294,6 +332,15 @@ async fn prefill_on(
             None => return Err(ApiError::internal("prefill: the engine stopped")),
         }
     }
+    Ok(())
+}
+
+/// The slot's K/V past the blocks `held`.
+async fn export(
+    p: &Arc<Producer>,
+    slot: usize,
+    held: Vec<BlockId>,
+) -> Result<SlotExport, ApiError> {
     let (engine, ctx) = (p.app.engine.clone(), p.ctx.clone());
     tokio::task::spawn_blocking(move || engine.export_slot_state(slot, &ctx, held))
         .await

@@ -82,6 +82,7 @@ fn setup(dir: &Path, node: &str, role: LaneRole) -> LaneSetup {
         config_dir: dir.join("cfg"),
         node: node.into(),
         role,
+        listen: None,
     }
 }
 
@@ -202,6 +203,7 @@ async fn every_bad_answer_is_refused_and_the_consumer_keeps_serving() {
             min_tokens: 1,
             deadline: Duration::from_secs(15),
             accept_abis: vec![],
+            migrate_to: vec![],
         };
         config(d, "kv.key", setup(d, "cons", LaneRole::Consumer(c)))
     };
@@ -265,6 +267,7 @@ async fn every_bad_answer_is_refused_and_the_consumer_keeps_serving() {
         min_tokens: 1,
         deadline: Duration::from_secs(30),
         accept_abis: vec![],
+        migrate_to: vec![],
     };
     drop(app);
     let state = load(&config(

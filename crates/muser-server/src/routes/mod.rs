@@ -108,6 +108,7 @@ pub fn router(state: SharedState) -> Router {
         )
         .route("/v1/sessions/{id}/restore", post(sessions::restore))
         .route("/v1/sessions/{id}/bundle", get(sessions::export))
+        .route("/v1/sessions/{id}/migrate", post(crate::migrate::migrate))
         // telemetry and the dashboard
         .route("/v1/nodes", get(nodes::list).post(nodes::add))
         .route("/v1/nodes/{name}", delete(nodes::remove))

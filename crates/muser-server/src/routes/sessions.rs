@@ -11,6 +11,8 @@
 //! - `POST /v1/sessions/{id}/restore` `{slot}`: the slot holds the session's tokens and K/V.
 //! - `GET /v1/sessions/{id}/bundle`: the bundle file; `POST /v1/sessions/import` (body
 //!   `application/octet-stream`) takes one in (verified whole, kept only when newer).
+//! - `POST /v1/sessions/{id}/migrate` `{to}`: moves the bundle to another node over the
+//!   prefill lane's mutual TLS (`crate::migrate`).
 //!
 //! Writes accept an `Idempotency-Key` header: a retry with the same key and body gets the
 //! first answer and changes nothing; the same key with another body is 422.
@@ -40,7 +42,7 @@ pub struct Sessions {
     pub store: SessionStore,
     idempotency: Idempotency,
     /// Largest bundle accepted (a full slot's image plus the conversation).
-    max_bundle_bytes: u64,
+    pub max_bundle_bytes: u64,
 }
 
 impl Sessions {
@@ -61,7 +63,7 @@ impl Sessions {
     }
 }
 
-fn sessions(state: &SharedState) -> ApiResult<&Sessions> {
+pub(crate) fn sessions(state: &SharedState) -> ApiResult<&Sessions> {
     state.sessions.as_ref().ok_or_else(|| {
         ApiError::not_found(
             "not_found",
@@ -71,7 +73,7 @@ fn sessions(state: &SharedState) -> ApiResult<&Sessions> {
 }
 
 /// The HTTP status of each refusal.
-fn session_error(e: SessionError) -> ApiError {
+pub(crate) fn session_error(e: SessionError) -> ApiError {
     let (status, kind) = match &e {
         SessionError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
         SessionError::Stale { .. } => (StatusCode::CONFLICT, "stale_revision"),
@@ -94,7 +96,7 @@ fn session_error(e: SessionError) -> ApiError {
     ApiError::new(status, kind, e.to_string())
 }
 
-fn header_json(h: &Header) -> Value {
+pub(crate) fn header_json(h: &Header) -> Value {
     json!({
         "id": h.id,
         "object": "session",
@@ -106,7 +108,7 @@ fn header_json(h: &Header) -> Value {
 }
 
 /// Runs blocking work (files, the engine's slot jobs) off the async threads.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> ApiResult<T> + Send + 'static,
 ) -> ApiResult<T> {
     tokio::task::spawn_blocking(f)

@@ -37,3 +37,11 @@ pub struct RestoreSession {
 pub struct DeleteSession {
     pub expected_revision: u64,
 }
+
+/// `POST /v1/sessions/{id}/migrate`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigrateSession {
+    /// A node of `--migrate-to` (its certificate name).
+    pub to: String,
+}

@@ -26,7 +26,9 @@ pub use cpu::numerics::{FlashAttn, Numerics, NumericsMode, Order};
 pub use cpu::CpuBackend;
 pub use error::ModelError;
 pub use info::{Arch, ModelInfo};
-pub use kv::{HostKv, KvCache, KvLayout, KvSnapshot, KvStore, KvType, LayerKv, Placement};
+pub use kv::{
+    HostKv, KvCache, KvLayout, KvMark, KvSnapshot, KvStore, KvType, LayerKv, Placement,
+};
 
 use models::{llama::Llama, muse_glimmer::MuseGlimmer, Prepared, Tensors};
 use muser_gguf::{GgmlType, GgufFile};

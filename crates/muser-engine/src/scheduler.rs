@@ -12,7 +12,9 @@
 //! the token after the last draft) is the bonus, and the cache rolls back to the accepted
 //! prefix ([`KvCache::rollback`]). Sampling from the target and comparing is speculative
 //! rejection sampling for a drafter that proposes one token with certainty: a draft `d` is
-//! accepted with probability `p(d)`, and the emitted token is distributed as `p`.
+//! accepted with probability `p(d)`, and the emitted token is distributed as `p`. Drafts fill
+//! a batch only up to `Model::exact_batch_rows`, the rows whose outputs equal one-row passes
+//! bit for bit, so verification never changes a token.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -374,11 +376,7 @@ impl<'t> Scheduler<'t> {
             started,
             first_token: None,
             producer,
-            drafting: self
-                .cfg
-                .spec
-                .filter(|_| speculative)
-                .map(Drafting::new),
+            drafting: self.cfg.spec.filter(|_| speculative).map(Drafting::new),
             draft_n: 0,
             draft_n_accepted: 0,
         });
@@ -609,10 +607,23 @@ impl<'t> Scheduler<'t> {
         let decoding = self
             .slots
             .iter()
-            .filter(|s| matches!(s.task, Some(Task { phase: Phase::Decode(_), .. })))
+            .filter(|s| {
+                matches!(
+                    s.task,
+                    Some(Task {
+                        phase: Phase::Decode(_),
+                        ..
+                    })
+                )
+            })
             .count();
-        // drafts take what the batch has left after every slot's decode token
-        let mut room = self.cfg.prefill_chunk.saturating_sub(decoding);
+        // drafts take what the batch has left after every slot's decode token, within the
+        // rows whose outputs equal one-row passes (so a verification changes no token)
+        let mut room = self
+            .cfg
+            .prefill_chunk
+            .min(self.model.exact_batch_rows())
+            .saturating_sub(decoding);
         for i in 0..self.slots.len() {
             let Some(Task {
                 phase: Phase::Decode(id),

@@ -145,7 +145,11 @@ fn greedy_speculation_equals_plain_decoding_with_four_slots_and_stop_strings() {
             40,
         ),
         stopped,
-        request(chat("What is the capital of France?"), SamplingParams::greedy(), 16),
+        request(
+            chat("What is the capital of France?"),
+            SamplingParams::greedy(),
+            16,
+        ),
         request(
             chat("Copy this list: apple, banana, cherry, apple, banana, cherry"),
             SamplingParams::greedy(),
@@ -233,10 +237,7 @@ fn greedy_speculation_on_a_sliding_window_model_equals_plain_decoding_across_rin
     };
     let mut periodic = muser_model::synth::random_tokens(40, n_vocab, 5);
     periodic = periodic.iter().cycle().take(200).copied().collect();
-    let prompts = [
-        periodic,
-        muser_model::synth::random_tokens(200, n_vocab, 6),
-    ];
+    let prompts = [periodic, muser_model::synth::random_tokens(200, n_vocab, 6)];
     let run = |spec: Option<f32>| {
         let e = Engine::start_without_tokenizer(model.clone(), cfg(spec)).unwrap();
         let rxs: Vec<_> = prompts

@@ -13,8 +13,10 @@ mod ngram;
 pub use gate::Gate;
 pub use ngram::Ngram;
 
-/// Most draft tokens one verification may carry.
-pub const DRAFT_MAX_LIMIT: usize = 64;
+/// Most draft tokens one verification may carry. A verification stays below 64 rows of one
+/// sequence, where the CPU backend's attention changes kernel (llama.cpp's tiled flash
+/// attention) and its rows would stop matching one-token steps bit for bit.
+pub const DRAFT_MAX_LIMIT: usize = 32;
 
 /// Which drafter proposes tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

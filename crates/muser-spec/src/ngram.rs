@@ -34,9 +34,7 @@ impl Ngram {
             }
             let key = &hay[hay.len() - n..];
             // the most recent occurrence that ends before the suffix itself
-            let found = (0..hay.len() - n)
-                .rev()
-                .find(|&i| &hay[i..i + n] == key);
+            let found = (0..hay.len() - n).rev().find(|&i| &hay[i..i + n] == key);
             if let Some(i) = found {
                 let next = i + n;
                 let end = (next + max).min(hay.len());
@@ -74,7 +72,10 @@ mod tests {
             window: 4,
             ..Ngram::default()
         };
+        // the earlier `1 2` is 6 tokens back, outside the window of 4
         assert!(g.draft(&[1, 2, 3, 9, 9, 9, 1, 2], 4).is_empty());
-        assert_eq!(g.draft(&[1, 2, 3, 1, 2], 4), vec![3, 1, 2]);
+        assert!(g.draft(&[1, 2, 3, 1, 2], 4).is_empty());
+        let wider = Ngram { window: 5, ..g };
+        assert_eq!(wider.draft(&[1, 2, 3, 1, 2], 4), vec![3, 1, 2]);
     }
 }

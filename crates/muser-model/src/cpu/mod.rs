@@ -189,6 +189,10 @@ impl Backend for CpuBackend {
         matmul::supported(ty)
     }
 
+    fn rows_as_one(&self, ty: muser_gguf::GgmlType) -> usize {
+        matmul::rows_as_one(ty)
+    }
+
     fn threads(&self) -> usize {
         self.threads
     }

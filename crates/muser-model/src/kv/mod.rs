@@ -518,7 +518,10 @@ impl KvCache {
             };
             let cells = s.swa.find(&positions).ok_or_else(full)?;
             let row = self.layout.row_bytes();
-            for c in cells.into_iter().filter(|&c| s.swa.pos[c as usize] != EMPTY) {
+            for c in cells
+                .into_iter()
+                .filter(|&c| s.swa.pos[c as usize] != EMPTY)
+            {
                 for il in (0..self.layout.n_layer).filter(|&il| self.layout.is_swa[il]) {
                     let (mut k, mut v) = (vec![0u8; row], vec![0u8; row]);
                     let c = c as usize;
@@ -832,7 +835,9 @@ mod tests {
             };
             for (&p, &c) in pos.iter().zip(cells) {
                 let bytes = vec![(p % 251) as u8 + il as u8; row];
-                kv.store.write_rows(il, seq, c as usize, &bytes, &bytes).unwrap();
+                kv.store
+                    .write_rows(il, seq, c as usize, &bytes, &bytes)
+                    .unwrap();
             }
         }
     }
@@ -890,7 +895,10 @@ mod tests {
                     // and both go on the same way
                     put(&mut plain, 0, start + keep..start + keep + 3);
                     put(&mut spec, 0, start + keep..start + keep + 3);
-                    assert!(observe(&spec, 0) == observe(&plain, 0), "then {start} {keep}");
+                    assert!(
+                        observe(&spec, 0) == observe(&plain, 0),
+                        "then {start} {keep}"
+                    );
                 }
             }
         }

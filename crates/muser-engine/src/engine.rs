@@ -36,8 +36,7 @@ pub struct EngineConfig {
     /// Prompt cache across requests and restarts (memory and disk tiers of kvpack packs);
     /// `None`: only each slot's own cache is reused.
     pub prompt_cache: Option<Arc<crate::prompt_cache::PromptCache>>,
-    /// Speculative decoding for every generating slot (a request may turn it off);
-    /// `None`: plain decoding.
+    /// Speculative decoding for every generating slot; `None`: plain decoding.
     pub spec: Option<muser_spec::SpecConfig>,
 }
 
@@ -76,8 +75,6 @@ pub struct GenerateRequest {
     pub embeddings: bool,
     /// Render control tokens (e.g. `<|im_end|>`) in the text.
     pub special: bool,
-    /// Speculate when the engine is configured to (`false`: plain decoding for this request).
-    pub speculative: bool,
     /// K/V of a prompt prefix computed elsewhere (a producer of the prefill lane), already
     /// verified, installed instead of computing that prefix.
     pub prefilled: Option<Arc<Prefilled>>,
@@ -120,7 +117,6 @@ impl Default for GenerateRequest {
             cache_prompt: true,
             embeddings: false,
             special: false,
-            speculative: true,
             prefilled: None,
         }
     }

@@ -356,7 +356,7 @@ impl<'t> Scheduler<'t> {
                 .filter(|&c| c > keep && !self.slots[slot].foreign);
         }
         self.tick += 1;
-        let speculative = req.speculative && !req.embeddings;
+        let speculative = !req.embeddings;
         let s = &mut self.slots[slot];
         s.last_used = self.tick;
         s.task = Some(Task {
@@ -795,6 +795,10 @@ impl<'t> Scheduler<'t> {
             mark,
         } = v;
         let mut mark = Some(mark);
+        self.stats.draft_tokens_total += n_drafts as u64;
+        if let Some(t) = &mut self.slots[slot].task {
+            t.draft_n += n_drafts;
+        }
         let handled = contained(|| {
             for j in 0..=n_drafts {
                 let Some(answer) = answers[first + j] else {
@@ -818,8 +822,12 @@ impl<'t> Scheduler<'t> {
                     self.settle(slot, &mut mark, n_drafts, j);
                     break;
                 }
-                if let Some(t) = next {
-                    self.slots[slot].tokens.push(t);
+                if let Some(id) = next {
+                    self.slots[slot].tokens.push(id);
+                    self.stats.draft_accepted_total += 1;
+                    if let Some(t) = &mut self.slots[slot].task {
+                        t.draft_n_accepted += 1;
+                    }
                 }
             }
         });
@@ -830,20 +838,18 @@ impl<'t> Scheduler<'t> {
         }
     }
 
-    /// Ends a verification with `accepted` of `n_drafts` drafts taken: counts them and rolls
-    /// the slot's cache back to its decode token and those drafts.
+    /// Ends a verification with `accepted` of `n_drafts` drafts taken: tells the slot's gate
+    /// and rolls the slot's cache back to its decode token and those drafts.
     fn settle(&mut self, slot: usize, mark: &mut Option<KvMark>, n_drafts: usize, accepted: usize) {
         let Some(mark) = mark.take() else {
             return;
         };
-        self.stats.draft_tokens_total += n_drafts as u64;
-        self.stats.draft_accepted_total += accepted as u64;
-        if let Some(t) = &mut self.slots[slot].task {
-            t.draft_n += n_drafts;
-            t.draft_n_accepted += accepted;
-            if let Some(d) = &mut t.drafting {
-                d.record(n_drafts, accepted);
-            }
+        if let Some(d) = self.slots[slot]
+            .task
+            .as_mut()
+            .and_then(|t| t.drafting.as_mut())
+        {
+            d.record(n_drafts, accepted);
         }
         if let Err(e) = self.kv.rollback(mark, 1 + accepted as u32) {
             self.fail(slot, &format!("speculative rollback failed: {e}"));

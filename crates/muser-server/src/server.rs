@@ -39,6 +39,8 @@ pub struct ServeConfig {
     pub device: String,
     /// The CPU backend's numerics profile (`--numerics`, `--flash-attn`).
     pub numerics: muser_model::Numerics,
+    /// Speculative decoding for every slot (`--spec`, `--draft-max`); `None`: plain decoding.
+    pub spec: Option<muser_engine::SpecConfig>,
 }
 
 impl ServeConfig {
@@ -58,6 +60,7 @@ impl ServeConfig {
             lane: None,
             session_dir: None,
             device: "cpu".into(),
+            spec: None,
             numerics: muser_model::Numerics::PORTABLE,
         }
     }
@@ -196,6 +199,7 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
         n_ctx: cfg.n_ctx,
         queue_max: cfg.queue_max,
         prompt_cache,
+        spec: cfg.spec,
         ..Default::default()
     };
     let engine = Engine::start(model, tokenizer.clone(), engine_cfg)

@@ -6,6 +6,8 @@
 # accepted tokens, and checks that each server's speculative text equals its plain text.
 # Writes docs/receipts/cpu-spec-ngram-<UTC time>.json and prints a markdown table.
 # Usage: scripts/bench-spec.sh [N_PREDICT (default 192)] [DRAFT_MAX (default 8)]
+# Env: ENGINES="muser llama-server" (default both; `muser` alone skips the comparator),
+#      THREADS (default nproc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n_predict="${1:-192}"
@@ -28,11 +30,13 @@ threads="${THREADS:-$(nproc)}"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-"$python" - "$muser" "$llama_bin/llama-server" "$libs" "$model" "$n_predict" "$draft_max" "$threads" "$work" <<'PY'
+engines="${ENGINES:-muser llama-server}"
+"$python" - "$muser" "$llama_bin/llama-server" "$libs" "$model" "$n_predict" "$draft_max" "$threads" "$work" "$engines" <<'PY'
 import datetime, json, os, platform, socket, subprocess, sys, time
 import requests
 
-muser, llama, libs, model, n_predict, draft_max, threads, work = sys.argv[1:]
+muser, llama, libs, model, n_predict, draft_max, threads, work, engines = sys.argv[1:]
+engines = engines.split()
 n_predict, draft_max, threads = int(n_predict), int(draft_max), int(threads)
 
 CODE = """def load_users(path):
@@ -130,6 +134,7 @@ configs = [
     ("llama-server", "ngram", common_llama + ["--spec-type", "ngram-simple",
                                               "--spec-draft-n-max", str(draft_max)], llama_env),
 ]
+configs = [c for c in configs if c[0] in engines]
 results = {}
 for engine, mode, cmd, env in configs:
     proc, url = start(f"{engine}-{mode}", cmd, env)
@@ -143,7 +148,7 @@ for engine, mode, cmd, env in configs:
         proc.terminate(); proc.wait()
 
 rows = []
-for engine in ("muser", "llama-server"):
+for engine in engines:
     for name in PROMPTS:
         plain, spec = results[(engine, "plain", name)], results[(engine, "ngram", name)]
         acc = spec["draft_n_accepted"] / spec["draft_n"] if spec["draft_n"] else None
@@ -170,13 +175,15 @@ def sh(cmd):
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
 stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 receipt = {
-    "command": f"scripts/bench-spec.sh {n_predict} {draft_max}",
+    "command": f"ENGINES='{' '.join(engines)}' scripts/bench-spec.sh {n_predict} {draft_max}",
     "commit": sh(["git", "rev-parse", "HEAD"]),
     "dirty": bool(sh(["git", "status", "--porcelain", "--untracked-files=no"])),
     "machine": {"cpu": cpu, "threads": threads, "nproc": os.cpu_count()},
     "model": os.path.basename(model),
     "n_predict": n_predict, "draft_max": draft_max,
-    "comparator": "llama.cpp b11434 llama-server --spec-type ngram-simple",
+    "comparator": "llama.cpp b11434 llama-server --spec-type ngram-simple"
+                  if "llama-server" in engines else None,
+    "load_average": os.getloadavg(),
     "results": rows,
 }
 path = f"docs/receipts/cpu-spec-ngram-{stamp}.json"

@@ -14,7 +14,10 @@
 //! rejection sampling for a drafter that proposes one token with certainty: a draft `d` is
 //! accepted with probability `p(d)`, and the emitted token is distributed as `p`. Drafts fill
 //! a batch only up to `Model::exact_batch_rows`, the rows whose outputs equal one-row passes
-//! bit for bit, so verification never changes a token.
+//! bit for bit, only as far as the cells the attention visits stay those of a one-token step
+//! (`KvCache::uniform_extent`), and only where the attention computes several rows as it
+//! computes one (`Model::rows_attend_as_one`: on the CPU, below 512 cells in view), so
+//! verification never changes a token.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -632,8 +635,16 @@ impl<'t> Scheduler<'t> {
             else {
                 continue;
             };
-            let drafts = self.drafts(i, id, room);
+            let mut drafts = self.drafts(i, id, room);
             let seq = i as u32;
+            // every row must see the cells a one-token step would, through the same kernel
+            let view = self.kv.cells_in_view(seq, 1);
+            let alone = view.is_some_and(|(b, w)| self.model.rows_attend_as_one(b.max(w)));
+            let uniform = match alone {
+                true => self.kv.uniform_extent(seq, 1 + drafts.len() as u32),
+                false => 0,
+            };
+            drafts.truncate(uniform.saturating_sub(1) as usize);
             let pos = self.slots[i].tokens.len() as u32;
             let mark = match drafts.is_empty() {
                 true => None,

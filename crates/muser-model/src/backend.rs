@@ -69,6 +69,12 @@ pub trait Backend: Send + Sync {
     fn rows_as_one(&self, _ty: GgmlType) -> usize {
         1
     }
+    /// Whether the attention of a batch with several rows of one sequence over `n_kv` cells
+    /// gives each row what a one-row batch over the same cells gives. False unless the
+    /// backend knows better.
+    fn rows_attend_as_one(&self, _n_kv: usize) -> bool {
+        false
+    }
     /// Called once per weight matrix when a model is loaded (a device backend uploads it here).
     fn prepare_weight(&self, _w: &Weight) -> Result<(), ModelError> {
         Ok(())

@@ -205,6 +205,10 @@ trait Executor: Send + Sync {
     fn rows_as_one(&self, _ty: GgmlType) -> usize {
         1
     }
+    /// See [`Backend::rows_attend_as_one`].
+    fn rows_attend_as_one(&self, _n_kv: usize) -> bool {
+        false
+    }
     fn prepare_weight(&self, w: &Weight) -> Result<(), ModelError>;
     fn new_kv_store(
         &self,
@@ -327,6 +331,10 @@ impl<B: Backend> Executor for On<B> {
 
     fn rows_as_one(&self, ty: GgmlType) -> usize {
         self.0.rows_as_one(ty)
+    }
+
+    fn rows_attend_as_one(&self, n_kv: usize) -> bool {
+        self.0.rows_attend_as_one(n_kv)
     }
 
     fn prepare_weight(&self, w: &Weight) -> Result<(), ModelError> {
@@ -460,6 +468,14 @@ impl Model {
     /// verification stays within it.
     pub fn exact_batch_rows(&self) -> usize {
         self.exact_rows
+    }
+
+    /// Whether several rows of one sequence attending over `n_kv` cells each get what a
+    /// one-row batch over those cells gets ([`Backend::rows_attend_as_one`]). On the CPU
+    /// backend: below 512 cells (from 512 on, a lone query row splits the cells across
+    /// threads, ggml's split-KV kernel); never on a device.
+    pub fn rows_attend_as_one(&self, n_kv: u32) -> bool {
+        self.exec.rows_attend_as_one(n_kv as usize)
     }
 
     /// Compute threads in use.

@@ -1,8 +1,11 @@
 //! The premise of exact speculative decoding on the CPU backend: within
-//! `Model::exact_batch_rows`, every row of a multi-token batch of one sequence (a
+//! `Model::exact_batch_rows`, as far as the cells the attention visits stay those of a
+//! one-token step (`KvCache::uniform_extent`: the count is padded to 256), and while fewer than
+//! 512 cells are in view (`Model::rows_attend_as_one`: from 512 on a lone row takes ggml's
+//! split-KV kernel and a batch the one-chunk kernel), every row of a multi-token batch of one sequence (a
 //! verification: the decode token and its drafts, here beside another sequence's decode row)
 //! gives bit for bit the logits and K/V of the same tokens fed one at a time, across the
-//! sliding window; and the bound is tight (one row more takes another kernel). The attention
+//! sliding window; and the row bound is tight (one row more takes another kernel). The attention
 //! keeps rows exact below 64 rows of one sequence (`chunking.rs`), which is why a verification
 //! carries at most 32 drafts.
 
@@ -10,6 +13,9 @@ mod common;
 
 use common::synth_model;
 use muser_model::{Batch, KvCache, KvType, LoadOptions, Model};
+
+/// The block crosses position 256.
+const PROMPT: usize = 240;
 
 fn model(ty: &str) -> Model {
     let spec = serde_json::json!({"source": "synth", "preset": "tiny", "type": ty, "seed": 3});
@@ -23,9 +29,10 @@ fn model(ty: &str) -> Model {
     .unwrap()
 }
 
-/// Sequence 0 takes `block` from position 40 in batches of `rows` rows (`rows - 1` of its
-/// tokens beside one decode token of sequence 1 while that one has tokens); true when every
-/// row's logits equal `steps`.
+/// Sequence 0 takes `block` from position `PROMPT` in batches of `rows` rows (`rows - 1` of
+/// its tokens beside one decode token of sequence 1 while that one has tokens), each cut where
+/// the cells the attention visits would grow (`KvCache::uniform_extent`, crossed at 256);
+/// true when every row's logits equal `steps`.
 fn batched_equals(
     m: &Model,
     prompt: &[u32],
@@ -40,13 +47,19 @@ fn batched_equals(
     let mut same = true;
     while at < block.len() {
         let beside = k < other.len() && rows >= 2;
-        let end = (at + rows - usize::from(beside)).min(block.len());
+        let mut want = (rows - usize::from(beside)).min(block.len() - at) as u32;
+        let (cells, ring) = kv.cells_in_view(0, 1).unwrap();
+        if !m.rows_attend_as_one(cells.max(ring)) {
+            // from 512 cells on, a lone row takes the split-KV kernel
+            want = 1;
+        }
+        let end = at + kv.uniform_extent(0, want) as usize;
         let mut b = Batch::default();
         for (i, &t) in block[at..end].iter().enumerate() {
-            b.push(t, (40 + at + i) as u32, 0, true);
+            b.push(t, (PROMPT + at + i) as u32, 0, true);
         }
         if beside {
-            b.push(other[k], (40 + k) as u32, 1, true);
+            b.push(other[k], (PROMPT + k) as u32, 1, true);
             k += 1;
         }
         let out = m.forward(&mut kv, &b).unwrap();
@@ -57,7 +70,7 @@ fn batched_equals(
 }
 
 fn prefilled(m: &Model, prompt: &[u32]) -> KvCache {
-    let mut kv = m.new_kv(256, 2, KvType::F16).unwrap();
+    let mut kv = m.new_kv(1024, 2, KvType::F16).unwrap();
     for seq in 0..2u32 {
         m.forward(&mut kv, &Batch::single(seq, prompt, 0, true))
             .unwrap();
@@ -71,14 +84,14 @@ fn a_batch_within_the_exact_rows_gives_the_logits_of_one_token_steps() {
         let m = model(ty);
         assert_eq!(m.exact_batch_rows(), exact, "{ty}");
         let n_vocab = m.info().n_vocab;
-        let prompt = muser_model::synth::random_tokens(40, n_vocab, 9);
+        let prompt = muser_model::synth::random_tokens(PROMPT, n_vocab, 9);
         let block = muser_model::synth::random_tokens(33, n_vocab, 10);
         let mut kv = prefilled(&m, &prompt);
         let steps: Vec<Vec<f32>> = block
             .iter()
             .enumerate()
             .map(|(i, &t)| {
-                let b = Batch::single(0, &[t], (40 + i) as u32, true);
+                let b = Batch::single(0, &[t], (PROMPT + i) as u32, true);
                 m.forward(&mut kv, &b).unwrap().logits
             })
             .collect();

@@ -491,6 +491,43 @@ impl KvCache {
         }
     }
 
+    /// The cells the attention of `seq` would visit, per sub-cache (base, ring; 0 for one no
+    /// layer uses), after one batch appends `n` positions; `None` when they do not fit.
+    pub fn cells_in_view(&self, seq: u32, n: u32) -> Option<(u32, u32)> {
+        let s = self.streams.get(seq as usize)?;
+        let start = self.seq_len(seq);
+        let positions: Vec<i32> = (start..start + n).map(|p| p as i32).collect();
+        let after = |c: &Cells, used: bool| -> Option<u32> {
+            if !used {
+                return Some(0);
+            }
+            let cells = c.find(&positions)?;
+            let mut c = c.clone();
+            c.apply(&cells, &positions);
+            Some(c.n_kv())
+        };
+        let has_swa = self.layout.is_swa.iter().any(|&f| f);
+        let has_base = self.layout.is_swa.iter().any(|&f| !f);
+        Some((after(&s.base, has_base)?, after(&s.swa, has_swa)?))
+    }
+
+    /// The most positions, up to `max`, that one batch may append to `seq` while every
+    /// sub-cache shows its attention as many cells as a one-token step from the same end would
+    /// (the count visited is padded to 256, and the attention's rounding depends on it). A
+    /// verification batch within it gives each row a one-token step's view of the cache.
+    pub fn uniform_extent(&self, seq: u32, max: u32) -> u32 {
+        let Some(one) = self.cells_in_view(seq, 1) else {
+            return 0;
+        };
+        if max <= 1 || self.cells_in_view(seq, max) == Some(one) {
+            return max;
+        }
+        (1..max)
+            .rev()
+            .find(|&n| self.cells_in_view(seq, n) == Some(one))
+            .unwrap_or(1)
+    }
+
     /// What a forward pass over `n` tokens of `seq` from its current end would change, saved
     /// so that [`KvCache::rollback`] can undo the part past an accepted prefix (speculative
     /// verification). The batch must be placed next, as one group, with nothing else touching

@@ -96,6 +96,8 @@ pub struct Args {
     /// Print control tokens (e.g. the end-of-turn token) in the output.
     #[arg(long)]
     special: bool,
+    #[command(flatten)]
+    spec: crate::spec::SpecArgs,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -135,6 +137,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         n_ctx: args.ctx_size,
         queue_max: 1,
         request_timeout: None,
+        spec: args.spec.config(args.device)?,
         ..Default::default()
     };
     let engine = match &tokenizer {
@@ -241,6 +244,14 @@ fn report(n_prompt: usize, n_gen: usize, t: Timings) {
         n_eval,
         rate(n_eval, t.gen_ms)
     );
+    if t.draft_n > 0 {
+        eprintln!(
+            "muser:       draft {:>5} tokens, {:>5} accepted ({:.1}%)",
+            t.draft_n,
+            t.draft_n_accepted,
+            100.0 * t.draft_n_accepted as f64 / t.draft_n as f64
+        );
+    }
 }
 
 /// Where generated pieces go.

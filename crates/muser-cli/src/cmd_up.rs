@@ -35,6 +35,8 @@ pub struct Args {
     /// Context per slot, in tokens.
     #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
     ctx_size: usize,
+    #[command(flatten)]
+    spec: crate::spec::SpecArgs,
     /// Require `Authorization: Bearer KEY` on every route but /health, the key read from the
     /// first line of this file (or from the MUSER_API_KEY environment variable).
     #[arg(long, value_name = "FILE")]
@@ -357,6 +359,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     cfg.n_slots = args.slots;
     cfg.n_ctx = args.ctx_size;
     cfg.queue_max = args.queue;
+    cfg.spec = args.spec.config(args.device)?;
     cfg.api_key = api_key;
     cfg.allowed_hosts = args.allow_host;
     if !args.host.is_unspecified() {

@@ -15,6 +15,7 @@ mod cmd_up;
 mod device;
 #[cfg(feature = "cuda")]
 mod fused;
+mod spec;
 
 #[derive(Parser)]
 #[command(

@@ -36,6 +36,8 @@ pub struct EngineConfig {
     /// Prompt cache across requests and restarts (memory and disk tiers of kvpack packs);
     /// `None`: only each slot's own cache is reused.
     pub prompt_cache: Option<Arc<crate::prompt_cache::PromptCache>>,
+    /// Speculative decoding for every generating slot; `None`: plain decoding.
+    pub spec: Option<muser_spec::SpecConfig>,
 }
 
 impl Default for EngineConfig {
@@ -48,6 +50,7 @@ impl Default for EngineConfig {
             prefill_chunk: 512,
             request_timeout: Some(Duration::from_secs(600)),
             prompt_cache: None,
+            spec: None,
         }
     }
 }
@@ -143,6 +146,9 @@ pub struct Timings {
     /// The producer whose prefill the request installed (`None`: the prompt was computed
     /// here).
     pub producer: Option<Arc<str>>,
+    /// Draft tokens verified and accepted (speculative decoding; 0 without it).
+    pub draft_n: usize,
+    pub draft_n_accepted: usize,
 }
 
 /// What a request's stream carries, in order: `Token`s (or one `Embedding`), then `Done`; or
@@ -222,6 +228,9 @@ pub struct EngineStats {
     pub gen_seconds_total: f64,
     /// Forward passes run.
     pub forward_total: u64,
+    /// Speculative decoding: draft tokens verified, and accepted.
+    pub draft_tokens_total: u64,
+    pub draft_accepted_total: u64,
     /// Tokens whose K/V the slots hold now.
     pub kv_tokens: usize,
 }
@@ -332,6 +341,10 @@ impl Engine {
             return Err(EngineError::Config(
                 "n_slots and prefill_chunk must be positive and n_ctx at least 2".into(),
             ));
+        }
+        if let Some(spec) = &cfg.spec {
+            spec.validate()
+                .map_err(|e| EngineError::Config(e.to_string()))?;
         }
         let n_ubatch = cfg.prefill_chunk.max(cfg.n_slots);
         let kv = model.new_kv_ubatch(cfg.n_ctx, cfg.n_slots, cfg.kv_type, n_ubatch as u32)?;

@@ -5,11 +5,25 @@
 //! `Batch`; runs it; then samples for the rows that asked for logits. A slot keeps the tokens
 //! whose K/V it holds after its request ends, so a later prompt sharing a prefix only
 //! processes the rest.
+//!
+//! Speculative decoding: a generating slot may follow its decode token with draft tokens
+//! (muser-spec). Every row is sampled in order as a plain step would sample it; a draft is
+//! accepted while it equals the token sampled before it, the first token that differs (or
+//! the token after the last draft) is the bonus, and the cache rolls back to the accepted
+//! prefix ([`KvCache::rollback`]). Sampling from the target and comparing is speculative
+//! rejection sampling for a drafter that proposes one token with certainty: a draft `d` is
+//! accepted with probability `p(d)`, and the emitted token is distributed as `p`. Drafts fill
+//! a batch only up to `Model::exact_batch_rows`, the rows whose outputs equal one-row passes
+//! bit for bit, only as far as the cells the attention visits stay those of a one-token step
+//! (`KvCache::uniform_extent`), and only where the attention computes several rows as it
+//! computes one (`Model::rows_attend_as_one`: on the CPU, below 512 cells in view), so
+//! verification never changes a token.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use muser_model::{Batch, KvCache, Model, ModelError, Output};
+use muser_model::{Batch, KvCache, KvMark, Model, ModelError, Output};
+use muser_spec::Drafting;
 use muser_text::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -75,6 +89,11 @@ struct Task<'t> {
     deadline: Option<Instant>,
     /// The producer whose prefill was installed.
     producer: Option<Arc<str>>,
+    /// Speculative decoding for this request.
+    drafting: Option<Drafting>,
+    /// Draft tokens verified and accepted.
+    draft_n: usize,
+    draft_n_accepted: usize,
 }
 
 /// Which slot a batch row belongs to and whether it samples.
@@ -83,6 +102,23 @@ struct Row {
     slot: usize,
     /// The last prompt token or a decode token: its output is sampled (or pooled).
     samples: bool,
+    /// A draft token: taken only if the row before it sampled exactly this token.
+    draft: bool,
+}
+
+/// A slot's decode row followed by draft rows, and how to undo the drafts.
+struct Verify {
+    /// Batch index of the decode row; the drafts follow it.
+    first: usize,
+    n_drafts: usize,
+    mark: KvMark,
+}
+
+/// What the forward pass answered for one output row.
+#[derive(Clone, Copy)]
+enum Answer<'o> {
+    Logits(&'o [f32]),
+    Token(u32),
 }
 
 impl<'t> Scheduler<'t> {
@@ -323,6 +359,7 @@ impl<'t> Scheduler<'t> {
                 .filter(|&c| c > keep && !self.slots[slot].foreign);
         }
         self.tick += 1;
+        let speculative = !req.embeddings;
         let s = &mut self.slots[slot];
         s.last_used = self.tick;
         s.task = Some(Task {
@@ -342,6 +379,9 @@ impl<'t> Scheduler<'t> {
             started,
             first_token: None,
             producer,
+            drafting: self.cfg.spec.filter(|_| speculative).map(Drafting::new),
+            draft_n: 0,
+            draft_n_accepted: 0,
         });
         self.stats.requests_total += 1;
     }
@@ -522,7 +562,7 @@ impl<'t> Scheduler<'t> {
 
     fn step(&mut self) {
         self.reap();
-        let (batch, rows) = self.gather();
+        let (batch, rows, verifies) = self.gather();
         if batch.is_empty() {
             return;
         }
@@ -534,7 +574,7 @@ impl<'t> Scheduler<'t> {
         });
         self.stats.forward_total += 1;
         match result {
-            Ok(out) => self.apply(&batch, &rows, &out),
+            Ok(out) => self.apply(&batch, &rows, verifies, &out),
             Err(e) => {
                 let mut failed: Vec<usize> = rows.iter().map(|r| r.slot).collect();
                 failed.dedup();
@@ -561,27 +601,81 @@ impl<'t> Scheduler<'t> {
         }
     }
 
-    /// The decode token of every generating slot, then a chunk of the oldest prefill.
-    fn gather(&self) -> (Batch, Vec<Row>) {
+    /// The decode token of every generating slot (with its drafts when it speculates), then a
+    /// chunk of the oldest prefill.
+    fn gather(&mut self) -> (Batch, Vec<Row>, Vec<Verify>) {
         let mut batch = Batch::default();
         let mut rows = Vec::new();
-        for (i, s) in self.slots.iter().enumerate() {
-            if let Some(Task {
+        let mut verifies = Vec::new();
+        let decoding = self
+            .slots
+            .iter()
+            .filter(|s| {
+                matches!(
+                    s.task,
+                    Some(Task {
+                        phase: Phase::Decode(_),
+                        ..
+                    })
+                )
+            })
+            .count();
+        // drafts take what the batch has left after every slot's decode token, within the
+        // rows whose outputs equal one-row passes (so a verification changes no token)
+        let mut room = self
+            .cfg
+            .prefill_chunk
+            .min(self.model.exact_batch_rows())
+            .saturating_sub(decoding);
+        for i in 0..self.slots.len() {
+            let Some(Task {
                 phase: Phase::Decode(id),
-                sampler,
                 ..
-            }) = &s.task
-            {
-                // A plain greedy step needs only the row's argmax, which a fused device
-                // forward hands over without moving the logits.
-                if sampler.plain_greedy() {
-                    batch.push_argmax(*id, s.tokens.len() as u32, i as u32);
+            }) = self.slots[i].task
+            else {
+                continue;
+            };
+            let mut drafts = self.drafts(i, id, room);
+            let seq = i as u32;
+            // every row must see the cells a one-token step would, through the same kernel
+            let view = self.kv.cells_in_view(seq, 1);
+            let alone = view.is_some_and(|(b, w)| self.model.rows_attend_as_one(b.max(w)));
+            let uniform = match alone {
+                true => self.kv.uniform_extent(seq, 1 + drafts.len() as u32),
+                false => 0,
+            };
+            drafts.truncate(uniform.saturating_sub(1) as usize);
+            let pos = self.slots[i].tokens.len() as u32;
+            let mark = match drafts.is_empty() {
+                true => None,
+                false => self.kv.mark(seq, 1 + drafts.len() as u32).ok(),
+            };
+            let drafts = if mark.is_some() { drafts } else { Vec::new() };
+            room -= drafts.len();
+            if let Some(mark) = mark {
+                verifies.push(Verify {
+                    first: batch.len(),
+                    n_drafts: drafts.len(),
+                    mark,
+                });
+            }
+            // A plain greedy step needs only the row's argmax, which a fused device forward
+            // hands over without moving the logits.
+            let argmax = self.slots[i]
+                .task
+                .as_ref()
+                .is_some_and(|t| t.sampler.plain_greedy());
+            for (k, tok) in std::iter::once(id).chain(drafts).enumerate() {
+                let p = pos + k as u32;
+                if argmax {
+                    batch.push_argmax(tok, p, seq);
                 } else {
-                    batch.push(*id, s.tokens.len() as u32, i as u32, true);
+                    batch.push(tok, p, seq, true);
                 }
                 rows.push(Row {
                     slot: i,
                     samples: true,
+                    draft: k > 0,
                 });
             }
         }
@@ -603,7 +697,7 @@ impl<'t> Scheduler<'t> {
         if let (Some((_, i)), true) = (prefill, budget > 0) {
             let s = &self.slots[i];
             let Some(t) = &s.task else {
-                return (batch, rows);
+                return (batch, rows, verifies);
             };
             let done = s.tokens.len();
             let mut end = t.req.prompt.len().min(done + budget);
@@ -617,55 +711,159 @@ impl<'t> Scheduler<'t> {
                 rows.push(Row {
                     slot: i,
                     samples: last,
+                    draft: false,
                 });
                 batch.embeddings |= last && t.req.embeddings;
             }
         }
-        (batch, rows)
+        (batch, rows, verifies)
+    }
+
+    /// Draft tokens to follow slot `i`'s decode token `id`: at most `room`, none past the
+    /// context or the request's token budget.
+    fn drafts(&mut self, i: usize, id: u32, room: usize) -> Vec<u32> {
+        let n_ctx = self.cfg.n_ctx;
+        let Slot { tokens, task, .. } = &mut self.slots[i];
+        let Some(t) = task else {
+            return Vec::new();
+        };
+        let Some(d) = &mut t.drafting else {
+            return Vec::new();
+        };
+        // a verification emits up to one token more than it drafts
+        let left = t
+            .req
+            .max_tokens
+            .map_or(usize::MAX, |m| (m as usize).saturating_sub(t.n_gen + 1));
+        let room = room.min(left).min(n_ctx.saturating_sub(tokens.len() + 1));
+        if room == 0 {
+            return Vec::new();
+        }
+        tokens.push(id);
+        let drafts = d.propose(tokens, room);
+        tokens.pop();
+        drafts
     }
 
     /// Records what went into the cache and handles every output row.
-    fn apply(&mut self, batch: &Batch, rows: &[Row], out: &Output) {
-        for (b, row) in rows.iter().enumerate() {
+    fn apply(&mut self, batch: &Batch, rows: &[Row], verifies: Vec<Verify>, out: &Output) {
+        // drafts go into a slot's tokens as they are accepted
+        for (b, row) in rows.iter().enumerate().filter(|(_, r)| !r.draft) {
             self.slots[row.slot].tokens.push(batch.tokens[b]);
         }
         self.offer_prefixes(rows);
         let n_vocab = self.model.info().n_vocab;
         let n_embd = self.model.info().n_embd;
+        let mut answers: Vec<Option<Answer>> = vec![None; rows.len()];
         for (r, &b) in out.rows.iter().enumerate() {
-            let row = rows[b];
-            if !row.samples {
+            answers[b] = Some(Answer::Logits(out.row(r, n_vocab)));
+        }
+        // rows answered with their argmax (plain greedy decode steps on a fused device)
+        for &(b, id) in &out.argmax {
+            answers[b] = Some(Answer::Token(id));
+        }
+        let mut verifies = verifies.into_iter().peekable();
+        for (b, &row) in rows.iter().enumerate() {
+            if !row.samples || row.draft {
+                continue;
+            }
+            if let Some(v) = verifies.next_if(|v| v.first == b) {
+                self.verify(v, batch, row.slot, &answers);
                 continue;
             }
             let Some(task) = &self.slots[row.slot].task else {
                 continue;
             };
             let (embeddings, zero) = (task.req.embeddings, task.req.max_tokens == Some(0));
+            let Some(answer) = answers[b] else { continue };
             // sampling, grammar, detokenization and stop strings run on request data: a
             // panic in them fails this request and resets its slot
             let handled = contained(|| {
                 if embeddings {
+                    let r = out.rows.iter().position(|&x| x == b).unwrap_or(0);
                     let e = out.embeddings.get(r * n_embd..(r + 1) * n_embd);
                     self.embed(row.slot, e.unwrap_or_default());
                 } else if zero {
                     self.finish(row.slot, FinishReason::Length);
-                } else {
-                    self.sample(row.slot, out.row(r, n_vocab));
+                } else if let Some(t) = &mut self.slots[row.slot].task {
+                    let sampled = t.pick(answer);
+                    self.emit(row.slot, sampled);
                 }
             });
             if let Err(msg) = handled {
                 self.fail(row.slot, &format!("sampling failed: {msg}"));
             }
         }
-        // Rows the forward answered with their argmax (only plain greedy decode steps).
-        for &(b, id) in &out.argmax {
-            let row = rows[b];
-            if row.samples && self.slots[row.slot].task.is_some() {
-                let sampled = Sampled { id, logprobs: None };
-                if let Err(msg) = contained(|| self.emit(row.slot, sampled)) {
-                    self.fail(row.slot, &format!("sampling failed: {msg}"));
+    }
+
+    /// Samples a speculating slot's rows in order: each draft is taken while it equals the
+    /// token sampled before it; the first token that differs, or the one after the last
+    /// draft, ends the step, and the cache rolls back to what was taken.
+    fn verify(&mut self, v: Verify, batch: &Batch, slot: usize, answers: &[Option<Answer>]) {
+        let Verify {
+            first,
+            n_drafts,
+            mark,
+        } = v;
+        let mut mark = Some(mark);
+        self.stats.draft_tokens_total += n_drafts as u64;
+        if let Some(t) = &mut self.slots[slot].task {
+            t.draft_n += n_drafts;
+        }
+        let handled = contained(|| {
+            for j in 0..=n_drafts {
+                let Some(answer) = answers[first + j] else {
+                    break;
+                };
+                let Some(t) = &mut self.slots[slot].task else {
+                    break;
+                };
+                let sampled = t.pick(answer);
+                let next = (j < n_drafts).then(|| batch.tokens[first + j + 1]);
+                let takes = next == Some(sampled.id);
+                if !takes {
+                    self.settle(slot, &mut mark, n_drafts, j);
+                }
+                self.emit(slot, sampled);
+                if !takes {
+                    break;
+                }
+                if self.slots[slot].task.is_none() {
+                    // the request ended on this token: the draft equal to it stays out
+                    self.settle(slot, &mut mark, n_drafts, j);
+                    break;
+                }
+                if let Some(id) = next {
+                    self.slots[slot].tokens.push(id);
+                    self.stats.draft_accepted_total += 1;
+                    if let Some(t) = &mut self.slots[slot].task {
+                        t.draft_n_accepted += 1;
+                    }
                 }
             }
+        });
+        match handled {
+            Err(msg) => self.fail(slot, &format!("sampling failed: {msg}")),
+            Ok(()) if mark.is_some() => self.fail(slot, "speculative verification ended early"),
+            Ok(()) => {}
+        }
+    }
+
+    /// Ends a verification with `accepted` of `n_drafts` drafts taken: tells the slot's gate
+    /// and rolls the slot's cache back to its decode token and those drafts.
+    fn settle(&mut self, slot: usize, mark: &mut Option<KvMark>, n_drafts: usize, accepted: usize) {
+        let Some(mark) = mark.take() else {
+            return;
+        };
+        if let Some(d) = self.slots[slot]
+            .task
+            .as_mut()
+            .and_then(|t| t.drafting.as_mut())
+        {
+            d.record(n_drafts, accepted);
+        }
+        if let Err(e) = self.kv.rollback(mark, 1 + accepted as u32) {
+            self.fail(slot, &format!("speculative rollback failed: {e}"));
         }
     }
 
@@ -677,15 +875,6 @@ impl<'t> Scheduler<'t> {
             let _ = t.tx.send(Event::Embedding(v));
         }
         self.finish(slot, FinishReason::Stop);
-    }
-
-    /// Samples the next token from its logits row, then [`Self::emit`]s it.
-    fn sample(&mut self, slot: usize, logits: &[f32]) {
-        let Some(t) = &mut self.slots[slot].task else {
-            return;
-        };
-        let sampled = t.sampler.sample(logits);
-        self.emit(slot, sampled);
     }
 
     /// Takes the sampled token, streams it, and decides whether the request goes on.
@@ -741,6 +930,8 @@ impl<'t> Scheduler<'t> {
             prompt_ms: ms(first - t.started),
             gen_ms: ms(now - first),
             producer: t.producer.clone(),
+            draft_n: t.draft_n,
+            draft_n_accepted: t.draft_n_accepted,
         };
         let n_prompt = t.req.prompt.len();
         let st = &mut self.stats;
@@ -820,6 +1011,14 @@ impl<'t> Scheduler<'t> {
 }
 
 impl Task<'_> {
+    /// The token a row's answer gives, sampled as a plain step samples it.
+    fn pick(&mut self, answer: Answer) -> Sampled {
+        match answer {
+            Answer::Logits(logits) => self.sampler.sample(logits),
+            Answer::Token(id) => Sampled { id, logprobs: None },
+        }
+    }
+
     /// The text to send with token `id`: its characters, minus anything that may begin a stop
     /// string; everything held back when this is the last token. True when a stop string
     /// matched.

@@ -26,7 +26,7 @@ pub use cpu::numerics::{FlashAttn, Numerics, NumericsMode, Order};
 pub use cpu::CpuBackend;
 pub use error::ModelError;
 pub use info::{Arch, ModelInfo};
-pub use kv::{HostKv, KvCache, KvLayout, KvSnapshot, KvStore, KvType, LayerKv, Placement};
+pub use kv::{HostKv, KvCache, KvLayout, KvMark, KvSnapshot, KvStore, KvType, LayerKv, Placement};
 
 use models::{llama::Llama, muse_glimmer::MuseGlimmer, Prepared, Tensors};
 use muser_gguf::{GgmlType, GgufFile};
@@ -201,6 +201,14 @@ trait Executor: Send + Sync {
     }
     fn numerics(&self) -> String;
     fn supports(&self, ty: GgmlType) -> bool;
+    /// See [`Backend::rows_as_one`].
+    fn rows_as_one(&self, _ty: GgmlType) -> usize {
+        1
+    }
+    /// See [`Backend::rows_attend_as_one`].
+    fn rows_attend_as_one(&self, _n_kv: usize) -> bool {
+        false
+    }
     fn prepare_weight(&self, w: &Weight) -> Result<(), ModelError>;
     fn new_kv_store(
         &self,
@@ -321,6 +329,14 @@ impl<B: Backend> Executor for On<B> {
         self.0.supports(ty)
     }
 
+    fn rows_as_one(&self, ty: GgmlType) -> usize {
+        self.0.rows_as_one(ty)
+    }
+
+    fn rows_attend_as_one(&self, n_kv: usize) -> bool {
+        self.0.rows_attend_as_one(n_kv)
+    }
+
     fn prepare_weight(&self, w: &Weight) -> Result<(), ModelError> {
         self.0.prepare_weight(w)
     }
@@ -342,6 +358,8 @@ pub struct Model {
     info: ModelInfo,
     net: Net,
     exec: Box<dyn Executor>,
+    /// See [`Model::exact_batch_rows`].
+    exact_rows: usize,
 }
 
 /// Default largest batch per forward pass (llama.cpp's default `n_ubatch`).
@@ -397,9 +415,12 @@ impl Model {
             Arch::Llama => Net::Llama(Llama::load(&t, &info)?),
         };
         let mut seen = std::collections::HashSet::new();
+        let mut exact_rows = usize::MAX;
         for w in t.mats.borrow().iter() {
-            if seen.insert(w.view(&gguf).name.to_string()) {
-                exec.prepare_weight(&w.view(&gguf))?;
+            let w = w.view(&gguf);
+            exact_rows = exact_rows.min(exec.rows_as_one(w.ty));
+            if seen.insert(w.name.to_string()) {
+                exec.prepare_weight(&w)?;
             }
         }
         drop(t);
@@ -408,6 +429,7 @@ impl Model {
             info,
             net,
             exec,
+            exact_rows,
         })
     }
 
@@ -435,6 +457,25 @@ impl Model {
                 }
             })
             .sum()
+    }
+
+    /// Most rows a batch may carry for every row's logits (and K/V) to equal, bit for bit,
+    /// those of the same token in a one-row batch at the same position: the least of the
+    /// backend's [`Backend::rows_as_one`] over the model's matrices. On the CPU backend:
+    /// unbounded for the non-K quantized types (each row is dotted alone), 7 with Q4_K, Q5_K
+    /// or Q6_K matrices (tiled from 8 rows), 1 with F32 or F16 matrices; 1 on a device. (The
+    /// attention, too, keeps a row's result only below 64 rows of one sequence.) Speculative
+    /// verification stays within it.
+    pub fn exact_batch_rows(&self) -> usize {
+        self.exact_rows
+    }
+
+    /// Whether several rows of one sequence attending over `n_kv` cells each get what a
+    /// one-row batch over those cells gets ([`Backend::rows_attend_as_one`]). On the CPU
+    /// backend: below 512 cells (from 512 on, a lone query row splits the cells across
+    /// threads, ggml's split-KV kernel); never on a device.
+    pub fn rows_attend_as_one(&self, n_kv: u32) -> bool {
+        self.exec.rows_attend_as_one(n_kv as usize)
     }
 
     /// Compute threads in use.

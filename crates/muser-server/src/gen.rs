@@ -153,6 +153,9 @@ pub struct Finished {
     pub gen_ms: f64,
     /// The producer that prefilled the prompt (`None`: prefilled here).
     pub producer: Option<Arc<str>>,
+    /// Speculative draft tokens verified and accepted.
+    pub draft_n: usize,
+    pub draft_n_accepted: usize,
 }
 
 impl Finished {
@@ -242,6 +245,8 @@ pub async fn next_step(
                 prompt_ms: timings.prompt_ms,
                 gen_ms: timings.gen_ms,
                 producer: timings.producer,
+                draft_n: timings.draft_n,
+                draft_n_accepted: timings.draft_n_accepted,
             };
             log.add_generation(&crate::metrics::GenerationTimes {
                 prompt_tokens: u64::from(done.n_prompt - done.n_cached),

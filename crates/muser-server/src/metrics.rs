@@ -403,6 +403,18 @@ impl Metrics {
             "Prompt tokens not computed: reused from the slot or resumed from the prompt cache.",
             g.engine.cached_tokens_total,
         );
+        counter(
+            &mut out,
+            "muser_draft_tokens_total",
+            "Speculative draft tokens verified.",
+            g.engine.draft_tokens_total,
+        );
+        counter(
+            &mut out,
+            "muser_draft_accepted_tokens_total",
+            "Speculative draft tokens accepted.",
+            g.engine.draft_accepted_total,
+        );
         if let Some(pc) = &g.prompt_cache {
             let name = "muser_prompt_cache_hits_total";
             let _ = writeln!(out, "# HELP {name} Requests that resumed a prefix from the prompt cache, by tier.\n# TYPE {name} counter");
@@ -516,6 +528,8 @@ mod tests {
                 busy_slots: 1,
                 queue_depth: 2,
                 kv_tokens: 100,
+                draft_tokens_total: 40,
+                draft_accepted_total: 25,
                 ..Default::default()
             },
             n_slots: 4,
@@ -529,6 +543,8 @@ mod tests {
         });
         assert!(text.contains("muser_lane_producer_health{producer=\"prod\"} 1"));
         assert!(text.contains("muser_lane_producer_health_changes_total{producer=\"prod\"} 1"));
+        assert!(text.contains("muser_draft_tokens_total 40"));
+        assert!(text.contains("muser_draft_accepted_tokens_total 25"));
         assert!(text.contains("muser_prompt_tokens_total 10"));
         assert!(text.contains("muser_generated_tokens_total 5"));
         assert!(text.contains("muser_generated_tokens_per_second 100"));

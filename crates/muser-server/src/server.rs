@@ -41,6 +41,8 @@ pub struct ServeConfig {
     pub numerics: muser_model::Numerics,
     /// The configuration directory whose node registry `/v1/nodes` serves (a consumer).
     pub node_registry: Option<PathBuf>,
+    /// Speculative decoding for every slot (`--spec`, `--draft-max`); `None`: plain decoding.
+    pub spec: Option<muser_engine::SpecConfig>,
 }
 
 impl ServeConfig {
@@ -60,6 +62,7 @@ impl ServeConfig {
             lane: None,
             session_dir: None,
             device: "cpu".into(),
+            spec: None,
             numerics: muser_model::Numerics::PORTABLE,
             node_registry: None,
         }
@@ -199,6 +202,7 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
         n_ctx: cfg.n_ctx,
         queue_max: cfg.queue_max,
         prompt_cache,
+        spec: cfg.spec,
         ..Default::default()
     };
     let engine = Engine::start(model, tokenizer.clone(), engine_cfg)

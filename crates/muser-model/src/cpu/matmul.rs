@@ -47,6 +47,18 @@ fn quant_err(w: &Weight, e: muser_quant::QuantError) -> ModelError {
 }
 
 /// Whether the CPU backend can multiply weights of this type.
+/// Most rows of x for which every row of `x · Wᵀ` equals a one-row product (the kernel table
+/// above switches by row count): 1 for F32 and F16 (two rows on take other dot kernels), one
+/// less than the tiled K-quant threshold for the K-quants, unbounded for the other types.
+pub fn rows_as_one(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::F32 | GgmlType::F16 => 1,
+        ty => (2..=256)
+            .find(|&n| kquant::applies(ty, n))
+            .map_or(usize::MAX, |n| n - 1),
+    }
+}
+
 pub fn supported(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::F32 | GgmlType::F16) || muser_quant::has_vec_dot(ty)
 }

@@ -189,6 +189,16 @@ impl Backend for CpuBackend {
         matmul::supported(ty)
     }
 
+    fn rows_as_one(&self, ty: muser_gguf::GgmlType) -> usize {
+        matmul::rows_as_one(ty)
+    }
+
+    /// ggml's kernel choice: one query row over 512+ cells splits the cells across threads.
+    fn rows_attend_as_one(&self, n_kv: usize) -> bool {
+        let t = self.threads();
+        attention::choose(1, n_kv, t) == attention::choose(2, n_kv, t)
+    }
+
     fn threads(&self) -> usize {
         self.threads
     }

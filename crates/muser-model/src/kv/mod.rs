@@ -326,6 +326,29 @@ struct Stream {
     swa: Cells,
 }
 
+/// A forward pass's changes to one sequence, as [`KvCache::mark`] saved them.
+#[derive(Debug)]
+pub struct KvMark {
+    seq: u32,
+    start: u32,
+    n: u32,
+    before: Stream,
+    /// (layer, cell, K row, V row) of ring cells the batch reuses.
+    rows: Vec<(usize, usize, Vec<u8>, Vec<u8>)>,
+}
+
+/// The cells of a sub-cache holding `positions` (in order; empty for a sub-cache no layer
+/// uses), `None` when one is missing.
+fn held_cells(c: &Cells, positions: &Range<u32>) -> Option<Vec<u32>> {
+    if c.size() == 0 || c.max == EMPTY {
+        return Some(Vec::new());
+    }
+    cells_of(&c.pos, positions)
+        .into_iter()
+        .map(|i| (i != usize::MAX).then_some(i as u32))
+        .collect()
+}
+
 /// Where the tokens of one forward pass went: per token, its cell in each sub-cache, and the
 /// cell counts the attention of each stream must visit.
 #[derive(Clone, Debug, Default)]
@@ -481,6 +504,137 @@ impl KvCache {
             s.base.remove(pos as i32, i32::MAX);
             s.swa.remove(pos as i32, i32::MAX);
         }
+    }
+
+    /// The cells the attention of `seq` would visit, per sub-cache (base, ring; 0 for one no
+    /// layer uses), after one batch appends `n` positions; `None` when they do not fit.
+    pub fn cells_in_view(&self, seq: u32, n: u32) -> Option<(u32, u32)> {
+        let s = self.streams.get(seq as usize)?;
+        let start = self.seq_len(seq);
+        let positions: Vec<i32> = (start..start + n).map(|p| p as i32).collect();
+        let after = |c: &Cells, used: bool| -> Option<u32> {
+            if !used {
+                return Some(0);
+            }
+            let cells = c.find(&positions)?;
+            let mut c = c.clone();
+            c.apply(&cells, &positions);
+            Some(c.n_kv())
+        };
+        let has_swa = self.layout.is_swa.iter().any(|&f| f);
+        let has_base = self.layout.is_swa.iter().any(|&f| !f);
+        Some((after(&s.base, has_base)?, after(&s.swa, has_swa)?))
+    }
+
+    /// The most positions, up to `max`, that one batch may append to `seq` while every
+    /// sub-cache shows its attention as many cells as a one-token step from the same end would
+    /// (the count visited is padded to 256, and the attention's rounding depends on it). A
+    /// verification batch within it gives each row a one-token step's view of the cache.
+    pub fn uniform_extent(&self, seq: u32, max: u32) -> u32 {
+        let Some(one) = self.cells_in_view(seq, 1) else {
+            return 0;
+        };
+        if max <= 1 || self.cells_in_view(seq, max) == Some(one) {
+            return max;
+        }
+        (1..max)
+            .rev()
+            .find(|&n| self.cells_in_view(seq, n) == Some(one))
+            .unwrap_or(1)
+    }
+
+    /// What a forward pass over `n` tokens of `seq` from its current end would change, saved
+    /// so that [`KvCache::rollback`] can undo the part past an accepted prefix (speculative
+    /// verification). The batch must be placed next, as one group, with nothing else touching
+    /// `seq` in between. A sliding-window ring reuses cells whose positions left every future
+    /// query's window; their rows are copied here, so a rollback restores exactly what one-token
+    /// steps would have left (the same cells, positions and rows), and an export or a prefix
+    /// reuse afterwards sees the same cache as plain decoding.
+    pub fn mark(&self, seq: u32, n: u32) -> Result<KvMark, ModelError> {
+        self.check_seq(seq)?;
+        let start = self.seq_len(seq);
+        if n == 0 || start + n > self.n_ctx {
+            return Err(ModelError::Kv(format!(
+                "cannot mark {n} positions from {start} of seq {seq} (n_ctx {})",
+                self.n_ctx
+            )));
+        }
+        let positions: Vec<i32> = (start..start + n).map(|p| p as i32).collect();
+        let s = &self.streams[seq as usize];
+        let has_swa = self.layout.is_swa.iter().any(|&f| f);
+        let mut rows = Vec::new();
+        if has_swa {
+            let full = || ModelError::KvFull {
+                seq,
+                n_tokens: n as usize,
+            };
+            let cells = s.swa.find(&positions).ok_or_else(full)?;
+            let row = self.layout.row_bytes();
+            for c in cells
+                .into_iter()
+                .filter(|&c| s.swa.pos[c as usize] != EMPTY)
+            {
+                for il in (0..self.layout.n_layer).filter(|&il| self.layout.is_swa[il]) {
+                    let (mut k, mut v) = (vec![0u8; row], vec![0u8; row]);
+                    let c = c as usize;
+                    self.store.read_rows(il, seq, c..c + 1, &mut k, &mut v)?;
+                    rows.push((il, c, k, v));
+                }
+            }
+        }
+        Ok(KvMark {
+            seq,
+            start,
+            n,
+            before: s.clone(),
+            rows,
+        })
+    }
+
+    /// Undoes the marked batch past its first `keep` positions: the cells of the rest get back
+    /// the positions and rows they held, and the bookkeeping is that of a cache which took only
+    /// the kept positions. `keep == mark.n` keeps everything.
+    pub fn rollback(&mut self, mark: KvMark, keep: u32) -> Result<(), ModelError> {
+        let KvMark {
+            seq,
+            start,
+            n,
+            before,
+            rows,
+        } = mark;
+        if keep > n || self.seq_len(seq) != start + n {
+            return Err(ModelError::Kv(format!(
+                "rollback of seq {seq} to {keep} of {n} marked positions from {start} does not \
+                 match the cache ({} held)",
+                self.seq_len(seq)
+            )));
+        }
+        if keep == n {
+            return Ok(());
+        }
+        let kept: Vec<i32> = (start..start + keep).map(|p| p as i32).collect();
+        let has_swa = self.layout.is_swa.iter().any(|&f| f);
+        let has_base = self.layout.is_swa.iter().any(|&f| !f);
+        let s = &mut self.streams[seq as usize];
+        let lost = || ModelError::Kv(format!("seq {seq} lost a marked position"));
+        let base_cells = held_cells(&s.base, &(start..start + keep)).ok_or_else(lost)?;
+        let swa_cells = held_cells(&s.swa, &(start..start + keep)).ok_or_else(lost)?;
+        *s = before;
+        if !kept.is_empty() {
+            if has_base {
+                s.base.apply(&base_cells, &kept);
+            }
+            if has_swa {
+                s.swa.apply(&swa_cells, &kept);
+            }
+        }
+        // the rows of ring cells that went back to their old positions
+        for (il, cell, k, v) in rows {
+            if !swa_cells.contains(&(cell as u32)) {
+                self.store.write_rows(il, seq, cell, &k, &v)?;
+            }
+        }
+        Ok(())
     }
 
     /// Forget `seq` entirely.
@@ -716,6 +870,100 @@ mod tests {
         for c in all.chunks(chunk) {
             kv.place(&[(seq, (0..c.len()).collect())], c).unwrap();
         }
+    }
+
+    /// Places `positions` of `seq` as one batch and writes each position's number into its
+    /// rows, as a forward pass would write its K/V.
+    fn put(kv: &mut KvCache, seq: u32, positions: Range<u32>) {
+        let pos: Vec<u32> = positions.collect();
+        let plan = kv.place(&[(seq, (0..pos.len()).collect())], &pos).unwrap();
+        let row = kv.layout.row_bytes();
+        for il in 0..kv.layout.n_layer {
+            let cells = if kv.layout.is_swa[il] {
+                &plan.swa_cell
+            } else {
+                &plan.base_cell
+            };
+            for (&p, &c) in pos.iter().zip(cells) {
+                let bytes = vec![(p % 251) as u8 + il as u8; row];
+                kv.store
+                    .write_rows(il, seq, c as usize, &bytes, &bytes)
+                    .unwrap();
+            }
+        }
+    }
+
+    /// Everything of `seq` a later step can observe: bookkeeping and the rows of held cells.
+    fn observe(kv: &KvCache, seq: u32) -> (String, Vec<Vec<u8>>) {
+        let row = kv.layout.row_bytes();
+        let rows = (0..kv.layout.n_layer)
+            .flat_map(|il| {
+                let cells = kv.cell_pos(seq, il);
+                let n = cells.len();
+                let (mut k, mut v) = (vec![0u8; n * row], vec![0u8; n * row]);
+                kv.store.read_rows(il, seq, 0..n, &mut k, &mut v).unwrap();
+                (0..n)
+                    .filter(|&c| cells[c] != EMPTY)
+                    .map(|c| [&k[c * row..(c + 1) * row], &v[c * row..(c + 1) * row]].concat())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        (format!("{:?}", kv.streams[seq as usize]), rows)
+    }
+
+    /// A verification batch rolled back to its accepted prefix leaves exactly what one-token
+    /// steps over that prefix leave, ring wraps included (the batch reuses ring cells whose old
+    /// rows come back).
+    #[test]
+    fn rollback_after_a_verification_batch_equals_one_token_steps() {
+        for placement in [Placement::LlamaCpp, Placement::Positional] {
+            for start in [0u32, 5, 250, 253, 600] {
+                for keep in 1..=8u32 {
+                    let fresh = || {
+                        let mut kv = KvCache::new(layout(), 1024, 1, 8)
+                            .unwrap()
+                            .with_placement(placement);
+                        let mut p = 0;
+                        while p < start {
+                            let e = (p + 7).min(start);
+                            put(&mut kv, 0, p..e);
+                            p = e;
+                        }
+                        kv
+                    };
+                    let mut plain = fresh();
+                    for p in start..start + keep {
+                        put(&mut plain, 0, p..p + 1);
+                    }
+                    let mut spec = fresh();
+                    let mark = spec.mark(0, 8).unwrap();
+                    put(&mut spec, 0, start..start + 8);
+                    spec.rollback(mark, keep).unwrap();
+                    assert!(
+                        observe(&spec, 0) == observe(&plain, 0),
+                        "{placement:?} start {start} keep {keep}"
+                    );
+                    // and both go on the same way
+                    put(&mut plain, 0, start + keep..start + keep + 3);
+                    put(&mut spec, 0, start + keep..start + keep + 3);
+                    assert!(
+                        observe(&spec, 0) == observe(&plain, 0),
+                        "then {start} {keep}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_rollback_that_does_not_match_the_cache_is_refused() {
+        let mut kv = KvCache::new(layout(), 64, 1, 8).unwrap();
+        put(&mut kv, 0, 0..4);
+        assert!(kv.mark(0, 61).is_err());
+        let mark = kv.mark(0, 4).unwrap();
+        put(&mut kv, 0, 4..6);
+        assert!(kv.rollback(mark, 2).is_err());
+        assert_eq!(kv.seq_len(0), 6);
     }
 
     #[test]

@@ -309,6 +309,8 @@ pub fn timings(done: &Finished) -> Value {
         "predicted_per_second": per_second(done.n_gen, done.gen_ms),
         "prefill_lane": if done.producer.is_some() { "remote" } else { "local" },
         "producer": done.producer.as_deref(),
+        "draft_n": done.draft_n,
+        "draft_n_accepted": done.draft_n_accepted,
     })
 }
 

@@ -1,0 +1,262 @@
+//! Speculative decoding with the n-gram drafter gives plain decoding's tokens: greedy token for
+//! token (SmolLM2 with four slots at once, stop strings, a grammar constraint, a generation
+//! across position 256, and the synthetic sliding-window Muse Glimmer), and seeded sampling
+//! token for token with the same log-probabilities (each row is sampled as a plain step
+//! samples it, so the distribution is plain sampling's).
+
+use std::sync::{Arc, OnceLock};
+
+use muser_engine::{
+    Constraint, Engine, EngineConfig, Event, Expr, FinishReason, GenerateRequest, Grammar,
+    SamplingParams, TokenLogprobs, Vocab,
+};
+use muser_model::synth::{presets, Plan, WeightType};
+use muser_model::{LoadOptions, Model};
+use muser_spec::{SpecConfig, SpecMode};
+use muser_text::Tokenizer;
+
+mod common;
+
+fn smollm() -> (Arc<Model>, Arc<Tokenizer>) {
+    static M: OnceLock<(Arc<Model>, Arc<Tokenizer>)> = OnceLock::new();
+    M.get_or_init(|| {
+        let model = Model::load(
+            &common::smollm_path(),
+            &LoadOptions {
+                threads: 2,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let tok = Tokenizer::from_gguf(model.gguf()).unwrap();
+        (Arc::new(model), Arc::new(tok))
+    })
+    .clone()
+}
+
+fn config(n_slots: usize, spec: bool) -> EngineConfig {
+    EngineConfig {
+        n_slots,
+        n_ctx: 384,
+        prefill_chunk: 64,
+        spec: spec.then(|| SpecConfig::new(SpecMode::Ngram)),
+        ..Default::default()
+    }
+}
+
+fn chat(text: &str) -> Vec<u32> {
+    let (_, tok) = smollm();
+    let chat = format!("<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n");
+    tok.encode(&chat, true, true)
+}
+
+#[derive(Debug, PartialEq)]
+struct Outcome {
+    ids: Vec<u32>,
+    text: String,
+    logprobs: Vec<Option<TokenLogprobs>>,
+    reason: FinishReason,
+    n_gen: usize,
+}
+
+fn collect(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>) -> (Outcome, (usize, usize)) {
+    let (mut ids, mut text, mut logprobs) = (Vec::new(), String::new(), Vec::new());
+    while let Some(ev) = rx.blocking_recv() {
+        match ev {
+            Event::Token {
+                id,
+                text: t,
+                logprobs: l,
+            } => {
+                ids.push(id);
+                text.push_str(&t);
+                logprobs.push(l);
+            }
+            Event::Done {
+                reason,
+                n_gen,
+                timings,
+                ..
+            } => {
+                let o = Outcome {
+                    ids,
+                    text,
+                    logprobs,
+                    reason,
+                    n_gen,
+                };
+                return (o, (timings.draft_n, timings.draft_n_accepted));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    panic!("stream ended without Done")
+}
+
+/// Every request on a plain engine one at a time, and all at once on a speculating one.
+fn both(reqs: &[GenerateRequest], n_slots: usize) -> (Vec<Outcome>, Vec<Outcome>, usize) {
+    let (model, tok) = smollm();
+    let plain = Engine::start(model.clone(), tok.clone(), config(1, false)).unwrap();
+    let want: Vec<Outcome> = reqs
+        .iter()
+        .map(|r| collect(plain.submit(r.clone()).unwrap()).0)
+        .collect();
+    let spec = Engine::start(model, tok, config(n_slots, true)).unwrap();
+    let rxs: Vec<_> = reqs
+        .iter()
+        .map(|r| spec.submit(r.clone()).unwrap())
+        .collect();
+    let mut got = Vec::new();
+    let mut accepted = 0;
+    for rx in rxs {
+        let (o, (n, a)) = collect(rx);
+        assert!(a <= n);
+        accepted += a;
+        got.push(o);
+    }
+    let st = spec.stats();
+    assert_eq!(st.draft_accepted_total as usize, accepted);
+    assert!(st.draft_tokens_total >= st.draft_accepted_total);
+    (want, got, accepted)
+}
+
+fn request(prompt: Vec<u32>, params: SamplingParams, max_tokens: u32) -> GenerateRequest {
+    GenerateRequest {
+        prompt,
+        params,
+        max_tokens: Some(max_tokens),
+        ..Default::default()
+    }
+}
+
+const CODE: &str = "Rename the function add to sum and return the code:\n\
+def add(a, b):\n    return a + b\n\nprint(add(1, 2))\nprint(add(3, 4))\n";
+
+#[test]
+fn greedy_speculation_equals_plain_decoding_with_four_slots_and_stop_strings() {
+    let mut stopped = request(chat(CODE), SamplingParams::greedy(), 48);
+    stopped.stop = vec!["(3".to_string()];
+    let reqs = vec![
+        request(chat(CODE), SamplingParams::greedy(), 48),
+        request(
+            chat("Repeat this line three times: one two three four five six"),
+            SamplingParams::greedy(),
+            40,
+        ),
+        stopped,
+        request(
+            chat("What is the capital of France?"),
+            SamplingParams::greedy(),
+            16,
+        ),
+        request(
+            chat("Copy this list: apple, banana, cherry, apple, banana, cherry"),
+            SamplingParams::greedy(),
+            32,
+        ),
+        // crosses position 256, where a lone decode row's attention changes kernel
+        request(chat(&CODE.repeat(3)), SamplingParams::greedy(), 48),
+    ];
+    let (want, got, accepted) = both(&reqs, 4);
+    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+        assert_eq!(g, w, "request {i}");
+    }
+    assert_eq!(got[2].reason, FinishReason::Stop);
+    assert!(accepted > 10, "drafts were accepted ({accepted})");
+}
+
+#[test]
+fn seeded_sampling_and_a_grammar_give_plain_decodings_tokens_and_logprobs() {
+    let (_, tok) = smollm();
+    let sampled = SamplingParams {
+        temperature: 0.7,
+        seed: Some(11),
+        n_probs: 3,
+        ..SamplingParams::greedy()
+    };
+    let grammar = Grammar::compile(&Expr::Seq(vec![
+        Expr::lit("def sum(a, b):\n    return a + b\n\nprint(sum(1, 2))\nprint(sum("),
+        Expr::lit("3, 4))"),
+    ]))
+    .unwrap();
+    let constrained = SamplingParams {
+        constraint: Some(Constraint {
+            grammar: Arc::new(grammar),
+            vocab: Arc::new(Vocab::from_tokenizer(&tok, false)),
+        }),
+        ..SamplingParams::greedy()
+    };
+    let reqs = vec![
+        request(chat(CODE), sampled, 40),
+        request(chat(CODE), constrained, 40),
+    ];
+    let (want, got, accepted) = both(&reqs, 2);
+    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+        assert_eq!(g, w, "request {i}");
+    }
+    assert!(got[0].logprobs.iter().all(|l| l.is_some()));
+    assert!(got[1].text.starts_with("def sum(a, b)"), "{}", got[1].text);
+    assert!(accepted > 0);
+}
+
+#[test]
+fn greedy_speculation_on_a_sliding_window_model_equals_plain_decoding() {
+    let dir = std::env::temp_dir().join(format!("muser-spec-tests-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tiny-q8_0-7.gguf");
+    let plan = Plan::new(
+        presets::preset("tiny").unwrap(),
+        WeightType::from_name("q8_0").unwrap(),
+        7,
+        None,
+    );
+    plan.write_file(&path, &mut |_| {}).unwrap();
+    let model = Model::load(
+        &path,
+        &LoadOptions {
+            threads: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let model = Arc::new(model);
+    let n_vocab = model.info().n_vocab;
+    assert_eq!(model.info().n_swa, 32);
+    // a ring of 256 cells (window 32 + batches of 32, padded); 100 prompt tokens and 140
+    // generated stay below 256 positions, where the CPU attention keeps verification exact
+    // (the ring's wrap is covered by muser-model's rollback test)
+    // `None`: plain; else speculation pausing below this acceptance
+    let cfg = |min_acceptance: Option<f32>| EngineConfig {
+        n_slots: 2,
+        n_ctx: 512,
+        prefill_chunk: 32,
+        spec: min_acceptance.map(|m| SpecConfig {
+            min_acceptance: m,
+            ..SpecConfig::new(SpecMode::Ngram)
+        }),
+        ..Default::default()
+    };
+    let mut periodic = muser_model::synth::random_tokens(20, n_vocab, 5);
+    periodic = periodic.iter().cycle().take(100).copied().collect();
+    let prompts = [periodic, muser_model::synth::random_tokens(100, n_vocab, 6)];
+    let run = |spec: Option<f32>| {
+        let e = Engine::start_without_tokenizer(model.clone(), cfg(spec)).unwrap();
+        let rxs: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                e.submit(request(p.clone(), SamplingParams::greedy(), 140))
+                    .unwrap()
+            })
+            .collect();
+        let out: Vec<Outcome> = rxs.into_iter().map(|rx| collect(rx).0).collect();
+        (out, e.stats())
+    };
+    let (want, _) = run(None);
+    // drafting whenever the drafter finds a match, and with the default off-switch
+    for min_acceptance in [0.0, 0.25] {
+        let (got, st) = run(Some(min_acceptance));
+        assert_eq!(got, want, "min_acceptance {min_acceptance}");
+        assert!(st.draft_tokens_total > 0, "{st:?}");
+    }
+}

@@ -1,0 +1,98 @@
+//! The adaptive off-switch: speculation pauses where it does not pay and probes again later.
+
+/// Drafted tokens a window holds before the gate judges it.
+const WINDOW: usize = 16;
+/// Decode steps without drafts after a poor window, before probing again.
+const PAUSE_STEPS: u32 = 64;
+
+/// Windowed acceptance of one slot's drafts. Closed (no drafts) for [`PAUSE_STEPS`] decode
+/// steps after a window of at least [`WINDOW`] drafted tokens accepted fewer than the
+/// threshold; then open again with a fresh window (the probe).
+#[derive(Clone, Debug)]
+pub struct Gate {
+    min_acceptance: f32,
+    drafted: usize,
+    accepted: usize,
+    paused: u32,
+    /// Times the gate closed.
+    pauses: u64,
+}
+
+impl Gate {
+    pub fn new(min_acceptance: f32) -> Gate {
+        Gate {
+            min_acceptance,
+            drafted: 0,
+            accepted: 0,
+            paused: 0,
+            pauses: 0,
+        }
+    }
+
+    /// One decode step: true when this step may draft.
+    pub fn step(&mut self) -> bool {
+        if self.paused > 0 {
+            self.paused -= 1;
+            return false;
+        }
+        true
+    }
+
+    /// A verification's outcome.
+    pub fn record(&mut self, drafted: usize, accepted: usize) {
+        self.drafted += drafted;
+        self.accepted += accepted.min(drafted);
+        if self.drafted >= WINDOW {
+            if (self.accepted as f32) < self.min_acceptance * self.drafted as f32 {
+                self.paused = PAUSE_STEPS;
+                self.pauses += 1;
+            }
+            self.drafted = 0;
+            self.accepted = 0;
+        }
+    }
+
+    /// Whether drafting is paused now.
+    pub fn is_paused(&self) -> bool {
+        self.paused > 0
+    }
+
+    /// Times the gate closed so far.
+    pub fn pauses(&self) -> u64 {
+        self.pauses
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_poor_window_pauses_drafting_then_the_gate_probes_again() {
+        let mut g = Gate::new(0.25);
+        assert!(g.step());
+        // 16 drafted, 3 accepted (< 25%): closed
+        g.record(8, 2);
+        assert!(!g.is_paused());
+        g.record(8, 1);
+        assert!(g.is_paused());
+        assert_eq!(g.pauses(), 1);
+        let open = (0..PAUSE_STEPS + 1).filter(|_| g.step()).count();
+        assert_eq!(open, 1, "closed for exactly the pause");
+        // the probe: a good window keeps it open
+        g.record(8, 4);
+        g.record(8, 0);
+        assert!(!g.is_paused());
+        assert!(g.step());
+        assert_eq!(g.pauses(), 1);
+    }
+
+    #[test]
+    fn threshold_zero_never_closes() {
+        let mut g = Gate::new(0.0);
+        for _ in 0..100 {
+            g.record(8, 0);
+            assert!(g.step());
+        }
+    }
+}

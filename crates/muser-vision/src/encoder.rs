@@ -2,7 +2,8 @@
 //! host-side inputs `clip_image_batch_encode` computes for it (window permutation, 1-indexed
 //! RoPE positions, block-diagonal mask, pixel-shuffle gather).
 
-use muser_model::{Backend, Weight};
+use muser_model::cpu::soft_max_tile;
+use muser_model::{Backend, Order, Weight};
 use rayon::prelude::*;
 
 use crate::preprocess::Pixels;
@@ -228,10 +229,10 @@ impl Projector {
                 for (c, o) in row.iter_mut().enumerate() {
                     let at = |yy: usize, xx: usize| src[(yy * side + xx) * e + c];
                     let (a, b, cc, d) = (at(y0, x0), at(y0, x1), at(y1, x0), at(y1, x1));
-                    *o = a * (1.0 - dx) * (1.0 - dy)
-                        + b * dx * (1.0 - dy)
-                        + cc * (1.0 - dx) * dy
-                        + d * dx * dy;
+                    // ggml's C++ is compiled with FMA contraction
+                    // ggml's C++ is compiled with FMA contraction, which fuses these so
+                    let t = (a * (1.0 - dx)).mul_add(1.0 - dy, b * dx * (1.0 - dy));
+                    *o = (d * dx).mul_add(dy, (cc * (1.0 - dx)).mul_add(dy, t));
                 }
             }
         }
@@ -262,16 +263,24 @@ fn gather(x: &[f32], idx: &[usize], e: usize) -> Vec<f32> {
         .collect()
 }
 
-/// `ggml_norm` (mean and variance summed in f64, scale `1/sqrtf(var + eps)`), then weight and
-/// bias.
+/// `ggml_norm` as its AVX512 build computes it (the CPU backend's default order): the sum in
+/// f64 rounded to f32 and divided in f32; the variance summed per 16 values
+/// (`_mm512_reduce_add_ps` of the squares, into f64), the tail one by one; scale
+/// `1/sqrtf(var + eps)`; then the weight and the bias.
 fn layer_norm(x: &mut [f32], n: &Norm, e: usize, eps: f32) {
     x.par_chunks_exact_mut(e).for_each(|row| {
-        let sum: f64 = row.iter().map(|&v| f64::from(v)).sum();
-        let mean = (sum / e as f64) as f32;
+        let sum = row.iter().map(|&v| f64::from(v)).sum::<f64>() as f32;
+        let mean = sum / e as f32;
+        row.iter_mut().for_each(|v| *v -= mean);
         let mut sum2 = 0f64;
-        for v in row.iter_mut() {
-            *v -= mean;
-            sum2 += f64::from(*v * *v);
+        let mut chunks = row.chunks_exact(16);
+        for c in &mut chunks {
+            let mut sq = [0f32; 16];
+            sq.iter_mut().zip(c).for_each(|(s, v)| *s = v * v);
+            sum2 += f64::from(reduce16(sq));
+        }
+        for v in chunks.remainder() {
+            sum2 += f64::from(v * v);
         }
         let var = (sum2 / e as f64) as f32;
         let scale = 1.0 / (var + eps).sqrt();
@@ -283,6 +292,18 @@ fn layer_norm(x: &mut [f32], n: &Norm, e: usize, eps: f32) {
             }
         }
     });
+}
+
+/// `_mm512_reduce_add_ps`: halves added down to four lanes, then `(t0 + t2) + (t1 + t3)`.
+fn reduce16(mut t: [f32; 16]) -> f32 {
+    let mut w = 16;
+    while w > 4 {
+        w /= 2;
+        for i in 0..w {
+            t[i] += t[i + w];
+        }
+    }
+    (t[0] + t[2]) + (t[1] + t[3])
 }
 
 /// `ggml_gelu_erf` on f32.
@@ -314,18 +335,20 @@ fn rope_2d(x: &mut [f32], pos: &[(i32, i32)], n_head: usize, hd: usize, base: f3
                     for (i, pair) in seg.chunks_exact_mut(2).enumerate() {
                         let (c, s) = cache[part * (half / 2) + i];
                         let (x0, x1) = (pair[0], pair[1]);
-                        pair[0] = x0 * c - x1 * s;
-                        pair[1] = x0 * s + x1 * c;
+                        // ggml's C++ is compiled with FMA contraction
+                        pair[0] = x0.mul_add(c, -(x1 * s));
+                        pair[1] = x0.mul_add(s, x1 * c);
                     }
                 }
             }
         });
 }
 
-/// Softmax attention of every token over its window (or all tokens on a global layer), as
-/// `soft_max_ext(kq·scale + mask)` then `v·kq` compute it: scores in f32, the exponentials'
-/// sum in f64, the masked keys (exactly zero weight) left out. ggml sums rows of 16 or more
-/// keys in SIMD lanes, so from that size the results differ in the last bits.
+/// `build_attn` without flash attention, as ggml's AVX512 CPU build computes it (the
+/// backend's default order): `kq = k·q` (`ggml_vec_dot_f32`: q is a permuted view, so never
+/// tinyBLAS), `soft_max_ext(kq·scale + mask)` over the whole row (-inf outside a token's
+/// window on windowed layers; exponentials in 16 lanes), then `v·kq` over the whole row
+/// (tinyBLAS when the row is a whole number of lanes, else `ggml_vec_dot_f32`).
 fn attention(
     q: &[f32],
     k: &[f32],
@@ -338,41 +361,87 @@ fn attention(
     let e = n_head * hd;
     let n = window.len();
     let scale = 1.0 / (hd as f32).sqrt();
+    // per head, v transposed: the rows `ggml_cont(ggml_permute(v))` holds
+    let mut vt = vec![0f32; n * e];
+    for (j, row) in v.chunks_exact(e).enumerate() {
+        for (c, &x) in row.iter().enumerate() {
+            vt[c * n + j] = x;
+        }
+    }
+    let tinyblas = n >= 2 && n.is_multiple_of(LANES);
     let mut out = vec![0f32; n * e];
     out.par_chunks_exact_mut(e)
         .enumerate()
         .for_each(|(i, orow)| {
             let (lo, hi) = if global { (0, n) } else { window[i] };
-            let mut p = vec![0f32; hi - lo];
+            let mut p = vec![0f32; n];
             for h in 0..n_head {
                 let qh = &q[i * e + h * hd..i * e + (h + 1) * hd];
                 let mut max = f32::NEG_INFINITY;
-                for (j, s) in (lo..hi).zip(p.iter_mut()) {
-                    let kh = &k[j * e + h * hd..j * e + (h + 1) * hd];
-                    *s = dot(kh, qh) * scale;
+                for (j, s) in p.iter_mut().enumerate() {
+                    *s = if (lo..hi).contains(&j) {
+                        let kh = &k[j * e + h * hd..j * e + (h + 1) * hd];
+                        vec_dot_f32(kh, qh) * scale
+                    } else {
+                        f32::NEG_INFINITY
+                    };
                     max = max.max(*s);
                 }
-                let mut sum = 0f64;
-                for s in p.iter_mut() {
-                    *s = (*s - max).exp();
-                    sum += f64::from(*s);
-                }
+                let sum = soft_max_tile(Order::GgmlAvx512, &mut p, max);
                 let inv = (1.0 / sum) as f32;
                 p.iter_mut().for_each(|s| *s *= inv);
                 for (d, o) in orow[h * hd..(h + 1) * hd].iter_mut().enumerate() {
-                    let mut acc = 0f32;
-                    for (j, &pj) in (lo..hi).zip(p.iter()) {
-                        acc += v[j * e + h * hd + d] * pj;
-                    }
-                    *o = acc;
+                    let row = &vt[(h * hd + d) * n..(h * hd + d + 1) * n];
+                    *o = if tinyblas {
+                        tinyblas_dot(row, &p)
+                    } else {
+                        vec_dot_f32(row, &p)
+                    };
                 }
             }
         });
     out
 }
 
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
+/// Lanes of ggml's AVX512 f32 vectors.
+const LANES: usize = 16;
+
+/// `ggml_vec_dot_f32` (AVX512): four 16-lane FMA accumulators over steps of 64, reduced
+/// `(a0 + a2) + (a1 + a3)` then across lanes, the rest added to that sum one by one (not
+/// fused).
+fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
+    let n = x.len();
+    let np = n - n % (4 * LANES);
+    let mut acc = [[0f32; LANES]; 4];
+    for i in (0..np).step_by(4 * LANES) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            for l in 0..LANES {
+                let t = i + j * LANES + l;
+                a[l] = x[t].mul_add(y[t], a[l]);
+            }
+        }
+    }
+    let mut s = [0f32; LANES];
+    for l in 0..LANES {
+        s[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
+    let mut sum = reduce16(s);
+    for t in np..n {
+        sum += x[t] * y[t];
+    }
+    sum
+}
+
+/// One tinyBLAS f32 dot (`n` a multiple of 16): lane `l` fuses elements `l, l+16, ...`,
+/// then the lanes are reduced as `_mm512_reduce_add_ps`.
+fn tinyblas_dot(x: &[f32], y: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    for (cx, cy) in x.chunks_exact(LANES).zip(y.chunks_exact(LANES)) {
+        for l in 0..LANES {
+            acc[l] = cx[l].mul_add(cy[l], acc[l]);
+        }
+    }
+    reduce16(acc)
 }
 
 #[cfg(test)]

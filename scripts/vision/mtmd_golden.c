@@ -1,7 +1,7 @@
 // Image goldens from llama.cpp's libmtmd (build 11434), for muser-vision's parity tests.
 //
 //   mtmd_golden MODEL MMPROJ IMAGE OUT.f32 [--threads N] [--flash-attn on|off] [--n-predict N]
-//               [--prompt TEXT] [--repeat N]
+//               [--prompt TEXT] [--repeat N] [--width N]
 //
 // Tokenizes PROMPT (default "Look: <__media__>\nIt is") with the image, encodes the image chunk
 // with mtmd_encode_chunk and writes its embeddings (f32, little-endian, token-major) to
@@ -9,7 +9,8 @@
 // (default 16) and prints one JSON object: the settings, each chunk (text ids, or the image's
 // token grid) and the generated ids. CPU only, warm-up off. --flash-attn sets the image
 // encoder's attention (off by default: exact f32); --n-predict 0 skips the text model's
-// evaluation (MODEL may then be a vocabulary-only file of the right width), and --repeat N
+// evaluation (MODEL may then be a vocabulary-only file, with --width the projector's output
+// width for OUT.f32), and --repeat N
 // encodes the image N times, reporting each encode's milliseconds (`encode_ms`); the text model keeps llama.cpp's defaults
 // (flash attention auto, F16 K/V, n_batch 2048, n_ubatch 512) with n_ctx 1024.
 #include "llama.h"
@@ -31,7 +32,7 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "usage: %s MODEL MMPROJ IMAGE OUT.f32 [--threads N] [--flash-attn on|off] [--n-predict N] [--prompt TEXT]\n", argv[0]);
         return 2;
     }
-    int threads = 2, n_predict = 16, repeat = 1, timed = 0;
+    int threads = 2, n_predict = 16, repeat = 1, timed = 0, width = 0;
     enum llama_flash_attn_type fa = LLAMA_FLASH_ATTN_TYPE_DISABLED;
     const char * prompt = "Look: <__media__>\nIt is";
     for (int i = 5; i + 1 < argc; i += 2) {
@@ -39,6 +40,7 @@ int main(int argc, char ** argv) {
         else if (!strcmp(argv[i], "--n-predict")) n_predict = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--prompt")) prompt = argv[i + 1];
         else if (!strcmp(argv[i], "--repeat")) { repeat = atoi(argv[i + 1]); timed = 1; }
+        else if (!strcmp(argv[i], "--width")) width = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--flash-attn"))
             fa = !strcmp(argv[i + 1], "on") ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
         else { fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
@@ -77,7 +79,8 @@ int main(int argc, char ** argv) {
     printf("{\"threads\":%d,\"clip_flash_attn\":%s,\"image_nx\":%u,\"image_ny\":%u,\"chunks\":[",
            threads, fa == LLAMA_FLASH_ATTN_TYPE_ENABLED ? "true" : "false",
            mtmd_bitmap_get_nx(bw.bitmap), mtmd_bitmap_get_ny(bw.bitmap));
-    const int n_embd = llama_model_n_embd_inp(model);
+    // a vocabulary-only model has no width: --width gives the projector's
+    const int n_embd = width > 0 ? width : llama_model_n_embd_inp(model);
     for (size_t i = 0; i < mtmd_input_chunks_size(chunks); i++) {
         const mtmd_input_chunk * c = mtmd_input_chunks_get(chunks, i);
         if (i) printf(",");

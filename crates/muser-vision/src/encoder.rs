@@ -409,6 +409,7 @@ const LANES: usize = 16;
 /// `ggml_vec_dot_f32` (AVX512): four 16-lane FMA accumulators over steps of 64, reduced
 /// `(a0 + a2) + (a1 + a3)` then across lanes, the rest added to that sum one by one (not
 /// fused).
+#[allow(clippy::needless_range_loop)] // lane loops mirror the SIMD lanes
 fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
     let n = x.len();
     let np = n - n % (4 * LANES);
@@ -434,6 +435,7 @@ fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
 
 /// One tinyBLAS f32 dot (`n` a multiple of 16): lane `l` fuses elements `l, l+16, ...`,
 /// then the lanes are reduced as `_mm512_reduce_add_ps`.
+#[allow(clippy::needless_range_loop)] // lane loops mirror the SIMD lanes
 fn tinyblas_dot(x: &[f32], y: &[f32]) -> f32 {
     let mut acc = [0f32; LANES];
     for (cx, cy) in x.chunks_exact(LANES).zip(y.chunks_exact(LANES)) {

@@ -51,7 +51,7 @@ impl Hparams {
 
     /// Whether layer `il` attends over the whole image (else within windows).
     pub fn is_global(&self, il: usize) -> bool {
-        il + 1 == self.n_layer || (il + 1) % self.sparse_factor == 0
+        il + 1 == self.n_layer || (il + 1).is_multiple_of(self.sparse_factor)
     }
 }
 

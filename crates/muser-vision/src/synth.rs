@@ -76,7 +76,7 @@ pub fn preset(name: &str) -> Option<VisionPreset> {
 
 /// CLIP's normalization constants (the values HF image processors of this family carry).
 const IMAGE_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73];
-const IMAGE_STD: [f32; 3] = [0.268_629_54, 0.261_302_58, 0.275_777_1];
+const IMAGE_STD: [f32; 3] = [0.268_629_54, 0.261_302_6, 0.275_777_1];
 const LAYER_NORM_EPS: f32 = 1e-6;
 
 struct Tensor {

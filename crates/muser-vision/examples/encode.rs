@@ -27,7 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bytes = std::fs::read(&args[1])?;
     let t0 = Instant::now();
     let rgb = decode(&bytes, &Limits::default())?;
-    let px = proj.preprocess(&rgb);
+    let px = proj.preprocess(&rgb)?;
     let prep_ms = t0.elapsed().as_secs_f64() * 1e3;
     let mut encode_ms = Vec::new();
     let mut emb = None;

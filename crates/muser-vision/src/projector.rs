@@ -6,7 +6,7 @@ use std::path::Path;
 use muser_gguf::{GgmlType, GgufFile, TensorInfo};
 use muser_model::Weight;
 
-use crate::preprocess::{preprocess, Pixels, Rgb8};
+use crate::preprocess::{grid_size, preprocess, Pixels, Rgb8};
 use crate::VisionError;
 
 /// `clip.projector_type` of a Muse Glimmer projector.
@@ -314,17 +314,27 @@ impl Projector {
         &self.hp
     }
 
-    /// The encoder input for a decoded image: mtmd's grid (at most [`MAX_IMAGE_TOKENS`]
-    /// output tokens), Lanczos resize, this file's normalization.
-    pub fn preprocess(&self, img: &Rgb8) -> Pixels {
+    /// The encoder input for a decoded image: mtmd's grid, Lanczos resize, this file's
+    /// normalization. mtmd's grid can exceed [`MAX_IMAGE_TOKENS`] for extreme aspect ratios
+    /// (its fallback rounds without capping); such an image is refused here, before any work.
+    pub fn preprocess(&self, img: &Rgb8) -> Result<Pixels, VisionError> {
         let hp = &self.hp;
-        preprocess(
+        let cell = hp.cell();
+        let (w, h) = grid_size(img.width, img.height, cell, MAX_IMAGE_TOKENS);
+        let tokens = u64::from(w / cell) * u64::from(h / cell);
+        if tokens > u64::from(MAX_IMAGE_TOKENS) {
+            return Err(VisionError::TooLarge(format!(
+                "a {}x{} image would take {tokens} tokens (at most {MAX_IMAGE_TOKENS}): its aspect ratio is too extreme",
+                img.width, img.height
+            )));
+        }
+        Ok(preprocess(
             img,
-            hp.cell(),
+            cell,
             MAX_IMAGE_TOKENS,
             hp.image_mean,
             hp.image_std,
-        )
+        ))
     }
 
     /// The borrowed weight of a matrix tensor.

@@ -65,7 +65,7 @@ fn projector(doc: &serde_json::Value, dir: &Path) -> Projector {
 fn image_embeddings(proj: &Projector, cpu: &CpuBackend, file: &str) -> muser_vision::Embeddings {
     let bytes = std::fs::read(dir().join("data").join(file)).unwrap();
     let rgb = decode(&bytes, &Limits::default()).unwrap();
-    proj.encode(cpu, &proj.preprocess(&rgb)).unwrap()
+    proj.encode(cpu, &proj.preprocess(&rgb).unwrap()).unwrap()
 }
 
 #[test]

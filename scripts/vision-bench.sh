@@ -28,6 +28,7 @@ if [ -z "$muser" ]; then
   muser="${CARGO_TARGET_DIR:-$root/target}/release/muser"
 fi
 text=$(case "$preset" in vision-glimmer) echo muse-glimmer-30b ;; *) echo tiny ;; esac)
+width=$(case "$preset" in vision-glimmer) echo 6656 ;; *) echo 256 ;; esac)
 [ -f "$work/$preset.gguf" ] || "$muser" synth --preset "$preset" --type f16 --seed 7 -o "$work/$preset.gguf"
 # the text model only gives mtmd its width: a vocabulary-only file of that preset
 [ -f "$work/$text-vocab.gguf" ] || "$muser" synth --preset "$text" --vocab-only --seed 7 \
@@ -35,7 +36,7 @@ text=$(case "$preset" in vision-glimmer) echo muse-glimmer-30b ;; *) echo tiny ;
 python3 "$root/scripts/vision/images.py" --bench "$work/bench-1024.png"
 
 llama=$(OMP_WAIT_POLICY=passive "$work/mtmd_golden" "$work/$text-vocab.gguf" "$work/$preset.gguf" \
-  "$work/bench-1024.png" "$work/llama.f32" --threads "$threads" --n-predict 0 --repeat "$repeat")
+  "$work/bench-1024.png" "$work/llama.f32" --threads "$threads" --n-predict 0 --repeat "$repeat" --vocab-only 1 --width "$width")
 ours=$("$encode" "$work/$preset.gguf" "$work/bench-1024.png" --threads "$threads" --repeat "$repeat")
 host=$(hostname -s)
 out="$root/docs/receipts/vision-encode-$host-${threads}t.json"

@@ -1,7 +1,7 @@
 // Image goldens from llama.cpp's libmtmd (build 11434), for muser-vision's parity tests.
 //
 //   mtmd_golden MODEL MMPROJ IMAGE OUT.f32 [--threads N] [--flash-attn on|off] [--n-predict N]
-//               [--prompt TEXT] [--repeat N] [--width N]
+//               [--prompt TEXT] [--repeat N] [--vocab-only 1 --width N]
 //
 // Tokenizes PROMPT (default "Look: <__media__>\nIt is") with the image, encodes the image chunk
 // with mtmd_encode_chunk and writes its embeddings (f32, little-endian, token-major) to
@@ -9,8 +9,8 @@
 // (default 16) and prints one JSON object: the settings, each chunk (text ids, or the image's
 // token grid) and the generated ids. CPU only, warm-up off. --flash-attn sets the image
 // encoder's attention (off by default: exact f32); --n-predict 0 skips the text model's
-// evaluation (MODEL may then be a vocabulary-only file, with --width the projector's output
-// width for OUT.f32), and --repeat N
+// evaluation, --vocab-only 1 loads only MODEL's vocabulary (a vocabulary-only file will do;
+// --width then gives the projector's output width for OUT.f32), and --repeat N
 // encodes the image N times, reporting each encode's milliseconds (`encode_ms`); the text model keeps llama.cpp's defaults
 // (flash attention auto, F16 K/V, n_batch 2048, n_ubatch 512) with n_ctx 1024.
 #include "llama.h"
@@ -32,7 +32,7 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "usage: %s MODEL MMPROJ IMAGE OUT.f32 [--threads N] [--flash-attn on|off] [--n-predict N] [--prompt TEXT]\n", argv[0]);
         return 2;
     }
-    int threads = 2, n_predict = 16, repeat = 1, timed = 0, width = 0;
+    int threads = 2, n_predict = 16, repeat = 1, timed = 0, width = 0, vocab_only = 0;
     enum llama_flash_attn_type fa = LLAMA_FLASH_ATTN_TYPE_DISABLED;
     const char * prompt = "Look: <__media__>\nIt is";
     for (int i = 5; i + 1 < argc; i += 2) {
@@ -41,6 +41,7 @@ int main(int argc, char ** argv) {
         else if (!strcmp(argv[i], "--prompt")) prompt = argv[i + 1];
         else if (!strcmp(argv[i], "--repeat")) { repeat = atoi(argv[i + 1]); timed = 1; }
         else if (!strcmp(argv[i], "--width")) width = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--vocab-only")) { vocab_only = atoi(argv[i + 1]); }
         else if (!strcmp(argv[i], "--flash-attn"))
             fa = !strcmp(argv[i + 1], "on") ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
         else { fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
@@ -52,13 +53,13 @@ int main(int argc, char ** argv) {
     struct llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
     mp.use_extra_bufts = false;
-    mp.vocab_only = n_predict == 0;
+    mp.vocab_only = vocab_only;
     struct llama_model * model = llama_model_load_from_file(argv[1], mp);
     if (!model) { fprintf(stderr, "cannot load %s\n", argv[1]); return 1; }
     struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = 1024;
     cp.n_threads = cp.n_threads_batch = threads;
-    struct llama_context * lctx = n_predict > 0 ? llama_init_from_model(model, cp) : NULL;
+    struct llama_context * lctx = vocab_only ? NULL : llama_init_from_model(model, cp);
 
     struct mtmd_context_params mparams = mtmd_context_params_default();
     mparams.use_gpu = false;
@@ -112,7 +113,7 @@ int main(int argc, char ** argv) {
             printf("}}");
         }
     }
-    if (n_predict == 0) {
+    if (n_predict == 0 || !lctx) {
         printf("]}\n");
         return 0;
     }

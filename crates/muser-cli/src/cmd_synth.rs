@@ -13,8 +13,10 @@ use muser_text::muse;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model geometry.
-    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(PRESET_NAMES))]
+    /// Model geometry; a `vision-*` preset writes a Muse Glimmer image projector (an
+    /// `--mmproj` file, `--type f32|f16`) for the text preset of its width.
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(
+        PRESET_NAMES.iter().chain(&muser_vision::synth::PRESET_NAMES)))]
     preset: String,
     /// Tensor types (q4_k_m: llama-quantize's mix; norms are always f32).
     #[arg(long = "type", value_name = "TYPE", default_value = "q4_k",
@@ -37,6 +39,21 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(p) = muser_vision::synth::preset(&args.preset) {
+        let ty = match args.ty.as_str() {
+            "f32" => muser_gguf::GgmlType::F32,
+            "f16" => muser_gguf::GgmlType::F16,
+            t => anyhow::bail!("a projector's matrices are f32 or f16, not {t}"),
+        };
+        muser_vision::synth::write_projector(&args.output, &p, ty, args.seed)?;
+        eprintln!(
+            "wrote {} (projector {}, for the text preset {})",
+            args.output.display(),
+            p.name,
+            p.text
+        );
+        return Ok(());
+    }
     let preset = preset(&args.preset)?;
     let weight_type = WeightType::from_name(&args.ty)?;
     let vocab = match &args.vocab_from {

@@ -58,7 +58,42 @@ pub struct Batch {
     /// does: its graph already takes the argmax, so 4 bytes cross instead of the whole row);
     /// others return the logits as usual.
     pub argmax_only: Vec<bool>,
+    /// Rows given as embeddings instead of token embeddings (an image's rows).
+    pub input_embd: InputEmbd,
 }
+
+/// Batch rows whose input is an embedding (`n_embd` values each, e.g. an image encoder's
+/// output) rather than their token's row of the embedding table; their token ids are ignored.
+/// The architecture treats the row as it treats a token embedding from there on (Muse
+/// Glimmer RMS-normalizes it, as llama.cpp does for multimodal rows).
+#[derive(Clone, Debug, Default)]
+pub struct InputEmbd {
+    /// Batch rows, ascending.
+    pub rows: Vec<usize>,
+    /// `rows.len() × n_embd` values, row by row.
+    pub values: Vec<f32>,
+}
+
+impl InputEmbd {
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+}
+
+/// Equal when the same rows hold the same bits.
+impl PartialEq for InputEmbd {
+    fn eq(&self, other: &InputEmbd) -> bool {
+        self.rows == other.rows
+            && self.values.len() == other.values.len()
+            && self
+                .values
+                .iter()
+                .zip(&other.values)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+    }
+}
+
+impl Eq for InputEmbd {}
 
 impl Batch {
     /// `tokens` of one sequence starting at `start_pos`; logits for every token, or only the
@@ -72,6 +107,7 @@ impl Batch {
             logits: (0..n).map(|i| !last_logits_only || i + 1 == n).collect(),
             embeddings: false,
             argmax_only: Vec::new(),
+            input_embd: InputEmbd::default(),
         }
     }
 
@@ -239,6 +275,11 @@ impl Executor for Fused {
         prep: &Prepared,
         batch: &Batch,
     ) -> Result<FusedOutput, ModelError> {
+        if !batch.input_embd.is_empty() {
+            return Err(ModelError::BadBatch(
+                "embedding rows (images) run on the op-by-op backends only".into(),
+            ));
+        }
         self.0.forward(kv, batch, &prep.groups, &prep.out_rows)
     }
 
@@ -297,8 +338,8 @@ impl<B: Backend> Executor for On<B> {
         let be = &self.0;
         let (tokens, pos) = (&batch.tokens[..], &batch.pos[..]);
         let (hidden, logits) = be.run(|| match net {
-            Net::MuseGlimmer(m) => m.forward(be, g, i, kv, prep, tokens, pos),
-            Net::Llama(m) => m.forward(be, g, i, kv, prep, tokens, pos),
+            Net::MuseGlimmer(m) => m.forward(be, g, i, kv, prep, tokens, &batch.input_embd, pos),
+            Net::Llama(m) => m.forward(be, g, i, kv, prep, tokens, &batch.input_embd, pos),
         })?;
         let embeddings = if batch.embeddings {
             be.download(&hidden)?
@@ -618,6 +659,16 @@ impl Model {
                     groups.push((seq, vec![i]));
                 }
             }
+        }
+        let ie = &b.input_embd;
+        if ie.rows.windows(2).any(|w| w[0] >= w[1])
+            || ie.rows.last().is_some_and(|&r| r >= n)
+            || ie.values.len() != ie.rows.len() * self.info.n_embd
+        {
+            return Err(ModelError::BadBatch(format!(
+                "embedding rows must ascend within the batch and hold {} values each",
+                self.info.n_embd
+            )));
         }
         let out_rows: Vec<usize> = (0..n).filter(|&i| b.logits[i]).collect();
         let plan = kv.place(&groups, &b.pos)?;

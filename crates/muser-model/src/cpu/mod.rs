@@ -16,6 +16,9 @@ use crate::backend::{AttnInput, Backend, RopeMode, Weight};
 use crate::error::ModelError;
 use crate::kv::{HostKv, KvCache};
 use math::fma_fn;
+/// ggml's `ggml_vec_soft_max_f32` in an order's lanes, for other CPU code that reproduces ggml
+/// (the image encoder's attention).
+pub use math::soft_max_tile;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 

@@ -2,11 +2,12 @@
 //! pre-norm blocks, RoPE NORM on Q and K, grouped-query attention, SwiGLU FFN, and the token
 //! embedding reused as the output matrix when `output.weight` is absent (tied embeddings).
 
-use super::{attend, linear, rope_qk, swiglu_ffn, Prepared, Tensors, WRef};
+use super::{attend, embed, linear, rope_qk, swiglu_ffn, Prepared, Tensors, WRef};
 use crate::backend::Backend;
 use crate::error::ModelError;
 use crate::info::ModelInfo;
 use crate::kv::KvCache;
+use crate::InputEmbd;
 use muser_gguf::GgufFile;
 
 struct Layer {
@@ -87,10 +88,11 @@ impl Llama {
         kv: &mut KvCache,
         prep: &Prepared,
         tokens: &[u32],
+        embd: &InputEmbd,
         pos: &[u32],
     ) -> Result<(B::Act, B::Act), ModelError> {
         let eps = i.rms_eps;
-        let mut x = be.get_rows(&self.tok_embd.view(g), tokens)?;
+        let mut x = embed(be, &self.tok_embd.view(g), tokens, embd)?;
         // Each intermediate is dropped as soon as it is used, so a large batch holds few of
         // them at once.
         for (il, l) in self.layers.iter().enumerate() {

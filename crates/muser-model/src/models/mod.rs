@@ -12,6 +12,26 @@ use crate::kv::{KvCache, KvPlan};
 use muser_gguf::{GgmlType, GgufFile, TensorInfo};
 use std::cell::RefCell;
 
+/// The batch's input rows: each token's row of `table`, or the caller's embedding for the
+/// rows `input` names.
+pub(crate) fn embed<B: Backend>(
+    be: &B,
+    table: &Weight,
+    tokens: &[u32],
+    input: &crate::InputEmbd,
+) -> Result<B::Act, ModelError> {
+    let x = be.get_rows(table, tokens)?;
+    if input.is_empty() {
+        return Ok(x);
+    }
+    let (rows, cols) = be.dims(&x);
+    let mut host = be.download(&x)?;
+    for (k, &r) in input.rows.iter().enumerate() {
+        host[r * cols..(r + 1) * cols].copy_from_slice(&input.values[k * cols..(k + 1) * cols]);
+    }
+    be.upload(rows, cols, host)
+}
+
 /// A weight matrix in the file: which tensor, and its `{n_in, n_out}` shape.
 #[derive(Clone, Debug)]
 pub struct WRef {

@@ -12,11 +12,12 @@
 //! The embedding is RMS-normalised without a weight first; the head is
 //! `softcap(logit_scale · Woutput·RMSNorm(x)·output_norm)`.
 
-use super::{attend, linear, rope_qk, swiglu_ffn, Prepared, Tensors, WRef};
+use super::{attend, embed, linear, rope_qk, swiglu_ffn, Prepared, Tensors, WRef};
 use crate::backend::Backend;
 use crate::error::ModelError;
 use crate::info::ModelInfo;
 use crate::kv::KvCache;
+use crate::InputEmbd;
 use muser_gguf::GgufFile;
 
 /// Epsilon of the post-attention and post-FFN norms, fixed by the architecture.
@@ -109,10 +110,11 @@ impl MuseGlimmer {
         kv: &mut KvCache,
         prep: &Prepared,
         tokens: &[u32],
+        embd: &InputEmbd,
         pos: &[u32],
     ) -> Result<(B::Act, B::Act), ModelError> {
         let eps = i.rms_eps;
-        let mut x = be.get_rows(&self.tok_embd.view(g), tokens)?;
+        let mut x = embed(be, &self.tok_embd.view(g), tokens, embd)?;
         be.rms_norm_mut(&mut x, i.n_embd, eps, None)?;
         let mut pos = pos.to_vec();
         // Each intermediate is dropped as soon as it is used, so a large batch holds few of

@@ -27,6 +27,8 @@
 pub mod presets;
 mod weights;
 
+pub use weights::random_row;
+
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;

@@ -61,6 +61,12 @@ pub(crate) fn row_rng(seed: u64, tensor: &str, row: u64) -> Rng {
     Rng::new(mix(seed ^ mix(name ^ mix(row))))
 }
 
+/// Draws the values of row `row` of tensor `tensor` under `seed`: the same generator as this
+/// writer's rows, for other synthetic writers (the vision projector's).
+pub fn random_row(seed: u64, tensor: &str, row: u64, init: Init, out: &mut [f32]) {
+    fill_values(init, &mut row_rng(seed, tensor, row), out);
+}
+
 /// Draws the values of one row.
 fn fill_values(init: Init, rng: &mut Rng, out: &mut [f32]) {
     match init {

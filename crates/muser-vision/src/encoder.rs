@@ -1,0 +1,465 @@
+//! The encoder's forward pass, in the order of `clip_graph_muse_glimmer::build` and the
+//! host-side inputs `clip_image_batch_encode` computes for it (window permutation, 1-indexed
+//! RoPE positions, block-diagonal mask, pixel-shuffle gather).
+
+use muser_model::cpu::soft_max_tile;
+use muser_model::{Backend, Order, Weight};
+use rayon::prelude::*;
+
+use crate::preprocess::Pixels;
+use crate::projector::{Linear, Norm, Projector};
+use crate::VisionError;
+
+/// An image's embeddings: `n_x × n_y` tokens (row-major) of the text model's width.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Embeddings {
+    pub n_x: usize,
+    pub n_y: usize,
+    pub width: usize,
+    /// `n_x·n_y × width`, token `y·n_x + x`.
+    pub data: Vec<f32>,
+}
+
+impl Embeddings {
+    /// Number of tokens the image takes in the context.
+    pub fn n_tokens(&self) -> usize {
+        self.n_x * self.n_y
+    }
+}
+
+/// The host-side index tables of one image grid (`clip.cpp`, `set_input`).
+struct Layout {
+    /// Window order: `perm[i]` is the grid index of the i-th token in window order.
+    perm: Vec<usize>,
+    /// The window of each token in window order, as a range of window-order indices.
+    window: Vec<(usize, usize)>,
+    /// 1-indexed (x, y) RoPE positions in window order.
+    pos: Vec<(i32, i32)>,
+}
+
+fn layout(grid_w: usize, grid_h: usize, win: usize) -> Layout {
+    let n = grid_w * grid_h;
+    let mut perm = Vec::with_capacity(n);
+    let mut window = Vec::with_capacity(n);
+    for wy in 0..grid_h.div_ceil(win) {
+        for wx in 0..grid_w.div_ceil(win) {
+            let start = perm.len();
+            for hh in 0..win {
+                for ww in 0..win {
+                    let (gy, gx) = (wy * win + hh, wx * win + ww);
+                    if gy < grid_h && gx < grid_w {
+                        perm.push(gy * grid_w + gx);
+                    }
+                }
+            }
+            let end = perm.len();
+            window.extend(std::iter::repeat_n((start, end), end - start));
+        }
+    }
+    let pos = perm
+        .iter()
+        .map(|&g| ((g % grid_w) as i32 + 1, (g / grid_w) as i32 + 1))
+        .collect();
+    Layout { perm, window, pos }
+}
+
+impl Projector {
+    /// Encodes one preprocessed image (its sides multiples of [`crate::Hparams::cell`]) into
+    /// text-model embeddings, matrix products on `backend`, host work in its thread pool.
+    pub fn encode<B: Backend + Sync>(
+        &self,
+        backend: &B,
+        px: &Pixels,
+    ) -> Result<Embeddings, VisionError> {
+        backend.run(|| self.encode_in(backend, px))
+    }
+
+    fn encode_in<B: Backend>(&self, backend: &B, px: &Pixels) -> Result<Embeddings, VisionError> {
+        let hp = &self.hp;
+        let (ps, e, cell) = (hp.patch_size, hp.n_embd, hp.cell() as usize);
+        let (w, h) = (px.width as usize, px.height as usize);
+        if w == 0 || h == 0 || w % cell != 0 || h % cell != 0 || px.data.len() != w * h * 3 {
+            return Err(VisionError::Image(format!(
+                "encoder input {w}x{h} is not a whole number of {cell}-pixel cells"
+            )));
+        }
+        let (gw, gh) = (w / ps, h / ps);
+        let n = gw * gh;
+
+        // conv2d patch embedding: each patch as [channel][row][col], dotted with the kernel
+        let k = ps * ps * 3;
+        let mut patches = vec![0f32; n * k];
+        for (t, row) in patches.chunks_exact_mut(k).enumerate() {
+            let (py, pxi) = (t / gw, t % gw);
+            for c in 0..3 {
+                for ky in 0..ps {
+                    for kx in 0..ps {
+                        let (x, y) = (pxi * ps + kx, py * ps + ky);
+                        row[c * ps * ps + ky * ps + kx] = px.data[(y * w + x) * 3 + c];
+                    }
+                }
+            }
+        }
+        let pw = &self.patch.w;
+        let kernel = Weight {
+            name: &pw.name,
+            ty: pw.ty,
+            n_in: k,
+            n_out: e,
+            data: self.gguf.tensor_data(pw),
+        };
+        let mut x = matmul(backend, kernel, patches, n)?;
+        if let Some(b) = &self.patch.b {
+            add_bias(&mut x, b);
+        }
+        let pos = self.position_embeddings(gw, gh);
+        x.iter_mut().zip(&pos).for_each(|(a, p)| *a += p);
+
+        // window order, pre-norm, the layers, post-norm, back to grid order
+        let lay = layout(gw, gh, hp.pos_side);
+        let mut x = gather(&x, &lay.perm, e);
+        if let Some(norm) = &self.pre_ln {
+            layer_norm(&mut x, norm, e, hp.eps);
+        }
+        for (il, layer) in self.layers.iter().enumerate() {
+            let mut cur = x.clone();
+            layer_norm(&mut cur, &layer.ln1, e, hp.eps);
+            let mut q = self.linear(backend, &layer.q, cur.clone(), n)?;
+            let mut kk = self.linear(backend, &layer.k, cur.clone(), n)?;
+            let v = self.linear(backend, &layer.v, cur, n)?;
+            rope_2d(&mut q, &lay.pos, hp.n_head, hp.head_dim, hp.rope_theta);
+            rope_2d(&mut kk, &lay.pos, hp.n_head, hp.head_dim, hp.rope_theta);
+            let global = hp.is_global(il);
+            let a = attention(&q, &kk, &v, &lay.window, global, hp.n_head, hp.head_dim);
+            let a = self.linear(backend, &layer.o, a, n)?;
+            x.iter_mut().zip(&a).for_each(|(r, v)| *r += v);
+
+            let mut cur = x.clone();
+            layer_norm(&mut cur, &layer.ln2, e, hp.eps);
+            let mut f = self.linear(backend, &layer.up, cur, n)?;
+            f.iter_mut().for_each(|v| *v = gelu_erf(*v));
+            let f = self.linear(backend, &layer.down, f, n)?;
+            x.iter_mut().zip(&f).for_each(|(r, v)| *r += v);
+        }
+        if let Some(norm) = &self.post_ln {
+            layer_norm(&mut x, norm, e, hp.eps);
+        }
+        let mut grid = vec![0f32; n * e];
+        for (i, &g) in lay.perm.iter().enumerate() {
+            grid[g * e..(g + 1) * e].copy_from_slice(&x[i * e..(i + 1) * e]);
+        }
+
+        // pixel shuffle: out[o][c·f² + s] = grid[token s of cell o][c]
+        let f = hp.n_merge;
+        let (ow, oh) = (gw / f, gh / f);
+        let ss = f * f;
+        let mut merged = vec![0f32; ow * oh * e * ss];
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let o = oy * ow + ox;
+                let out = &mut merged[o * e * ss..(o + 1) * e * ss];
+                for ry in 0..f {
+                    for rx in 0..f {
+                        let s = ry * f + rx;
+                        let t = (oy * f + ry) * gw + ox * f + rx;
+                        for c in 0..e {
+                            out[c * ss + s] = grid[t * e + c];
+                        }
+                    }
+                }
+            }
+        }
+
+        let n_out = ow * oh;
+        let mut y = matmul(backend, self.weight(&self.mm[0]), merged, n_out)?;
+        y.iter_mut().for_each(|v| *v = gelu_erf(*v));
+        let mut y = matmul(backend, self.weight(&self.mm[1]), y, n_out)?;
+        y.iter_mut().for_each(|v| *v = gelu_erf(*v));
+        let y = matmul(backend, self.weight(&self.mm[2]), y, n_out)?;
+        Ok(Embeddings {
+            n_x: ow,
+            n_y: oh,
+            width: hp.proj_dim,
+            data: y,
+        })
+    }
+
+    fn linear<B: Backend>(
+        &self,
+        backend: &B,
+        l: &Linear,
+        x: Vec<f32>,
+        rows: usize,
+    ) -> Result<Vec<f32>, VisionError> {
+        let mut y = matmul(backend, self.weight(&l.w), x, rows)?;
+        if let Some(b) = &l.b {
+            add_bias(&mut y, b);
+        }
+        Ok(y)
+    }
+
+    /// The learned grid resized to `gw × gh` with ggml's bilinear `interpolate` (half-pixel
+    /// centres, edges clamped), or as stored when the sizes agree.
+    fn position_embeddings(&self, gw: usize, gh: usize) -> Vec<f32> {
+        let (side, e) = (self.hp.pos_side, self.hp.n_embd);
+        if gw == side && gh == side {
+            return self.pos_embd.clone();
+        }
+        let src = &self.pos_embd;
+        let (sf0, sf1) = (gw as f32 / side as f32, gh as f32 / side as f32);
+        let mut out = vec![0f32; gw * gh * e];
+        let last = side as i64 - 1;
+        for i1 in 0..gh {
+            let y = (i1 as f32 + 0.5) / sf1 - 0.5;
+            let y0f = y.floor() as i64;
+            let (y0, y1) = (
+                y0f.clamp(0, last) as usize,
+                (y0f + 1).clamp(0, last) as usize,
+            );
+            let dy = (y - y0 as f32).clamp(0.0, 1.0);
+            for i0 in 0..gw {
+                let x = (i0 as f32 + 0.5) / sf0 - 0.5;
+                let x0f = x.floor() as i64;
+                let (x0, x1) = (
+                    x0f.clamp(0, last) as usize,
+                    (x0f + 1).clamp(0, last) as usize,
+                );
+                let dx = (x - x0 as f32).clamp(0.0, 1.0);
+                let row = &mut out[(i1 * gw + i0) * e..(i1 * gw + i0 + 1) * e];
+                for (c, o) in row.iter_mut().enumerate() {
+                    let at = |yy: usize, xx: usize| src[(yy * side + xx) * e + c];
+                    let (a, b, cc, d) = (at(y0, x0), at(y0, x1), at(y1, x0), at(y1, x1));
+                    // ggml's C++ is compiled with FMA contraction
+                    // ggml's C++ is compiled with FMA contraction, which fuses these so
+                    let t = (a * (1.0 - dx)).mul_add(1.0 - dy, b * dx * (1.0 - dy));
+                    *o = (d * dx).mul_add(dy, (cc * (1.0 - dx)).mul_add(dy, t));
+                }
+            }
+        }
+        out
+    }
+}
+
+fn matmul<B: Backend>(
+    backend: &B,
+    w: Weight,
+    x: Vec<f32>,
+    rows: usize,
+) -> Result<Vec<f32>, VisionError> {
+    let a = backend.upload(rows, w.n_in, x)?;
+    let y = backend.matmul(&w, &a)?;
+    Ok(backend.download(&y)?)
+}
+
+fn add_bias(x: &mut [f32], b: &[f32]) {
+    for row in x.chunks_exact_mut(b.len()) {
+        row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+    }
+}
+
+fn gather(x: &[f32], idx: &[usize], e: usize) -> Vec<f32> {
+    idx.iter()
+        .flat_map(|&i| x[i * e..(i + 1) * e].iter().copied())
+        .collect()
+}
+
+/// `ggml_norm` as its AVX512 build computes it (the CPU backend's default order): the sum in
+/// f64 rounded to f32 and divided in f32; the variance summed per 16 values
+/// (`_mm512_reduce_add_ps` of the squares, into f64), the tail one by one; scale
+/// `1/sqrtf(var + eps)`; then the weight and the bias.
+fn layer_norm(x: &mut [f32], n: &Norm, e: usize, eps: f32) {
+    x.par_chunks_exact_mut(e).for_each(|row| {
+        let sum = row.iter().map(|&v| f64::from(v)).sum::<f64>() as f32;
+        let mean = sum / e as f32;
+        row.iter_mut().for_each(|v| *v -= mean);
+        let mut sum2 = 0f64;
+        let mut chunks = row.chunks_exact(16);
+        for c in &mut chunks {
+            let mut sq = [0f32; 16];
+            sq.iter_mut().zip(c).for_each(|(s, v)| *s = v * v);
+            sum2 += f64::from(reduce16(sq));
+        }
+        for v in chunks.remainder() {
+            sum2 += f64::from(v * v);
+        }
+        let var = (sum2 / e as f64) as f32;
+        let scale = 1.0 / (var + eps).sqrt();
+        for (i, v) in row.iter_mut().enumerate() {
+            *v *= scale;
+            *v *= n.w[i];
+            if let Some(b) = &n.b {
+                *v += b[i];
+            }
+        }
+    });
+}
+
+/// `_mm512_reduce_add_ps`: halves added down to four lanes, then `(t0 + t2) + (t1 + t3)`.
+fn reduce16(mut t: [f32; 16]) -> f32 {
+    let mut w = 16;
+    while w > 4 {
+        w /= 2;
+        for i in 0..w {
+            t[i] += t[i + w];
+        }
+    }
+    (t[0] + t[2]) + (t[1] + t[3])
+}
+
+/// `ggml_gelu_erf` on f32.
+fn gelu_erf(x: f32) -> f32 {
+    const SQRT_2_INV: f32 = std::f32::consts::FRAC_1_SQRT_2;
+    0.5 * x * (1.0 + libm::erff(x * SQRT_2_INV))
+}
+
+/// `build_rope_2d`: two NORM-mode (adjacent pairs) rotations of `head_dim/2` dims each, the
+/// first half of every head by the x position, the second by y; ggml's iterative f32 angles.
+fn rope_2d(x: &mut [f32], pos: &[(i32, i32)], n_head: usize, hd: usize, base: f32) {
+    let half = hd / 2;
+    let theta_scale = base.powf(-2.0 / half as f32);
+    let e = n_head * hd;
+    x.par_chunks_exact_mut(e)
+        .zip(pos)
+        .for_each(|(row, &(px, py))| {
+            let mut cache = vec![(0f32, 0f32); 2 * (half / 2)];
+            for (part, p) in [(0usize, px), (1, py)] {
+                let mut theta = p as f32;
+                for c in cache[part * (half / 2)..(part + 1) * (half / 2)].iter_mut() {
+                    *c = (theta.cos(), theta.sin());
+                    theta *= theta_scale;
+                }
+            }
+            for head in row.chunks_exact_mut(hd) {
+                for part in 0..2 {
+                    let seg = &mut head[part * half..(part + 1) * half];
+                    for (i, pair) in seg.chunks_exact_mut(2).enumerate() {
+                        let (c, s) = cache[part * (half / 2) + i];
+                        let (x0, x1) = (pair[0], pair[1]);
+                        // ggml's C++ is compiled with FMA contraction
+                        pair[0] = x0.mul_add(c, -(x1 * s));
+                        pair[1] = x0.mul_add(s, x1 * c);
+                    }
+                }
+            }
+        });
+}
+
+/// `build_attn` without flash attention, as ggml's AVX512 CPU build computes it (the
+/// backend's default order): `kq = k·q` (`ggml_vec_dot_f32`: q is a permuted view, so never
+/// tinyBLAS), `soft_max_ext(kq·scale + mask)` over the whole row (-inf outside a token's
+/// window on windowed layers; exponentials in 16 lanes), then `v·kq` over the whole row
+/// (tinyBLAS when the row is a whole number of lanes, else `ggml_vec_dot_f32`).
+fn attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    window: &[(usize, usize)],
+    global: bool,
+    n_head: usize,
+    hd: usize,
+) -> Vec<f32> {
+    let e = n_head * hd;
+    let n = window.len();
+    let scale = 1.0 / (hd as f32).sqrt();
+    // per head, v transposed: the rows `ggml_cont(ggml_permute(v))` holds
+    let mut vt = vec![0f32; n * e];
+    for (j, row) in v.chunks_exact(e).enumerate() {
+        for (c, &x) in row.iter().enumerate() {
+            vt[c * n + j] = x;
+        }
+    }
+    let tinyblas = n >= 2 && n.is_multiple_of(LANES);
+    let mut out = vec![0f32; n * e];
+    out.par_chunks_exact_mut(e)
+        .enumerate()
+        .for_each(|(i, orow)| {
+            let (lo, hi) = if global { (0, n) } else { window[i] };
+            let mut p = vec![0f32; n];
+            for h in 0..n_head {
+                let qh = &q[i * e + h * hd..i * e + (h + 1) * hd];
+                let mut max = f32::NEG_INFINITY;
+                for (j, s) in p.iter_mut().enumerate() {
+                    *s = if (lo..hi).contains(&j) {
+                        let kh = &k[j * e + h * hd..j * e + (h + 1) * hd];
+                        vec_dot_f32(kh, qh) * scale
+                    } else {
+                        f32::NEG_INFINITY
+                    };
+                    max = max.max(*s);
+                }
+                let sum = soft_max_tile(Order::GgmlAvx512, &mut p, max);
+                let inv = (1.0 / sum) as f32;
+                p.iter_mut().for_each(|s| *s *= inv);
+                for (d, o) in orow[h * hd..(h + 1) * hd].iter_mut().enumerate() {
+                    let row = &vt[(h * hd + d) * n..(h * hd + d + 1) * n];
+                    *o = if tinyblas {
+                        tinyblas_dot(row, &p)
+                    } else {
+                        vec_dot_f32(row, &p)
+                    };
+                }
+            }
+        });
+    out
+}
+
+/// Lanes of ggml's AVX512 f32 vectors.
+const LANES: usize = 16;
+
+/// `ggml_vec_dot_f32` (AVX512): four 16-lane FMA accumulators over steps of 64, reduced
+/// `(a0 + a2) + (a1 + a3)` then across lanes, the rest added to that sum one by one (not
+/// fused).
+#[allow(clippy::needless_range_loop)] // lane loops mirror the SIMD lanes
+fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
+    let n = x.len();
+    let np = n - n % (4 * LANES);
+    let mut acc = [[0f32; LANES]; 4];
+    for i in (0..np).step_by(4 * LANES) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            for l in 0..LANES {
+                let t = i + j * LANES + l;
+                a[l] = x[t].mul_add(y[t], a[l]);
+            }
+        }
+    }
+    let mut s = [0f32; LANES];
+    for l in 0..LANES {
+        s[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
+    let mut sum = reduce16(s);
+    for t in np..n {
+        sum += x[t] * y[t];
+    }
+    sum
+}
+
+/// One tinyBLAS f32 dot (`n` a multiple of 16): lane `l` fuses elements `l, l+16, ...`,
+/// then the lanes are reduced as `_mm512_reduce_add_ps`.
+#[allow(clippy::needless_range_loop)] // lane loops mirror the SIMD lanes
+fn tinyblas_dot(x: &[f32], y: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    for (cx, cy) in x.chunks_exact(LANES).zip(y.chunks_exact(LANES)) {
+        for l in 0..LANES {
+            acc[l] = cx[l].mul_add(cy[l], acc[l]);
+        }
+    }
+    reduce16(acc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_groups_windows_and_counts_from_one() {
+        let l = layout(3, 2, 2);
+        // windows: (x0..2, y0..2) then (x2, y0..2)
+        assert_eq!(l.perm, vec![0, 1, 3, 4, 2, 5]);
+        assert_eq!(
+            l.window,
+            vec![(0, 4), (0, 4), (0, 4), (0, 4), (4, 6), (4, 6)]
+        );
+        assert_eq!(l.pos[2], (1, 2));
+        assert_eq!(l.pos[4], (3, 1));
+    }
+}

@@ -13,7 +13,9 @@
 //!   named with their path), wrong types, bad ranges, token ids outside the vocabulary, and
 //!   prompts that do not fit the per-slot context are **400** with the field or limit in the
 //!   message; every bound is in `limits` (and `docs/security.md`), decided before the work.
-//! - A model name other than the served one is **404** `model_not_found`.
+//! - One model is served: the OpenAI and llama.cpp routes answer to any `model` name, as
+//!   llama-server does; the Ollama routes answer to the model's id and `--alias` names (with
+//!   a `:tag`) and give **404** `model_not_found` for others.
 //! - A full engine queue is **429** with `Retry-After`. A client that disconnects (or leaves
 //!   a write blocked for 30 s) cancels its generation (the engine receiver is dropped).
 //! - `/health` is **503** once the engine has stopped; the server then exits non-zero.

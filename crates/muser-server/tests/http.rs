@@ -233,11 +233,23 @@ async fn limits_are_400_with_the_limit_named() {
     b["messages"][0]["content"] =
         json!([{ "type": "image_url", "image_url": { "url": "data:," } }]);
     expect_400("/v1/chat/completions", b, "vision").await;
+    // one model served: OpenAI routes answer to any name (llama-server's rule), Ollama's
+    // only to the model's own names
     let (status, v) = send_json(
         app(),
         post_json(
             "/v1/completions",
-            &json!({ "model": "gpt-9", "prompt": "x" }),
+            &json!({ "model": "gpt-3.5-turbo", "prompt": "x", "max_tokens": 1 }),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["model"], "SmolLM2-135M-Instruct.Q4_1");
+    let (status, v) = send_json(
+        app(),
+        post_json(
+            "/api/generate",
+            &json!({ "model": "gpt-9", "prompt": "x", "stream": false }),
         ),
     )
     .await;

@@ -64,7 +64,6 @@ pub async fn chat_completions(
     Log(log): Log,
     StrictJson(req): StrictJson<ChatCompletionRequest>,
 ) -> ApiResult<Response> {
-    state.check_model(req.model.as_deref())?;
     check_n(req.n)?;
     let max_tokens = match (
         check_max_tokens("max_tokens", req.max_tokens)?,
@@ -106,7 +105,7 @@ pub async fn chat_completions(
         ..Default::default()
     };
     let logprobs_on = req.logprobs == Some(true);
-    let mut params = opts.to_params()?;
+    let mut params = opts.to_params(&state.options.sampling)?;
     params.constraint = plan.constraint;
     let generic_tool_call = plan.generic_tool_call;
     let greq = GenerateRequest {
@@ -327,7 +326,6 @@ pub async fn completions(
     Log(log): Log,
     StrictJson(mut req): StrictJson<CompletionRequest>,
 ) -> ApiResult<Response> {
-    state.check_model(req.model.as_deref())?;
     check_n(req.n)?;
     if req.best_of.is_some_and(|b| b != 1) {
         return Err(ApiError::bad_request("best_of must be 1"));
@@ -362,7 +360,7 @@ pub async fn completions(
     };
     let greq = GenerateRequest {
         prompt: ids,
-        params: opts.to_params()?,
+        params: opts.to_params(&state.options.sampling)?,
         max_tokens,
         stop: req.stop.map(|s| s.0).unwrap_or_default(),
         slot: super::slot_from(req.id_slot, &state)?,
@@ -470,7 +468,6 @@ pub async fn embeddings(
     Log(log): Log,
     StrictJson(mut req): StrictJson<EmbeddingRequest>,
 ) -> ApiResult<Response> {
-    state.check_model(req.model.as_deref())?;
     if let Some(d) = req.dimensions {
         if d as usize != state.model.n_embd {
             return Err(ApiError::bad_request(format!(

@@ -84,6 +84,9 @@ pub struct LlamaArgs {
     /// The embedding routes (always on here).
     #[arg(long, alias = "embeddings")]
     embedding: bool,
+    /// Serve `/rerank` and `/v1/rerank` (scores by embedding similarity).
+    #[arg(long, alias = "reranking")]
+    rerank: bool,
     /// Pooling of the embedding routes: only `last` (Muser's) is implemented.
     #[arg(long, value_name = "TYPE")]
     pooling: Option<String>,
@@ -153,8 +156,9 @@ impl LlamaArgs {
         cfg.sampling = self.sampling()?;
         cfg.slots_endpoint = !self.no_slots;
         cfg.metrics_endpoint = !self.no_metrics;
-        if let Some(p) = self.pooling.as_deref().filter(|p| *p != "last") {
-            anyhow::bail!("--pooling {p}: Muser's embeddings pool the last token only (--pooling last)");
+        cfg.rerank_endpoint = self.rerank;
+        if let Some(p) = self.pooling.as_deref().filter(|p| !["last", "rank"].contains(p)) {
+            anyhow::bail!("--pooling {p}: Muser pools the last token (--pooling last; rank: the /rerank route)");
         }
         for (flag, ty) in [
             ("--cache-type-k", &self.cache_type_k),

@@ -53,6 +53,8 @@ pub struct ServeConfig {
     pub slots_endpoint: bool,
     /// Serve `GET /metrics` (`--no-metrics` turns it off).
     pub metrics_endpoint: bool,
+    /// Serve `/rerank` (`--rerank`).
+    pub rerank_endpoint: bool,
 }
 
 impl ServeConfig {
@@ -79,6 +81,7 @@ impl ServeConfig {
             n_predict: None,
             slots_endpoint: true,
             metrics_endpoint: true,
+            rerank_endpoint: false,
         }
     }
 }
@@ -272,6 +275,7 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
             n_predict: cfg.n_predict,
             slots_endpoint: cfg.slots_endpoint,
             metrics_endpoint: cfg.metrics_endpoint,
+            rerank_endpoint: cfg.rerank_endpoint,
         },
         metrics: Arc::new(Metrics::new(&cfg.device)),
         sessions,

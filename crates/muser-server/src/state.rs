@@ -48,6 +48,8 @@ pub struct ServerOptions {
     pub slots_endpoint: bool,
     /// `GET /metrics` answers (else 501, `--no-metrics`).
     pub metrics_endpoint: bool,
+    /// `/rerank` answers (else 501; `--rerank`).
+    pub rerank_endpoint: bool,
 }
 
 pub struct AppState {

@@ -1,10 +1,12 @@
 //! The router: every route, the auth and logging middleware, and helpers shared by the three
 //! wire families.
 
+pub mod anthropic;
 pub mod dashboard;
 pub mod llama;
 pub mod ollama;
 pub mod openai;
+pub mod rerank;
 pub mod sessions;
 pub mod telemetry;
 
@@ -30,6 +32,8 @@ const ROUTES: &[&str] = &[
     "/chat/completions",
     "/v1/completions",
     "/v1/embeddings",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
     "/v1/models",
     "/models",
     "/completion",
@@ -39,6 +43,8 @@ const ROUTES: &[&str] = &[
     "/apply-template",
     "/embedding",
     "/embeddings",
+    "/rerank",
+    "/v1/rerank",
     "/props",
     "/slots",
     "/health",
@@ -75,6 +81,9 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/completions", post(openai::completions))
         .route("/v1/embeddings", post(openai::embeddings))
         .route("/v1/models", get(openai::models))
+        // Anthropic
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/models", get(openai::models))
         // llama.cpp
         .route("/completion", post(llama::completion))
@@ -84,6 +93,8 @@ pub fn router(state: SharedState) -> Router {
         .route("/apply-template", post(llama::apply_template))
         .route("/embedding", post(llama::embedding))
         .route("/embeddings", post(llama::embedding))
+        .route("/rerank", post(rerank::rerank))
+        .route("/v1/rerank", post(rerank::rerank))
         .route("/props", get(llama::props))
         .route("/slots", get(llama::slots))
         .route("/slots/{id}", post(llama::slot_action))
@@ -133,8 +144,8 @@ async fn not_found(req: Request) -> ApiError {
 }
 
 /// The one layer every route (present and future) passes: the `Host` allow-list (without
-/// a key), JSON-only POSTs, the API key (every route but /health and the dashboard's files,
-/// which hold no data), the limit on requests in flight, and the per-request log record.
+/// a key), JSON-only POSTs, the API key (`Authorization: Bearer KEY`, or Anthropic's
+/// `x-api-key: KEY`; every route but /health and the dashboard's files, which hold no data), the limit on requests in flight, and the per-request log record.
 async fn guard(State(state): State<SharedState>, mut req: Request, next: Next) -> Response {
     let path = req.uri().path();
     let route = route_label(path);
@@ -167,7 +178,10 @@ fn admit(state: &AppState, req: &Request, open: bool) -> ApiResult<()> {
             let given = headers
                 .get(header::AUTHORIZATION)
                 .and_then(|h| h.to_str().ok());
-            auth::check_bearer(key, given)?;
+            match headers.get("x-api-key").map(|h| h.to_str().unwrap_or("")) {
+                Some(k) if given.is_none() => auth::check_key(key, k.trim())?,
+                _ => auth::check_bearer(key, given)?,
+            }
         }
         Some(_) => {}
         None => {

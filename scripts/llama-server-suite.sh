@@ -41,7 +41,7 @@ case "$target" in
       bin="$root/${CARGO_TARGET_DIR:-target}/release/muser"
     fi ;;
   llama)
-    bin="$(scripts/comparator.sh | tail -n 1)/llama-server" ;;
+    bin="$(LLAMA_TARGETS=llama-server scripts/comparator.sh | tail -n 1)/llama-server" ;;
   *) echo "llama-server-suite: SUITE_SERVER must be muser or llama" >&2; exit 2 ;;
 esac
 

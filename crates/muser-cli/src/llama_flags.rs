@@ -52,7 +52,12 @@ pub struct LlamaArgs {
     #[arg(long, value_name = "FILE", conflicts_with = "chat_template")]
     chat_template_file: Option<PathBuf>,
     /// Most tokens a request without its own limit generates (-1: until the context is full).
-    #[arg(short = 'n', long = "n-predict", visible_alias = "predict", value_name = "N")]
+    #[arg(
+        short = 'n',
+        long = "n-predict",
+        visible_alias = "predict",
+        value_name = "N"
+    )]
     n_predict: Option<i64>,
     /// Default temperature of requests that give none.
     #[arg(long = "temp", value_name = "T")]
@@ -157,7 +162,11 @@ impl LlamaArgs {
         cfg.slots_endpoint = !self.no_slots;
         cfg.metrics_endpoint = !self.no_metrics;
         cfg.rerank_endpoint = self.rerank;
-        if let Some(p) = self.pooling.as_deref().filter(|p| !["last", "rank"].contains(p)) {
+        if let Some(p) = self
+            .pooling
+            .as_deref()
+            .filter(|p| !["last", "rank"].contains(p))
+        {
             anyhow::bail!("--pooling {p}: Muser pools the last token (--pooling last; rank: the /rerank route)");
         }
         for (flag, ty) in [
@@ -209,12 +218,15 @@ impl LlamaArgs {
             self.batch_size.is_some() || self.ubatch_size.is_some(),
             "-b/-ub (prefill runs in Muser's own chunks)",
         );
+        note(self.cont_batching, "--cont-batching (always on)");
         note(
-            self.cont_batching,
-            "--cont-batching (always on)",
+            self.kv_unified,
+            "--kv-unified (each slot has its own context)",
         );
-        note(self.kv_unified, "--kv-unified (each slot has its own context)");
-        note(self.swa_full, "--swa-full (no sliding-window cache to size)");
+        note(
+            self.swa_full,
+            "--swa-full (no sliding-window cache to size)",
+        );
         note(
             self.jinja || self.no_jinja,
             "--jinja/--no-jinja (templates are always Jinja)",
@@ -223,10 +235,16 @@ impl LlamaArgs {
             self.reasoning_format.is_some(),
             "--reasoning-format (reasoning is split out for Muse models only)",
         );
-        note(self.embedding, "--embedding (the embedding routes are always on)");
+        note(
+            self.embedding,
+            "--embedding (the embedding routes are always on)",
+        );
         note(self.metrics, "--metrics (always on)");
         note(self.no_webui, "--no-webui (the dashboard stays at /)");
-        note(self.offline, "--offline (nothing is downloaded with --model)");
+        note(
+            self.offline,
+            "--offline (nothing is downloaded with --model)",
+        );
         note(self.no_mmproj, "--no-mmproj (no projector is loaded)");
         note(self.verbose, "--verbose (set RUST_LOG=debug)");
         out
@@ -244,7 +262,8 @@ fn read_template(path: &std::path::Path) -> anyhow::Result<String> {
         "--chat-template-file {}: {len} bytes, more than {TEMPLATE_BYTES_MAX}",
         path.display()
     );
-    std::fs::read_to_string(path).with_context(|| format!("--chat-template-file {}", path.display()))
+    std::fs::read_to_string(path)
+        .with_context(|| format!("--chat-template-file {}", path.display()))
 }
 
 #[cfg(test)]
@@ -258,9 +277,25 @@ mod tests {
     #[test]
     fn single_dash_spellings_become_long_flags_of_up_only() {
         assert_eq!(
-            normalize(os(&["muser", "up", "-np", "2", "-fa", "on", "-ngl", "99", "-c", "512"])),
-            os(&["muser", "up", "--parallel", "2", "--flash-attn", "on", "--n-gpu-layers", "99", "-c", "512"])
+            normalize(os(&[
+                "muser", "up", "-np", "2", "-fa", "on", "-ngl", "99", "-c", "512"
+            ])),
+            os(&[
+                "muser",
+                "up",
+                "--parallel",
+                "2",
+                "--flash-attn",
+                "on",
+                "--n-gpu-layers",
+                "99",
+                "-c",
+                "512"
+            ])
         );
-        assert_eq!(normalize(os(&["muser", "run", "-np"])), os(&["muser", "run", "-np"]));
+        assert_eq!(
+            normalize(os(&["muser", "run", "-np"])),
+            os(&["muser", "run", "-np"])
+        );
     }
 }

@@ -7,7 +7,7 @@
 //!   `Host` must name this server (else **403**); every POST must be
 //!   `Content-Type: application/json` (`charset=utf-8` allowed), whatever its body (else
 //!   **415**); with `--api-key-file`/`MUSER_API_KEY`/`--api-key`, every route but `/health`
-//!   needs `Authorization: Bearer KEY` (constant-time compare), else **401**; more than
+//!   needs `Authorization: Bearer KEY` or `x-api-key: KEY` (constant-time compare), else **401**; more than
 //!   `limits::IN_FLIGHT_MAX` requests in flight is **503** with `Retry-After`.
 //! - Bodies over 4 MiB are **413**; malformed JSON is **415**. Unknown fields (at any depth,
 //!   named with their path), wrong types, bad ranges, token ids outside the vocabulary, and
@@ -48,6 +48,10 @@
 //! - Ollama: `POST /api/generate` and `/api/chat` (NDJSON streaming by default; `suffix` and
 //!   `template` refused unless empty, `images` refused, `format` `"json"` or a schema enforced
 //!   like `response_format`, `keep_alive` ignored), `GET /api/tags`, `POST /api/show`, `GET /api/version`.
+//! - Anthropic: `POST /v1/messages` (whole or streamed as Anthropic's events; tools, tool
+//!   results, thinking history, `x-api-key`), `POST /v1/messages/count_tokens`. OpenAI
+//!   Responses: `POST /v1/responses` and `/responses` (stateless). `POST /rerank` and
+//!   `/v1/rerank` with `--rerank` (embedding similarity). Field by field: docs/compatibility.md.
 //! - Muser: `/v1/sessions` (a slot's conversation and exact K/V as an encrypted bundle with
 //!   revisions and idempotency keys; see `routes::sessions` and docs/sessions.md),
 //!   `GET /v1/telemetry` and `GET /v1/telemetry/stream` (tagged measurements; see

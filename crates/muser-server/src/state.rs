@@ -81,9 +81,7 @@ impl AppState {
         let known = |n: &str| n == self.model.id || self.model.aliases.iter().any(|a| a == n);
         match name {
             None => Ok(()),
-            Some(n) if n.is_empty() || known(n) || n.split(':').next().is_some_and(known) => {
-                Ok(())
-            }
+            Some(n) if n.is_empty() || known(n) || n.split(':').next().is_some_and(known) => Ok(()),
             Some(n) => Err(ApiError::not_found(
                 "model_not_found",
                 format!(

@@ -35,7 +35,7 @@ pub async fn messages(
         n_prompt,
         ..
     } = run;
-    let id = next_id("msg");
+    let id = next_id("msg_");
     let model = state.model.id.clone();
     if stream {
         let mut blocks = BlockStream::default();
@@ -96,7 +96,7 @@ pub async fn messages(
     }
     for (name, arguments) in &msg.tool_calls {
         content.push(json!({
-            "type": "tool_use", "id": next_id("toolu"), "name": name, "input": tool_input(arguments),
+            "type": "tool_use", "id": next_id("toolu_"), "name": name, "input": tool_input(arguments),
         }));
     }
     Ok(Json(json!({
@@ -262,9 +262,7 @@ fn part(b: Block) -> ApiResult<Option<Value>> {
 }
 
 fn image_refused() -> ApiError {
-    ApiError::bad_request(
-        "image input is not supported: the served model has no vision encoder",
-    )
+    ApiError::bad_request("image input is not supported: the served model has no vision encoder")
 }
 
 /// An assistant turn: text as content, `thinking` as reasoning, `tool_use` as tool calls.
@@ -325,7 +323,10 @@ fn error_type(e: &ApiError) -> &'static str {
 }
 
 fn event(v: Value) -> String {
-    format!("event: {}\ndata: {v}\n\n", v["type"].as_str().unwrap_or("error"))
+    format!(
+        "event: {}\ndata: {v}\n\n",
+        v["type"].as_str().unwrap_or("error")
+    )
 }
 
 /// The content blocks of a streamed answer: a block opens when a piece of another kind
@@ -357,7 +358,7 @@ impl BlockStream {
                 self.close(events);
                 (
                     "tool_use",
-                    json!({ "type": "tool_use", "id": next_id("toolu"), "name": name, "input": {} }),
+                    json!({ "type": "tool_use", "id": next_id("toolu_"), "name": name, "input": {} }),
                     json!({ "type": "input_json_delta", "partial_json": arguments }),
                 )
             }

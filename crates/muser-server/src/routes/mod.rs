@@ -7,6 +7,7 @@ pub mod llama;
 pub mod ollama;
 pub mod openai;
 pub mod rerank;
+pub mod responses;
 pub mod sessions;
 pub mod telemetry;
 
@@ -34,6 +35,8 @@ const ROUTES: &[&str] = &[
     "/v1/embeddings",
     "/v1/messages",
     "/v1/messages/count_tokens",
+    "/v1/responses",
+    "/responses",
     "/v1/models",
     "/models",
     "/completion",
@@ -84,6 +87,9 @@ pub fn router(state: SharedState) -> Router {
         // Anthropic
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        // OpenAI Responses
+        .route("/v1/responses", post(responses::responses))
+        .route("/responses", post(responses::responses))
         .route("/models", get(openai::models))
         // llama.cpp
         .route("/completion", post(llama::completion))
@@ -282,7 +288,7 @@ pub fn next_id(prefix: &str) -> String {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    format!("{prefix}-{:x}{n:06x}", t & 0xffff_ffff_ffff)
+    format!("{prefix}{:x}{n:06x}", t & 0xffff_ffff_ffff)
 }
 
 pub fn unix_now() -> u64 {

@@ -6,6 +6,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::gen::{self, Finished, SamplingOptions, Step};
 use crate::json::StrictJson;
 use crate::limits;
+use crate::reqlog::RequestLog;
 use crate::state::{AppState, SharedState};
 use crate::structured;
 use crate::wire::openai::{
@@ -15,10 +16,9 @@ use crate::wire::Prompt;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use crate::reqlog::RequestLog;
 use muser_engine::{Event, GenerateRequest, TokenLogprobs};
-use tokio::sync::mpsc;
 use serde_json::{json, Value};
+use tokio::sync::mpsc;
 
 fn check_n(n: Option<u32>) -> ApiResult<()> {
     match n {
@@ -155,11 +155,9 @@ pub async fn chat_completions(
     StrictJson(req): StrictJson<ChatCompletionRequest>,
 ) -> ApiResult<Response> {
     let (req, run) = start_chat(&state, &log, req).await?;
-    let ChatRun {
-        rx, mut reader, ..
-    } = run;
+    let ChatRun { rx, mut reader, .. } = run;
     let logprobs_on = req.logprobs == Some(true);
-    let id = next_id("chatcmpl");
+    let id = next_id("chatcmpl-");
     let created = unix_now();
     let model = state.model.id.clone();
 
@@ -199,7 +197,7 @@ pub async fn chat_completions(
                         Piece::ToolCall { name, arguments } => {
                             *tool_index += 1;
                             json!({ "tool_calls": [{
-                                "index": *tool_index - 1, "id": next_id("call"), "type": "function",
+                                "index": *tool_index - 1, "id": next_id("call-"), "type": "function",
                                 "function": { "name": name, "arguments": arguments },
                             }]})
                         }
@@ -268,7 +266,7 @@ pub async fn chat_completions(
             .tool_calls
             .iter()
             .map(|(name, args)| {
-                json!({ "id": next_id("call"), "type": "function",
+                json!({ "id": next_id("call-"), "type": "function",
                         "function": { "name": name, "arguments": args } })
             })
             .collect();
@@ -371,7 +369,7 @@ pub async fn completions(
         prefilled: None,
     };
     let rx = gen::submit(&state, &log, greq).await?;
-    let id = next_id("cmpl");
+    let id = next_id("cmpl-");
     let created = unix_now();
     let model = state.model.id.clone();
     let logprobs_on = req.logprobs.is_some();

@@ -52,7 +52,9 @@ pub async fn rerank(
         n_tokens += done.n_prompt;
         vectors.push(v);
     }
-    let (query, docs) = vectors.split_first().expect("the query and at least one document");
+    let (query, docs) = vectors
+        .split_first()
+        .expect("the query and at least one document");
     let mut scored: Vec<(usize, f32)> = docs
         .iter()
         .map(|d| d.iter().zip(query).map(|(a, b)| a * b).sum())

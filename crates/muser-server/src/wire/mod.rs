@@ -8,6 +8,7 @@ pub mod llama;
 pub mod ollama;
 pub mod openai;
 pub mod rerank;
+pub mod responses;
 pub mod sessions;
 
 use crate::limits::PROMPT_PIECES_MAX;

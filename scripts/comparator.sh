@@ -6,6 +6,7 @@
 #   LLAMA_ISA=avx2 scripts/comparator.sh # CPU build without AVX512 (ggml's AVX2 order; runs on any
 #                                        # x86-64 host with AVX2/FMA/F16C)
 #   LLAMA_CUDA=1 scripts/comparator.sh   # CUDA build (GPU machine)
+#   LLAMA_FETCH_ONLY=1 scripts/comparator.sh # only unpack the sdist; prints the source directory
 set -euo pipefail
 cache="${MUSER_CACHE:-$HOME/.cache/muser}"
 src="$cache/llama.cpp-11434"
@@ -25,6 +26,7 @@ if [ ! -f "$src/CMakeLists.txt" ]; then
   tree=$(dirname "$(find "$tmp" -maxdepth 4 -name CMakeLists.txt -path '*llama.cpp/CMakeLists.txt' | head -n1)")
   rm -rf "$src"; mv "$tree" "$src"; rm -rf "$tmp"
 fi
+[ "${LLAMA_FETCH_ONLY:-0}" = 1 ] && { echo "$src"; exit 0; }
 command -v cmake >/dev/null || python3 -m pip install -q cmake ninja >&2
 if [ "$kind" = cpu ]; then
   # AVX-VNNI (the VEX form) is only enabled where the CPU has it: AMD Zen 4 has AVX512-VNNI but

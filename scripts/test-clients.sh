@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Client tests: starts the real `muser up` on SmolLM2 at a free port and drives it with the
-# official `openai` and `ollama` Python clients, raw HTTP for the llama.cpp routes, a
+# official `openai`, `anthropic` and `ollama` Python clients, raw HTTP for the llama.cpp routes, a
 # concurrency test, a bounded load test, /metrics through prometheus_client's parser, sessions
 # moved to a second `muser up` process, and the dashboard in headless Chromium (Debian's
 # chromium and chromium-driver, installed here when missing) driven by Selenium
@@ -14,7 +14,7 @@ model="$models/SmolLM2-135M-Instruct.Q4_1.gguf"
 [ -f "$model" ] || { echo "test-clients: missing $model (run scripts/fetch-models.sh)" >&2; exit 1; }
 
 venv="$cache/venv-clients"
-pins="openai==3.51.0 ollama==0.6.3 requests==2.34.2 pytest==9.2.0 selenium==4.51.0 prometheus_client==0.26.0"
+pins="openai==3.51.0 anthropic==2.15.0 ollama==0.6.3 requests==2.34.2 pytest==9.2.0 selenium==4.51.0 prometheus_client==0.26.0"
 if [ "$(cat "$venv/.pins" 2>/dev/null)" != "$pins" ]; then
   rm -rf "$venv"
   python3 -m venv "$venv"

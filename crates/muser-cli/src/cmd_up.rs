@@ -29,9 +29,13 @@ pub struct Args {
     host: IpAddr,
     #[arg(long, default_value_t = 4949)]
     port: u16,
-    /// Concurrent generations (each has its own KV cache of --ctx-size tokens).
-    #[arg(long, default_value_t = 4)]
-    slots: usize,
+    /// Concurrent generations, each with its own KV cache of --ctx-size tokens (default 4;
+    /// llama-server's `-np/--parallel N` too). A bare `--slots` (llama-server's switch for
+    /// `GET /slots`, on by default here) changes nothing.
+    #[arg(long, value_name = "N", num_args = 0..=1)]
+    slots: Option<Option<usize>>,
+    #[arg(long, value_name = "N", hide = true)]
+    parallel: Option<usize>,
     /// Context per slot, in tokens.
     #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
     ctx_size: usize,
@@ -98,6 +102,8 @@ pub struct Args {
     queue: usize,
     #[command(flatten)]
     lane: LaneArgs,
+    #[command(flatten)]
+    llama: crate::llama_flags::LlamaArgs,
 }
 
 /// The disaggregated prefill lane (docs/disaggregated-prefill.md).
@@ -310,6 +316,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
+    if args.api_key.is_some() {
+        eprintln!("muser: warning: --api-key puts the key in the process list for every local user; prefer --api-key-file or MUSER_API_KEY");
+    }
     let api_key = auth::load_api_key(
         args.api_key_file.as_deref(),
         std::env::var("MUSER_API_KEY").ok(),
@@ -356,7 +365,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     let mut cfg = ServeConfig::new(&model_path);
-    cfg.n_slots = args.slots;
+    cfg.n_slots = match (args.slots.flatten(), args.parallel) {
+        (Some(a), Some(b)) if a != b => {
+            anyhow::bail!("--slots {a} and --parallel {b} disagree: give one")
+        }
+        (a, b) => a.or(b).unwrap_or(cfg.n_slots),
+    };
+    args.llama.apply(&mut cfg)?;
     cfg.n_ctx = args.ctx_size;
     cfg.queue_max = args.queue;
     cfg.spec = args.spec.config(args.device)?;

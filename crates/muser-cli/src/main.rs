@@ -15,6 +15,7 @@ mod cmd_up;
 mod device;
 #[cfg(feature = "cuda")]
 mod fused;
+mod llama_flags;
 mod spec;
 
 #[derive(Parser)]
@@ -55,7 +56,7 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(llama_flags::normalize(std::env::args_os()));
     match cli.command {
         Command::Up(a) => cmd_up::run(a),
         Command::Run(a) => cmd_run::run(a),

@@ -12,6 +12,11 @@ pub fn check_bearer(expected: &str, header: Option<&str>) -> Result<(), ApiError
         })
         .map(str::trim)
         .unwrap_or("");
+    check_key(expected, given)
+}
+
+/// A bare key check: Anthropic clients send the key as `x-api-key: KEY`.
+pub fn check_key(expected: &str, given: &str) -> Result<(), ApiError> {
     if constant_time_eq(expected.as_bytes(), given.as_bytes()) {
         Ok(())
     } else {

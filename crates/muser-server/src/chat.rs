@@ -150,16 +150,58 @@ pub struct Message {
 }
 
 pub fn split_output(is_muse: bool, tools: Option<&Value>, text: &str) -> Message {
-    let mut parser = OutputParser::new(is_muse, tools);
-    let mut msg = Message::default();
-    for p in parser.push(text).into_iter().chain(parser.finish()) {
-        match p {
-            Piece::Reasoning(s) => msg.reasoning.push_str(&s),
-            Piece::Content(s) => msg.content.push_str(&s),
-            Piece::ToolCall { name, arguments } => msg.tool_calls.push((name, arguments)),
+    ChatReader::new(is_muse, tools, false).message(text)
+}
+
+/// Reads a chat generation's text as reasoning, content and tool calls, as it streams
+/// (`push`, then `finish`) or whole (`message`). A forced generic tool call (`{"name",
+/// "arguments"}` JSON under a grammar) is held and read whole at the end.
+pub struct ChatReader {
+    parser: OutputParser,
+    generic_tool_call: bool,
+    held: String,
+}
+
+impl ChatReader {
+    pub fn new(is_muse: bool, tools: Option<&Value>, generic_tool_call: bool) -> Self {
+        ChatReader {
+            parser: OutputParser::new(is_muse, tools),
+            generic_tool_call,
+            held: String::new(),
         }
     }
-    msg
+
+    pub fn push(&mut self, text: &str) -> Vec<Piece> {
+        if self.generic_tool_call {
+            self.held.push_str(text);
+            return Vec::new();
+        }
+        self.parser.push(text)
+    }
+
+    pub fn finish(&mut self) -> Vec<Piece> {
+        if !self.generic_tool_call {
+            return self.parser.finish();
+        }
+        // the call if the text is one (it is unless the generation was cut short)
+        let text = std::mem::take(&mut self.held);
+        match crate::structured::parse_generic_tool_call(&text) {
+            Some((name, arguments)) => vec![Piece::ToolCall { name, arguments }],
+            None => vec![Piece::Content(text)],
+        }
+    }
+
+    pub fn message(mut self, text: &str) -> Message {
+        let mut msg = Message::default();
+        for p in self.push(text).into_iter().chain(self.finish()) {
+            match p {
+                Piece::Reasoning(s) => msg.reasoning.push_str(&s),
+                Piece::Content(s) => msg.content.push_str(&s),
+                Piece::ToolCall { name, arguments } => msg.tool_calls.push((name, arguments)),
+            }
+        }
+        msg
+    }
 }
 
 #[cfg(test)]

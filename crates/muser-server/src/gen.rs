@@ -31,9 +31,10 @@ pub struct SamplingOptions {
 }
 
 impl SamplingOptions {
-    /// Validates ranges and fills in defaults.
-    pub fn to_params(&self) -> ApiResult<SamplingParams> {
-        let mut p = SamplingParams::default();
+    /// Validates ranges; what the request leaves out comes from `defaults` (the server's:
+    /// llama.cpp's, or `muser up --temp/--seed/...`).
+    pub fn to_params(&self, defaults: &SamplingParams) -> ApiResult<SamplingParams> {
+        let mut p = defaults.clone();
         let finite = |name: &str, v: Option<f32>, lo: f32, hi: f32| -> ApiResult<Option<f32>> {
             match v {
                 Some(x) if !x.is_finite() || x < lo || x > hi => Err(ApiError::bad_request(
@@ -79,7 +80,9 @@ impl SamplingOptions {
             }
             p.repeat_last_n = n;
         }
-        p.seed = crate::wire::seed_from(self.seed).map_err(ApiError::bad_request)?;
+        if self.seed.is_some() {
+            p.seed = crate::wire::seed_from(self.seed).map_err(ApiError::bad_request)?;
+        }
         if self.n_probs > N_PROBS_MAX {
             return Err(ApiError::bad_request(format!(
                 "at most {N_PROBS_MAX} log-probabilities per token, asked for {}",
@@ -189,6 +192,9 @@ pub async fn submit(
 ) -> ApiResult<mpsc::UnboundedReceiver<Event>> {
     state.check_prompt_len(req.prompt.len())?;
     limits::check_stop(&req.stop)?;
+    if req.max_tokens.is_none() && !req.embeddings {
+        req.max_tokens = state.options.n_predict;
+    }
     if let Some(lane) = state
         .lane
         .as_ref()

@@ -7,13 +7,15 @@
 //!   `Host` must name this server (else **403**); every POST must be
 //!   `Content-Type: application/json` (`charset=utf-8` allowed), whatever its body (else
 //!   **415**); with `--api-key-file`/`MUSER_API_KEY`/`--api-key`, every route but `/health`
-//!   needs `Authorization: Bearer KEY` (constant-time compare), else **401**; more than
+//!   needs `Authorization: Bearer KEY` or `x-api-key: KEY` (constant-time compare), else **401**; more than
 //!   `limits::IN_FLIGHT_MAX` requests in flight is **503** with `Retry-After`.
 //! - Bodies over 4 MiB are **413**; malformed JSON is **415**. Unknown fields (at any depth,
 //!   named with their path), wrong types, bad ranges, token ids outside the vocabulary, and
 //!   prompts that do not fit the per-slot context are **400** with the field or limit in the
 //!   message; every bound is in `limits` (and `docs/security.md`), decided before the work.
-//! - A model name other than the served one is **404** `model_not_found`.
+//! - One model is served: the OpenAI and llama.cpp routes answer to any `model` name, as
+//!   llama-server does; the Ollama routes answer to the model's id and `--alias` names (with
+//!   a `:tag`) and give **404** `model_not_found` for others.
 //! - A full engine queue is **429** with `Retry-After`. A client that disconnects (or leaves
 //!   a write blocked for 30 s) cancels its generation (the engine receiver is dropped).
 //! - `/health` is **503** once the engine has stopped; the server then exits non-zero.
@@ -46,6 +48,10 @@
 //! - Ollama: `POST /api/generate` and `/api/chat` (NDJSON streaming by default; `suffix` and
 //!   `template` refused unless empty, `images` refused, `format` `"json"` or a schema enforced
 //!   like `response_format`, `keep_alive` ignored), `GET /api/tags`, `POST /api/show`, `GET /api/version`.
+//! - Anthropic: `POST /v1/messages` (whole or streamed as Anthropic's events; tools, tool
+//!   results, thinking history, `x-api-key`), `POST /v1/messages/count_tokens`. OpenAI
+//!   Responses: `POST /v1/responses` and `/responses` (stateless). `POST /rerank` and
+//!   `/v1/rerank` with `--rerank` (embedding similarity). Field by field: docs/compatibility.md.
 //! - Muser: `/v1/sessions` (a slot's conversation and exact K/V as an encrypted bundle with
 //!   revisions and idempotency keys; see `routes::sessions` and docs/sessions.md),
 //!   `/v1/nodes` (a consumer's enrolled producers: list, enroll with a one-time code,

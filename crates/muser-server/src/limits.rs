@@ -28,6 +28,8 @@ pub const LOGIT_BIAS_ABS_MAX: f64 = 100.0;
 pub const N_PROBS_MAX: usize = 20;
 /// Tokens `/tokenize` returns and `/detokenize` takes.
 pub const TOKENIZE_TOKENS_MAX: usize = 1 << 17;
+/// Documents of one rerank request.
+pub const RERANK_DOCUMENTS_MAX: usize = 256;
 /// Bytes of a JSON schema, an Ollama `format`, or one tool's `parameters`, serialized.
 pub const SCHEMA_BYTES_MAX: usize = 64 << 10;
 

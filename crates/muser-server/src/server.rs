@@ -43,6 +43,22 @@ pub struct ServeConfig {
     pub node_registry: Option<PathBuf>,
     /// Speculative decoding for every slot (`--spec`, `--draft-max`); `None`: plain decoding.
     pub spec: Option<muser_engine::SpecConfig>,
+    /// Names the model is reported as and answers to (`--alias`, comma-separated): the first
+    /// replaces the file name as its id.
+    pub aliases: Vec<String>,
+    /// A chat template (Jinja source) used instead of the model's (`--chat-template`,
+    /// `--chat-template-file`).
+    pub chat_template: Option<String>,
+    /// Sampling settings of a request that states none (`--temp`, `--seed`, `--top-k`, ...).
+    pub sampling: muser_engine::SamplingParams,
+    /// Most tokens a request that gives no limit generates (`-n/--n-predict`).
+    pub n_predict: Option<u32>,
+    /// Serve `GET /slots` (llama-server's `--no-slots` turns it off).
+    pub slots_endpoint: bool,
+    /// Serve `GET /metrics` (`--no-metrics` turns it off).
+    pub metrics_endpoint: bool,
+    /// Serve `/rerank` (`--rerank`).
+    pub rerank_endpoint: bool,
 }
 
 impl ServeConfig {
@@ -65,6 +81,13 @@ impl ServeConfig {
             spec: None,
             numerics: muser_model::Numerics::PORTABLE,
             node_registry: None,
+            aliases: Vec::new(),
+            chat_template: None,
+            sampling: muser_engine::SamplingParams::default(),
+            n_predict: None,
+            slots_endpoint: true,
+            metrics_endpoint: true,
+            rerank_endpoint: false,
         }
     }
 }
@@ -75,6 +98,8 @@ pub enum StartError {
     Model { path: PathBuf, message: String },
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    #[error("--chat-template: {0}")]
+    Template(String),
     #[error("starting the engine: {0}")]
     Engine(String),
     #[error("--slot-save-path {path}: {source}")]
@@ -126,8 +151,14 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
     let gguf = model.gguf();
     let tokenizer =
         Arc::new(Tokenizer::from_gguf(gguf).map_err(|e| StartError::Tokenizer(e.to_string()))?);
-    let template = muser_text::ChatTemplate::from_gguf(gguf, &tokenizer)
-        .map_err(|e| StartError::Tokenizer(e.to_string()))?;
+    let template = match &cfg.chat_template {
+        Some(source) => Some(
+            muser_text::ChatTemplate::new(source, &tokenizer)
+                .map_err(|e| StartError::Template(e.to_string()))?,
+        ),
+        None => muser_text::ChatTemplate::from_gguf(gguf, &tokenizer)
+            .map_err(|e| StartError::Tokenizer(e.to_string()))?,
+    };
     let info = model.info();
     let n_ctx_train = info.n_ctx_train as usize;
     if cfg.n_ctx < 16 || (n_ctx_train > 0 && cfg.n_ctx > n_ctx_train) {
@@ -196,7 +227,14 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
         }
         _ => None,
     };
-    let meta = model_meta(&cfg.model_path, &model, tokenizer.n_vocab());
+    let mut meta = model_meta(&cfg.model_path, &model, tokenizer.n_vocab());
+    if let Some(source) = &cfg.chat_template {
+        meta.chat_template = Some(source.clone());
+    }
+    if let Some((first, rest)) = cfg.aliases.split_first() {
+        let file_id = std::mem::replace(&mut meta.id, first.clone());
+        meta.aliases = rest.iter().cloned().chain([file_id]).collect();
+    }
     let engine_cfg = EngineConfig {
         n_slots: cfg.n_slots,
         n_ctx: cfg.n_ctx,
@@ -239,6 +277,11 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
             slot_save_quota_bytes: cfg.slot_save_quota_bytes,
             n_slots: cfg.n_slots,
             n_ctx: cfg.n_ctx,
+            sampling: cfg.sampling.clone(),
+            n_predict: cfg.n_predict,
+            slots_endpoint: cfg.slots_endpoint,
+            metrics_endpoint: cfg.metrics_endpoint,
+            rerank_endpoint: cfg.rerank_endpoint,
         },
         metrics: Arc::new(Metrics::new(&cfg.device)),
         sessions,
@@ -277,6 +320,7 @@ fn model_meta(path: &Path, model: &Model, n_vocab: usize) -> ModelMeta {
         .unwrap_or_else(|| "model".into());
     ModelMeta {
         id,
+        aliases: Vec::new(),
         path: path.to_path_buf(),
         is_muse: info.arch == muser_model::Arch::MuseGlimmer,
         arch,

@@ -12,8 +12,11 @@ use std::sync::Arc;
 /// Facts about the served model, read once at start-up.
 #[derive(Debug, Clone)]
 pub struct ModelMeta {
-    /// The id clients name the model by (the file name without `.gguf`).
+    /// The id the server reports (`--alias`, else the file name without `.gguf`).
     pub id: String,
+    /// Every name the model answers to besides `id`: the file name without `.gguf` and the
+    /// other `--alias` names.
+    pub aliases: Vec<String>,
     pub path: PathBuf,
     pub arch: String,
     pub is_muse: bool,
@@ -37,6 +40,16 @@ pub struct ServerOptions {
     pub slot_save_quota_bytes: u64,
     pub n_slots: usize,
     pub n_ctx: usize,
+    /// Sampling settings of a request that states none (`--temp`, `--seed`, ...).
+    pub sampling: muser_engine::SamplingParams,
+    /// Most tokens a request that gives no limit generates (`-n/--n-predict`).
+    pub n_predict: Option<u32>,
+    /// `GET /slots` answers (else 501, llama-server's `--no-slots`).
+    pub slots_endpoint: bool,
+    /// `GET /metrics` answers (else 501, `--no-metrics`).
+    pub metrics_endpoint: bool,
+    /// `/rerank` answers (else 501; `--rerank`).
+    pub rerank_endpoint: bool,
 }
 
 pub struct AppState {
@@ -63,17 +76,14 @@ pub struct AppState {
 pub type SharedState = Arc<AppState>;
 
 impl AppState {
-    /// Accepts an absent model name or the served model's id (also with an Ollama `:tag`).
+    /// Ollama's routes: accepts an absent model name or one of the served model's names (also
+    /// with an Ollama `:tag`). The OpenAI and llama.cpp routes answer to any name, as
+    /// llama-server does with one model loaded.
     pub fn check_model(&self, name: Option<&str>) -> ApiResult<()> {
+        let known = |n: &str| n == self.model.id || self.model.aliases.iter().any(|a| a == n);
         match name {
             None => Ok(()),
-            Some(n)
-                if n.is_empty()
-                    || n == self.model.id
-                    || n.split(':').next() == Some(&self.model.id) =>
-            {
-                Ok(())
-            }
+            Some(n) if n.is_empty() || known(n) || n.split(':').next().is_some_and(known) => Ok(()),
             Some(n) => Err(ApiError::not_found(
                 "model_not_found",
                 format!(

@@ -233,11 +233,23 @@ async fn limits_are_400_with_the_limit_named() {
     b["messages"][0]["content"] =
         json!([{ "type": "image_url", "image_url": { "url": "data:," } }]);
     expect_400("/v1/chat/completions", b, "vision").await;
+    // one model served: OpenAI routes answer to any name (llama-server's rule), Ollama's
+    // only to the model's own names
     let (status, v) = send_json(
         app(),
         post_json(
             "/v1/completions",
-            &json!({ "model": "gpt-9", "prompt": "x" }),
+            &json!({ "model": "gpt-3.5-turbo", "prompt": "x", "max_tokens": 1 }),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["model"], "SmolLM2-135M-Instruct.Q4_1");
+    let (status, v) = send_json(
+        app(),
+        post_json(
+            "/api/generate",
+            &json!({ "model": "gpt-9", "prompt": "x", "stream": false }),
         ),
     )
     .await;
@@ -741,4 +753,65 @@ async fn requests_in_flight_are_bounded_and_streams_hold_their_permit() {
         send(app, post_json("/completion", &ok)).await.0,
         StatusCode::OK
     );
+}
+
+#[tokio::test]
+async fn anthropic_messages_responses_and_rerank() {
+    let msg = json!({ "model": "claude-x", "max_tokens": 2, "system": "Be brief.",
+                      "messages": [{ "role": "user", "content": [{ "type": "text", "text": "Hi" }] }] });
+    let (status, v) = send_json(app(), post_json("/v1/messages", &msg)).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["type"], "message");
+    assert_eq!(v["content"][0]["type"], "text");
+    assert_eq!(v["stop_reason"], "max_tokens");
+    assert_eq!(v["usage"]["output_tokens"], 2);
+    let (status, v) = send_json(app(), post_json("/v1/messages/count_tokens", &msg)).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert!(v["input_tokens"].as_u64().unwrap() > 3, "{v}");
+    // a tool_use block in a user turn is a request error, not a crash
+    let bad = json!({ "max_tokens": 2, "messages": [{ "role": "user", "content": [
+        { "type": "tool_use", "id": "t", "name": "f", "input": {} }] }] });
+    let (status, v) = send_json(app(), post_json("/v1/messages", &bad)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+
+    let req = json!({ "model": "gpt-4.1", "input": "Hi", "max_output_tokens": 2 });
+    let (status, v) = send_json(app(), post_json("/v1/responses", &req)).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["status"], "incomplete");
+    assert_eq!(v["output"][0]["content"][0]["type"], "output_text");
+    assert_eq!(v["usage"]["output_tokens"], 2);
+    let (status, v) = send_json(
+        app(),
+        post_json(
+            "/responses",
+            &json!({ "input": "Hi", "previous_response_id": "r" }),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+
+    // /rerank answers only when the server was started with --rerank
+    let (status, v) = send_json(
+        app(),
+        post_json("/rerank", &json!({ "query": "q", "documents": ["a"] })),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{v}");
+}
+
+#[tokio::test]
+async fn anthropic_clients_authenticate_with_x_api_key() {
+    let count = |key: &str| {
+        Request::post("/v1/messages/count_tokens")
+            .header(header::CONTENT_TYPE, "application/json")
+            .header("x-api-key", key)
+            .body(Body::from(
+                json!({ "messages": [{ "role": "user", "content": "Hi" }] }).to_string(),
+            ))
+            .unwrap()
+    };
+    let (status, v) = send_json(router(keyed_state()), count("s3cret")).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (status, v) = send_json(router(keyed_state()), count("wrong")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{v}");
 }

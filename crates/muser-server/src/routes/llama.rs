@@ -100,7 +100,7 @@ pub async fn completion(
         prompt: ids,
         params: SamplingParams {
             constraint: structured::plan_completion_schema(&state, req.json_schema.as_ref())?,
-            ..opts.to_params()?
+            ..opts.to_params(&state.options.sampling)?
         },
         max_tokens,
         stop: req.stop.map(|s| s.0).unwrap_or_default(),
@@ -267,7 +267,12 @@ fn prompt_cache_props(state: &AppState) -> Value {
     })
 }
 
-pub async fn slots(State(state): State<SharedState>) -> Json<Value> {
+pub async fn slots(State(state): State<SharedState>) -> ApiResult<Json<Value>> {
+    if !state.options.slots_endpoint {
+        return Err(ApiError::not_implemented(
+            "This server does not support slots endpoint (started with --no-slots).",
+        ));
+    }
     let settings = default_settings(&state);
     let slots: Vec<Value> = state
         .engine
@@ -280,7 +285,7 @@ pub async fn slots(State(state): State<SharedState>) -> Json<Value> {
             })
         })
         .collect();
-    Json(Value::Array(slots))
+    Ok(Json(Value::Array(slots)))
 }
 
 pub async fn slot_action(
@@ -364,12 +369,17 @@ pub async fn health(State(state): State<SharedState>) -> Response {
     .into_response()
 }
 
-pub async fn metrics(State(state): State<SharedState>) -> Response {
+pub async fn metrics(State(state): State<SharedState>) -> ApiResult<Response> {
+    if !state.options.metrics_endpoint {
+        return Err(ApiError::not_implemented(
+            "This server does not support metrics endpoint (started with --no-metrics).",
+        ));
+    }
     let gauges = crate::routes::telemetry::gauges(&state);
     let mut r = state.metrics.render(&gauges).into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4"),
     );
-    r
+    Ok(r)
 }

@@ -1,11 +1,14 @@
 //! The router: every route, the auth and logging middleware, and helpers shared by the three
 //! wire families.
 
+pub mod anthropic;
 pub mod dashboard;
 pub mod llama;
 pub mod nodes;
 pub mod ollama;
 pub mod openai;
+pub mod rerank;
+pub mod responses;
 pub mod sessions;
 pub mod telemetry;
 
@@ -31,6 +34,10 @@ const ROUTES: &[&str] = &[
     "/chat/completions",
     "/v1/completions",
     "/v1/embeddings",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/responses",
+    "/responses",
     "/v1/models",
     "/models",
     "/completion",
@@ -40,6 +47,8 @@ const ROUTES: &[&str] = &[
     "/apply-template",
     "/embedding",
     "/embeddings",
+    "/rerank",
+    "/v1/rerank",
     "/props",
     "/slots",
     "/health",
@@ -76,6 +85,12 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/completions", post(openai::completions))
         .route("/v1/embeddings", post(openai::embeddings))
         .route("/v1/models", get(openai::models))
+        // Anthropic
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        // OpenAI Responses
+        .route("/v1/responses", post(responses::responses))
+        .route("/responses", post(responses::responses))
         .route("/models", get(openai::models))
         // llama.cpp
         .route("/completion", post(llama::completion))
@@ -85,6 +100,8 @@ pub fn router(state: SharedState) -> Router {
         .route("/apply-template", post(llama::apply_template))
         .route("/embedding", post(llama::embedding))
         .route("/embeddings", post(llama::embedding))
+        .route("/rerank", post(rerank::rerank))
+        .route("/v1/rerank", post(rerank::rerank))
         .route("/props", get(llama::props))
         .route("/slots", get(llama::slots))
         .route("/slots/{id}", post(llama::slot_action))
@@ -137,8 +154,8 @@ async fn not_found(req: Request) -> ApiError {
 }
 
 /// The one layer every route (present and future) passes: the `Host` allow-list (without
-/// a key), JSON-only POSTs, the API key (every route but /health and the dashboard's files,
-/// which hold no data), the limit on requests in flight, and the per-request log record.
+/// a key), JSON-only POSTs, the API key (`Authorization: Bearer KEY`, or Anthropic's
+/// `x-api-key: KEY`; every route but /health and the dashboard's files, which hold no data), the limit on requests in flight, and the per-request log record.
 async fn guard(State(state): State<SharedState>, mut req: Request, next: Next) -> Response {
     let path = req.uri().path();
     let route = route_label(path);
@@ -171,7 +188,10 @@ fn admit(state: &AppState, req: &Request, open: bool) -> ApiResult<()> {
             let given = headers
                 .get(header::AUTHORIZATION)
                 .and_then(|h| h.to_str().ok());
-            auth::check_bearer(key, given)?;
+            match headers.get("x-api-key").map(|h| h.to_str().unwrap_or("")) {
+                Some(k) if given.is_none() => auth::check_key(key, k.trim())?,
+                _ => auth::check_bearer(key, given)?,
+            }
         }
         Some(_) => {}
         None => {
@@ -272,7 +292,7 @@ pub fn next_id(prefix: &str) -> String {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    format!("{prefix}-{:x}{n:06x}", t & 0xffff_ffff_ffff)
+    format!("{prefix}{:x}{n:06x}", t & 0xffff_ffff_ffff)
 }
 
 pub fn unix_now() -> u64 {

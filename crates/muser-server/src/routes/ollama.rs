@@ -165,7 +165,7 @@ pub async fn generate(
         prompt: ids.clone(),
         params: SamplingParams {
             constraint,
-            ..opts.to_params()?
+            ..opts.to_params(&state.options.sampling)?
         },
         max_tokens,
         stop,
@@ -259,7 +259,7 @@ pub async fn chat(
         prompt: ids,
         params: SamplingParams {
             constraint,
-            ..opts.to_params()?
+            ..opts.to_params(&state.options.sampling)?
         },
         max_tokens,
         stop,

@@ -1,11 +1,12 @@
 //! OpenAI-shaped routes: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models.
 
 use super::{next_id, sse_response, unix_now, Log};
-use crate::chat::{self, OutputParser, Piece};
+use crate::chat::{self, Piece};
 use crate::error::{ApiError, ApiResult};
 use crate::gen::{self, Finished, SamplingOptions, Step};
 use crate::json::StrictJson;
 use crate::limits;
+use crate::reqlog::RequestLog;
 use crate::state::{AppState, SharedState};
 use crate::structured;
 use crate::wire::openai::{
@@ -15,8 +16,9 @@ use crate::wire::Prompt;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use muser_engine::{GenerateRequest, TokenLogprobs};
+use muser_engine::{Event, GenerateRequest, TokenLogprobs};
 use serde_json::{json, Value};
+use tokio::sync::mpsc;
 
 fn check_n(n: Option<u32>) -> ApiResult<()> {
     match n {
@@ -59,12 +61,22 @@ fn chat_logprob(state: &AppState, lp: &TokenLogprobs) -> Value {
     v
 }
 
-pub async fn chat_completions(
-    State(state): State<SharedState>,
-    Log(log): Log,
-    StrictJson(req): StrictJson<ChatCompletionRequest>,
-) -> ApiResult<Response> {
-    state.check_model(req.model.as_deref())?;
+/// A chat request submitted to the engine, and the reader of its output (shared by the
+/// OpenAI, Anthropic and Responses routes).
+pub struct ChatRun {
+    pub rx: mpsc::UnboundedReceiver<Event>,
+    pub reader: chat::ChatReader,
+    /// Tokens of the rendered prompt.
+    pub n_prompt: usize,
+}
+
+/// Checks, renders, tokenizes and submits a chat request; gives the request back (its
+/// response options) with the run.
+pub async fn start_chat(
+    state: &SharedState,
+    log: &RequestLog,
+    req: ChatCompletionRequest,
+) -> ApiResult<(ChatCompletionRequest, ChatRun)> {
     check_n(req.n)?;
     let max_tokens = match (
         check_max_tokens("max_tokens", req.max_tokens)?,
@@ -84,7 +96,7 @@ pub async fn chat_completions(
     };
     // response_format and forced tool choices become a grammar the sampler enforces; it,
     // the template and the tokenizer run on the work pool
-    let (req, plan, ids) = state
+    let (mut req, plan, ids) = state
         .cpu(move |state| {
             let plan = structured::plan_chat(state, &req)?;
             let ids = state.encode_prompt(&render_chat(state, &req)?, true)?;
@@ -102,35 +114,55 @@ pub async fn chat_completions(
         frequency_penalty: sampling.frequency_penalty,
         seed: sampling.seed,
         n_probs: n_probs.max(usize::from(req.logprobs == Some(true))),
-        logit_bias: gen::openai_logit_bias(&state, sampling.logit_bias.as_ref())?,
+        logit_bias: gen::openai_logit_bias(state, sampling.logit_bias.as_ref())?,
         ..Default::default()
     };
-    let logprobs_on = req.logprobs == Some(true);
-    let mut params = opts.to_params()?;
+    let mut params = opts.to_params(&state.options.sampling)?;
     params.constraint = plan.constraint;
-    let generic_tool_call = plan.generic_tool_call;
+    let n_prompt = ids.len();
     let greq = GenerateRequest {
         prompt: ids,
         params,
         max_tokens,
-        stop: req.stop.map(|s| s.0).unwrap_or_default(),
-        slot: super::slot_from(req.id_slot, &state)?,
+        stop: req.stop.take().map(|s| s.0).unwrap_or_default(),
+        slot: super::slot_from(req.id_slot, state)?,
         cache_prompt: req.cache_prompt.unwrap_or(true),
         embeddings: false,
         // The Muse parser reads the control tokens that delimit its messages.
         special: state.model.is_muse,
         prefilled: None,
     };
-    let rx = gen::submit(&state, &log, greq).await?;
+    let rx = gen::submit(state, log, greq).await?;
     let offered_tools = req.tools.as_deref().map(chat::tools_value);
-    let id = next_id("chatcmpl");
+    let reader = chat::ChatReader::new(
+        state.model.is_muse,
+        offered_tools.as_ref(),
+        plan.generic_tool_call,
+    );
+    Ok((
+        req,
+        ChatRun {
+            rx,
+            reader,
+            n_prompt,
+        },
+    ))
+}
+
+pub async fn chat_completions(
+    State(state): State<SharedState>,
+    Log(log): Log,
+    StrictJson(req): StrictJson<ChatCompletionRequest>,
+) -> ApiResult<Response> {
+    let (req, run) = start_chat(&state, &log, req).await?;
+    let ChatRun { rx, mut reader, .. } = run;
+    let logprobs_on = req.logprobs == Some(true);
+    let id = next_id("chatcmpl-");
     let created = unix_now();
     let model = state.model.id.clone();
-    let is_muse = state.model.is_muse;
 
     if req.stream {
         let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        let mut parser = OutputParser::new(is_muse, offered_tools.as_ref());
         let mut tool_index = 0usize;
         let st = state.clone();
         let chunk = move |delta: Value, finish: Option<&str>, logprobs: Option<Value>| {
@@ -145,8 +177,6 @@ pub async fn chat_completions(
             c
         };
         let mut first = true;
-        // a forced generic tool call is sent whole at the end, once parsed
-        let mut held = String::new();
         let body = gen::stream_body(rx, log.0.clone(), move |step| {
             let mut frames = Vec::new();
             let mut push = |v: Value| frames.push(format!("data: {v}\n\n"));
@@ -167,7 +197,7 @@ pub async fn chat_completions(
                         Piece::ToolCall { name, arguments } => {
                             *tool_index += 1;
                             json!({ "tool_calls": [{
-                                "index": *tool_index - 1, "id": next_id("call"), "type": "function",
+                                "index": *tool_index - 1, "id": next_id("call-"), "type": "function",
                                 "function": { "name": name, "arguments": arguments },
                             }]})
                         }
@@ -179,12 +209,7 @@ pub async fn chat_completions(
                     let lp = logprobs
                         .filter(|_| logprobs_on)
                         .map(|lp| json!({ "content": [chat_logprob(&st, &lp)] }));
-                    let ds = if generic_tool_call {
-                        held.push_str(&text);
-                        Vec::new()
-                    } else {
-                        deltas(parser.push(&text), &mut tool_index)
-                    };
+                    let ds = deltas(reader.push(&text), &mut tool_index);
                     if ds.is_empty() && lp.is_some() {
                         push(chunk(json!({ "content": "" }), None, lp));
                     } else {
@@ -196,12 +221,7 @@ pub async fn chat_completions(
                 }
                 Ok(Step::Embedding(_)) => {}
                 Ok(Step::Done(done)) => {
-                    let rest = if generic_tool_call {
-                        vec![generic_piece(std::mem::take(&mut held))]
-                    } else {
-                        parser.finish()
-                    };
-                    for d in deltas(rest, &mut tool_index) {
+                    for d in deltas(reader.finish(), &mut tool_index) {
                         push(chunk(d, None, None));
                     }
                     let reason = if tool_index > 0 {
@@ -229,11 +249,7 @@ pub async fn chat_completions(
     }
 
     let out = gen::collect(rx, &log).await?;
-    let msg = if generic_tool_call {
-        generic_message(&out.text)
-    } else {
-        chat::split_output(is_muse, offered_tools.as_ref(), &out.text)
-    };
+    let msg = reader.message(&out.text);
     let content = if msg.content.is_empty() && !msg.tool_calls.is_empty() {
         Value::Null
     } else {
@@ -250,7 +266,7 @@ pub async fn chat_completions(
             .tool_calls
             .iter()
             .map(|(name, args)| {
-                json!({ "id": next_id("call"), "type": "function",
+                json!({ "id": next_id("call-"), "type": "function",
                         "function": { "name": name, "arguments": args } })
             })
             .collect();
@@ -265,24 +281,6 @@ pub async fn chat_completions(
         "timings": super::timings(&out.done),
     }))
     .into_response())
-}
-
-/// A forced generic tool call as a piece: the call if the text is one (it is unless the
-/// generation was cut short), else the text as content.
-fn generic_piece(text: String) -> Piece {
-    match structured::parse_generic_tool_call(&text) {
-        Some((name, arguments)) => Piece::ToolCall { name, arguments },
-        None => Piece::Content(text),
-    }
-}
-
-fn generic_message(text: &str) -> chat::Message {
-    let mut m = chat::Message::default();
-    match generic_piece(text.to_string()) {
-        Piece::ToolCall { name, arguments } => m.tool_calls.push((name, arguments)),
-        Piece::Content(s) | Piece::Reasoning(s) => m.content = s,
-    }
-    m
 }
 
 /// Renders a chat request's conversation (shared with /apply-template).
@@ -327,7 +325,6 @@ pub async fn completions(
     Log(log): Log,
     StrictJson(mut req): StrictJson<CompletionRequest>,
 ) -> ApiResult<Response> {
-    state.check_model(req.model.as_deref())?;
     check_n(req.n)?;
     if req.best_of.is_some_and(|b| b != 1) {
         return Err(ApiError::bad_request("best_of must be 1"));
@@ -362,7 +359,7 @@ pub async fn completions(
     };
     let greq = GenerateRequest {
         prompt: ids,
-        params: opts.to_params()?,
+        params: opts.to_params(&state.options.sampling)?,
         max_tokens,
         stop: req.stop.map(|s| s.0).unwrap_or_default(),
         slot: super::slot_from(req.id_slot, &state)?,
@@ -372,7 +369,7 @@ pub async fn completions(
         prefilled: None,
     };
     let rx = gen::submit(&state, &log, greq).await?;
-    let id = next_id("cmpl");
+    let id = next_id("cmpl-");
     let created = unix_now();
     let model = state.model.id.clone();
     let logprobs_on = req.logprobs.is_some();
@@ -470,7 +467,6 @@ pub async fn embeddings(
     Log(log): Log,
     StrictJson(mut req): StrictJson<EmbeddingRequest>,
 ) -> ApiResult<Response> {
-    state.check_model(req.model.as_deref())?;
     if let Some(d) = req.dimensions {
         if d as usize != state.model.n_embd {
             return Err(ApiError::bad_request(format!(

@@ -251,7 +251,7 @@ pub async fn create(
     let request = request_digest_input("POST /v1/sessions", &body);
     idempotent(&state, &headers, request, async {
         let req: CreateSession = parse(&body)?;
-        let id = req.id.unwrap_or_else(|| next_id("s"));
+        let id = req.id.unwrap_or_else(|| next_id("s-"));
         let v = write_session(&state, id, None, req.slot, &req.messages).await?;
         Ok((StatusCode::CREATED, v))
     })

@@ -2,11 +2,14 @@
 //! a 400 naming the field rather than a silently ignored option. Responses are built with
 //! `serde_json::json!` next to the handlers that send them.
 
+pub mod anthropic;
 pub mod lane;
 pub mod llama;
 pub mod nodes;
 pub mod ollama;
 pub mod openai;
+pub mod rerank;
+pub mod responses;
 pub mod sessions;
 
 use crate::limits::PROMPT_PIECES_MAX;

@@ -1,0 +1,301 @@
+//! llama-server's command-line spellings on `muser up`, so that a llama-server command line
+//! starts Muser unchanged. Flags with a meaning here are mapped onto the server's settings;
+//! flags that do not apply to Muser are accepted and named in one start-up line; anything else
+//! llama-server takes is refused by clap like any unknown flag.
+
+use anyhow::Context;
+use muser_engine::SamplingParams;
+use muser_server::server::ServeConfig;
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+/// llama-server's multi-letter single-dash flags (clap's short flags are one letter): the
+/// long spelling each stands for.
+const SINGLE_DASH: &[(&str, &str)] = &[
+    ("-np", "--parallel"),
+    ("-fa", "--flash-attn"),
+    ("-ngl", "--n-gpu-layers"),
+    ("-ctk", "--cache-type-k"),
+    ("-ctv", "--cache-type-v"),
+    ("-ub", "--ubatch-size"),
+    ("-cb", "--cont-batching"),
+    ("-nocb", "--no-cont-batching"),
+    ("-kvu", "--kv-unified"),
+];
+
+/// Rewrites llama-server's multi-letter single-dash flags of `muser up` to their long
+/// spellings; other commands' arguments pass unchanged.
+pub fn normalize(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
+    let mut args: Vec<OsString> = args.into_iter().collect();
+    if args.get(1).and_then(|a| a.to_str()) != Some("up") {
+        return args;
+    }
+    for a in args.iter_mut().skip(2) {
+        if let Some((_, long)) = SINGLE_DASH.iter().find(|(short, _)| a == *short) {
+            *a = OsString::from(*long);
+        }
+    }
+    args
+}
+
+/// The flags of llama-server that `muser up` takes besides its own.
+#[derive(clap::Args, Default)]
+pub struct LlamaArgs {
+    /// Names the model is reported as and answers to, comma-separated (the first becomes its
+    /// id); any name is accepted on the OpenAI and llama.cpp routes anyway.
+    #[arg(long, value_name = "NAMES")]
+    alias: Option<String>,
+    /// A chat template instead of the model's: `chatml`, or Jinja source.
+    #[arg(long, value_name = "TEMPLATE")]
+    chat_template: Option<String>,
+    /// A chat template (Jinja) read from a file instead of the model's.
+    #[arg(long, value_name = "FILE", conflicts_with = "chat_template")]
+    chat_template_file: Option<PathBuf>,
+    /// Most tokens a request without its own limit generates (-1: until the context is full).
+    #[arg(
+        short = 'n',
+        long = "n-predict",
+        visible_alias = "predict",
+        value_name = "N"
+    )]
+    n_predict: Option<i64>,
+    /// Default temperature of requests that give none.
+    #[arg(long = "temp", value_name = "T")]
+    temperature: Option<f32>,
+    /// Default seed of requests that give none (-1: a fresh one per request).
+    #[arg(short = 's', long, value_name = "SEED", allow_negative_numbers = true)]
+    seed: Option<i64>,
+    /// Default top-k of requests that give none.
+    #[arg(long, value_name = "K")]
+    top_k: Option<i32>,
+    /// Default top-p of requests that give none.
+    #[arg(long, value_name = "P")]
+    top_p: Option<f32>,
+    /// Default min-p of requests that give none.
+    #[arg(long, value_name = "P")]
+    min_p: Option<f32>,
+    /// Default repeat penalty of requests that give none.
+    #[arg(long, value_name = "X")]
+    repeat_penalty: Option<f32>,
+    /// Turns off `GET /slots` (501).
+    #[arg(long)]
+    no_slots: bool,
+    /// `GET /metrics` (always on here unless --no-metrics).
+    #[arg(long)]
+    metrics: bool,
+    /// Turns off `GET /metrics` (501).
+    #[arg(long, conflicts_with = "metrics")]
+    no_metrics: bool,
+    /// The embedding routes (always on here).
+    #[arg(long, alias = "embeddings")]
+    embedding: bool,
+    /// Serve `/rerank` and `/v1/rerank` (scores by embedding similarity).
+    #[arg(long, alias = "reranking")]
+    rerank: bool,
+    /// Pooling of the embedding routes: only `last` (Muser's) is implemented.
+    #[arg(long, value_name = "TYPE")]
+    pooling: Option<String>,
+    /// KV cache types: only f16 (Muser's) is implemented.
+    #[arg(long, value_name = "TYPE")]
+    cache_type_k: Option<String>,
+    #[arg(long, value_name = "TYPE")]
+    cache_type_v: Option<String>,
+    // Accepted without effect (named at start-up, see `ignored`).
+    #[arg(long, alias = "gpu-layers", value_name = "N", hide = true)]
+    n_gpu_layers: Option<String>,
+    #[arg(short = 'b', long, value_name = "N", hide = true)]
+    batch_size: Option<usize>,
+    #[arg(long, value_name = "N", hide = true)]
+    ubatch_size: Option<usize>,
+    #[arg(long, hide = true)]
+    cont_batching: bool,
+    #[arg(long, hide = true)]
+    kv_unified: bool,
+    #[arg(long, hide = true)]
+    swa_full: bool,
+    #[arg(long, hide = true)]
+    jinja: bool,
+    #[arg(long, hide = true, conflicts_with = "jinja")]
+    no_jinja: bool,
+    #[arg(long, value_name = "FORMAT", hide = true)]
+    reasoning_format: Option<String>,
+    #[arg(long, alias = "no-ui", hide = true)]
+    no_webui: bool,
+    #[arg(long, hide = true)]
+    offline: bool,
+    #[arg(long, hide = true)]
+    no_mmproj: bool,
+    #[arg(short = 'v', long, hide = true)]
+    verbose: bool,
+}
+
+impl LlamaArgs {
+    /// Applies the flags that have a meaning here to `cfg`; prints the ones that do not, and
+    /// refuses values Muser does not implement.
+    pub fn apply(self, cfg: &mut ServeConfig) -> anyhow::Result<()> {
+        if let Some(names) = &self.alias {
+            cfg.aliases = names
+                .split(',')
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+                .map(str::to_string)
+                .collect();
+        }
+        cfg.chat_template = match (&self.chat_template, &self.chat_template_file) {
+            (Some(name), _) if name == "chatml" => Some(muser_text::CHATML_TEMPLATE.to_string()),
+            (Some(src), _) if src.contains("{%") || src.contains("{{") => Some(src.clone()),
+            (Some(name), _) => anyhow::bail!(
+                "--chat-template {name}: Muser knows the built-in template `chatml`; give any other as Jinja source or with --chat-template-file"
+            ),
+            (None, Some(path)) => Some(read_template(path)?),
+            (None, None) => None,
+        };
+        cfg.n_predict = match self.n_predict {
+            None | Some(-1) => None,
+            Some(n) => Some(
+                u32::try_from(n)
+                    .ok()
+                    .context("-n/--n-predict must be -1 or a token count")?,
+            ),
+        };
+        cfg.sampling = self.sampling()?;
+        cfg.slots_endpoint = !self.no_slots;
+        cfg.metrics_endpoint = !self.no_metrics;
+        cfg.rerank_endpoint = self.rerank;
+        if let Some(p) = self
+            .pooling
+            .as_deref()
+            .filter(|p| !["last", "rank"].contains(p))
+        {
+            anyhow::bail!("--pooling {p}: Muser pools the last token (--pooling last; rank: the /rerank route)");
+        }
+        for (flag, ty) in [
+            ("--cache-type-k", &self.cache_type_k),
+            ("--cache-type-v", &self.cache_type_v),
+        ] {
+            if let Some(t) = ty.as_deref().filter(|t| *t != "f16") {
+                anyhow::bail!("{flag} {t}: Muser's KV cache is f16");
+            }
+        }
+        let ignored = self.ignored();
+        if !ignored.is_empty() {
+            eprintln!(
+                "muser: llama-server flags accepted without effect: {}",
+                ignored.join("; ")
+            );
+        }
+        Ok(())
+    }
+
+    /// The server's default sampling settings, checked like a request's.
+    fn sampling(&self) -> anyhow::Result<SamplingParams> {
+        let opts = muser_server::gen::SamplingOptions {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            seed: self.seed,
+            ..Default::default()
+        };
+        opts.to_params(&SamplingParams::default())
+            .map_err(|e| anyhow::anyhow!("sampling flags: {}", e.message))
+    }
+
+    /// The accepted flags that change nothing here, each with the reason.
+    fn ignored(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut note = |on: bool, what: &str| {
+            if on {
+                out.push(what.to_string());
+            }
+        };
+        note(
+            self.n_gpu_layers.is_some(),
+            "-ngl (the whole model runs where --device says)",
+        );
+        note(
+            self.batch_size.is_some() || self.ubatch_size.is_some(),
+            "-b/-ub (prefill runs in Muser's own chunks)",
+        );
+        note(self.cont_batching, "--cont-batching (always on)");
+        note(
+            self.kv_unified,
+            "--kv-unified (each slot has its own context)",
+        );
+        note(
+            self.swa_full,
+            "--swa-full (no sliding-window cache to size)",
+        );
+        note(
+            self.jinja || self.no_jinja,
+            "--jinja/--no-jinja (templates are always Jinja)",
+        );
+        note(
+            self.reasoning_format.is_some(),
+            "--reasoning-format (reasoning is split out for Muse models only)",
+        );
+        note(
+            self.embedding,
+            "--embedding (the embedding routes are always on)",
+        );
+        note(self.metrics, "--metrics (always on)");
+        note(self.no_webui, "--no-webui (the dashboard stays at /)");
+        note(
+            self.offline,
+            "--offline (nothing is downloaded with --model)",
+        );
+        note(self.no_mmproj, "--no-mmproj (no projector is loaded)");
+        note(self.verbose, "--verbose (set RUST_LOG=debug)");
+        out
+    }
+}
+
+/// A template file, bounded like the templates read from a GGUF.
+fn read_template(path: &std::path::Path) -> anyhow::Result<String> {
+    const TEMPLATE_BYTES_MAX: u64 = 1 << 20;
+    let len = std::fs::metadata(path)
+        .with_context(|| format!("--chat-template-file {}", path.display()))?
+        .len();
+    anyhow::ensure!(
+        len <= TEMPLATE_BYTES_MAX,
+        "--chat-template-file {}: {len} bytes, more than {TEMPLATE_BYTES_MAX}",
+        path.display()
+    );
+    std::fs::read_to_string(path)
+        .with_context(|| format!("--chat-template-file {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn os(v: &[&str]) -> Vec<OsString> {
+        v.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn single_dash_spellings_become_long_flags_of_up_only() {
+        assert_eq!(
+            normalize(os(&[
+                "muser", "up", "-np", "2", "-fa", "on", "-ngl", "99", "-c", "512"
+            ])),
+            os(&[
+                "muser",
+                "up",
+                "--parallel",
+                "2",
+                "--flash-attn",
+                "on",
+                "--n-gpu-layers",
+                "99",
+                "-c",
+                "512"
+            ])
+        );
+        assert_eq!(
+            normalize(os(&["muser", "run", "-np"])),
+            os(&["muser", "run", "-np"])
+        );
+    }
+}

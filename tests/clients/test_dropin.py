@@ -1,0 +1,129 @@
+"""llama-server drop-in: Anthropic Messages through the official `anthropic` client, OpenAI
+Responses through the official `openai` client (whole, streamed, tools), and a second
+`muser up` started with llama-server's flag spellings."""
+
+import anthropic
+import openai
+import pytest
+import requests
+
+from conftest import spawn_muser
+
+WEATHER = {
+    "type": "object",
+    "properties": {"location": {"type": "string"}},
+    "required": ["location"],
+}
+
+
+@pytest.fixture(scope="module")
+def claude(base_url):
+    return anthropic.Anthropic(api_key="unused", base_url=base_url, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def oai(base_url):
+    return openai.OpenAI(api_key="unused", base_url=f"{base_url}/v1", max_retries=0)
+
+
+def test_anthropic_message_usage_and_stop_reason(claude):
+    msg = claude.messages.create(
+        model="claude-sonnet-4-5", max_tokens=6, system="Answer briefly.",
+        messages=[{"role": "user", "content": "Say hello"}], extra_body={"temperature": 0},
+    )
+    assert msg.type == "message" and msg.role == "assistant" and msg.id.startswith("msg_")
+    assert msg.content[0].type == "text" and msg.content[0].text
+    assert msg.stop_reason == "max_tokens"
+    assert msg.usage.output_tokens == 6 and msg.usage.input_tokens > 0
+
+
+def test_anthropic_stream_equals_the_whole_answer(claude):
+    kwargs = dict(model="any", max_tokens=8, extra_body={"temperature": 0},
+                  messages=[{"role": "user", "content": "Name a colour"}])
+    whole = claude.messages.create(**kwargs)
+    with claude.messages.stream(**kwargs) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == whole.content[0].text == final.content[0].text
+    assert final.usage.output_tokens == whole.usage.output_tokens
+
+
+def test_anthropic_forced_tool_use_and_tool_result_round_trip(claude):
+    tools = [{"name": "get_weather", "description": "Weather in a city", "input_schema": WEATHER}]
+    msg = claude.messages.create(
+        model="any", max_tokens=40, tools=tools, tool_choice={"type": "tool", "name": "get_weather"},
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+    )
+    assert msg.stop_reason == "tool_use"
+    call = next(b for b in msg.content if b.type == "tool_use")
+    assert call.name == "get_weather" and isinstance(call.input.get("location"), str)
+    follow = claude.messages.create(
+        model="any", max_tokens=4, tools=tools,
+        messages=[
+            {"role": "user", "content": "What is the weather in Paris?"},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "Look it up.", "signature": ""},
+                                              call.model_dump(exclude_none=True)]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "Sunny"}]},
+        ],
+    )
+    assert follow.content[0].type == "text"
+    n = claude.messages.count_tokens(model="any", messages=[{"role": "user", "content": "Hello world"}])
+    assert n.input_tokens > 2
+
+
+def test_anthropic_errors_are_clear(base_url):
+    r = requests.post(f"{base_url}/v1/messages", json={"max_tokens": 5}, timeout=30)
+    assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
+    r = requests.post(f"{base_url}/v1/messages", timeout=30, json={
+        "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {
+            "type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]})
+    assert r.status_code == 400 and "vision" in r.json()["error"]["message"]
+
+
+def test_responses_whole_and_streamed_agree(oai):
+    kwargs = dict(model="gpt-4.1", instructions="Answer briefly.", input="Name a fruit",
+                  max_output_tokens=8, temperature=0)
+    whole = oai.responses.create(**kwargs)
+    assert whole.id.startswith("resp_") and whole.output[0].id.startswith("msg_")
+    assert whole.status == "incomplete" and whole.usage.output_tokens == 8
+    deltas, final = "", None
+    for event in oai.responses.create(stream=True, **kwargs):
+        if event.type == "response.output_text.delta":
+            deltas += event.delta
+        if event.type in ("response.completed", "response.incomplete"):
+            final = event.response
+    assert deltas == final.output_text == whole.output_text
+
+
+def test_responses_forced_function_call_and_its_output(oai):
+    tools = [{"type": "function", "name": "get_weather", "parameters": WEATHER}]
+    res = oai.responses.create(
+        model="any", input="Weather in Oslo?", tools=tools, max_output_tokens=40,
+        tool_choice={"type": "function", "name": "get_weather"},
+    )
+    call = next(o for o in res.output if o.type == "function_call")
+    assert call.name == "get_weather" and "location" in call.arguments
+    res = oai.responses.create(model="any", max_output_tokens=4, tools=tools, input=[
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "Rain"},
+    ])
+    assert res.output_text
+
+
+def test_llama_server_flag_spellings():
+    with spawn_muser("--alias", "tinyllama-2,other", "--no-slots", "--n-predict", "3", "-ngl", "99",
+                     "--temp", "0", "--rerank", "--chat-template", "chatml", "-fa", "on", "--jinja") as url:
+        assert requests.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"] == "tinyllama-2"
+        assert requests.get(f"{url}/slots", timeout=30).status_code == 501
+        r = requests.post(f"{url}/completion", json={"prompt": "Once upon a time"}, timeout=60).json()
+        assert r["tokens_predicted"] == 3  # --n-predict is the default limit
+        assert r["model"] == "tinyllama-2"
+        assert "<|im_start|>" in requests.get(f"{url}/props", timeout=30).json()["chat_template"]
+        r = requests.post(f"{url}/api/generate", json={"model": "other", "prompt": "Hi", "stream": False},
+                          timeout=60)
+        assert r.status_code == 200
+        docs = ["Paris is the capital of France.", "Cats sleep a lot."]
+        r = requests.post(f"{url}/rerank", json={"query": "capital of France", "documents": docs,
+                                                 "top_n": 1, "return_text": True}, timeout=60).json()
+        assert len(r["results"]) == 1 and r["results"][0]["document"]["text"] in docs

@@ -482,6 +482,11 @@ fn a_cut_stream_an_unaccepted_abi_and_a_revoked_node_leave_the_consumer_serving(
             key.display().to_string(),
         ];
         a.extend_from_slice(extra);
+        if !extra.iter().any(|x| x == "--numerics") {
+            // one order on every host (the default, the host's, is the AVX2 one on an
+            // AVX2-only machine, which would make the AVX2 producer's ABI this node's own)
+            a.extend(["--numerics".to_string(), "portable".to_string()]);
+        }
         let mut cmd = muser();
         cmd.args([
             "up", "--port", "0", "--slots", "1", "-c", "2048", "-t", "1", "-m",

@@ -361,27 +361,37 @@ impl Lane {
         engine: &Arc<Engine>,
         prompt: &[u32],
     ) -> Result<Option<Prefilled>, ApiError> {
-        // The producer computes the prompt's chunks before the last one, this engine the last
-        // chunk, exactly as its own prefill would: the numerics depend on the batch shape,
-        // so this split gives the tokens a local prefill gives.
+        // A producer of this engine's ABI computes the prompt's chunks before the last one,
+        // this engine the last chunk, exactly as its own prefill would: the numerics depend
+        // on the batch shape, so this split gives the tokens a local prefill gives. A producer
+        // of another accepted ABI computes all but the last token: its K/V already differs
+        // from this engine's by its numerics, and the consumer (a slower host, typically)
+        // then computes one token instead of up to a chunk.
         let chunk = engine.config().prefill_chunk;
-        let n = (prompt.len().saturating_sub(1) / chunk) * chunk;
+        let own_split = (prompt.len().saturating_sub(1) / chunk) * chunk;
+        let foreign_split = prompt.len().saturating_sub(1);
         let wanted = match self.mode {
             PrefillMode::Local => false,
-            PrefillMode::Remote => n > 0,
-            PrefillMode::Auto => n > 0 && prompt.len() >= self.min_tokens,
+            PrefillMode::Remote => foreign_split > 0,
+            PrefillMode::Auto => foreign_split > 0 && prompt.len() >= self.min_tokens,
         };
         if !wanted {
             return Ok(None);
         }
-        let tokens = &prompt[..n];
-        let held = held_prefix(engine, tokens).await;
-        if held >= n {
-            return Ok(None); // a slot here already holds it
-        }
+        let held_all = held_prefix(engine, &prompt[..foreign_split]).await;
         let mut failures = Vec::new();
         for i in self.order() {
             let p = &self.producers[i];
+            let n = if self.foreign_abi(p) {
+                foreign_split
+            } else {
+                own_split
+            };
+            let held = held_all.min(n);
+            if held >= n {
+                return Ok(None); // a slot here already holds it (or it is under one chunk)
+            }
+            let tokens = &prompt[..n];
             p.in_flight.fetch_add(1, Ordering::Relaxed);
             let r = self.fetch(p, tokens, held).await;
             p.in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -432,6 +442,15 @@ impl Lane {
                 Ok(None)
             }
         }
+    }
+
+    /// Whether `p` last reported an engine ABI other than this engine's (one of
+    /// `--accept-abi`; any other is refused on arrival). Unknown counts as this engine's.
+    fn foreign_abi(&self, p: &Producer) -> bool {
+        health(p)
+            .engine_abi
+            .as_deref()
+            .is_some_and(|abi| abi != self.ctx.identity.engine_abi)
     }
 
     /// One remote prefill of `tokens` from `p`, verified, with where its time went; `held`

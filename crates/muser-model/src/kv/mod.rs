@@ -757,6 +757,12 @@ impl KvCache {
             let (mut k, mut v) = (vec![0u8; span.len() * row], vec![0u8; span.len() * row]);
             self.store
                 .read_rows(il, seq, span.clone(), &mut k, &mut v)?;
+            if at.iter().enumerate().all(|(i, &c)| c == span.start + i) {
+                // the cells hold the positions in order (a full-attention layer's usual
+                // layout): the read is the layer's rows, no second copy
+                layers.push(LayerKv { k, v });
+                continue;
+            }
             let mut lk = Vec::with_capacity(at.len() * row);
             let mut lv = Vec::with_capacity(at.len() * row);
             for c in at {

@@ -382,7 +382,7 @@ impl Lane {
         let mut failures = Vec::new();
         for i in self.order() {
             let p = &self.producers[i];
-            let n = if self.foreign_abi(p) {
+            let n = if self.abi_is_own(p) == Some(false) {
                 foreign_split
             } else {
                 own_split
@@ -444,13 +444,14 @@ impl Lane {
         }
     }
 
-    /// Whether `p` last reported an engine ABI other than this engine's (one of
-    /// `--accept-abi`; any other is refused on arrival). Unknown counts as this engine's.
-    fn foreign_abi(&self, p: &Producer) -> bool {
+    /// Whether `p`'s engine ABI, as its status last reported it, is this engine's (`None`:
+    /// not reported yet). Another one is one of `--accept-abi`; any other is refused on
+    /// arrival.
+    fn abi_is_own(&self, p: &Producer) -> Option<bool> {
         health(p)
             .engine_abi
             .as_deref()
-            .is_some_and(|abi| abi != self.ctx.identity.engine_abi)
+            .map(|abi| abi == self.ctx.identity.engine_abi)
     }
 
     /// One remote prefill of `tokens` from `p`, verified, with where its time went; `held`
@@ -463,7 +464,7 @@ impl Lane {
     ) -> Result<(Prefilled, Phases), String> {
         let ctx = &self.ctx;
         let own_abi = &ctx.identity.engine_abi;
-        let same_abi = health(p).engine_abi.as_deref() == Some(own_abi.as_str());
+        let same_abi = self.abi_is_own(p) == Some(true);
         let chain = ctx.hasher.chain(tokens);
         // block ids are rooted in the identity: a delta only between engines of one ABI
         let held_ids: Vec<String> = if same_abi {

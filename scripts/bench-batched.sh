@@ -64,8 +64,8 @@ receipt = {
     "command": command,
     "git_commit": commit,
     "machine": dict(mb["machine"], load_average_at_start=load_start, load_average_at_end=load_end,
-                    note="shared: several engineers build and test on these 2 cores; the load "
-                         "average says how busy it was, and both tools ran under the same load"),
+                    note="may be shared: the load averages say how busy the machine was; the "
+                         "tools ran one after the other"),
     "model": mb["model"],
     "llama_bench": lb,
     "muser_bench": mb,

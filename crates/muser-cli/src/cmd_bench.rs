@@ -449,7 +449,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         + 1;
     let load_start = load_average();
     let backend = if args.fused {
-        "CUDA (fused)"
+        "cuda-fused"
     } else {
         args.device.name()
     };

@@ -74,6 +74,7 @@ receipt = {
 }
 # Receipts name no machine paths.
 text = json.dumps(receipt, indent=1).replace(models, "$MUSER_MODELS/").replace(root, "")
+text = text.replace(work + "/", "")
 open(path, "w").write(text + "\n")
 
 def name(r):

@@ -189,6 +189,7 @@ for stage in $stages; do
       # "not supported by this path" row), and llama-batched-bench itself when the comparator
       # build has it (CMP_TARGETS="llama-bench llama-batched-bench").
       npl=${NPL:-1,4,8,16,32,64}
+      [ -f "$big" ] || PYTHONPATH=$(gguf_py) python3 "$carry/synth_muse.py" "$big"
       "$carry/muser" bench --device cuda --batched -m "$big" -npl "$npl" -npp 128 -ntg 128 \
         --receipt "$out/muser-bench-batched-engine-30b.json" 2>&1 | grep -v "^\s*$"
       "$carry/muser" bench --device cuda --fused --batched -m "$big" -npl "$npl" -npp 128 -ntg 128 \

@@ -39,7 +39,7 @@ for m in "$models/SmolLM2-135M-Instruct.Q4_1.gguf" "$bench310"; do
     > "$receipts/cpu-$stamp-$name-llama-bench.json"
   echo "== $name: muser bench" >&2
   /usr/bin/time -v "$muser" bench -m "$m" -r $reps -t $threads -p $pp -n $tg --numerics host \
-    -o "$receipts/cpu-$stamp-$name-muser.json" 2> "$receipts/.time-$name.txt"
+    --receipt "$receipts/cpu-$stamp-$name-muser.json" 2> "$receipts/.time-$name.txt"
   grep -E "Maximum resident" "$receipts/.time-$name.txt" >&2 || true
   rm -f "$receipts/.time-$name.txt"
 done

@@ -40,6 +40,10 @@
 #                     Model over the fused forward, as `muser run|up --device cuda` serve),
 #                     `muser bench --device cuda --fused` (the fused model driven directly) and,
 #                     with CLI_BACKEND=1, `--device cuda-ops` (the op-by-op backend; short runs)
+#   batched           (not in the default list) llama-batched-bench's rows (-npl $NPL, default
+#                     1,4,8,16,32,64; -npp 128 -ntg 128) on the 30B: `muser bench --batched`
+#                     through the engine and --fused, beside llama-batched-bench (build it with
+#                     CMP_TARGETS="llama-bench llama-batched-bench")
 #   comparator        wait for the llama.cpp build; llama-bench -ngl 99 -fa 1 on the same files
 #                     (depth 0, depth 8192, NVFP4)
 #   table             the table of the run: Muser beside llama.cpp from the JSON in $OUT, with
@@ -169,14 +173,36 @@ for stage in $stages; do
       ;;
     cli)
       "$carry/muser" bench --device cuda -m "$big" -p 512 -n 128 -r 3 \
-        -o "$out/muser-bench-engine-30b.json" 2>&1 | grep -v "^\s*$"
-      "$carry/muser" bench --device cuda -m "$big" -p 2048 -n 0 -r 3 \
-        -o "$out/muser-bench-engine-30b-pp2048.json" 2>&1 | grep -v "^\s*$"
+        --receipt "$out/muser-bench-engine-30b.json" 2>&1 | grep -v "^\s*$"
+      "$carry/muser" bench --device cuda -m "$big" -p 2048 -n 0 -r 3 -ub 2048 \
+        --receipt "$out/muser-bench-engine-30b-pp2048.json" 2>&1 | grep -v "^\s*$"
       "$carry/muser" bench --device cuda --fused -m "$big" -p 512 -n 128 -r 3 \
-        -o "$out/muser-bench-fused-30b.json" 2>&1 | grep -v "^\s*$"
+        --receipt "$out/muser-bench-fused-30b.json" 2>&1 | grep -v "^\s*$"
       if [ "${CLI_BACKEND:-0}" = 1 ]; then
         timeout 240 "$carry/muser" bench --device cuda-ops -m "$big" -p 512 -n 16 -r 1 \
-          -o "$out/muser-bench-backend-30b.json" 2>&1 | grep -v "^\s*$"
+          --receipt "$out/muser-bench-backend-30b.json" 2>&1 | grep -v "^\s*$"
+      fi
+      ;;
+    batched)
+      # llama-batched-bench's rows on the 30B: the engine's Model over the fused forward (decode
+      # steps of up to 8 rows), the fused model driven directly (more than 8 sequences: a
+      # "not supported by this path" row), and llama-batched-bench itself when the comparator
+      # build has it (CMP_TARGETS="llama-bench llama-batched-bench").
+      npl=${NPL:-1,4,8,16,32,64}
+      [ -f "$big" ] || PYTHONPATH=$(gguf_py) python3 "$carry/synth_muse.py" "$big"
+      "$carry/muser" bench --device cuda --batched -m "$big" -npl "$npl" -npp 128 -ntg 128 \
+        --receipt "$out/muser-bench-batched-engine-30b.json" 2>&1 | grep -v "^\s*$"
+      "$carry/muser" bench --device cuda --fused --batched -m "$big" -npl "$npl" -npp 128 -ntg 128 \
+        --receipt "$out/muser-bench-batched-fused-30b.json" 2>&1 | grep -v "^\s*$"
+      for _ in $(seq 1 540); do [ -f "$work/comparator.done" ] && break; sleep 1; done
+      lbb=$work/cmp/llama.cpp-11434/build-cuda/bin/llama-batched-bench
+      if [ -x "$lbb" ]; then
+        "$lbb" -m "$big" -ngl 99 -fa on -c 32768 -b 2048 -ub 512 -npp 128 -ntg 128 -npl "$npl" \
+          --output-format jsonl >"$out/llama-batched-bench.jsonl" 2>"$work/llama-batched-bench.err" \
+          || tail -n 5 "$work/llama-batched-bench.err"
+        cat "$out/llama-batched-bench.jsonl"
+      else
+        echo "llama-batched-bench was not built (CMP_TARGETS)"
       fi
       ;;
     comparator)

@@ -1,42 +1,100 @@
-//! `muser bench`: llama-bench-style throughput of the engine (`--device cpu|cuda`), or of
-//! Muse Glimmer's fused CUDA forward (`--device cuda --fused`, see `fused.rs`).
+//! `muser bench`: what llama.cpp's benchmark tools measure, in the product binary, through the
+//! engine's model on any device (`--device cpu|cuda|cuda-ops`) or Muse Glimmer's fused CUDA
+//! forward driven directly (`--device cuda --fused`, see `fused.rs`).
 //!
-//! For each repetition: `pp<N>` decodes N random tokens as one batch into an empty cache (N
-//! must fit one batch, as llama-bench's default `-ub 512`), `tg<M>` generates M tokens one at a
-//! time from an empty cache. Prints mean ± sd of tokens/s over the repetitions and writes a JSON
-//! receipt (command, git commit, machine, model, samples, peak RSS). Random token ids make it
-//! work on tokenizer-less synthetic models.
+//! By default llama-bench's tests (`plan.rs`): `-p`/`-n` lists of prefill (`pp512`) and
+//! generation (`tg128`) sizes, `-pg P,G` prompt-then-generate pairs (`pp512+tg128`), each at
+//! every `-d` depth (`pp512 @ d4096`: the depth's tokens are prefilled untimed first), `-r`
+//! repetitions and a `-t` list of thread counts (the model is loaded once per count). Prompts
+//! go in batches of at most `-ub` tokens (llama-bench's default 512), generation one token per
+//! forward pass; t/s counts the timed tokens over the timed span, mean ± sd over the
+//! repetitions, as llama-bench does. `-o md|json|jsonl` prints llama-bench's table or its JSON
+//! fields. With `--batched`, llama-batched-bench's measurement instead (`batched.rs`).
+//! `--receipt FILE` writes a JSON receipt (command, git commit, machine, model, settings, peak
+//! RSS, the rows). Random token ids make it work on tokenizer-less synthetic models.
 //!
 //! Decode streams the weights once per token, so it is bound by memory bandwidth: after the
-//! tests it states the weight traffic of the decode test (weight bytes per token × tokens/s)
-//! beside this machine's bandwidth measured on the same threads: reading the model's own
-//! weights from the map, and `memcpy` between two 64 MiB buffers (allocated after the peak RSS
-//! reading, which therefore leaves them out).
+//! tests on the CPU it states the weight traffic of the first decode test (weight bytes per
+//! token × tokens/s) beside this machine's bandwidth measured on the same threads
+//! (`bandwidth.rs`; after the peak RSS reading, which therefore leaves its buffers out).
+
+mod bandwidth;
+pub(crate) mod batched;
+mod plan;
 
 use crate::device::{self, Device};
 use anyhow::{bail, Context};
+use batched::{Config, Outcome, Row};
 use muser_gguf::GgufFile;
 use muser_model::{Batch, KvCache, KvType, Model, ModelInfo};
+use plan::Test;
+use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::time::Instant;
+
+/// llama-bench's and llama-batched-bench's multi-letter single-dash flags (clap's short flags
+/// are one letter): the long spelling each stands for on `muser bench`.
+pub const SINGLE_DASH: &[(&str, &str)] = &[
+    ("-pg", "--pg"),
+    ("-ub", "--ubatch-size"),
+    ("-npp", "--npp"),
+    ("-ntg", "--ntg"),
+    ("-npl", "--npl"),
+];
+
+/// What goes to standard output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// llama-bench's (or llama-batched-bench's) markdown table.
+    Md,
+    /// A JSON array of the rows, with llama-bench's (llama-batched-bench's) field names.
+    Json,
+    /// One JSON object per row.
+    Jsonl,
+}
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Model file (GGUF).
     #[arg(short = 'm', long)]
     model: PathBuf,
-    /// Prompt tokens of the prefill test (0 to skip).
-    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
-    n_prompt: usize,
-    /// Generated tokens of the decode test (0 to skip).
-    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
-    n_gen: usize,
+    /// Prompt sizes of the prefill tests, comma-separated (0 skips).
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        value_delimiter = ',',
+        default_value = "512"
+    )]
+    n_prompt: Vec<usize>,
+    /// Generated tokens of the decode tests, comma-separated (0 skips).
+    #[arg(
+        short = 'n',
+        long = "n-gen",
+        value_delimiter = ',',
+        default_value = "128"
+    )]
+    n_gen: Vec<usize>,
+    /// A prompt-then-generate test `P,G` (`-pg`; repeatable): P tokens prefilled then G
+    /// generated, timed together.
+    #[arg(long = "pg", value_name = "P,G", value_parser = plan::parse_pair)]
+    pg: Vec<(usize, usize)>,
+    /// Depths, comma-separated: each test runs after this many tokens prefilled untimed.
+    #[arg(
+        short = 'd',
+        long = "n-depth",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    n_depth: Vec<usize>,
     /// Repetitions of each test.
     #[arg(short = 'r', long, default_value_t = 5)]
     repetitions: usize,
-    /// Threads (0 = one per core).
-    #[arg(short = 't', long, default_value_t = 0)]
-    threads: usize,
+    /// Thread counts, comma-separated (0 = one per core); the tests run for each.
+    #[arg(short = 't', long, value_delimiter = ',', default_value = "0")]
+    threads: Vec<usize>,
+    /// Most prompt tokens per forward pass (`-ub`).
+    #[arg(long = "ubatch-size", default_value_t = 512)]
+    ubatch: usize,
     /// Where the model runs: cpu; cuda (muse-glimmer through the fused forward, others op by
     /// op); cuda-ops (always op by op). CUDA needs a muser built with `--features cuda`.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
@@ -50,59 +108,117 @@ pub struct Args {
     /// the CUDA benchmark tables) instead of the engine's model on the CUDA backend. F16 KV.
     #[arg(long)]
     fused: bool,
+    /// llama-batched-bench's measurement (`-npp`, `-ntg`, `-npl`) instead of llama-bench's.
+    #[arg(long, conflicts_with_all = ["n_prompt", "n_gen", "pg", "n_depth"])]
+    batched: bool,
+    /// `--batched`: prompt tokens of each sequence, comma-separated (`-npp`).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "128",
+        requires = "batched"
+    )]
+    npp: Vec<usize>,
+    /// `--batched`: tokens each sequence generates, comma-separated (`-ntg`).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "128",
+        requires = "batched"
+    )]
+    ntg: Vec<usize>,
+    /// `--batched`: parallel sequences, comma-separated (`-npl`).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,2,4,8,16,32",
+        requires = "batched"
+    )]
+    npl: Vec<usize>,
+    /// Output format on standard output.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Md)]
+    output: Format,
     /// Write a JSON receipt here.
-    #[arg(short = 'o', long)]
-    output: Option<PathBuf>,
+    #[arg(long, value_name = "FILE")]
+    receipt: Option<PathBuf>,
 }
 
+/// One llama-bench test's samples.
 struct TestResult {
-    name: String,
-    n_prompt: usize,
-    n_gen: usize,
-    samples_ts: Vec<f64>,
+    test: Test,
+    threads: usize,
+    samples_ns: Vec<u64>,
 }
 
 impl TestResult {
-    fn mean(&self) -> f64 {
-        self.samples_ts.iter().sum::<f64>() / self.samples_ts.len() as f64
+    /// Tokens per second of each sample.
+    fn samples_ts(&self) -> Vec<f64> {
+        let n = self.test.n_tokens() as f64;
+        self.samples_ns
+            .iter()
+            .map(|&ns| 1e9 * n / ns as f64)
+            .collect()
     }
 
-    fn sd(&self) -> f64 {
-        let n = self.samples_ts.len();
-        if n < 2 {
-            return 0.0;
-        }
-        let m = self.mean();
-        (self.samples_ts.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt()
+    fn mean_ts(&self) -> f64 {
+        mean(&self.samples_ts())
+    }
+
+    fn sd_ts(&self) -> f64 {
+        sd(&self.samples_ts())
     }
 }
 
-/// A fixed pseudo-random token stream (llama-bench also uses random ids).
-struct Tokens(u64);
+fn mean(x: &[f64]) -> f64 {
+    x.iter().sum::<f64>() / x.len().max(1) as f64
+}
+
+/// Sample standard deviation (0 for fewer than two samples), as llama-bench states it.
+fn sd(x: &[f64]) -> f64 {
+    if x.len() < 2 {
+        return 0.0;
+    }
+    let m = mean(x);
+    (x.iter().map(|v| (v - m).powi(2)).sum::<f64>() / (x.len() - 1) as f64).sqrt()
+}
+
+/// A fixed pseudo-random token stream (llama.cpp's tools also use random ids).
+pub struct Tokens(u64);
 
 impl Tokens {
-    fn next(&mut self, n_vocab: usize) -> u32 {
+    pub fn next(&mut self, n_vocab: usize) -> u32 {
         self.0 = self
             .0
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
         ((self.0 >> 33) % n_vocab as u64) as u32
     }
+
+    pub fn take(&mut self, n: usize, n_vocab: usize) -> Vec<u32> {
+        (0..n).map(|_| self.next(n_vocab)).collect()
+    }
 }
 
 /// What the tests run on.
 enum Engine {
-    /// The engine's model, on any device, with the tests' KV cache (one pool kept across tests
-    /// and repetitions and cleared before each, as llama-bench does: a device backend keeps
-    /// what it built for the cache, such as captured decode graphs).
-    Model(Box<Model>, KvType, KvCache),
+    /// The engine's model, on any device, with the single-sequence tests' KV cache (one pool
+    /// kept across tests and repetitions and cleared before each, as llama-bench does: a device
+    /// backend keeps what it built for the cache, such as captured decode graphs). Batched rows
+    /// make their own cache of `pl` sequences.
+    Model {
+        model: Box<Model>,
+        kv_type: KvType,
+        kv: KvCache,
+        ubatch: usize,
+    },
     /// Muse Glimmer's fused CUDA forward.
     #[cfg(feature = "cuda")]
     Fused(Box<crate::fused::FusedBench>),
 }
 
 impl Engine {
-    fn load(args: &Args, kv_type: KvType) -> anyhow::Result<Engine> {
+    /// Loads the model for sequences of up to `n_ctx` positions.
+    fn load(args: &Args, kv_type: KvType, threads: usize, n_ctx: usize) -> anyhow::Result<Engine> {
         let numerics = args.numerics.resolve(args.device)?;
         if args.fused {
             if args.device != Device::Cuda {
@@ -111,29 +227,37 @@ impl Engine {
             if kv_type != KvType::F16 {
                 bail!("--fused keeps an f16 KV cache (--kv-type f16)");
             }
-            return Engine::load_fused(args);
+            return Engine::load_fused(args, n_ctx);
         }
-        let model = device::load(&args.model, args.device, args.threads, numerics)?;
-        let n_ctx = args.n_prompt.max(args.n_gen).max(32) + 1;
-        let kv = model.new_kv_ubatch(n_ctx, 1, kv_type, args.n_prompt.max(32) as u32)?;
-        Ok(Engine::Model(Box::new(model), kv_type, kv))
+        let model = device::load(&args.model, args.device, threads, numerics)?;
+        let kv = model.new_kv_ubatch(n_ctx, 1, kv_type, args.ubatch as u32)?;
+        Ok(Engine::Model {
+            model: Box::new(model),
+            kv_type,
+            kv,
+            ubatch: args.ubatch,
+        })
     }
 
     #[cfg(feature = "cuda")]
-    fn load_fused(args: &Args) -> anyhow::Result<Engine> {
-        let b = crate::fused::FusedBench::load(&args.model, args.n_prompt, args.n_gen)
+    fn load_fused(args: &Args, n_ctx: usize) -> anyhow::Result<Engine> {
+        let n_seq = match args.batched {
+            true => args.npl.iter().copied().max().unwrap_or(1),
+            false => 1,
+        };
+        let b = crate::fused::FusedBench::load(&args.model, n_ctx, args.ubatch, n_seq)
             .with_context(|| format!("loading {}", args.model.display()))?;
         Ok(Engine::Fused(Box::new(b)))
     }
 
     #[cfg(not(feature = "cuda"))]
-    fn load_fused(_args: &Args) -> anyhow::Result<Engine> {
+    fn load_fused(_args: &Args, _n_ctx: usize) -> anyhow::Result<Engine> {
         Err(device::cuda_not_built("--fused"))
     }
 
     fn info(&self) -> &ModelInfo {
         match self {
-            Engine::Model(m, ..) => m.info(),
+            Engine::Model { model, .. } => model.info(),
             #[cfg(feature = "cuda")]
             Engine::Fused(f) => f.info(),
         }
@@ -141,7 +265,7 @@ impl Engine {
 
     fn gguf(&self) -> &GgufFile {
         match self {
-            Engine::Model(m, ..) => m.gguf(),
+            Engine::Model { model, .. } => model.gguf(),
             #[cfg(feature = "cuda")]
             Engine::Fused(f) => f.gguf(),
         }
@@ -150,7 +274,7 @@ impl Engine {
     /// The numerics profile of the forward pass (see `Model::numerics_tag`).
     fn numerics_tag(&self) -> Option<String> {
         match self {
-            Engine::Model(m, ..) => m.numerics_tag(),
+            Engine::Model { model, .. } => model.numerics_tag(),
             #[cfg(feature = "cuda")]
             Engine::Fused(_) => None,
         }
@@ -159,87 +283,138 @@ impl Engine {
     /// Host threads of the forward pass (0 for the fused GPU path, which uses none).
     fn threads(&self) -> usize {
         match self {
-            Engine::Model(m, ..) => m.threads(),
+            Engine::Model { model, .. } => model.threads(),
             #[cfg(feature = "cuda")]
             Engine::Fused(_) => 0,
         }
     }
 
-    fn decode_weight_bytes(&self) -> u64 {
-        match self {
-            Engine::Model(m, ..) => m.decode_weight_bytes(),
-            #[cfg(feature = "cuda")]
-            Engine::Fused(f) => f.decode_weight_bytes(),
-        }
-    }
-
-    fn kv_name(&self) -> &'static str {
-        match self {
-            Engine::Model(_, kv, _) => kv.name(),
-            #[cfg(feature = "cuda")]
-            Engine::Fused(_) => KvType::F16.name(),
-        }
-    }
-
-    /// One `pp n` test: n random tokens as one batch into an empty cache; tokens per second.
-    fn prefill(&mut self, n: usize, rng: &mut Tokens) -> anyhow::Result<f64> {
-        match self {
-            Engine::Model(m, ty, kv) => prefill(m, n, rng, test_kv(m, kv, n, n, *ty)?),
+    /// One sample of test `t`: the depth prefilled untimed into an empty cache, then the
+    /// prompt and the generation timed together; nanoseconds.
+    fn sample(&mut self, t: &Test, rng: &mut Tokens) -> anyhow::Result<u64> {
+        let n_vocab = self.info().n_vocab;
+        let depth = rng.take(t.n_depth, n_vocab);
+        let prompt = rng.take(t.n_prompt, n_vocab);
+        let first = rng.next(n_vocab);
+        let start = match self {
+            Engine::Model {
+                model, kv, ubatch, ..
+            } => {
+                kv.clear(0);
+                prefill(model, kv, &depth, 0, *ubatch)?;
+                let start = Instant::now();
+                prefill(model, kv, &prompt, t.n_depth, *ubatch)?;
+                generate(model, kv, first, t.n_depth + t.n_prompt, t.n_gen, rng)?;
+                start
+            }
             #[cfg(feature = "cuda")]
             Engine::Fused(f) => {
-                let n_vocab = f.info().n_vocab;
-                let tokens: Vec<u32> = (0..n).map(|_| rng.next(n_vocab)).collect();
-                f.prefill(&tokens)
+                f.prefill(&depth, 0)?;
+                let start = Instant::now();
+                f.prefill(&prompt, t.n_depth)?;
+                f.generate(first, t.n_depth + t.n_prompt, t.n_gen)?;
+                start
             }
+        };
+        Ok(start.elapsed().as_nanos().max(1) as u64)
+    }
+
+    /// One llama-batched-bench row.
+    fn batched(&mut self, c: Config, rng: &mut Tokens) -> Outcome {
+        match self {
+            Engine::Model {
+                model,
+                kv_type,
+                ubatch,
+                ..
+            } => match batched::on_model(model, *kv_type, *ubatch, c, rng) {
+                Ok(t) => Outcome::Timed(t),
+                Err(e) => Outcome::Failed(format!("{e:#}")),
+            },
+            #[cfg(feature = "cuda")]
+            Engine::Fused(f) => f.batched(c, rng),
         }
     }
 
-    /// One `tg n` test from an empty cache; tokens per second.
-    fn generate(&mut self, n: usize, rng: &mut Tokens) -> anyhow::Result<f64> {
-        match self {
-            Engine::Model(m, ty, kv) => generate(m, n, rng, test_kv(m, kv, n + 1, 1, *ty)?),
-            #[cfg(feature = "cuda")]
-            Engine::Fused(f) => {
-                let token = rng.next(f.info().n_vocab);
-                f.generate(token, n)
-            }
+    /// Pages the weights in and starts the threads (llama-bench and llama-batched-bench warm
+    /// up too).
+    fn warm_up(&mut self, batched: bool, rng: &mut Tokens) -> anyhow::Result<()> {
+        if let (true, Engine::Model { model, kv_type, .. }) = (batched, &*self) {
+            return batched::warm_up(model, *kv_type, rng);
         }
+        let t = Test {
+            n_prompt: 16,
+            n_gen: 1,
+            n_depth: 0,
+        };
+        self.sample(&t, rng).map(drop)
     }
 }
 
-/// The tests' cache, cleared; made again only when it lacks `n_ctx` positions or batches of
-/// `n_ubatch` tokens (never with the sizes `Engine::load` makes it with).
-fn test_kv<'a>(
+/// `tokens` at positions `pos..` of sequence 0, in batches of at most `ubatch`.
+fn prefill(
     model: &Model,
-    kv: &'a mut KvCache,
-    n_ctx: usize,
-    n_ubatch: usize,
-    kv_type: KvType,
-) -> anyhow::Result<&'a mut KvCache> {
-    if (kv.n_ctx() as usize) < n_ctx || (kv.n_ubatch() as usize) < n_ubatch {
-        *kv = model.new_kv_ubatch(n_ctx.max(1), 1, kv_type, n_ubatch.max(1) as u32)?;
+    kv: &mut KvCache,
+    tokens: &[u32],
+    pos: usize,
+    ubatch: usize,
+) -> anyhow::Result<()> {
+    for (i, chunk) in tokens.chunks(ubatch).enumerate() {
+        model.forward(
+            kv,
+            &Batch::single(0, chunk, (pos + i * ubatch) as u32, true),
+        )?;
     }
-    kv.clear(0);
-    Ok(kv)
+    Ok(())
 }
 
-fn prefill(model: &Model, n: usize, rng: &mut Tokens, kv: &mut KvCache) -> anyhow::Result<f64> {
+/// `n` one-token steps of sequence 0 from `pos`, `token` first, then random tokens.
+fn generate(
+    model: &Model,
+    kv: &mut KvCache,
+    token: u32,
+    pos: usize,
+    n: usize,
+    rng: &mut Tokens,
+) -> anyhow::Result<()> {
     let n_vocab = model.info().n_vocab;
-    let tokens: Vec<u32> = (0..n).map(|_| rng.next(n_vocab)).collect();
-    let t = Instant::now();
-    model.forward(kv, &Batch::single(0, &tokens, 0, true))?;
-    Ok(n as f64 / t.elapsed().as_secs_f64())
-}
-
-fn generate(model: &Model, n: usize, rng: &mut Tokens, kv: &mut KvCache) -> anyhow::Result<f64> {
-    let n_vocab = model.info().n_vocab;
-    let mut tok = rng.next(n_vocab);
-    let t = Instant::now();
-    for pos in 0..n {
-        model.forward(kv, &Batch::single(0, &[tok], pos as u32, true))?;
+    let mut tok = token;
+    for p in pos..pos + n {
+        model.forward(kv, &Batch::single(0, &[tok], p as u32, true))?;
         tok = rng.next(n_vocab);
     }
-    Ok(n as f64 / t.elapsed().as_secs_f64())
+    Ok(())
+}
+
+/// The model's description in tables and rows: file name, weight bytes and parameters.
+struct ModelDesc {
+    file: String,
+    arch: &'static str,
+    file_bytes: u64,
+    tensor_bytes: u64,
+    params: u64,
+}
+
+impl ModelDesc {
+    fn of(args: &Args, engine: &Engine) -> ModelDesc {
+        let g = engine.gguf();
+        ModelDesc {
+            file: args
+                .model
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+            arch: engine.info().arch.name(),
+            file_bytes: engine.info().file_bytes,
+            tensor_bytes: g.tensors().iter().map(|t| t.size as u64).sum(),
+            params: g.tensors().iter().map(|t| t.n_elements()).sum(),
+        }
+    }
+}
+
+/// What a run measured, for the receipt.
+enum Measured {
+    Tests(Vec<TestResult>),
+    Batched(Vec<Row>),
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -251,280 +426,253 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.repetitions == 0 {
         bail!("--repetitions must be at least 1");
     }
-    let mut engine = Engine::load(&args, kv_type)?;
-    let info = engine.info().clone();
-    let n_params: u64 = engine.gguf().tensors().iter().map(|t| t.n_elements()).sum();
-    let model_bytes: u64 = engine.gguf().tensors().iter().map(|t| t.size as u64).sum();
-    let mut rng = Tokens(42);
-
-    // Warm-up, as llama-bench does: page the weights in and start the threads.
-    if args.n_prompt > 0 {
-        engine.prefill(args.n_prompt.min(32), &mut rng)?;
+    if args.ubatch == 0 || args.ubatch > plan::MAX_TOKENS {
+        bail!("-ub must be between 1 and {}", plan::MAX_TOKENS);
     }
-    engine.generate(1, &mut rng)?;
-
-    let mut results = Vec::new();
-    for (name, n_prompt, n_gen) in [
-        (format!("pp{}", args.n_prompt), args.n_prompt, 0),
-        (format!("tg{}", args.n_gen), 0, args.n_gen),
-    ] {
-        if n_prompt + n_gen == 0 {
-            continue;
-        }
-        let mut samples_ts = Vec::with_capacity(args.repetitions);
-        for _ in 0..args.repetitions {
-            samples_ts.push(if n_prompt > 0 {
-                engine.prefill(n_prompt, &mut rng)?
-            } else {
-                engine.generate(n_gen, &mut rng)?
-            });
-        }
-        results.push(TestResult {
-            name,
-            n_prompt,
-            n_gen,
-            samples_ts,
-        });
-    }
-    let peak_rss = peak_rss_bytes();
-    // After the RSS reading: the probe's buffers are not the engine's.
-    let weight_bytes = engine.decode_weight_bytes();
-    // The host's bandwidth bounds decode only when the weights are read from host memory.
-    let bw = match &engine {
-        Engine::Model(m, ..)
-            if args.device == Device::Cpu && results.iter().any(|r| r.n_gen > 0) =>
-        {
-            Some(bandwidth_probe(m, m.threads()))
-        }
-        _ => None,
+    let (tests, configs) = if args.batched {
+        (
+            Vec::new(),
+            batched::configs(&args.npp, &args.ntg, &args.npl)?,
+        )
+    } else {
+        let t = plan::tests(&args.n_prompt, &args.n_gen, &args.pg, &args.n_depth)?;
+        (t, Vec::new())
     };
+    // the single-sequence cache's positions (and the warm-up's); batched rows size their own
+    let n_ctx = tests
+        .iter()
+        .map(Test::n_ctx)
+        .chain(configs.iter().map(|c| c.pp + c.tg))
+        .max()
+        .unwrap_or(0)
+        .max(32)
+        + 1;
+    let load_start = load_average();
     let backend = if args.fused {
         "cuda-fused"
     } else {
         args.device.name()
     };
-
-    let model_name = args
-        .model
-        .file_name()
-        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-    println!("| model | size | params | backend | threads | kv | test | t/s |");
-    println!("| --- | ---: | ---: | --- | ---: | --- | ---: | ---: |");
-    for r in &results {
-        println!(
-            "| {} | {:.2} MiB | {:.2} M | {} | {} | {} | {} | {:.2} ± {:.2} |",
-            model_name,
-            model_bytes as f64 / (1 << 20) as f64,
-            n_params as f64 / 1e6,
-            backend,
-            engine.threads(),
-            engine.kv_name(),
-            r.name,
-            r.mean(),
-            r.sd()
-        );
+    let mut rng = Tokens(42);
+    let mut results = Vec::new();
+    let mut rows = Vec::new();
+    let mut bandwidth = Vec::new();
+    let mut peak_rss = None;
+    let mut last = None;
+    if args.output == Format::Md && args.batched {
+        println!("{}", batched::md_header());
     }
-    let decode = results.iter().find(|r| r.n_gen > 0).map(|r| {
-        let gb_s = weight_bytes as f64 * r.mean() / 1e9;
-        (r.name.clone(), gb_s)
-    });
-    if let (Some((name, gb_s)), Some(bw)) = (&decode, &bw) {
-        println!();
-        println!(
-            "decode {name}: {:.1} MB of weights per token → {gb_s:.2} GB/s; this machine ({} threads): \
-             read {:.2} GB/s, copy {:.2} GB/s (read + write) → {:.0}% of read, {:.0}% of copy bandwidth",
-            weight_bytes as f64 / 1e6,
-            engine.threads(),
-            bw.read_gb_s,
-            bw.copy_gb_s,
-            100.0 * gb_s / bw.read_gb_s,
-            100.0 * gb_s / bw.copy_gb_s
+    for &threads in &args.threads {
+        let mut engine = Engine::load(&args, kv_type, threads, n_ctx)?;
+        let desc = ModelDesc::of(&args, &engine);
+        if args.output == Format::Md && !args.batched && results.is_empty() {
+            println!("| model | size | params | backend | threads | kv | test | t/s |");
+            println!("| --- | ---: | ---: | --- | ---: | --- | ---: | ---: |");
+        }
+        engine.warm_up(args.batched, &mut rng)?;
+        for &c in &configs {
+            let r = Row {
+                config: c,
+                outcome: engine.batched(c, &mut rng),
+            };
+            match args.output {
+                Format::Md => println!("{}", batched::md_row(&r)),
+                Format::Jsonl => println!("{}", batched::json_row(&r)),
+                Format::Json => {}
+            }
+            rows.push(r);
+        }
+        let first = results.len();
+        for t in &tests {
+            let samples_ns = (0..args.repetitions)
+                .map(|_| engine.sample(t, &mut rng))
+                .collect::<anyhow::Result<Vec<u64>>>()
+                .with_context(|| format!("test {}", t.name()))?;
+            let r = TestResult {
+                test: *t,
+                threads: engine.threads(),
+                samples_ns,
+            };
+            match args.output {
+                Format::Md => println!(
+                    "| {} | {:.2} MiB | {:.2} M | {backend} | {} | {} | {} | {:.2} ± {:.2} |",
+                    desc.file,
+                    desc.tensor_bytes as f64 / (1 << 20) as f64,
+                    desc.params as f64 / 1e6,
+                    r.threads,
+                    kv_type.name(),
+                    t.name(),
+                    r.mean_ts(),
+                    r.sd_ts()
+                ),
+                Format::Jsonl => println!("{}", test_json(&desc, &args, backend, kv_type, &r)),
+                Format::Json => {}
+            }
+            results.push(r);
+        }
+        // The host's bandwidth bounds decode only when the weights are read from host memory.
+        if let (Engine::Model { model, .. }, Device::Cpu) = (&engine, args.device) {
+            let decode = results[first..]
+                .iter()
+                .find(|r| r.test.n_prompt == 0 && r.test.n_depth == 0)
+                .or_else(|| results[first..].iter().find(|r| r.test.n_gen > 0));
+            if let Some(r) = decode {
+                // before the first probe, whose buffers are not the engine's
+                peak_rss.get_or_insert_with(peak_rss_bytes);
+                let bw = bandwidth::probe(model, model.threads());
+                bandwidth.push(bandwidth_json(model, r, &bw));
+            }
+        }
+        last = Some((desc, engine.numerics_tag()));
+    }
+    let Some((desc, numerics)) = last else {
+        bail!("-t needs at least one thread count");
+    };
+    let measured = if args.batched {
+        Measured::Batched(rows)
+    } else {
+        Measured::Tests(results)
+    };
+    let peak_rss = peak_rss.unwrap_or_else(peak_rss_bytes);
+    finish(
+        &args, kv_type, backend, &desc, numerics, peak_rss, bandwidth, load_start, measured,
+    )
+}
+
+/// Prints what is left to print and writes the receipt.
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    args: &Args,
+    kv_type: KvType,
+    backend: &str,
+    desc: &ModelDesc,
+    numerics: Option<String>,
+    peak_rss: Option<u64>,
+    bandwidth: Vec<Value>,
+    load_start: String,
+    measured: Measured,
+) -> anyhow::Result<()> {
+    let rows: Vec<Value> = match &measured {
+        Measured::Tests(results) => results
+            .iter()
+            .map(|r| test_json(desc, args, backend, kv_type, r))
+            .collect(),
+        Measured::Batched(rows) => rows.iter().map(batched::json_row).collect(),
+    };
+    if args.output == Format::Json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    }
+    for b in &bandwidth {
+        eprintln!(
+            "decode {} ({} threads): {:.1} MB of weights per token → {:.2} GB/s; this machine: \
+             read {:.2} GB/s, copy {:.2} GB/s (read + write) → {:.0}% of read, {:.0}% of copy \
+             bandwidth",
+            b["decode_test"].as_str().unwrap_or(""),
+            b["probe_threads"],
+            b["weight_bytes_per_token"].as_f64().unwrap_or(0.0) / 1e6,
+            b["decode_weight_gb_s"].as_f64().unwrap_or(0.0),
+            b["machine_read_gb_s"].as_f64().unwrap_or(0.0),
+            b["machine_copy_gb_s"].as_f64().unwrap_or(0.0),
+            100.0 * b["fraction_of_read"].as_f64().unwrap_or(0.0),
+            100.0 * b["fraction_of_copy"].as_f64().unwrap_or(0.0),
         );
     }
     if let Some(rss) = peak_rss {
         eprintln!(
             "peak RSS {:.1} MiB (model file {:.1} MiB)",
             rss as f64 / (1 << 20) as f64,
-            info.file_bytes as f64 / (1 << 20) as f64
+            desc.file_bytes as f64 / (1 << 20) as f64
         );
     }
-
-    if let Some(path) = &args.output {
-        let command: Vec<String> = std::env::args().collect();
-        let tests: Vec<String> = results
-            .iter()
-            .map(|r| {
-                format!(
-                    "{{\"test\":{},\"n_prompt\":{},\"n_gen\":{},\"avg_ts\":{:.3},\"stddev_ts\":{:.3},\"samples_ts\":[{}]}}",
-                    json_str(&r.name),
-                    r.n_prompt,
-                    r.n_gen,
-                    r.mean(),
-                    r.sd(),
-                    r.samples_ts.iter().map(|x| format!("{x:.3}")).collect::<Vec<_>>().join(",")
-                )
-            })
-            .collect();
-        let receipt = format!(
-            "{{\n  \"tool\":\"muser bench\",\n  \"command\":{},\n  \"git_commit\":{},\n  \"machine\":{{\"cpu\":{},\"logical_cpus\":{},\"isa\":{},\"isa_hardware\":{}}},\n  \
-             \"model\":{{\"file\":{},\"file_bytes\":{},\"tensor_bytes\":{},\"params\":{},\"arch\":{}}},\n  \
-             \"settings\":{{\"device\":{},\"numerics\":{},\"threads\":{},\"kv_type\":{},\"repetitions\":{}}},\n  \"peak_rss_bytes\":{},\n  \
-             \"bandwidth\":{},\n  \"results\":[{}]\n}}\n",
-            json_str(&command.join(" ")),
-            json_str(&git_commit()),
-            json_str(&cpu_model()),
-            std::thread::available_parallelism().map_or(0, |n| n.get()),
-            json_str(muser_quant::detected_isa().name()),
-            json_str(muser_quant::hardware_isa().name()),
-            json_str(&model_name),
-            info.file_bytes,
-            model_bytes,
-            n_params,
-            json_str(info.arch.name()),
-            json_str(backend),
-            engine
-                .numerics_tag()
-                .map_or("null".to_string(), |t| json_str(&t)),
-            engine.threads(),
-            json_str(engine.kv_name()),
-            args.repetitions,
-            peak_rss.map_or("null".to_string(), |b| b.to_string()),
-            match (&decode, &bw) {
-                (Some((name, gb_s)), Some(bw)) => format!(
-                    "{{\"decode_test\":{},\"weight_bytes_per_token\":{weight_bytes},\"decode_weight_gb_s\":{gb_s:.3},\
-                     \"machine_read_gb_s\":{:.3},\"machine_copy_gb_s\":{:.3},\"probe_bytes\":{},\"probe_threads\":{},\
-                     \"fraction_of_read\":{:.3},\"fraction_of_copy\":{:.3}}}",
-                    json_str(name),
-                    bw.read_gb_s,
-                    bw.copy_gb_s,
-                    PROBE_BYTES,
-                    engine.threads(),
-                    gb_s / bw.read_gb_s,
-                    gb_s / bw.copy_gb_s
-                ),
-                _ => "null".to_string(),
-            },
-            tests.join(",")
-        );
-        std::fs::write(path, receipt).with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("receipt: {}", path.display());
-    }
+    let Some(path) = &args.receipt else {
+        return Ok(());
+    };
+    let command: Vec<String> = std::env::args().collect();
+    let receipt = json!({
+        "tool": if args.batched { "muser bench --batched" } else { "muser bench" },
+        "command": command.join(" "),
+        "git_commit": git_commit(),
+        "machine": {
+            "cpu": cpu_model(),
+            "logical_cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+            "isa": muser_quant::detected_isa().name(),
+            "isa_hardware": muser_quant::hardware_isa().name(),
+            "load_average_at_start": load_start,
+            "load_average_at_end": load_average(),
+        },
+        "model": {
+            "file": desc.file,
+            "file_bytes": desc.file_bytes,
+            "tensor_bytes": desc.tensor_bytes,
+            "params": desc.params,
+            "arch": desc.arch,
+        },
+        "settings": {
+            "device": backend,
+            "numerics": numerics,
+            "threads": args.threads,
+            "kv_type": kv_type.name(),
+            "repetitions": args.repetitions,
+            "n_ubatch": args.ubatch,
+        },
+        "peak_rss_bytes": peak_rss,
+        "bandwidth": bandwidth,
+        "results": rows,
+    });
+    std::fs::write(path, serde_json::to_string_pretty(&receipt)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("receipt: {}", path.display());
     Ok(())
 }
 
-/// Size of each of the two buffers of the copy probe: several times the last-level cache.
-const PROBE_BYTES: usize = 64 << 20;
-
-/// The machine's memory bandwidth as the decode loop can use it.
-struct Bandwidth {
-    /// Reading the model's weights from the memory map (what decode does), GB/s.
-    read_gb_s: f64,
-    /// `memcpy` between two buffers, bytes read plus bytes written (STREAM's convention), GB/s.
-    copy_gb_s: f64,
+/// A test's row with llama-bench's JSON field names (and `test`, its table name).
+fn test_json(desc: &ModelDesc, args: &Args, backend: &str, kv: KvType, r: &TestResult) -> Value {
+    let ns: Vec<f64> = r.samples_ns.iter().map(|&n| n as f64).collect();
+    json!({
+        "model_filename": desc.file,
+        "model_type": desc.arch,
+        "model_size": desc.tensor_bytes,
+        "model_n_params": desc.params,
+        "backends": backend,
+        "n_threads": r.threads,
+        "n_ubatch": args.ubatch,
+        "type_k": kv.name(),
+        "type_v": kv.name(),
+        "n_prompt": r.test.n_prompt,
+        "n_gen": r.test.n_gen,
+        "n_depth": r.test.n_depth,
+        "test": r.test.name(),
+        "avg_ns": mean(&ns).round() as u64,
+        "stddev_ns": sd(&ns).round() as u64,
+        "avg_ts": r.mean_ts(),
+        "stddev_ts": r.sd_ts(),
+        "samples_ns": r.samples_ns,
+        "samples_ts": r.samples_ts(),
+    })
 }
 
-/// Times, on `threads` threads (each its own part), reading every weight byte of `model` and
-/// copying `PROBE_BYTES` between two buffers; best of five, after touching every page.
-fn bandwidth_probe(model: &Model, threads: usize) -> Bandwidth {
-    let threads = threads.max(1);
-    let g = model.gguf();
-    let slices: Vec<&[u8]> = g.tensors().iter().map(|t| g.tensor_data(t)).collect();
-    let total: usize = slices.iter().map(|s| s.len()).sum();
-    let parts = split_bytes(&slices, total.div_ceil(threads));
-    let n = PROBE_BYTES / 8;
-    let src: Vec<u64> = (0..n as u64).collect();
-    let mut dst = vec![1u64; n];
-    let per = n.div_ceil(threads);
-    let mut copy_gb_s = 0f64;
-    let mut read_gb_s = 0f64;
-    for _ in 0..5 {
-        let t = Instant::now();
-        std::thread::scope(|s| {
-            for (d, c) in dst.chunks_mut(per).zip(src.chunks(per)) {
-                s.spawn(move || d.copy_from_slice(c));
-            }
-        });
-        copy_gb_s = copy_gb_s.max(2.0 * PROBE_BYTES as f64 / t.elapsed().as_secs_f64() / 1e9);
-        let t = Instant::now();
-        let sum = std::thread::scope(|s| {
-            let hs: Vec<_> = parts
-                .iter()
-                .map(|p| s.spawn(move || p.iter().fold(0u64, |a, x| a.wrapping_add(read_sum(x)))))
-                .collect();
-            hs.into_iter()
-                .map(|h| h.join().unwrap_or(0))
-                .fold(0u64, u64::wrapping_add)
-        });
-        read_gb_s = read_gb_s.max(total as f64 / t.elapsed().as_secs_f64() / 1e9);
-        std::hint::black_box(sum);
-    }
-    std::hint::black_box(&dst);
-    Bandwidth {
-        read_gb_s,
-        copy_gb_s,
-    }
+/// The decode test's weight traffic beside the machine's bandwidth on the same threads.
+fn bandwidth_json(model: &Model, r: &TestResult, bw: &bandwidth::Bandwidth) -> Value {
+    let weight_bytes = model.decode_weight_bytes();
+    let gb_s = weight_bytes as f64 * r.mean_ts() / 1e9;
+    json!({
+        "decode_test": r.test.name(),
+        "weight_bytes_per_token": weight_bytes,
+        "decode_weight_gb_s": gb_s,
+        "machine_read_gb_s": bw.read_gb_s,
+        "machine_copy_gb_s": bw.copy_gb_s,
+        "probe_bytes": bandwidth::PROBE_BYTES,
+        "probe_threads": model.threads(),
+        "fraction_of_read": gb_s / bw.read_gb_s,
+        "fraction_of_copy": gb_s / bw.copy_gb_s,
+    })
 }
 
-/// `slices` cut into consecutive parts of about `per` bytes each.
-fn split_bytes<'a>(slices: &[&'a [u8]], per: usize) -> Vec<Vec<&'a [u8]>> {
-    let per = per.max(1);
-    let mut parts = vec![Vec::new()];
-    let mut room = per;
-    for s in slices {
-        let mut s: &[u8] = s;
-        while !s.is_empty() {
-            if room == 0 {
-                parts.push(Vec::new());
-                room = per;
-            }
-            let (a, b) = s.split_at(room.min(s.len()));
-            if let Some(p) = parts.last_mut() {
-                p.push(a);
-            }
-            room -= a.len();
-            s = b;
-        }
-    }
-    parts
-}
-
-/// A sum over the bytes of `x` as u64 words with independent lanes, so that it runs at load
-/// bandwidth.
-fn read_sum(x: &[u8]) -> u64 {
-    // SAFETY: any bit pattern is a valid u64.
-    let (head, words, tail) = unsafe { x.align_to::<u64>() };
-    let mut acc = [0u64; 8];
-    let mut chunks = words.chunks_exact(8);
-    for c in &mut chunks {
-        for (a, v) in acc.iter_mut().zip(c) {
-            *a = a.wrapping_add(*v);
-        }
-    }
-    let rest = chunks
-        .remainder()
-        .iter()
-        .fold(0u64, |a, v| a.wrapping_add(*v));
-    let bytes = head
-        .iter()
-        .chain(tail)
-        .fold(0u64, |a, &b| a.wrapping_add(u64::from(b)));
-    acc.iter()
-        .fold(rest.wrapping_add(bytes), |a, v| a.wrapping_add(*v))
-}
-
-fn json_str(s: &str) -> String {
-    let mut o = String::with_capacity(s.len() + 2);
-    o.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
-            c => o.push(c),
-        }
-    }
-    o.push('"');
-    o
+/// `/proc/loadavg` (the machine may be shared: the receipt says how busy it was).
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
 }
 
 pub(crate) fn git_commit() -> String {
@@ -572,7 +720,7 @@ mod tests {
 
     fn load_err(argv: &[&str]) -> String {
         let cli = Cli::try_parse_from(argv).expect("arguments parse");
-        match Engine::load(&cli.args, KvType::F16) {
+        match Engine::load(&cli.args, KvType::F16, 0, 64) {
             Ok(_) => panic!("{argv:?} loaded a model"),
             Err(e) => format!("{e:#}"),
         }

@@ -23,15 +23,18 @@ const SINGLE_DASH: &[(&str, &str)] = &[
     ("-kvu", "--kv-unified"),
 ];
 
-/// Rewrites llama-server's multi-letter single-dash flags of `muser up` to their long
-/// spellings; other commands' arguments pass unchanged.
+/// Rewrites llama.cpp's multi-letter single-dash flags to their long spellings: llama-server's
+/// on `muser up`, llama-bench's and llama-batched-bench's on `muser bench`
+/// (`cmd_bench::SINGLE_DASH`); other commands' arguments pass unchanged.
 pub fn normalize(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
     let mut args: Vec<OsString> = args.into_iter().collect();
-    if args.get(1).and_then(|a| a.to_str()) != Some("up") {
-        return args;
-    }
+    let table = match args.get(1).and_then(|a| a.to_str()) {
+        Some("up") => SINGLE_DASH,
+        Some("bench") => crate::cmd_bench::SINGLE_DASH,
+        _ => return args,
+    };
     for a in args.iter_mut().skip(2) {
-        if let Some((_, long)) = SINGLE_DASH.iter().find(|(short, _)| a == *short) {
+        if let Some((_, long)) = table.iter().find(|(short, _)| a == *short) {
             *a = OsString::from(*long);
         }
     }

@@ -770,7 +770,7 @@ const DEFAULT_PAYLOAD_B_S: f64 = 1e9;
 /// usize::MAX when it never does.
 pub fn threshold(local: f64, remote: f64, transfer_s_per_token: f64, chunk: usize) -> usize {
     let gain = 1.0 / local - 1.0 / remote - transfer_s_per_token;
-    if !(gain > 0.0) {
+    if gain.is_nan() || gain <= 0.0 {
         return usize::MAX;
     }
     let n = (HANDOFF_FIXED_S / gain).ceil();

@@ -97,6 +97,9 @@ def main():
                 rows.append({
                     "prompt_tokens": n,
                     "handed_off_tokens": h["tokens"],
+                    # requests the handoff was cut into (each piece's transfer overlaps the
+                    # producer's prefill of the next one)
+                    "pieces": h.get("pieces", 1),
                     "ttft_local_ms": local["timings"]["prompt_ms"],
                     "ttft_remote_ms": remote["timings"]["prompt_ms"],
                     "producer_prefill_ms": h["producer_prefill_ms"],
@@ -114,6 +117,8 @@ def main():
                     "body_gb_s": h["kv_bytes"] / max(h["body_ms"], 1e-9) / 1e6,
                     "handoff_ms": h["ms"],
                     "kv_bytes": h["kv_bytes"],
+                    # installed K/V bytes over the handoff time not overlapped with the
+                    # producer's prefill (the time the handoff adds to the TTFT)
                     "payload_gb_s": h["kv_bytes"] / wire_ms / 1e6,
                     # seal, stream, verify, install: the handoff's own cost
                     "handoff_overhead_ms": wire_ms,
@@ -128,12 +133,12 @@ def main():
             p.terminate()
             p.wait()
     print(f"{'tokens':>7} {'TTFT local ms':>14} {'TTFT remote ms':>15} {'repeat ms':>10} {'KV MB':>8} {'GB/s':>6} "
-          f"{'handoff share':>14} {'export':>7} {'seal':>7} {'body':>7} {'verify':>7} {'body GB/s':>9}  identical")
+          f"{'handoff share':>14} {'pieces':>6} {'export':>7} {'seal':>7} {'body':>7} {'verify':>7} {'body GB/s':>9}  identical")
     for r in rows:
         ph = r["phases_ms"]
         print(f"{r['prompt_tokens']:>7} {r['ttft_local_ms']:>14.1f} {r['ttft_remote_ms']:>15.1f} "
               f"{r['ttft_remote_repeat_ms']:>10.1f} "
-              f"{r['kv_bytes'] / 1e6:>8.1f} {r['payload_gb_s']:>6.2f} {r['handoff_share_of_ttft']:>13.1%} "
+              f"{r['kv_bytes'] / 1e6:>8.1f} {r['payload_gb_s']:>6.2f} {r['handoff_share_of_ttft']:>13.1%} {r['pieces']:>6} "
               f"{ph['producer_export']:>7.1f} {ph['producer_seal']:>7.1f} {ph['body']:>7.1f} {ph['verify']:>7.1f} "
               f"{r['body_gb_s']:>9.2f}  {'yes' if r['tokens_identical'] else 'no'}")
     print(f"tokens identical: {'yes' if all(r['tokens_identical'] for r in rows) else 'no'}")

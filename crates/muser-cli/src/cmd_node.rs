@@ -150,7 +150,7 @@ fn onboarding(
         role: LaneRole::Consumer(ConsumerConfig {
             mode: PrefillMode::Local,
             producers: Vec::new(),
-            min_tokens: 0,
+            min_tokens: Some(0),
             deadline: Duration::from_secs(60),
             accept_abis: a.accept_abi.clone(),
             migrate_to: Vec::new(),

@@ -39,6 +39,11 @@ pub struct Args {
     /// Context per slot, in tokens.
     #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
     ctx_size: usize,
+    /// Most prompt tokens one forward pass carries (1 to 8192). The chunks a prompt is cut
+    /// into are part of the numerics: a producer and its consumers use the same value.
+    #[arg(long, value_name = "N", default_value_t = 512,
+          value_parser = clap::value_parser!(u32).range(1..=8192))]
+    prefill_chunk: u32,
     #[command(flatten)]
     spec: crate::spec::SpecArgs,
     /// Require `Authorization: Bearer KEY` on every route but /health, the key read from the
@@ -143,9 +148,11 @@ struct LaneArgs {
     /// Producer: seconds the enrollment code stays valid.
     #[arg(long, default_value_t = 600, requires = "enroll")]
     enroll_ttl_s: u64,
-    /// With --prefill auto, prompts of at least this many tokens go to a producer.
-    #[arg(long, default_value_t = 1024)]
-    remote_min_tokens: usize,
+    /// With --prefill auto, prompts of at least this many tokens go to a producer. Without
+    /// it the threshold is measured: this engine's prefill rate at start-up against the
+    /// producers' reported rates and the payload rate of their last handoff.
+    #[arg(long, value_name = "N")]
+    remote_min_tokens: Option<usize>,
     /// Longest a remote prefill may take, request to last byte, in milliseconds.
     #[arg(long, default_value_t = 120_000)]
     prefill_deadline_ms: u64,
@@ -373,6 +380,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     args.llama.apply(&mut cfg)?;
     cfg.n_ctx = args.ctx_size;
+    cfg.prefill_chunk = args.prefill_chunk as usize;
     cfg.queue_max = args.queue;
     cfg.spec = args.spec.config(args.device)?;
     cfg.api_key = api_key;

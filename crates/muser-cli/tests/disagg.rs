@@ -231,7 +231,7 @@ fn remote_prefill_equals_local_and_the_consumer_survives_every_refusal() {
 }
 
 #[test]
-fn a_sliding_window_model_whose_ring_wraps_hands_off_exactly() {
+fn a_sliding_window_model_whose_ring_wraps_hands_off_exactly_in_pieces() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let model = d.join("tiny.gguf");
@@ -247,9 +247,10 @@ fn a_sliding_window_model_whose_ring_wraps_hands_off_exactly() {
         .arg(smollm2())
         .arg("-o")
         .arg(&model));
-    let cfg = pki(&d.join("cfg"), &["prod", "cons"]);
+    let cfg = pki(&d.join("cfg"), &["prod", "cons", "cons2"]);
     let key = key(d);
-    let common = |name: &str| {
+    // 64-token chunks: the ~650-token prompt's handoff is long enough to come in pieces
+    let common = |name: &str, chunk: &str| {
         vec![
             "--name".to_string(),
             name.into(),
@@ -257,24 +258,39 @@ fn a_sliding_window_model_whose_ring_wraps_hands_off_exactly() {
             cfg.display().to_string(),
             "--kv-key-file".into(),
             key.display().to_string(),
+            "--prefill-chunk".into(),
+            chunk.into(),
         ]
     };
-    let mut a = common("prod");
-    a.extend(["--role", "producer", "--consumer", "cons"].map(String::from));
+    let mut a = common("prod", "64");
+    a.extend(
+        [
+            "--role",
+            "producer",
+            "--consumer",
+            "cons",
+            "--consumer",
+            "cons2",
+        ]
+        .map(String::from),
+    );
     let p = up(
         &model,
         &d.join("prod.log"),
         &a.iter().map(String::as_str).collect::<Vec<_>>(),
     );
-    let mut a = common("cons");
-    a.extend(["--prefill", "remote", "--producer"].map(String::from));
-    a.push(format!("prod=https://127.0.0.1:{}", p.port));
-    let c = up(
-        &model,
-        &d.join("cons.log"),
-        &a.iter().map(String::as_str).collect::<Vec<_>>(),
-    );
-    let local = up(&model, &d.join("local.log"), &[]);
+    let consumer = |name: &str, chunk: &str| {
+        let mut a = common(name, chunk);
+        a.extend(["--prefill", "remote", "--producer"].map(String::from));
+        a.push(format!("prod=https://127.0.0.1:{}", p.port));
+        up(
+            &model,
+            &d.join(format!("{name}.log")),
+            &a.iter().map(String::as_str).collect::<Vec<_>>(),
+        )
+    };
+    let c = consumer("cons", "64");
+    let local = up(&model, &d.join("local.log"), &["--prefill-chunk", "64"]);
     // the window is 32 tokens: the ring wraps about twenty times over the prompt
     let (s, want) = complete(local.port, &prompt());
     assert_eq!(s, 200, "{want}");
@@ -282,6 +298,19 @@ fn a_sliding_window_model_whose_ring_wraps_hands_off_exactly() {
     assert_eq!(s, 200, "{got}");
     assert_eq!(got["timings"]["prefill_lane"], "remote");
     assert_eq!(got["tokens"], want["tokens"]);
+    let (_, props) = http(c.port, "GET", "/props", &Value::Null);
+    let last = &props["prefill_lane"]["producers"][0]["last_handoff"];
+    assert!(last["pieces"].as_u64().unwrap() >= 2, "{last}");
+    assert_eq!(last["from_token"], 0, "{last}");
+
+    // a consumer cutting prompts into other chunks would not get a local prefill's K/V from
+    // this producer: it is refused, naming both sizes
+    drop(c);
+    let other = consumer("cons2", "128");
+    let (s, v) = complete(other.port, &prompt());
+    assert_eq!(s, 503, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("prefill chunk is 64"), "{msg}");
 }
 
 /// A port free on 127.0.0.1 now (for a listener given by number).

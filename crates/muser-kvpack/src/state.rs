@@ -96,43 +96,130 @@ impl KvState {
     /// `self` followed by `next` (which starts where `self` ends): the state a full restore
     /// of `self.start .. next.end` would give.
     pub fn append(&self, next: &KvState) -> Result<KvState> {
-        if self.layout != next.layout {
-            return Err(KvpackError::DeltaBase("layouts differ"));
-        }
         if self.positions.end != next.positions.start {
             return Err(KvpackError::DeltaBase(
                 "delta does not start where the base ends",
+            ));
+        }
+        let mut out = self.clone();
+        out.extend(next)?;
+        Ok(out)
+    }
+
+    /// Grows `self` in place by the positions of `next` past `self`'s end; `next` may start
+    /// anywhere from `self`'s start to its end (positions both hold keep `self`'s rows).
+    /// Sliding-window layers drop the rows that fall out of the window. With
+    /// [`KvState::reserve_until`] called first, only `next`'s new rows are copied.
+    pub fn extend(&mut self, next: &KvState) -> Result<()> {
+        if self.layout != next.layout {
+            return Err(KvpackError::DeltaBase("layouts differ"));
+        }
+        if next.positions.start > self.positions.end
+            || next.positions.start < self.positions.start
+            || next.positions.end < self.positions.end
+        {
+            return Err(KvpackError::DeltaBase(
+                "the next state does not continue this one",
             ));
         }
         self.validate()?;
         next.validate()?;
         let positions = self.positions.start..next.positions.end;
         let rb = self.layout.row_bytes();
-        let layers = (0..self.layers.len())
-            .map(|l| {
-                let want = self.layout.layer_range(l, &positions);
-                let n = next.layer_range(l);
-                // Rows before the delta's own range come from the base; the base holds them
-                // because its window ends at the delta's start.
-                let from_base = want.start..n.start;
-                let mut k = Vec::with_capacity(want.len() * rb);
-                let mut v = Vec::with_capacity(want.len() * rb);
-                if !from_base.is_empty() {
-                    let (bk, bv) = self.rows(l, &from_base);
-                    k.extend_from_slice(bk);
-                    v.extend_from_slice(bv);
+        for l in 0..self.layers.len() {
+            let have = self.layer_range(l);
+            let want = self.layout.layer_range(l, &positions);
+            let n = next.layer_range(l);
+            // rows up to `split` are this state's, the rest the next one's
+            let split = n.start.max(self.positions.end);
+            let drop = (want.start.min(self.positions.end) - have.start) as usize * rb;
+            let (a, b) = (
+                (split - n.start) as usize * rb,
+                (n.end - n.start) as usize * rb,
+            );
+            let layer = &mut self.layers[l];
+            for (mine, theirs) in [
+                (&mut layer.k, &next.layers[l].k),
+                (&mut layer.v, &next.layers[l].v),
+            ] {
+                mine.drain(..drop);
+                mine.extend_from_slice(&theirs[a..b]);
+            }
+        }
+        self.positions = positions;
+        self.validate()
+    }
+
+    /// Reserves room for every layer to hold positions up to `end` without reallocating.
+    pub fn reserve_until(&mut self, end: u32) {
+        let positions = self.positions.start..end.max(self.positions.end);
+        let rb = self.layout.row_bytes();
+        for l in 0..self.layers.len() {
+            let want = self.layout.layer_range(l, &positions).len() * rb;
+            let layer = &mut self.layers[l];
+            for buf in [&mut layer.k, &mut layer.v] {
+                buf.reserve(want.saturating_sub(buf.len()));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::{CellLayout, KvDtype};
+
+    fn layout() -> KvLayoutAbi {
+        KvLayoutAbi {
+            n_layer: 3,
+            swa_layers: vec![false, true, true],
+            n_head_kv: 1,
+            head_dim: 2,
+            n_swa: 5,
+            dtype: KvDtype::F16,
+            cell_layout: CellLayout::TokenMajor,
+        }
+    }
+
+    /// The state of `positions` whose every row names its layer, position and K or V.
+    fn truth(positions: Range<u32>) -> KvState {
+        let mut s = KvState::zeroed(layout(), positions);
+        let rb = s.layout.row_bytes();
+        for l in 0..s.layers.len() {
+            let r = s.layer_range(l);
+            let layer = &mut s.layers[l];
+            for (i, p) in r.enumerate() {
+                for (kv, buf) in [&mut layer.k, &mut layer.v].into_iter().enumerate() {
+                    buf[i * rb..(i + 1) * rb].fill((l * 64 + kv * 32) as u8 ^ p as u8);
                 }
-                k.extend_from_slice(&next.layers[l].k);
-                v.extend_from_slice(&next.layers[l].v);
-                LayerKv { k, v }
-            })
-            .collect();
-        let out = KvState {
-            layout: self.layout.clone(),
-            positions,
-            layers,
-        };
-        out.validate()?;
-        Ok(out)
+            }
+        }
+        s
+    }
+
+    #[test]
+    fn extend_equals_the_whole_range_for_every_overlap() {
+        for a in 0..4u32 {
+            for b in a..12 {
+                for c in a..=b {
+                    for d in b..16 {
+                        let mut s = truth(a..b);
+                        s.reserve_until(d);
+                        s.extend(&truth(c..d)).unwrap();
+                        assert_eq!(s, truth(a..d), "{a}..{b} then {c}..{d}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn extend_refuses_a_gap_or_a_state_that_goes_back() {
+        let mut s = truth(0..6);
+        assert!(s.extend(&truth(7..9)).is_err());
+        assert!(s.extend(&truth(2..5)).is_err());
+        assert_eq!(s, truth(0..6));
+        assert!(truth(0..6).append(&truth(5..9)).is_err());
+        assert_eq!(truth(0..6).append(&truth(6..9)).unwrap(), truth(0..9));
     }
 }

@@ -30,8 +30,8 @@ use muser_cluster::transport::next_chunk;
 use muser_cluster::{Endpoint, LaneClient, NodeCreds};
 use muser_engine::{Engine, KvPackContext, Prefilled};
 use muser_kvpack::{
-    field_digest, BlockId, Digest32, Expect, Ledger, Manifest, PackKind, PrefixHasher, ReadLimits,
-    Restored, StreamRestore, BLOCK_TOKENS,
+    field_digest, BlockId, Digest32, Expect, KvState, Ledger, Manifest, PackKind, PrefixHasher,
+    ReadLimits, Restored, StreamRestore, BLOCK_TOKENS,
 };
 use tokio::sync::mpsc;
 
@@ -61,8 +61,9 @@ impl PrefillMode {
 pub struct ConsumerConfig {
     pub mode: PrefillMode,
     pub producers: Vec<Endpoint>,
-    /// `auto` sends prompts of at least this many tokens to a producer.
-    pub min_tokens: usize,
+    /// `auto` sends prompts of at least this many tokens to a producer (`None`: measured,
+    /// see [`Lane::min_tokens`]).
+    pub min_tokens: Option<usize>,
     /// Longest a remote prefill may take, from the request to the last byte of the pack.
     pub deadline: Duration,
     /// Engine ABIs accepted besides this engine's own (producers with other numerics).
@@ -125,6 +126,8 @@ struct Health {
     last_error: Option<String>,
     engine_abi: Option<String>,
     prefill_tok_s: f64,
+    /// The producer's prefill chunk (0: not reported yet).
+    prefill_chunk: usize,
     last_handoff: Option<Handoff>,
 }
 
@@ -143,7 +146,12 @@ struct Handoff {
 /// The consumer's lane: producers, client, ledger.
 pub struct Lane {
     pub mode: PrefillMode,
-    pub min_tokens: usize,
+    /// `--remote-min-tokens`, when given.
+    min_tokens: Option<usize>,
+    /// This engine's own prefill rate (prompt tokens per second, f64 bits; 0: not measured).
+    local_tok_s: AtomicU64,
+    /// This engine's prefill chunk.
+    chunk: usize,
     deadline: Duration,
     accept_abis: Vec<String>,
     client: LaneClient,
@@ -176,6 +184,7 @@ impl Lane {
         config_dir: &Path,
         ctx: Arc<KvPackContext>,
         n_ctx: usize,
+        chunk: usize,
     ) -> Result<Lane, String> {
         if cfg.mode != PrefillMode::Local && cfg.producers.is_empty() {
             return Err(format!(
@@ -211,6 +220,7 @@ impl Lane {
                         last_error: None,
                         engine_abi: None,
                         prefill_tok_s: 0.0,
+                        prefill_chunk: 0,
                         last_handoff: None,
                     }),
                 }
@@ -219,6 +229,8 @@ impl Lane {
         Ok(Lane {
             mode: cfg.mode,
             min_tokens: cfg.min_tokens,
+            local_tok_s: AtomicU64::new(0f64.to_bits()),
+            chunk,
             deadline: cfg.deadline,
             accept_abis: cfg.accept_abis.clone(),
             client: LaneClient::new(tls),
@@ -258,6 +270,7 @@ impl Lane {
                     "engine_abi": h.engine_abi,
                     "queue_depth": p.queue_depth.load(Ordering::Relaxed),
                     "prefill_tok_s": h.prefill_tok_s,
+                    "prefill_chunk": h.prefill_chunk,
                     "last_error": h.last_error,
                     "last_handoff": h.last_handoff.map(|l| serde_json::json!({
                         "tokens": l.tokens,
@@ -270,6 +283,7 @@ impl Lane {
                         "head_ms": l.phases.head_ms,
                         "body_ms": l.phases.body_ms,
                         "verify_ms": l.phases.verify_ms,
+                        "pieces": l.phases.pieces,
                         "gb_per_s": if l.ms > 0.0 { l.bytes as f64 / l.ms / 1e6 } else { 0.0 },
                     })),
                 })
@@ -277,12 +291,60 @@ impl Lane {
             .collect();
         serde_json::json!({
             "mode": self.mode.name(),
-            "remote_min_tokens": self.min_tokens,
+            "remote_min_tokens": self.min_tokens().0,
+            "remote_min_tokens_from": self.min_tokens().1,
+            "local_prefill_tok_s": self.local_tok_s(),
             "deadline_ms": self.deadline.as_millis() as u64,
             "engine_abi": self.ctx.identity.engine_abi,
             "accepted_abis": self.accepted_abis(),
             "producers": producers,
         })
+    }
+
+    fn local_tok_s(&self) -> f64 {
+        f64::from_bits(self.local_tok_s.load(Ordering::Relaxed))
+    }
+
+    /// Whether `auto` measures its threshold (no `--remote-min-tokens`).
+    pub fn measures(&self) -> bool {
+        self.mode == PrefillMode::Auto && self.min_tokens.is_none()
+    }
+
+    /// Records this engine's prefill rate, measured at start-up ([`measure_prefill`]).
+    pub fn set_local_rate(&self, tok_s: f64) {
+        self.local_tok_s.store(tok_s.to_bits(), Ordering::Relaxed);
+    }
+
+    /// The shortest prompt `auto` sends to a producer, and where the number comes from:
+    /// `configured` (`--remote-min-tokens`), `measured`, or `default` (a rate not known
+    /// yet). Measured: a prompt of n tokens pays remotely when n / local rate exceeds
+    /// n / producer rate + n × K/V bytes per token / payload rate + a fixed cost per
+    /// handoff ([`HANDOFF_FIXED_S`]); the producer is the first one a prefill would try,
+    /// its payload rate the one of its last handoff ([`DEFAULT_PAYLOAD_B_S`] before one).
+    /// When the producer is not faster than this engine by more than the transfer costs,
+    /// `auto` never sends (usize::MAX).
+    pub fn min_tokens(&self) -> (usize, &'static str) {
+        if let Some(n) = self.min_tokens {
+            return (n, "configured");
+        }
+        let local = self.local_tok_s();
+        let Some(p) = self.order().first().map(|&i| &self.producers[i]) else {
+            return (DEFAULT_MIN_TOKENS, "default");
+        };
+        let h = health(p);
+        if local <= 0.0 || h.prefill_tok_s <= 0.0 {
+            return (DEFAULT_MIN_TOKENS, "default");
+        }
+        let layout = &self.ctx.identity.layout;
+        let kv_per_token = layout.row_bytes() as f64 * 2.0 * f64::from(layout.n_layer);
+        let payload = h
+            .last_handoff
+            .filter(|l| l.ms > 0.0 && l.bytes > 0)
+            .map_or(DEFAULT_PAYLOAD_B_S, |l| l.bytes as f64 / (l.ms / 1e3));
+        (
+            threshold(local, h.prefill_tok_s, kv_per_token / payload, self.chunk),
+            "measured",
+        )
     }
 
     /// Asks every producer whose probe is due for its status (queue depth, prefill rate,
@@ -298,6 +360,7 @@ impl Lane {
                     let mut h = lock(&p.health);
                     h.engine_abi = Some(s.engine_abi);
                     h.prefill_tok_s = s.prefill_tok_s;
+                    h.prefill_chunk = s.prefill_chunk as usize;
                     drop(h);
                     record(p, Ok(()));
                 }
@@ -373,7 +436,7 @@ impl Lane {
         let wanted = match self.mode {
             PrefillMode::Local => false,
             PrefillMode::Remote => foreign_split > 0,
-            PrefillMode::Auto => foreign_split > 0 && prompt.len() >= self.min_tokens,
+            PrefillMode::Auto => foreign_split > 0 && prompt.len() >= self.min_tokens().0,
         };
         if !wanted {
             return Ok(None);
@@ -382,18 +445,24 @@ impl Lane {
         let mut failures = Vec::new();
         for i in self.order() {
             let p = &self.producers[i];
-            let n = if self.abi_is_own(p) == Some(false) {
-                foreign_split
-            } else {
-                own_split
-            };
+            let own = self.abi_is_own(p) != Some(false);
+            let theirs = health(p).prefill_chunk;
+            if own && theirs != 0 && theirs != chunk {
+                failures.push(format!(
+                    "{}: its prefill chunk is {theirs} tokens, this engine's {chunk}: its K/V \
+                     would not equal a local prefill's (give both the same --prefill-chunk)",
+                    p.ep.name
+                ));
+                continue;
+            }
+            let n = if own { own_split } else { foreign_split };
             let held = held_all.min(n);
             if held >= n {
                 return Ok(None); // a slot here already holds it (or it is under one chunk)
             }
             let tokens = &prompt[..n];
             p.in_flight.fetch_add(1, Ordering::Relaxed);
-            let r = self.fetch(p, tokens, held).await;
+            let r = self.fetch(p, tokens, held, chunk).await;
             p.in_flight.fetch_sub(1, Ordering::Relaxed);
             match r {
                 Ok((pf, phases)) => {
@@ -456,25 +525,124 @@ impl Lane {
 
     /// One remote prefill of `tokens` from `p`, verified, with where its time went; `held`
     /// leading tokens are on an idle slot here.
+    ///
+    /// A long prompt is asked for in pieces (see [`pieces`]): each piece is the delta past
+    /// the previous one, sealed and verified on its own, and the request for the next piece
+    /// goes out as soon as the previous answer's head has arrived, so its body streams and
+    /// is verified while the producer prefills the next piece. Only the last, smallest
+    /// piece's transfer stays on the time to first token. The pieces end on multiples of
+    /// this engine's prefill chunk, so the producer computes exactly the chunks one request
+    /// would have; their states are joined in order, and nothing is installed unless every
+    /// piece passed.
     async fn fetch(
         &self,
         p: &Producer,
         tokens: &[u32],
         held: usize,
+        chunk: usize,
     ) -> Result<(Prefilled, Phases), String> {
-        let ctx = &self.ctx;
-        let own_abi = &ctx.identity.engine_abi;
+        let started = Instant::now();
+        let deadline = started + self.deadline;
+        let own_abi = &self.ctx.identity.engine_abi;
         let same_abi = self.abi_is_own(p) == Some(true);
-        let chain = ctx.hasher.chain(tokens);
-        // block ids are rooted in the identity: a delta only between engines of one ABI
-        let held_ids: Vec<String> = if same_abi {
-            chain.block_ids()[..held / BLOCK_TOKENS as usize]
-                .iter()
-                .map(BlockId::to_hex)
-                .collect()
-        } else {
-            Vec::new()
+        // block ids name the producer's identity: ours, or ours under its reported ABI
+        let chain = match (same_abi, health(p).engine_abi) {
+            (true, _) => Some((own_abi.clone(), self.ctx.hasher.chain(tokens))),
+            (false, Some(abi)) => {
+                let mut id = self.ctx.identity.clone();
+                id.engine_abi = abi.clone();
+                let hasher = PrefixHasher::new(&self.ctx.keys, &id.digest(&self.ctx.keys));
+                Some((abi, hasher.chain(tokens)))
+            }
+            (false, None) => None,
         };
+        // a slot's K/V is this engine's own: only a producer of this ABI builds on it
+        let base = if same_abi { held } else { 0 };
+        let ends = match chain {
+            Some(_) => pieces(base, tokens.len(), chunk),
+            None => vec![tokens.len()],
+        };
+        let mut phases = Phases {
+            pieces: ends.len(),
+            ..Phases::default()
+        };
+        let mut state: Option<KvState> = None;
+        let mut engine_abi: Option<String> = None;
+        let mut join = |r: Restored, state: &mut Option<KvState>| -> Result<(), String> {
+            let abi = &r.manifest.identity.engine_abi;
+            if engine_abi.get_or_insert_with(|| abi.clone()) != abi {
+                return Err(
+                    "pack refused: the pieces of one prefill name different engine ABIs".into(),
+                );
+            }
+            match state {
+                None => {
+                    let mut s = r.state;
+                    s.reserve_until(tokens.len() as u32);
+                    *state = Some(s);
+                }
+                Some(s) => s
+                    .extend(&r.state)
+                    .map_err(|e| format!("pack refused: {e}"))?,
+            }
+            Ok(())
+        };
+        let mut in_flight: Option<Piece> = None;
+        let mut from = base;
+        let mut base_abi = own_abi.clone();
+        for end in ends {
+            let held_ids: Vec<String> = match &chain {
+                Some((_, c)) => c.block_ids()[..from / BLOCK_TOKENS as usize]
+                    .iter()
+                    .map(BlockId::to_hex)
+                    .collect(),
+                None => Vec::new(),
+            };
+            let piece = self
+                .request(p, &tokens[..end], from, held_ids, base_abi, deadline)
+                .await?;
+            // the next piece builds on this one, computed under the producer's ABI
+            base_abi = chain
+                .as_ref()
+                .map_or_else(String::new, |(abi, _)| abi.clone());
+            phases.add_producer(&piece.phases);
+            phases.head_ms = started.elapsed().as_secs_f64() * 1e3;
+            if let Some(prev) = in_flight.replace(piece) {
+                let r = self.receive(p, prev).await?;
+                phases.add_received(&r);
+                join(r.restored, &mut state)?;
+            }
+            from = end;
+        }
+        let t_body = Instant::now();
+        let last = in_flight.ok_or("no piece was asked for")?;
+        let r = self.receive(p, last).await?;
+        phases.add_received(&r);
+        join(r.restored, &mut state)?;
+        phases.body_ms = t_body.elapsed().as_secs_f64() * 1e3;
+        let state = state.ok_or("no piece arrived")?;
+        let pf = Prefilled {
+            foreign_abi: engine_abi.as_deref() != Some(self.ctx.identity.engine_abi.as_str()),
+            state,
+            producer: Arc::from(p.ep.name.as_str()),
+            took: started.elapsed(),
+        };
+        Ok((pf, phases))
+    }
+
+    /// Asks `p` for the pack of `tokens` past the `base` tokens whose blocks `held_ids` name,
+    /// and returns once its head has arrived, with its body being received and verified on
+    /// a task of its own.
+    async fn request(
+        &self,
+        p: &Producer,
+        tokens: &[u32],
+        base: usize,
+        held_ids: Vec<String>,
+        base_abi: String,
+        deadline: Instant,
+    ) -> Result<Piece, String> {
+        let ctx = &self.ctx;
         let generation = p.generation.fetch_add(1, Ordering::Relaxed) + 1;
         let body = serde_json::to_vec(&PrefillRequest {
             tokens: tokens.to_vec(),
@@ -487,10 +655,10 @@ impl Lane {
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| e.to_string())?;
         let started = Instant::now();
-        let deadline = started + self.deadline;
+        let left = deadline.saturating_duration_since(started);
         let mut resp = self
             .client
-            .send(&p.ep, req, self.deadline)
+            .send(&p.ep, req, left)
             .await
             .map_err(|e| e.to_string())?;
         if resp.status() != StatusCode::OK {
@@ -503,11 +671,9 @@ impl Lane {
                 .and_then(|v| v.to_str().ok()?.parse::<f64>().ok())
                 .unwrap_or(0.0)
         };
-        let mut phases = Phases {
+        let phases = Phases {
             producer_prefill_ms: header_f64("x-muser-prefill-ms"),
             producer_export_ms: header_f64("x-muser-export-ms"),
-            producer_seal_ms: header_f64("x-muser-seal-ms"),
-            head_ms: started.elapsed().as_secs_f64() * 1e3,
             ..Phases::default()
         };
         if let Some(q) = resp
@@ -533,51 +699,173 @@ impl Lane {
             stream: p.stream,
             generation,
             tokens: tokens.to_vec(),
-            held,
-            same_abi,
+            base,
+            base_abi,
         };
+        let late = format!(
+            "the pack did not arrive within the {} ms deadline",
+            self.deadline.as_millis()
+        );
         // the transport receives while a blocking thread verifies what arrived (copying into
         // the staging state, the segments' SHA-256 on workers): TLS, HTTP/2 and hashing run
         // side by side, VERIFY_AHEAD_CHUNKS apart at most
-        let (tx, rx) = mpsc::channel::<Bytes>(VERIFY_AHEAD_CHUNKS);
-        let worker = tokio::task::spawn_blocking(move || ask.verify(&limits, max_kv, rx));
-        let late = || {
-            format!(
-                "the pack did not arrive within the {} ms deadline",
-                self.deadline.as_millis()
-            )
-        };
-        let t_body = Instant::now();
-        loop {
-            let next = tokio::time::timeout_at(deadline.into(), next_chunk(resp.body_mut()))
-                .await
-                .map_err(|_| late())?;
-            match next {
-                None => break,
-                Some(chunk) => {
-                    if tx.send(chunk.map_err(|e| e.to_string())?).await.is_err() {
-                        break; // the verifier stopped: its error says why
+        let task = tokio::spawn(async move {
+            let (tx, rx) = mpsc::channel::<Bytes>(VERIFY_AHEAD_CHUNKS);
+            let worker = tokio::task::spawn_blocking(move || ask.verify(&limits, max_kv, rx));
+            let head = Instant::now();
+            let mut first_byte = None;
+            loop {
+                let next = tokio::time::timeout_at(deadline.into(), next_chunk(resp.body_mut()))
+                    .await
+                    .map_err(|_| late.clone())?;
+                first_byte.get_or_insert_with(|| head.elapsed());
+                match next {
+                    None => break,
+                    Some(chunk) => {
+                        if tx.send(chunk.map_err(|e| e.to_string())?).await.is_err() {
+                            break; // the verifier stopped: its error says why
+                        }
                     }
                 }
             }
-        }
-        drop(tx);
-        let (r, verify) = tokio::time::timeout_at(deadline.into(), worker)
+            drop(tx);
+            let (r, busy) = tokio::time::timeout_at(deadline.into(), worker)
+                .await
+                .map_err(|_| late)?
+                .map_err(|e| format!("verifying the pack: {e}"))??;
+            Ok(Received {
+                restored: r,
+                busy,
+                first_byte: first_byte.unwrap_or_default(),
+            })
+        });
+        Ok(Piece {
+            generation,
+            phases,
+            task: AbortOnDrop(task),
+        })
+    }
+
+    /// Waits for a piece's verified state and records its generation in the ledger.
+    async fn receive(&self, p: &Producer, mut piece: Piece) -> Result<Received, String> {
+        let r = (&mut piece.task.0)
             .await
-            .map_err(|_| late())?
-            .map_err(|e| format!("verifying the pack: {e}"))??;
+            .map_err(|e| format!("receiving the pack: {e}"))??;
         lock(&self.ledger)
-            .record(p.stream, generation)
+            .record(p.stream, piece.generation)
             .map_err(|e| format!("pack refused: {e}"))?;
-        phases.body_ms = t_body.elapsed().as_secs_f64() * 1e3;
-        phases.verify_ms = verify.as_secs_f64() * 1e3;
-        let pf = Prefilled {
-            foreign_abi: r.manifest.identity.engine_abi != *own_abi,
-            state: r.state,
-            producer: Arc::from(p.ep.name.as_str()),
-            took: started.elapsed(),
-        };
-        Ok((pf, phases))
+        Ok(r)
+    }
+}
+
+/// `auto`'s threshold before the rates are known.
+const DEFAULT_MIN_TOKENS: usize = 1024;
+/// A handoff's cost that does not grow with the prompt (round trips, sealing, the install).
+const HANDOFF_FIXED_S: f64 = 0.05;
+/// Payload rate assumed before a producer's first handoff (bytes per second).
+const DEFAULT_PAYLOAD_B_S: f64 = 1e9;
+
+/// The shortest prompt (at least one chunk) for which a producer prefilling at `remote`
+/// tokens/s, plus `transfer_s_per_token` and [`HANDOFF_FIXED_S`], beats `local` tokens/s;
+/// usize::MAX when it never does.
+pub fn threshold(local: f64, remote: f64, transfer_s_per_token: f64, chunk: usize) -> usize {
+    let gain = 1.0 / local - 1.0 / remote - transfer_s_per_token;
+    if gain.is_nan() || gain <= 0.0 {
+        return usize::MAX;
+    }
+    let n = (HANDOFF_FIXED_S / gain).ceil();
+    if n >= usize::MAX as f64 {
+        usize::MAX
+    } else {
+        (n as usize).max(chunk)
+    }
+}
+
+/// Prefills `n` prompt tokens (ids spread over the vocabulary) on a free slot of `engine`,
+/// computing nothing else, and returns the rate in tokens per second.
+pub async fn measure_prefill(
+    engine: &Arc<Engine>,
+    n_vocab: usize,
+    n: usize,
+) -> Result<f64, String> {
+    let prompt: Vec<u32> = (0..n as u64)
+        .map(|i| ((i * 2_654_435_761 + 17) % n_vocab.max(1) as u64) as u32)
+        .collect();
+    let t = Instant::now();
+    let mut rx = engine
+        .submit(muser_engine::GenerateRequest {
+            prompt,
+            max_tokens: Some(0),
+            cache_prompt: true,
+            ..Default::default()
+        })
+        .map_err(|e| e.to_string())?;
+    loop {
+        match rx.recv().await {
+            Some(muser_engine::Event::Done {
+                n_prompt,
+                n_cached,
+                timings,
+                ..
+            }) => {
+                let secs = t.elapsed().as_secs_f64() - timings.queue_ms / 1e3;
+                return Ok((n_prompt - n_cached) as f64 / secs.max(1e-6));
+            }
+            Some(muser_engine::Event::Error(e)) => return Err(e.to_string()),
+            Some(_) => {}
+            None => return Err("the engine stopped".into()),
+        }
+    }
+}
+
+/// Where a handoff is cut into pieces: the ends of the pieces of tokens `base..n`, each a
+/// multiple of `chunk` but the last (which is `n`). From the end, pieces of 4, 16, 64...
+/// chunks: each piece's prefill on the producer then takes several times longer than the
+/// transfer of the piece before it (K/V moves an order of magnitude faster than a prefill
+/// makes it), and the last piece, the only transfer left on the time to first token, is
+/// small. A prompt under 8 chunks past `base` is one piece; a first piece under 2 chunks
+/// joins the next.
+pub fn pieces(base: usize, n: usize, chunk: usize) -> Vec<usize> {
+    let mut ends = vec![n];
+    if chunk == 0 || n < base + 8 * chunk {
+        return ends;
+    }
+    let mut size = 4 * chunk;
+    let mut end = n;
+    loop {
+        let cut = end.saturating_sub(size) / chunk * chunk;
+        if cut < base + 2 * chunk {
+            break;
+        }
+        ends.push(cut);
+        end = cut;
+        size *= 4;
+    }
+    ends.reverse();
+    ends
+}
+
+/// A piece whose head has arrived; its body is received and verified by `task`.
+struct Piece {
+    generation: u64,
+    phases: Phases,
+    task: AbortOnDrop<Result<Received, String>>,
+}
+
+/// A piece's verified state, the verifier's busy time, and the wait from the answer's head
+/// to its first byte (the producer hashing and sealing the pack).
+struct Received {
+    restored: Restored,
+    busy: Duration,
+    first_byte: Duration,
+}
+
+/// A task stopped when its handle is dropped (a handoff that failed stops receiving).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -590,9 +878,11 @@ fn verify_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
 }
 
-/// Where a handoff's time went: the producer's prefill, export and seal (as it reported
-/// them), the answer's head (request to head, those included), the body (head to the last
-/// byte verified) and the verifier's own busy time within it.
+/// Where a handoff's time went: the producer's prefill and export (as it reported them) and
+/// its sealing (an answer's head to its first byte), summed over the pieces, the time to the
+/// last piece's head (everything the producer
+/// did included), the rest (last head to the last byte verified: the transfer left on the
+/// time to first token), the verifiers' own busy time, and the pieces asked for.
 #[derive(Clone, Copy, Default, Debug)]
 pub struct Phases {
     pub producer_prefill_ms: f64,
@@ -601,6 +891,19 @@ pub struct Phases {
     pub head_ms: f64,
     pub body_ms: f64,
     pub verify_ms: f64,
+    pub pieces: usize,
+}
+
+impl Phases {
+    fn add_producer(&mut self, piece: &Phases) {
+        self.producer_prefill_ms += piece.producer_prefill_ms;
+        self.producer_export_ms += piece.producer_export_ms;
+    }
+
+    fn add_received(&mut self, r: &Received) {
+        self.producer_seal_ms += r.first_byte.as_secs_f64() * 1e3;
+        self.verify_ms += r.busy.as_secs_f64() * 1e3;
+    }
 }
 
 /// What the pack of one request must be; owned, so it verifies on a blocking thread.
@@ -611,8 +914,11 @@ struct Ask {
     stream: Digest32,
     generation: u64,
     tokens: Vec<u32>,
-    held: usize,
-    same_abi: bool,
+    /// Leading tokens whose K/V this consumer holds under the pack's ABI (on a slot, or
+    /// from the earlier pieces of this handoff): a delta may build on them.
+    base: usize,
+    /// The engine ABI that computed those tokens' K/V.
+    base_abi: String,
 }
 
 impl Ask {
@@ -690,8 +996,8 @@ impl Ask {
             base_cut,
         } = m.kind
         {
-            if !self.same_abi
-                || base_tokens as usize > self.held
+            if base_tokens as usize > self.base
+                || m.identity.engine_abi != self.base_abi
                 || chain.cut_id(base_tokens) != Some(base_cut)
             {
                 return Err("pack refused: a delta on blocks this consumer does not hold".into());
@@ -779,4 +1085,52 @@ async fn held_prefix(engine: &Arc<Engine>, tokens: &[u32]) -> usize {
     })
     .await
     .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_shrink_toward_the_end_on_chunk_boundaries() {
+        // under 8 chunks: one piece
+        assert_eq!(pieces(0, 4095, 512), vec![4095]);
+        assert_eq!(pieces(1024, 4096, 512), vec![4096]);
+        // a 32k prompt: the last piece 4 chunks, the one before 16, the rest first
+        assert_eq!(pieces(0, 32256, 512), vec![22016, 30208, 32256]);
+        assert_eq!(pieces(0, 7680, 512), vec![5632, 7680]);
+        // a held prefix moves the start, never a cut below it
+        assert_eq!(pieces(20480, 32256, 512), vec![22016, 30208, 32256]);
+        assert_eq!(pieces(29184, 32256, 512), vec![32256]);
+        for (base, n, chunk) in [(0, 131_071, 512), (256, 9000, 64), (0, 100_000, 1000)] {
+            let ends = pieces(base, n, chunk);
+            assert_eq!(*ends.last().unwrap(), n);
+            let mut from = base;
+            for (i, &e) in ends.iter().enumerate() {
+                assert!(e > from, "{ends:?}");
+                if i + 1 < ends.len() {
+                    assert_eq!(e % chunk, 0, "{ends:?}");
+                    assert!(e - from >= 2 * chunk, "{ends:?}");
+                }
+                from = e;
+            }
+            // each piece but the first at most a quarter of what comes before it
+            for w in ends.windows(3) {
+                assert!(w[2] - w[1] <= (w[1] - w[0]), "{ends:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_threshold_grows_as_the_producer_gains_less() {
+        // a producer 10x faster, transfer free: 50 ms / (1/100 - 1/1000) s = 5.6 tokens,
+        // at least a chunk
+        assert_eq!(threshold(100.0, 1000.0, 0.0, 512), 512);
+        let slow_gain = threshold(1000.0, 1100.0, 0.0, 512);
+        assert!(slow_gain > 512 && slow_gain < 1000, "{slow_gain}");
+        // not faster, or eaten by the transfer: never
+        assert_eq!(threshold(1000.0, 1000.0, 0.0, 512), usize::MAX);
+        assert_eq!(threshold(1000.0, 2000.0, 1e-3, 512), usize::MAX);
+        assert_eq!(threshold(f64::NAN, 2000.0, 0.0, 512), usize::MAX);
+    }
 }

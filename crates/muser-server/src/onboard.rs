@@ -378,12 +378,19 @@ impl Onboarding {
         let cfg = ConsumerConfig {
             mode: PrefillMode::Remote,
             producers: vec![ep.clone()],
-            min_tokens: 0,
+            min_tokens: Some(0),
             deadline: HANDOFF_TIMEOUT,
             accept_abis: self.accept_abis.clone(),
             migrate_to: Vec::new(),
         };
-        Lane::open(&cfg, &creds, &self.config_dir, ctx, self.app.options.n_ctx)
+        Lane::open(
+            &cfg,
+            &creds,
+            &self.config_dir,
+            ctx,
+            self.app.options.n_ctx,
+            self.app.engine.config().prefill_chunk,
+        )
     }
 
     /// `prompt` prefilled by the lane's producer and decoded here, then prefilled and

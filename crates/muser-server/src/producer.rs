@@ -6,10 +6,10 @@
 //! only the rest; `--prompt-cache` adds the pack store behind it), and answers with the
 //! sealed pack as the response body: full, or a delta past the blocks the consumer says it
 //! holds. The pack carries the consumer's replay generation on the stream of this
-//! consumer–producer pair; `x-muser-prefill-ms` (waiting for a slot and the prefill),
-//! `x-muser-export-ms` (K/V out of the cache) and `x-muser-seal-ms` (hashing the segments and
-//! sealing the manifest) say where the producer's time went, so a consumer can tell the
-//! handoff's own cost. `GET /v1/lane/status` reports the queue depth and the recent
+//! consumer–producer pair; `x-muser-prefill-ms` (waiting for a slot and the prefill) and
+//! `x-muser-export-ms` (K/V out of the cache) say where the producer's time went before the
+//! head, so a consumer can tell the handoff's own cost; sealing (hashing the segments, the
+//! manifest's seal) follows the head and precedes the body's first byte. `GET /v1/lane/status` reports the queue depth and the recent
 //! prefill rate consumers route by. Concurrent prefills are bounded by the slots, waiting ones
 //! by `max_queue` (429 beyond).
 
@@ -27,7 +27,7 @@ use axum::{Extension, Json, Router};
 use muser_cluster::PeerName;
 use muser_engine::{Event, GenerateRequest, KvPackContext, SlotExport};
 use muser_kvpack::{BlockId, PackPlan, BLOCK_TOKENS};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, Semaphore};
 
 use crate::error::ApiError;
 use crate::lane::stream_id;
@@ -96,6 +96,7 @@ impl Producer {
             queue_depth: self.queue_depth.load(Ordering::Relaxed),
             prefill_tok_s: f64::from_bits(self.rate_bits.load(Ordering::Relaxed)),
             n_ctx: self.app.options.n_ctx as u64,
+            prefill_chunk: self.app.engine.config().prefill_chunk as u64,
         }
     }
 
@@ -126,6 +127,36 @@ impl Producer {
         let mut slots = self.lock_slots();
         slots[slot].busy = false;
         slots[slot].tokens = tokens.unwrap_or_default();
+    }
+
+    /// Prefills two chunks on a slot once, at start-up, so the rate consumers route by (and
+    /// size `auto`'s threshold with) is measured before the first request, and the weights
+    /// are paged in.
+    pub async fn warm_up(self: Arc<Self>) {
+        let n = (2 * self.app.engine.config().prefill_chunk).min(self.app.options.n_ctx - 1);
+        let Ok(_permit) = self.permits.acquire().await else {
+            return;
+        };
+        let Some(slot) = self.take_slot(&[]) else {
+            return;
+        };
+        let n_vocab = self.app.tokenizer.n_vocab() as u64;
+        let tokens: Vec<u32> = (0..n as u64)
+            .map(|i| ((i * 2_654_435_761 + 17) % n_vocab.max(1)) as u32)
+            .collect();
+        let t = Instant::now();
+        match prefill_on(&self, slot, &tokens).await {
+            Ok(()) => {
+                self.record_rate(n, t.elapsed().as_secs_f64());
+                tracing::info!(
+                    tokens = n,
+                    tok_s = self.status().prefill_tok_s,
+                    "producer: prefill rate measured"
+                );
+            }
+            Err(e) => tracing::warn!(error = %e.message, "producer: the warm-up prefill failed"),
+        }
+        self.release_slot(slot, None);
     }
 
     fn record_rate(&self, tokens: usize, secs: f64) {
@@ -205,41 +236,28 @@ async fn prefill(
     drop(queued);
     let stream = stream_id(&peer.0, &p.name);
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(SEND_AHEAD_CHUNKS);
-    let (sealed_tx, sealed_rx) = oneshot::channel::<Result<f64, std::io::Error>>();
     let ctx = p.ctx.clone();
     let generation = req.generation;
-    // hashing every segment (in parallel) comes first: the manifest and its seal lead the
-    // pack; then the segments are copied out while the consumer reads, SEND_AHEAD_CHUNKS ahead
+    // the answer's head leaves now, so a consumer asking in pieces sends its next request
+    // while this pack is sealed and sent; hashing every segment (in parallel) comes first in
+    // the body, since the manifest and its seal lead the pack, then the segments are copied
+    // out while the consumer reads, SEND_AHEAD_CHUNKS ahead
     tokio::task::spawn_blocking(move || {
-        let t0 = Instant::now();
         let mut spec = export.spec(&ctx, generation, Some(stream));
         spec.threads = seal_threads();
-        let plan = match PackPlan::new(&export.state, &ctx.keys, &spec) {
-            Ok(plan) => plan,
-            Err(e) => {
-                let _ = sealed_tx.send(Err(std::io::Error::other(e)));
-                return;
-            }
-        };
-        if sealed_tx
-            .send(Ok(t0.elapsed().as_secs_f64() * 1e3))
-            .is_err()
-        {
-            return; // the request is gone
-        }
         let mut w = ChunkWriter {
             tx,
             buf: Vec::with_capacity(CHUNK_BYTES),
         };
-        if let Err(e) = plan.write_to(&mut w).and_then(|()| w.flush()) {
+        let sent = PackPlan::new(&export.state, &ctx.keys, &spec)
+            .map_err(std::io::Error::other)
+            .and_then(|plan| plan.write_to(&mut w))
+            .and_then(|()| w.flush());
+        if let Err(e) = sent {
             tracing::warn!(error = %e, "prefill lane: sending a pack failed");
             let _ = w.tx.blocking_send(Err(e));
         }
     });
-    let seal_ms = sealed_rx
-        .await
-        .map_err(|_| ApiError::internal("sealing the pack stopped"))?
-        .map_err(|e| ApiError::internal(format!("sealing the pack: {e}")))?;
     let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
     let ms =
         |name: &'static str, v: f64| (header::HeaderName::from_static(name), format!("{v:.3}"));
@@ -256,7 +274,6 @@ async fn prefill(
             ),
             ms("x-muser-prefill-ms", took.prefill_ms),
             ms("x-muser-export-ms", took.export_ms),
-            ms("x-muser-seal-ms", seal_ms),
         ],
         body,
     )

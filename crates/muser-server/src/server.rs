@@ -17,6 +17,8 @@ pub struct ServeConfig {
     pub n_ctx: usize,
     pub threads: usize,
     pub queue_max: usize,
+    /// Most prompt tokens per forward pass (`EngineConfig::prefill_chunk`).
+    pub prefill_chunk: usize,
     pub api_key: Option<String>,
     /// Host names accepted besides the loopback names and the bound address
     /// (`--allow-host`); checked only without an API key.
@@ -69,6 +71,7 @@ impl ServeConfig {
             n_ctx: 4096,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             queue_max: 64,
+            prefill_chunk: EngineConfig::default().prefill_chunk,
             api_key: None,
             allowed_hosts: Vec::new(),
             slot_save_path: None,
@@ -239,6 +242,7 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
         n_slots: cfg.n_slots,
         n_ctx: cfg.n_ctx,
         queue_max: cfg.queue_max,
+        prefill_chunk: cfg.prefill_chunk,
         prompt_cache,
         spec: cfg.spec,
         ..Default::default()
@@ -250,9 +254,15 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
             crate::lane::LaneRole::Consumer(c) => {
                 let creds = muser_cluster::enroll::node_creds(&setup.config_dir, &setup.node)
                     .map_err(|e| StartError::Lane(e.to_string()))?;
-                let lane =
-                    crate::lane::Lane::open(c, &creds, &setup.config_dir, ctx.clone(), cfg.n_ctx)
-                        .map_err(StartError::Lane)?;
+                let lane = crate::lane::Lane::open(
+                    c,
+                    &creds,
+                    &setup.config_dir,
+                    ctx.clone(),
+                    cfg.n_ctx,
+                    cfg.prefill_chunk,
+                )
+                .map_err(StartError::Lane)?;
                 Some(Arc::new(lane))
             }
             crate::lane::LaneRole::Producer { .. } => None,
@@ -372,6 +382,29 @@ pub async fn start_lane_refresh(state: &SharedState) {
         return;
     };
     lane.refresh().await;
+    if lane.measures() {
+        // auto's threshold: this engine's own prefill rate, over two chunks
+        let (engine, lane) = (state.engine.clone(), lane.clone());
+        let n = (2 * engine.config().prefill_chunk).min(state.options.n_ctx - 1);
+        let n_vocab = state.tokenizer.n_vocab();
+        tokio::spawn(async move {
+            match crate::lane::measure_prefill(&engine, n_vocab, n).await {
+                Ok(rate) => {
+                    lane.set_local_rate(rate);
+                    let (min, from) = lane.min_tokens();
+                    tracing::info!(
+                        tok_s = rate,
+                        remote_min_tokens = min,
+                        from,
+                        "prefill lane: local prefill rate measured"
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "prefill lane: measuring the local prefill rate failed")
+                }
+            }
+        });
+    }
     let weak = Arc::downgrade(&lane);
     drop(lane);
     tokio::spawn(async move {
@@ -406,6 +439,7 @@ pub async fn serve_producer(
     let tls = muser_cluster::server_config(&creds).map_err(|e| lane(&e))?;
     let producer =
         crate::producer::Producer::new(state, &setup.node, *max_queue).map_err(|e| lane(&e))?;
+    tokio::spawn(producer.clone().warm_up());
     muser_cluster::serve(
         listener,
         tls,

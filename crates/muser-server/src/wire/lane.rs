@@ -27,4 +27,7 @@ pub struct LaneStatus {
     /// Prompt tokens per second of recent prefills (0 before the first).
     pub prefill_tok_s: f64,
     pub n_ctx: u64,
+    /// Most prompt tokens per forward pass (0: not reported).
+    #[serde(default)]
+    pub prefill_chunk: u64,
 }

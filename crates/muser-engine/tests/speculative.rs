@@ -40,7 +40,10 @@ fn config(n_slots: usize, spec: bool) -> EngineConfig {
     EngineConfig {
         n_slots,
         n_ctx: 1152,
-        prefill_chunk: 64,
+        // below 64 rows, so that a prompt chunk's attention takes the same kernel however
+        // many rows other slots add to its batch (from 64 rows of one sequence it is tiled):
+        // the prompts' K/V, and with them the tokens, do not depend on the batching
+        prefill_chunk: 48,
         spec: spec.then(|| SpecConfig::new(SpecMode::Ngram)),
         ..Default::default()
     }

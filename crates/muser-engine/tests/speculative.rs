@@ -7,13 +7,13 @@
 
 use std::sync::{Arc, OnceLock};
 
+use muser_engine::SubmitError;
 use muser_engine::{
     Constraint, Engine, EngineConfig, Event, Expr, FinishReason, GenerateRequest, Grammar,
     SamplingParams, TokenLogprobs, Vocab,
 };
 use muser_model::synth::{presets, Plan, WeightType};
 use muser_model::{LoadOptions, Model};
-use muser_engine::SubmitError;
 use muser_spec::{SpecConfig, SpecMode, SpecOverride};
 use muser_text::Tokenizer;
 

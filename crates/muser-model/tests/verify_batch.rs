@@ -44,7 +44,13 @@ fn prefilled(m: &Model, prompt: &[u32]) -> KvCache {
 
 /// Whether `block` after `prompt`, in batches of [`ROWS`] rows of sequence 0 beside a decode
 /// row of sequence 1 and a prefill chunk of sequence 2, gives every row the logits of `steps`.
-fn batched_equals(m: &Model, prompt: &[u32], block: &[u32], alone: bool, steps: &[Vec<f32>]) -> bool {
+fn batched_equals(
+    m: &Model,
+    prompt: &[u32],
+    block: &[u32],
+    alone: bool,
+    steps: &[Vec<f32>],
+) -> bool {
     let n_vocab = m.info().n_vocab;
     let mut kv = prefilled(m, prompt);
     let beside = muser_model::synth::random_tokens(64, n_vocab, 12);

@@ -5,11 +5,11 @@ use crate::error::{ApiError, ApiResult};
 use crate::limits::{self, LOGIT_BIAS_ABS_MAX, LOGIT_BIAS_MAX, N_PROBS_MAX};
 use crate::reqlog::RequestLog;
 use crate::state::AppState;
-use axum::body::Body;
 use crate::wire::SpecFields;
+use axum::body::Body;
 use muser_engine::{
-    Event, FinishReason, GenerateRequest, SamplingParams, SpecOverride, SubmitError,
-    TokenLogprobs, DRAFT_MAX_LIMIT,
+    Event, FinishReason, GenerateRequest, SamplingParams, SpecOverride, SubmitError, TokenLogprobs,
+    DRAFT_MAX_LIMIT,
 };
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -252,9 +252,9 @@ pub fn speculative(f: SpecFields) -> ApiResult<SpecOverride> {
     let mode = match f.kind {
         None => None,
         Some("none") => Some(None),
-        Some(name) => Some(Some(name.parse().map_err(|e: muser_engine::SpecError| {
-            ApiError::bad_request(format!("speculative.type: {e}"))
-        })?)),
+        Some(name) => Some(Some(name.parse().map_err(
+            |e: muser_engine::SpecError| ApiError::bad_request(format!("speculative.type: {e}")),
+        )?)),
     };
     Ok(SpecOverride {
         mode,

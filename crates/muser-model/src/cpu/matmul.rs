@@ -136,7 +136,15 @@ pub fn matmul(
             // SAFETY: the ranges are disjoint and inside `y` (n_out values).
             let o = unsafe { std::slice::from_raw_parts_mut(y_ptr.0.add(r0), r1 - r0) };
             for (r, o) in (r0..r1).zip(o.chunks_exact_mut(1)) {
-                dot_row(order, w.ty, n_in, &w.data[r * rb..(r + 1) * rb], &acts, &[], o);
+                dot_row(
+                    order,
+                    w.ty,
+                    n_in,
+                    &w.data[r * rb..(r + 1) * rb],
+                    &acts,
+                    &[],
+                    o,
+                );
             }
             return;
         }
@@ -184,7 +192,12 @@ pub fn matmul(
 
 /// [`matmul`] of a batch with rows computed alone and others, each part in its own call (the
 /// alone rows all flagged), the results put back in batch order.
-fn split_alone(order: Order, w: &Weight, x: &[f32], alone: &[bool]) -> Result<Vec<f32>, ModelError> {
+fn split_alone(
+    order: Order,
+    w: &Weight,
+    x: &[f32],
+    alone: &[bool],
+) -> Result<Vec<f32>, ModelError> {
     let (n_in, n_out) = (w.n_in, w.n_out);
     let mut y = vec![0f32; alone.len() * n_out];
     for part in [true, false] {

@@ -141,7 +141,12 @@ pub struct KvMark {
 /// `stream`: each step's view, after the rows before it and itself were stored. The base
 /// cache only fills empty cells, so its view follows the highest cell used; a ring may free
 /// cells as it overwrites them, so its steps are replayed on a copy (a ring is small).
-fn one_token_views(stream: &Stream, base: &[u32], swa: &[u32], positions: &[i32]) -> Vec<(u32, u32)> {
+fn one_token_views(
+    stream: &Stream,
+    base: &[u32],
+    swa: &[u32],
+    positions: &[i32],
+) -> Vec<(u32, u32)> {
     let mut hi = stream.base.used_max_p1();
     let mut ring = (!swa.is_empty()).then(|| stream.swa.clone());
     (0..positions.len())

@@ -25,7 +25,9 @@ fn fill(kv: &mut KvCache, seq: u32, range: Range<u32>, chunk: usize) {
 /// rows, as a forward pass would write its K/V.
 fn put(kv: &mut KvCache, seq: u32, positions: Range<u32>) {
     let pos: Vec<u32> = positions.collect();
-    let plan = kv.place(&[(seq, (0..pos.len()).collect())], &pos, &[]).unwrap();
+    let plan = kv
+        .place(&[(seq, (0..pos.len()).collect())], &pos, &[])
+        .unwrap();
     let row = kv.layout.row_bytes();
     for il in 0..kv.layout.n_layer {
         let cells = if kv.layout.is_swa[il] {
@@ -220,7 +222,8 @@ fn cached_cell_bounds_follow_every_change() {
                     let n = 1 + next(8);
                     if p0 + n <= 300 {
                         let pos: Vec<u32> = (p0..p0 + n).collect();
-                        kv.place(&[(seq, (0..n as usize).collect())], &pos, &[]).unwrap();
+                        kv.place(&[(seq, (0..n as usize).collect())], &pos, &[])
+                            .unwrap();
                     } else {
                         kv.clear(seq);
                     }

@@ -26,8 +26,7 @@ pub(crate) fn embed<B: Backend>(
         let (rows, cols) = be.dims(&x);
         let mut host = be.download(&x)?;
         for (k, &r) in input.rows.iter().enumerate() {
-            host[r * cols..(r + 1) * cols]
-                .copy_from_slice(&input.values[k * cols..(k + 1) * cols]);
+            host[r * cols..(r + 1) * cols].copy_from_slice(&input.values[k * cols..(k + 1) * cols]);
         }
         x = be.upload(rows, cols, host)?;
     }

@@ -254,9 +254,11 @@ pub async fn props(State(state): State<SharedState>) -> Json<Value> {
 /// counters since start.
 fn speculative_props(state: &AppState) -> Value {
     let st = state.engine.stats();
-    let cfg = state.engine.config().spec.map(|c| {
-        json!({ "type": c.mode.name(), "n_max": c.draft_max, "n_min": c.draft_min })
-    });
+    let cfg = state
+        .engine
+        .config()
+        .spec
+        .map(|c| json!({ "type": c.mode.name(), "n_max": c.draft_max, "n_min": c.draft_min }));
     json!({
         "default": cfg,
         "verifications_total": st.draft_verifications_total,

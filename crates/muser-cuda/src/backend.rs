@@ -1009,6 +1009,7 @@ mod tests {
             base_cell: vec![0, 3],
             swa_cell: vec![0, 3],
             n_kv: vec![(1, 64, 256)],
+            ..Default::default()
         };
         let pos = [0u32, 3];
         for (il, cells) in [(0usize, 64i32), (1, 256)] {

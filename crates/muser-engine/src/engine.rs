@@ -11,6 +11,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use muser_model::{KvCache, KvType, Model, ModelError};
+use muser_spec::SpecOverride;
 use muser_text::Tokenizer;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
@@ -78,6 +79,8 @@ pub struct GenerateRequest {
     /// K/V of a prompt prefix computed elsewhere (a producer of the prefill lane), already
     /// verified, installed instead of computing that prefix.
     pub prefilled: Option<Arc<Prefilled>>,
+    /// This request's speculative settings over the engine's ([`EngineConfig::spec`]).
+    pub speculative: SpecOverride,
 }
 
 /// A verified K/V state for positions `state.positions` of a request's prompt, computed by
@@ -118,6 +121,7 @@ impl Default for GenerateRequest {
             embeddings: false,
             special: false,
             prefilled: None,
+            speculative: SpecOverride::default(),
         }
     }
 }
@@ -191,6 +195,8 @@ pub enum SubmitError {
     NoSuchSlot { slot: usize, n_slots: usize },
     #[error(transparent)]
     InvalidParams(#[from] crate::sampling::SamplingError),
+    #[error("speculative: {0}")]
+    Speculative(#[from] muser_spec::SpecError),
     #[error("the engine has stopped")]
     Stopped,
 }
@@ -228,7 +234,9 @@ pub struct EngineStats {
     pub gen_seconds_total: f64,
     /// Forward passes run.
     pub forward_total: u64,
-    /// Speculative decoding: draft tokens verified, and accepted.
+    /// Speculative decoding: verification steps (a decode token with drafts), draft tokens
+    /// verified, and accepted.
+    pub draft_verifications_total: u64,
     pub draft_tokens_total: u64,
     pub draft_accepted_total: u64,
     /// Tokens whose K/V the slots hold now.
@@ -443,6 +451,7 @@ impl Engine {
             });
         }
         req.params.validate()?;
+        req.speculative.apply(self.cfg.spec)?;
         Ok(())
     }
 

@@ -20,7 +20,7 @@ pub use engine::{
 };
 pub use kvpack_bridge::{KvPackContext, PackError, SlotExport};
 pub use muser_model::KvType;
-pub use muser_spec::{SpecConfig, SpecMode};
+pub use muser_spec::{SpecConfig, SpecError, SpecMode, SpecOverride, DRAFT_MAX_LIMIT};
 pub use prompt_cache::{PromptCache, PromptCacheConfig, PromptCacheStats};
 pub use sampling::{Sampled, Sampler, SamplingError, SamplingParams, TokenLogprobs, TokenProb};
 pub use stop::StopMatcher;

@@ -12,12 +12,10 @@
 //! the token after the last draft) is the bonus, and the cache rolls back to the accepted
 //! prefix ([`KvCache::rollback`]). Sampling from the target and comparing is speculative
 //! rejection sampling for a drafter that proposes one token with certainty: a draft `d` is
-//! accepted with probability `p(d)`, and the emitted token is distributed as `p`. Drafts fill
-//! a batch only up to `Model::exact_batch_rows`, the rows whose outputs equal one-row passes
-//! bit for bit, only as far as the cells the attention visits stay those of a one-token step
-//! (`KvCache::uniform_extent`), and only where the attention computes several rows as it
-//! computes one (`Model::rows_attend_as_one`: on the CPU, below 512 cells in view), so
-//! verification never changes a token.
+//! accepted with probability `p(d)`, and the emitted token is distributed as `p`. A
+//! verifying slot's rows are computed alone (`Batch::lone_seqs`: each row with the kernels
+//! and the view of the cache of a one-token step at its position), so verification never
+//! changes a token; drafts are made only where the model can (`Model::computes_rows_alone`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -359,7 +357,12 @@ impl<'t> Scheduler<'t> {
                 .filter(|&c| c > keep && !self.slots[slot].foreign);
         }
         self.tick += 1;
-        let speculative = !req.embeddings;
+        // `Engine::submit` refused an override that does not apply
+        let drafting = match req.embeddings {
+            true => None,
+            false => req.speculative.apply(self.cfg.spec).ok().flatten(),
+        }
+        .map(Drafting::new);
         let s = &mut self.slots[slot];
         s.last_used = self.tick;
         s.task = Some(Task {
@@ -379,7 +382,7 @@ impl<'t> Scheduler<'t> {
             started,
             first_token: None,
             producer,
-            drafting: self.cfg.spec.filter(|_| speculative).map(Drafting::new),
+            drafting,
             draft_n: 0,
             draft_n_accepted: 0,
         });
@@ -620,13 +623,12 @@ impl<'t> Scheduler<'t> {
                 )
             })
             .count();
-        // drafts take what the batch has left after every slot's decode token, within the
-        // rows whose outputs equal one-row passes (so a verification changes no token)
-        let mut room = self
-            .cfg
-            .prefill_chunk
-            .min(self.model.exact_batch_rows())
-            .saturating_sub(decoding);
+        // drafts take what the batch has left after every slot's decode token, where rows
+        // can be computed as one-token steps (so a verification changes no token)
+        let mut room = match self.model.computes_rows_alone() {
+            true => self.cfg.prefill_chunk.saturating_sub(decoding),
+            false => 0,
+        };
         for i in 0..self.slots.len() {
             let Some(Task {
                 phase: Phase::Decode(id),
@@ -635,16 +637,8 @@ impl<'t> Scheduler<'t> {
             else {
                 continue;
             };
-            let mut drafts = self.drafts(i, id, room);
+            let drafts = self.drafts(i, id, room);
             let seq = i as u32;
-            // every row must see the cells a one-token step would, through the same kernel
-            let view = self.kv.cells_in_view(seq, 1);
-            let alone = view.is_some_and(|(b, w)| self.model.rows_attend_as_one(b.max(w)));
-            let uniform = match alone {
-                true => self.kv.uniform_extent(seq, 1 + drafts.len() as u32),
-                false => 0,
-            };
-            drafts.truncate(uniform.saturating_sub(1) as usize);
             let pos = self.slots[i].tokens.len() as u32;
             let mark = match drafts.is_empty() {
                 true => None,
@@ -653,6 +647,7 @@ impl<'t> Scheduler<'t> {
             let drafts = if mark.is_some() { drafts } else { Vec::new() };
             room -= drafts.len();
             if let Some(mark) = mark {
+                batch.lone_seqs.push(seq);
                 verifies.push(Verify {
                     first: batch.len(),
                     n_drafts: drafts.len(),
@@ -806,6 +801,7 @@ impl<'t> Scheduler<'t> {
             mark,
         } = v;
         let mut mark = Some(mark);
+        self.stats.draft_verifications_total += 1;
         self.stats.draft_tokens_total += n_drafts as u64;
         if let Some(t) = &mut self.slots[slot].task {
             t.draft_n += n_drafts;

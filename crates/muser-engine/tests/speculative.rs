@@ -1,18 +1,20 @@
 //! Speculative decoding with the n-gram drafter gives plain decoding's tokens: greedy token for
-//! token (SmolLM2 with four slots at once, stop strings, a grammar constraint, a generation
-//! across position 256, and the synthetic sliding-window Muse Glimmer), and seeded sampling
-//! token for token with the same log-probabilities (each row is sampled as a plain step
-//! samples it, so the distribution is plain sampling's).
+//! token (SmolLM2 with four slots at once, stop strings, a grammar constraint, generations
+//! past positions 256 and 1024, and the synthetic sliding-window Muse Glimmer with its ring
+//! wrapping), and seeded sampling token for token with the same log-probabilities (each row is
+//! sampled as a plain step samples it, so the distribution is plain sampling's). A request's
+//! own `speculative` settings turn it off, on, or resize it.
 
 use std::sync::{Arc, OnceLock};
 
+use muser_engine::SubmitError;
 use muser_engine::{
     Constraint, Engine, EngineConfig, Event, Expr, FinishReason, GenerateRequest, Grammar,
     SamplingParams, TokenLogprobs, Vocab,
 };
 use muser_model::synth::{presets, Plan, WeightType};
 use muser_model::{LoadOptions, Model};
-use muser_spec::{SpecConfig, SpecMode};
+use muser_spec::{SpecConfig, SpecMode, SpecOverride};
 use muser_text::Tokenizer;
 
 mod common;
@@ -37,8 +39,11 @@ fn smollm() -> (Arc<Model>, Arc<Tokenizer>) {
 fn config(n_slots: usize, spec: bool) -> EngineConfig {
     EngineConfig {
         n_slots,
-        n_ctx: 384,
-        prefill_chunk: 64,
+        n_ctx: 1152,
+        // below 64 rows, so that a prompt chunk's attention takes the same kernel however
+        // many rows other slots add to its batch (from 64 rows of one sequence it is tiled):
+        // the prompts' K/V, and with them the tokens, do not depend on the batching
+        prefill_chunk: 48,
         spec: spec.then(|| SpecConfig::new(SpecMode::Ngram)),
         ..Default::default()
     }
@@ -154,15 +159,65 @@ fn greedy_speculation_equals_plain_decoding_with_four_slots_and_stop_strings() {
             SamplingParams::greedy(),
             32,
         ),
-        // crosses position 256, where a lone decode row's attention changes kernel
-        request(chat(&CODE.repeat(3)), SamplingParams::greedy(), 48),
+        // past position 256: 512 cells in view, where a lone decode row's attention splits
+        // the cells across threads
+        request(chat(&CODE.repeat(6)), SamplingParams::greedy(), 48),
+        // past 1024 positions
+        request(chat(&CODE.repeat(22)), SamplingParams::greedy(), 40),
     ];
+    let n = (reqs[5].prompt.len(), reqs[6].prompt.len());
+    assert!(n.0 > 256 && n.1 > 1024, "{n:?}");
     let (want, got, accepted) = both(&reqs, 4);
     for (i, (w, g)) in want.iter().zip(&got).enumerate() {
         assert_eq!(g, w, "request {i}");
     }
     assert_eq!(got[2].reason, FinishReason::Stop);
     assert!(accepted > 10, "drafts were accepted ({accepted})");
+}
+
+#[test]
+fn a_requests_own_speculative_settings_turn_it_off_on_or_resize_it() {
+    let (model, tok) = smollm();
+    let req = |speculative: SpecOverride| GenerateRequest {
+        speculative,
+        ..request(chat(CODE), SamplingParams::greedy(), 32)
+    };
+    let spec = Engine::start(model.clone(), tok.clone(), config(1, true)).unwrap();
+    let run = |e: &Engine, o: SpecOverride| collect(e.submit(req(o)).unwrap());
+    let (want, (n, a)) = run(&spec, SpecOverride::default());
+    assert!(a > 0 && n > 0, "{n} {a}");
+    let off = SpecOverride {
+        draft_max: Some(0),
+        ..Default::default()
+    };
+    let (got, (n, _)) = run(&spec, off);
+    assert_eq!((&got, n), (&want, 0));
+    // a draft of at most 2 tokens per verification
+    let small = SpecOverride {
+        draft_max: Some(2),
+        ..Default::default()
+    };
+    let (got, (n2, a2)) = run(&spec, small);
+    assert_eq!(got, want);
+    assert!(n2 > 0 && a2 > 0, "{n2} {a2}");
+    let bad = SpecOverride {
+        draft_max: Some(64),
+        ..Default::default()
+    };
+    assert!(matches!(
+        spec.submit(req(bad)),
+        Err(SubmitError::Speculative(_))
+    ));
+    // a plain engine speculates for a request that names a drafter
+    let plain = Engine::start(model, tok, config(1, false)).unwrap();
+    let on = SpecOverride {
+        mode: Some(Some(SpecMode::Ngram)),
+        ..Default::default()
+    };
+    let (got, (n, a)) = run(&plain, on);
+    assert_eq!(got, want);
+    assert!(a > 0 && n > 0, "{n} {a}");
+    assert_eq!(run(&plain, SpecOverride::default()).1, (0, 0));
 }
 
 #[test]
@@ -223,13 +278,13 @@ fn greedy_speculation_on_a_sliding_window_model_equals_plain_decoding() {
     let model = Arc::new(model);
     let n_vocab = model.info().n_vocab;
     assert_eq!(model.info().n_swa, 32);
-    // a ring of 256 cells (window 32 + batches of 32, padded); 100 prompt tokens and 140
-    // generated stay below 256 positions, where the CPU attention keeps verification exact
-    // (the ring's wrap is covered by muser-model's rollback test)
+    // a ring of 256 cells (window 32 + batches of 32, padded), wrapped four times by 100
+    // prompt tokens and 960 generated, past 1024 positions and 512 cells in view of the
+    // global layers; four slots at once
     // `None`: plain; else speculation pausing below this acceptance
     let cfg = |min_acceptance: Option<f32>| EngineConfig {
-        n_slots: 2,
-        n_ctx: 512,
+        n_slots: 4,
+        n_ctx: 1088,
         prefill_chunk: 32,
         spec: min_acceptance.map(|m| SpecConfig {
             min_acceptance: m,
@@ -239,13 +294,18 @@ fn greedy_speculation_on_a_sliding_window_model_equals_plain_decoding() {
     };
     let mut periodic = muser_model::synth::random_tokens(20, n_vocab, 5);
     periodic = periodic.iter().cycle().take(100).copied().collect();
-    let prompts = [periodic, muser_model::synth::random_tokens(100, n_vocab, 6)];
+    let prompts = [
+        periodic,
+        muser_model::synth::random_tokens(100, n_vocab, 6),
+        muser_model::synth::random_tokens(100, n_vocab, 7),
+        muser_model::synth::random_tokens(100, n_vocab, 8),
+    ];
     let run = |spec: Option<f32>| {
         let e = Engine::start_without_tokenizer(model.clone(), cfg(spec)).unwrap();
         let rxs: Vec<_> = prompts
             .iter()
             .map(|p| {
-                e.submit(request(p.clone(), SamplingParams::greedy(), 140))
+                e.submit(request(p.clone(), SamplingParams::greedy(), 960))
                     .unwrap()
             })
             .collect();

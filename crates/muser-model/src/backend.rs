@@ -63,17 +63,19 @@ pub trait Backend: Send + Sync {
     fn numerics(&self) -> String;
     /// Whether matrices of this type can be multiplied (checked for every matrix at load).
     fn supports(&self, ty: GgmlType) -> bool;
-    /// Most rows a batch may carry for a matrix of this type to give each row exactly what a
-    /// one-row batch gives (kernels chosen by row count round differently). 1 unless the
-    /// backend knows better.
-    fn rows_as_one(&self, _ty: GgmlType) -> usize {
-        1
-    }
-    /// Whether the attention of a batch with several rows of one sequence over `n_kv` cells
-    /// gives each row what a one-row batch over the same cells gives. False unless the
-    /// backend knows better.
-    fn rows_attend_as_one(&self, _n_kv: usize) -> bool {
+    /// Whether [`Backend::compute_alone`] is honoured. False unless the backend can.
+    fn computes_rows_alone(&self) -> bool {
         false
+    }
+    /// Marks the rows of `x` (flags per row) that every later op, and every op on a result
+    /// computed from them, must compute as it computes a one-row batch at the same position:
+    /// the one-row matmul kernels, the attention kernel and cells a lone query row takes. The
+    /// marks travel with the rows (through [`Backend::select_rows`] too). Only called where
+    /// [`Backend::computes_rows_alone`].
+    fn compute_alone(&self, _x: &mut Self::Act, _rows: &[bool]) -> Result<(), ModelError> {
+        Err(ModelError::BadBatch(
+            "this backend cannot compute rows alone".into(),
+        ))
     }
     /// Called once per weight matrix when a model is loaded (a device backend uploads it here).
     fn prepare_weight(&self, _w: &Weight) -> Result<(), ModelError> {

@@ -60,6 +60,12 @@ pub struct Batch {
     pub argmax_only: Vec<bool>,
     /// Rows given as embeddings instead of token embeddings (an image's rows).
     pub input_embd: InputEmbd,
+    /// Sequences whose rows are each computed as a one-row batch at the same position
+    /// computes it (the kernels a lone row takes, its view of the cache), so that their logits
+    /// and K/V equal one-token steps bit for bit whatever else the batch holds: speculative
+    /// verification. Only where [`Model::computes_rows_alone`]; a batch asking elsewhere is
+    /// refused.
+    pub lone_seqs: Vec<u32>,
 }
 
 /// Batch rows whose input is an embedding (`n_embd` values each, e.g. an image encoder's
@@ -108,6 +114,7 @@ impl Batch {
             embeddings: false,
             argmax_only: Vec::new(),
             input_embd: InputEmbd::default(),
+            lone_seqs: Vec::new(),
         }
     }
 
@@ -237,12 +244,8 @@ trait Executor: Send + Sync {
     }
     fn numerics(&self) -> String;
     fn supports(&self, ty: GgmlType) -> bool;
-    /// See [`Backend::rows_as_one`].
-    fn rows_as_one(&self, _ty: GgmlType) -> usize {
-        1
-    }
-    /// See [`Backend::rows_attend_as_one`].
-    fn rows_attend_as_one(&self, _n_kv: usize) -> bool {
+    /// See [`Backend::computes_rows_alone`].
+    fn computes_rows_alone(&self) -> bool {
         false
     }
     fn prepare_weight(&self, w: &Weight) -> Result<(), ModelError>;
@@ -370,12 +373,8 @@ impl<B: Backend> Executor for On<B> {
         self.0.supports(ty)
     }
 
-    fn rows_as_one(&self, ty: GgmlType) -> usize {
-        self.0.rows_as_one(ty)
-    }
-
-    fn rows_attend_as_one(&self, n_kv: usize) -> bool {
-        self.0.rows_attend_as_one(n_kv)
+    fn computes_rows_alone(&self) -> bool {
+        self.0.computes_rows_alone()
     }
 
     fn prepare_weight(&self, w: &Weight) -> Result<(), ModelError> {
@@ -399,8 +398,6 @@ pub struct Model {
     info: ModelInfo,
     net: Net,
     exec: Box<dyn Executor>,
-    /// See [`Model::exact_batch_rows`].
-    exact_rows: usize,
 }
 
 /// Default largest batch per forward pass (llama.cpp's default `n_ubatch`).
@@ -456,10 +453,8 @@ impl Model {
             Arch::Llama => Net::Llama(Llama::load(&t, &info)?),
         };
         let mut seen = std::collections::HashSet::new();
-        let mut exact_rows = usize::MAX;
         for w in t.mats.borrow().iter() {
             let w = w.view(&gguf);
-            exact_rows = exact_rows.min(exec.rows_as_one(w.ty));
             if seen.insert(w.name.to_string()) {
                 exec.prepare_weight(&w)?;
             }
@@ -470,7 +465,6 @@ impl Model {
             info,
             net,
             exec,
-            exact_rows,
         })
     }
 
@@ -500,23 +494,10 @@ impl Model {
             .sum()
     }
 
-    /// Most rows a batch may carry for every row's logits (and K/V) to equal, bit for bit,
-    /// those of the same token in a one-row batch at the same position: the least of the
-    /// backend's [`Backend::rows_as_one`] over the model's matrices. On the CPU backend:
-    /// unbounded for the non-K quantized types (each row is dotted alone), 7 with Q4_K, Q5_K
-    /// or Q6_K matrices (tiled from 8 rows), 1 with F32 or F16 matrices; 1 on a device. (The
-    /// attention, too, keeps a row's result only below 64 rows of one sequence.) Speculative
-    /// verification stays within it.
-    pub fn exact_batch_rows(&self) -> usize {
-        self.exact_rows
-    }
-
-    /// Whether several rows of one sequence attending over `n_kv` cells each get what a
-    /// one-row batch over those cells gets ([`Backend::rows_attend_as_one`]). On the CPU
-    /// backend: below 512 cells (from 512 on, a lone query row splits the cells across
-    /// threads, ggml's split-KV kernel); never on a device.
-    pub fn rows_attend_as_one(&self, n_kv: u32) -> bool {
-        self.exec.rows_attend_as_one(n_kv as usize)
+    /// Whether batches may ask for rows computed alone ([`Batch::lone_seqs`]): true on the CPU
+    /// backend, false on a device (its multi-row batches run the prefill kernels).
+    pub fn computes_rows_alone(&self) -> bool {
+        self.exec.computes_rows_alone()
     }
 
     /// Compute threads in use.
@@ -670,12 +651,32 @@ impl Model {
                 self.info.n_embd
             )));
         }
+        if !b.lone_seqs.is_empty() && !self.exec.computes_rows_alone() {
+            return Err(ModelError::BadBatch(
+                "this backend cannot compute a sequence's rows alone (lone_seqs)".into(),
+            ));
+        }
+        if let Some(s) = b.lone_seqs.iter().find(|&&s| s as usize >= kv.n_seq()) {
+            return Err(ModelError::BadBatch(format!(
+                "lone seq {s} >= n_seq {}",
+                kv.n_seq()
+            )));
+        }
+        let alone: Vec<bool> = groups
+            .iter()
+            .map(|(seq, _)| b.lone_seqs.contains(seq))
+            .collect();
+        let lone = match alone.iter().any(|&a| a) {
+            true => b.seq.iter().map(|s| b.lone_seqs.contains(s)).collect(),
+            false => Vec::new(),
+        };
         let out_rows: Vec<usize> = (0..n).filter(|&i| b.logits[i]).collect();
-        let plan = kv.place(&groups, &b.pos)?;
+        let plan = kv.place(&groups, &b.pos, &alone)?;
         Ok(Prepared {
             groups,
             plan,
             out_rows,
+            lone,
         })
     }
 

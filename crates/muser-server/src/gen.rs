@@ -5,9 +5,11 @@ use crate::error::{ApiError, ApiResult};
 use crate::limits::{self, LOGIT_BIAS_ABS_MAX, LOGIT_BIAS_MAX, N_PROBS_MAX};
 use crate::reqlog::RequestLog;
 use crate::state::AppState;
+use crate::wire::SpecFields;
 use axum::body::Body;
 use muser_engine::{
-    Event, FinishReason, GenerateRequest, SamplingParams, SubmitError, TokenLogprobs,
+    Event, FinishReason, GenerateRequest, SamplingParams, SpecOverride, SubmitError, TokenLogprobs,
+    DRAFT_MAX_LIMIT,
 };
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -222,6 +224,42 @@ pub async fn submit(
             "the engine has stopped",
         ),
         other => ApiError::bad_request(other.to_string()),
+    })
+}
+
+/// A request's `speculative.*` fields as the engine's override: `speculative.type` `none`
+/// turns speculation off, a drafter's name (`ngram-simple`, `ngram`, `lookup`) turns it on;
+/// `n_max` (0 = off) and `n_min` size the drafts; `p_min` is checked (0..=1).
+pub fn speculative(f: SpecFields) -> ApiResult<SpecOverride> {
+    let count = |name: &str, v: Option<i64>| -> ApiResult<Option<usize>> {
+        v.map(|n| {
+            usize::try_from(n)
+                .ok()
+                .filter(|&n| n <= DRAFT_MAX_LIMIT)
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "speculative.{name} must be between 0 and {DRAFT_MAX_LIMIT}, got {n}"
+                    ))
+                })
+        })
+        .transpose()
+    };
+    if let Some(p) = f.p_min.filter(|p| !(0.0..=1.0).contains(p)) {
+        return Err(ApiError::bad_request(format!(
+            "speculative.p_min must be between 0 and 1, got {p}"
+        )));
+    }
+    let mode = match f.kind {
+        None => None,
+        Some("none") => Some(None),
+        Some(name) => Some(Some(name.parse().map_err(
+            |e: muser_engine::SpecError| ApiError::bad_request(format!("speculative.type: {e}")),
+        )?)),
+    };
+    Ok(SpecOverride {
+        mode,
+        draft_max: count("n_max", f.n_max)?,
+        draft_min: count("n_min", f.n_min)?,
     })
 }
 

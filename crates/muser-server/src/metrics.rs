@@ -405,6 +405,12 @@ impl Metrics {
         );
         counter(
             &mut out,
+            "muser_draft_verifications_total",
+            "Speculative verification steps (a decode token with its drafts).",
+            g.engine.draft_verifications_total,
+        );
+        counter(
+            &mut out,
             "muser_draft_tokens_total",
             "Speculative draft tokens verified.",
             g.engine.draft_tokens_total,
@@ -528,6 +534,7 @@ mod tests {
                 busy_slots: 1,
                 queue_depth: 2,
                 kv_tokens: 100,
+                draft_verifications_total: 7,
                 draft_tokens_total: 40,
                 draft_accepted_total: 25,
                 ..Default::default()
@@ -543,6 +550,7 @@ mod tests {
         });
         assert!(text.contains("muser_lane_producer_health{producer=\"prod\"} 1"));
         assert!(text.contains("muser_lane_producer_health_changes_total{producer=\"prod\"} 1"));
+        assert!(text.contains("muser_draft_verifications_total 7"));
         assert!(text.contains("muser_draft_tokens_total 40"));
         assert!(text.contains("muser_draft_accepted_tokens_total 25"));
         assert!(text.contains("muser_prompt_tokens_total 10"));

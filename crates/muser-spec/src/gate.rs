@@ -4,16 +4,22 @@
 const WINDOW: usize = 16;
 /// Decode steps without drafts after a poor window, before probing again.
 const PAUSE_STEPS: u32 = 64;
+/// The longest pause: each poor window in a row doubles the pause up to this.
+const PAUSE_MAX: u32 = 1024;
 
 /// Windowed acceptance of one slot's drafts. Closed (no drafts) for [`PAUSE_STEPS`] decode
 /// steps after a window of at least [`WINDOW`] drafted tokens accepted fewer than the
-/// threshold; then open again with a fresh window (the probe).
+/// threshold; then open again with a fresh window (the probe). Each further poor window in a
+/// row doubles the pause (up to [`PAUSE_MAX`]), so text that never accepts pays one poor
+/// window per ever longer stretch; a good window brings the pause back to [`PAUSE_STEPS`].
 #[derive(Clone, Debug)]
 pub struct Gate {
     min_acceptance: f32,
     drafted: usize,
     accepted: usize,
     paused: u32,
+    /// The next pause's length.
+    pause: u32,
     /// Times the gate closed.
     pauses: u64,
 }
@@ -25,6 +31,7 @@ impl Gate {
             drafted: 0,
             accepted: 0,
             paused: 0,
+            pause: PAUSE_STEPS,
             pauses: 0,
         }
     }
@@ -44,8 +51,11 @@ impl Gate {
         self.accepted += accepted.min(drafted);
         if self.drafted >= WINDOW {
             if (self.accepted as f32) < self.min_acceptance * self.drafted as f32 {
-                self.paused = PAUSE_STEPS;
+                self.paused = self.pause;
+                self.pause = (self.pause * 2).min(PAUSE_MAX);
                 self.pauses += 1;
+            } else {
+                self.pause = PAUSE_STEPS;
             }
             self.drafted = 0;
             self.accepted = 0;
@@ -85,6 +95,19 @@ mod tests {
         assert!(!g.is_paused());
         assert!(g.step());
         assert_eq!(g.pauses(), 1);
+    }
+
+    #[test]
+    fn poor_windows_in_a_row_double_the_pause_and_a_good_one_resets_it() {
+        let mut g = Gate::new(0.25);
+        let closed = |g: &mut Gate| (0..2 * PAUSE_MAX).take_while(|_| !g.step()).count() as u32;
+        for want in [64, 128, 256, 512, 1024, 1024] {
+            g.record(16, 0);
+            assert_eq!(closed(&mut g), want);
+        }
+        g.record(16, 8);
+        g.record(16, 0);
+        assert_eq!(closed(&mut g), PAUSE_STEPS);
     }
 
     #[test]

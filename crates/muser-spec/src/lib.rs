@@ -13,9 +13,8 @@ mod ngram;
 pub use gate::Gate;
 pub use ngram::Ngram;
 
-/// Most draft tokens one verification may carry. A verification stays below 64 rows of one
-/// sequence, where the CPU backend's attention changes kernel (llama.cpp's tiled flash
-/// attention) and its rows would stop matching one-token steps bit for bit.
+/// Most draft tokens one verification may carry (a bound on the rows one slot adds to a batch
+/// and on the K/V a rollback restores).
 pub const DRAFT_MAX_LIMIT: usize = 32;
 
 /// Which drafter proposes tokens.
@@ -23,6 +22,15 @@ pub const DRAFT_MAX_LIMIT: usize = 32;
 pub enum SpecMode {
     /// Prompt lookup over the slot's own tokens (no extra model).
     Ngram,
+}
+
+impl SpecMode {
+    /// The mode's name, as `--spec` and `speculative.type` take it.
+    pub fn name(self) -> &'static str {
+        match self {
+            SpecMode::Ngram => "ngram",
+        }
+    }
 }
 
 impl std::str::FromStr for SpecMode {
@@ -42,6 +50,9 @@ pub struct SpecConfig {
     pub mode: SpecMode,
     /// Most draft tokens per verification (1..=[`DRAFT_MAX_LIMIT`]).
     pub draft_max: usize,
+    /// Fewest draft tokens worth a verification (0..=`draft_max`): a shorter proposal is
+    /// dropped and the slot decodes plainly.
+    pub draft_min: usize,
     /// Acceptance (accepted / drafted, over the gate's window) below which drafting pauses.
     pub min_acceptance: f32,
 }
@@ -52,6 +63,7 @@ impl SpecConfig {
         SpecConfig {
             mode,
             draft_max: 8,
+            draft_min: 0,
             min_acceptance: 0.25,
         }
     }
@@ -59,6 +71,9 @@ impl SpecConfig {
     pub fn validate(&self) -> Result<(), SpecError> {
         if !(1..=DRAFT_MAX_LIMIT).contains(&self.draft_max) {
             return Err(SpecError::DraftMax(self.draft_max));
+        }
+        if self.draft_min > self.draft_max {
+            return Err(SpecError::DraftMin(self.draft_min, self.draft_max));
         }
         if !(0.0..=1.0).contains(&self.min_acceptance) {
             return Err(SpecError::Threshold(self.min_acceptance));
@@ -75,6 +90,45 @@ pub enum SpecError {
     DraftMax(usize),
     #[error("the acceptance threshold {0} is outside 0..=1")]
     Threshold(f32),
+    #[error("draft-min {0} exceeds draft-max {1}")]
+    DraftMin(usize, usize),
+}
+
+/// A request's own speculative settings (llama-server's `speculative.type`,
+/// `speculative.n_max` and `speculative.n_min` request fields) over the server's.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SpecOverride {
+    /// `Some(None)`: no speculation for this request; `Some(Some(mode))`: this drafter, even
+    /// where the server does not speculate.
+    pub mode: Option<Option<SpecMode>>,
+    /// Most drafts per verification; 0 turns speculation off for the request.
+    pub draft_max: Option<usize>,
+    /// Fewest drafts worth a verification.
+    pub draft_min: Option<usize>,
+}
+
+impl SpecOverride {
+    /// The request's configuration over the server's `base` (`None`: no speculation).
+    pub fn apply(&self, base: Option<SpecConfig>) -> Result<Option<SpecConfig>, SpecError> {
+        let cfg = match (self.mode, base) {
+            (Some(None), _) | (None, None) => return Ok(None),
+            (Some(Some(mode)), base) => SpecConfig {
+                mode,
+                ..base.unwrap_or(SpecConfig::new(mode))
+            },
+            (None, Some(base)) => base,
+        };
+        if self.draft_max == Some(0) {
+            return Ok(None);
+        }
+        let cfg = SpecConfig {
+            draft_max: self.draft_max.unwrap_or(cfg.draft_max),
+            draft_min: self.draft_min.unwrap_or(cfg.draft_min),
+            ..cfg
+        };
+        cfg.validate()?;
+        Ok(Some(cfg))
+    }
 }
 
 /// One slot's drafting: the drafter and its gate.
@@ -102,8 +156,12 @@ impl Drafting {
             return Vec::new();
         }
         let max = self.cfg.draft_max.min(room);
-        match self.cfg.mode {
+        let drafts = match self.cfg.mode {
             SpecMode::Ngram => self.ngram.draft(history, max),
+        };
+        match drafts.len() < self.cfg.draft_min {
+            true => Vec::new(),
+            false => drafts,
         }
     }
 
@@ -114,5 +172,62 @@ impl Drafting {
 
     pub fn gate(&self) -> &Gate {
         &self.gate
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_override_turns_speculation_off_on_or_resizes_it() {
+        let server = Some(SpecConfig::new(SpecMode::Ngram));
+        let off = SpecOverride {
+            mode: Some(None),
+            ..Default::default()
+        };
+        assert_eq!(off.apply(server), Ok(None));
+        let zero = SpecOverride {
+            draft_max: Some(0),
+            ..Default::default()
+        };
+        assert_eq!(zero.apply(server), Ok(None));
+        // sizes alone change nothing where the server does not speculate
+        let sized = SpecOverride {
+            draft_max: Some(4),
+            draft_min: Some(2),
+            ..Default::default()
+        };
+        assert_eq!(sized.apply(None), Ok(None));
+        let got = sized.apply(server).unwrap().unwrap();
+        assert_eq!((got.draft_max, got.draft_min), (4, 2));
+        let on = SpecOverride {
+            mode: Some(Some(SpecMode::Ngram)),
+            ..sized
+        };
+        assert_eq!(on.apply(None).unwrap().unwrap().draft_max, 4);
+        let bad = SpecOverride {
+            draft_max: Some(33),
+            ..Default::default()
+        };
+        assert_eq!(bad.apply(server), Err(SpecError::DraftMax(33)));
+        let inverted = SpecOverride {
+            draft_max: Some(2),
+            draft_min: Some(3),
+            ..Default::default()
+        };
+        assert_eq!(inverted.apply(server), Err(SpecError::DraftMin(3, 2)));
+    }
+
+    #[test]
+    fn a_proposal_shorter_than_draft_min_is_dropped() {
+        let history = [1, 2, 3, 4, 1, 2, 3];
+        let mut d = Drafting::new(SpecConfig::new(SpecMode::Ngram));
+        assert_eq!(d.propose(&history, 8), vec![4, 1, 2, 3]);
+        let mut d = Drafting::new(SpecConfig {
+            draft_min: 5,
+            ..SpecConfig::new(SpecMode::Ngram)
+        });
+        assert!(d.propose(&history, 8).is_empty());
     }
 }

@@ -11,6 +11,9 @@
 //! (tinyBLAS also takes Q8_0/Q4_0/Q5_0 with two or more rows; its per-block FMA into 8 lanes
 //! and final reduction are the same operations as the vec_dot kernels, so one path serves.)
 //!
+//! Rows computed alone (a speculative verification's) take the one-row kernel whatever the
+//! batch: `vec_dot` in the one-row order, the weights still read once for all rows.
+//!
 //! Work is split over output rows in blocks; each block of weight rows is read once and dotted
 //! with every activation row while it is hot in cache.
 
@@ -47,24 +50,19 @@ fn quant_err(w: &Weight, e: muser_quant::QuantError) -> ModelError {
 }
 
 /// Whether the CPU backend can multiply weights of this type.
-/// Most rows of x for which every row of `x · Wᵀ` equals a one-row product (the kernel table
-/// above switches by row count): 1 for F32 and F16 (two rows on take other dot kernels), one
-/// less than the tiled K-quant threshold for the K-quants, unbounded for the other types.
-pub fn rows_as_one(ty: GgmlType) -> usize {
-    match ty {
-        GgmlType::F32 | GgmlType::F16 => 1,
-        ty => (2..=256)
-            .find(|&n| kquant::applies(ty, n))
-            .map_or(usize::MAX, |n| n - 1),
-    }
-}
-
 pub fn supported(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::F32 | GgmlType::F16) || muser_quant::has_vec_dot(ty)
 }
 
-/// `y = x · Wᵀ` for `n_rows` activation rows; F32 and F16 weights sum in `order`'s lanes.
-pub fn matmul(order: Order, w: &Weight, x: &[f32], n_rows: usize) -> Result<Vec<f32>, ModelError> {
+/// `y = x · Wᵀ` for `n_rows` activation rows; F32 and F16 weights sum in `order`'s lanes. The
+/// rows flagged in `alone` (empty: none) get what a one-row product gives them.
+pub fn matmul(
+    order: Order,
+    w: &Weight,
+    x: &[f32],
+    n_rows: usize,
+    alone: &[bool],
+) -> Result<Vec<f32>, ModelError> {
     let (n_in, n_out) = (w.n_in, w.n_out);
     if x.len() != n_rows * n_in {
         return Err(ModelError::BadBatch(format!(
@@ -83,6 +81,19 @@ pub fn matmul(order: Order, w: &Weight, x: &[f32], n_rows: usize) -> Result<Vec<
         // A batch that asks for no output rows (an intermediate prompt chunk).
         return Ok(Vec::new());
     }
+    if !alone.is_empty() && alone.len() != n_rows {
+        return Err(ModelError::BadBatch(format!(
+            "{}: {} row flags for {n_rows} rows",
+            w.name,
+            alone.len()
+        )));
+    }
+    let n_alone = alone.iter().filter(|&&a| a).count();
+    if n_alone > 0 && n_alone < n_rows && kquant::applies(w.ty, n_rows) {
+        // The tiled K-quant kernel takes the batch: the rows computed alone go through the
+        // one-row kernel by themselves, the others through the batch's.
+        return split_alone(order, w, x, alone);
+    }
     let rb = w.row_bytes();
     let acts = match w.ty {
         GgmlType::F32 => Acts::F32(x.to_vec()),
@@ -100,7 +111,7 @@ pub fn matmul(order: Order, w: &Weight, x: &[f32], n_rows: usize) -> Result<Vec<
             Acts::Quant { data, row_bytes }
         }
     };
-    let packed = match (&acts, kquant::applies(w.ty, n_rows)) {
+    let packed = match (&acts, n_alone == 0 && kquant::applies(w.ty, n_rows)) {
         (Acts::Quant { data, .. }, true) => Some(kquant::Packed::new(data, n_rows, n_in / 256)),
         _ => None,
     };
@@ -125,7 +136,15 @@ pub fn matmul(order: Order, w: &Weight, x: &[f32], n_rows: usize) -> Result<Vec<
             // SAFETY: the ranges are disjoint and inside `y` (n_out values).
             let o = unsafe { std::slice::from_raw_parts_mut(y_ptr.0.add(r0), r1 - r0) };
             for (r, o) in (r0..r1).zip(o.chunks_exact_mut(1)) {
-                dot_row(order, w.ty, n_in, &w.data[r * rb..(r + 1) * rb], &acts, o);
+                dot_row(
+                    order,
+                    w.ty,
+                    n_in,
+                    &w.data[r * rb..(r + 1) * rb],
+                    &acts,
+                    &[],
+                    o,
+                );
             }
             return;
         }
@@ -151,7 +170,7 @@ pub fn matmul(order: Order, w: &Weight, x: &[f32], n_rows: usize) -> Result<Vec<
         for r in r0..r1 {
             let wrow = &w.data[r * rb..(r + 1) * rb];
             let o = &mut out[(r - r0) * n_rows..(r - r0 + 1) * n_rows];
-            dot_row(order, w.ty, n_in, wrow, &acts, o);
+            dot_row(order, w.ty, n_in, wrow, &acts, alone, o);
         }
         // Transpose [row][token] into y's [token][row], 16 rows at a time so that every
         // token's write is one contiguous run.
@@ -168,6 +187,32 @@ pub fn matmul(order: Order, w: &Weight, x: &[f32], n_rows: usize) -> Result<Vec<
             }
         }
     });
+    Ok(y)
+}
+
+/// [`matmul`] of a batch with rows computed alone and others, each part in its own call (the
+/// alone rows all flagged), the results put back in batch order.
+fn split_alone(
+    order: Order,
+    w: &Weight,
+    x: &[f32],
+    alone: &[bool],
+) -> Result<Vec<f32>, ModelError> {
+    let (n_in, n_out) = (w.n_in, w.n_out);
+    let mut y = vec![0f32; alone.len() * n_out];
+    for part in [true, false] {
+        let rows: Vec<usize> = (0..alone.len()).filter(|&t| alone[t] == part).collect();
+        let xs: Vec<f32> = rows
+            .iter()
+            .flat_map(|&t| &x[t * n_in..(t + 1) * n_in])
+            .copied()
+            .collect();
+        let flags = vec![part; rows.len()];
+        let ys = matmul(order, w, &xs, rows.len(), if part { &flags } else { &[] })?;
+        for (k, &t) in rows.iter().enumerate() {
+            y[t * n_out..(t + 1) * n_out].copy_from_slice(&ys[k * n_out..(k + 1) * n_out]);
+        }
+    }
     Ok(y)
 }
 
@@ -236,9 +281,11 @@ unsafe impl Sync for SendPtr {}
 unsafe impl Send for SendPtr {}
 
 fma_fn! {
-/// One weight row against every activation row, in `order`.
-fn dot_row(order: Order, ty: GgmlType, n_in: usize, wrow: &[u8], acts: &Acts, out: &mut [f32]) {
+/// One weight row against every activation row, in `order`; the rows flagged in `alone`
+/// (empty: none) take the one-row kernel.
+fn dot_row(order: Order, ty: GgmlType, n_in: usize, wrow: &[u8], acts: &Acts, alone: &[bool], out: &mut [f32]) {
     let n_rows = out.len();
+    let batched = |t: usize| n_rows >= 2 && n_in.is_multiple_of(order.lanes()) && !alone.get(t).copied().unwrap_or(false);
     match acts {
         Acts::F32(x) => {
             let wf: Vec<f32> = wrow
@@ -247,7 +294,7 @@ fn dot_row(order: Order, ty: GgmlType, n_in: usize, wrow: &[u8], acts: &Acts, ou
                 .collect();
             for (t, o) in out.iter_mut().enumerate() {
                 let a = &x[t * n_in..(t + 1) * n_in];
-                *o = if n_rows >= 2 && n_in.is_multiple_of(order.lanes()) {
+                *o = if batched(t) {
                     tinyblas_dot(order, &wf, a)
                 } else {
                     vec_dot(order, &wf, a)
@@ -261,7 +308,7 @@ fn dot_row(order: Order, ty: GgmlType, n_in: usize, wrow: &[u8], acts: &Acts, ou
                 .collect();
             for (t, o) in out.iter_mut().enumerate() {
                 let a = &x[t * n_in..(t + 1) * n_in];
-                *o = if n_rows >= 2 && n_in.is_multiple_of(order.lanes()) {
+                *o = if batched(t) {
                     tinyblas_dot(order, &wh, a)
                 } else {
                     vec_dot(order, &wh, a)
@@ -315,7 +362,7 @@ mod tests {
             for n_rows in [1, 2, 3, 5, FEW_TOKENS, FEW_TOKENS + 1, 40] {
                 let x: Vec<f32> = (0..n_rows * n_in).map(|_| rnd()).collect();
                 let y = pool
-                    .install(|| matmul(Order::GgmlAvx512, &w, &x, n_rows))
+                    .install(|| matmul(Order::GgmlAvx512, &w, &x, n_rows, &[]))
                     .unwrap();
                 for t in 0..n_rows {
                     let mut a = vec![0u8; ab];

@@ -28,6 +28,9 @@ pub struct Mat {
     pub rows: usize,
     pub cols: usize,
     pub data: Vec<f32>,
+    /// Empty, or per row: computed as a one-row batch computes it
+    /// ([`Backend::compute_alone`]).
+    pub alone: Vec<bool>,
 }
 
 impl Mat {
@@ -192,14 +195,20 @@ impl Backend for CpuBackend {
         matmul::supported(ty)
     }
 
-    fn rows_as_one(&self, ty: muser_gguf::GgmlType) -> usize {
-        matmul::rows_as_one(ty)
+    fn computes_rows_alone(&self) -> bool {
+        true
     }
 
-    /// ggml's kernel choice: one query row over 512+ cells splits the cells across threads.
-    fn rows_attend_as_one(&self, n_kv: usize) -> bool {
-        let t = self.threads();
-        attention::choose(1, n_kv, t) == attention::choose(2, n_kv, t)
+    fn compute_alone(&self, x: &mut Mat, rows: &[bool]) -> Result<(), ModelError> {
+        if rows.len() != x.rows {
+            return Err(ModelError::BadBatch(format!(
+                "{} row marks for {} rows",
+                rows.len(),
+                x.rows
+            )));
+        }
+        x.alone = rows.to_vec();
+        Ok(())
     }
 
     fn threads(&self) -> usize {
@@ -272,7 +281,12 @@ impl Backend for CpuBackend {
                 data.len()
             )));
         }
-        Ok(Mat { rows, cols, data })
+        Ok(Mat {
+            rows,
+            cols,
+            data,
+            alone: Vec::new(),
+        })
     }
 
     fn download(&self, a: &Mat) -> Result<Vec<f32>, ModelError> {
@@ -310,17 +324,19 @@ impl Backend for CpuBackend {
             rows: ids.len(),
             cols: table.n_in,
             data,
+            alone: Vec::new(),
         })
     }
 
     fn matmul(&self, w: &Weight, x: &Mat) -> Result<Mat, ModelError> {
         let data = self
             .pool
-            .install(|| matmul::matmul(self.numerics.order, w, &x.data, x.rows))?;
+            .install(|| matmul::matmul(self.numerics.order, w, &x.data, x.rows, &x.alone))?;
         Ok(Mat {
             rows: x.rows,
             cols: w.n_out,
             data,
+            alone: x.alone.clone(),
         })
     }
 
@@ -434,10 +450,15 @@ impl Backend for CpuBackend {
         for &r in rows {
             data.extend_from_slice(x.row(r));
         }
+        let alone = match x.alone.is_empty() {
+            true => Vec::new(),
+            false => rows.iter().map(|&r| x.alone[r]).collect(),
+        };
         Ok(Mat {
             rows: rows.len(),
             cols: x.cols,
             data,
+            alone,
         })
     }
 
@@ -478,27 +499,52 @@ impl Backend for CpuBackend {
             .as_any()
             .downcast_ref::<HostKv>()
             .ok_or_else(not_host)?;
-        let mut views = Vec::with_capacity(at.groups.len());
-        let mut n_kvs = Vec::with_capacity(at.groups.len());
-        for (g, (seq, _)) in at.groups.iter().enumerate() {
-            let (_, nb, ns) = at.plan.n_kv[g];
-            let n_kv = if swa { ns } else { nb } as usize;
-            let (kb, vb) = host.layer(*seq, il);
-            views.push(attention::View {
-                k: kb,
-                v: vb,
-                cell_pos: kv_ro.cell_pos(*seq, il),
-                dtype: layout.dtype,
-                row,
-                head_dim: at.head_dim,
-                n_swa: if swa { layout.n_swa } else { 0 },
-            });
-            n_kvs.push(n_kv);
+        // A sequence computed alone attends row by row, each row as the one-token step at its
+        // position: a group of its own over the cells that step would visit.
+        let pick = |(nb, ns): (u32, u32)| if swa { ns } else { nb } as usize;
+        let mut n_kvs: Vec<usize> = at.plan.n_kv.iter().map(|&(_, b, s)| pick((b, s))).collect();
+        let split: Vec<(u32, Vec<usize>)>;
+        let mut groups = at.groups;
+        if at.plan.alone_n_kv.iter().any(|a| !a.is_empty()) {
+            n_kvs.clear();
+            let mut rows = Vec::with_capacity(at.pos.len());
+            for (g, (seq, idx)) in at.groups.iter().enumerate() {
+                match at.plan.alone_n_kv.get(g).filter(|a| !a.is_empty()) {
+                    None => {
+                        rows.push((*seq, idx.clone()));
+                        n_kvs.push(pick((at.plan.n_kv[g].1, at.plan.n_kv[g].2)));
+                    }
+                    Some(steps) => {
+                        for (&t, &step) in idx.iter().zip(steps) {
+                            rows.push((*seq, vec![t]));
+                            n_kvs.push(pick(step));
+                        }
+                    }
+                }
+            }
+            split = rows;
+            groups = &split;
         }
+        let views: Vec<attention::View> = groups
+            .iter()
+            .map(|(seq, _)| {
+                let (kb, vb) = host.layer(*seq, il);
+                attention::View {
+                    k: kb,
+                    v: vb,
+                    cell_pos: kv_ro.cell_pos(*seq, il),
+                    dtype: layout.dtype,
+                    row,
+                    head_dim: at.head_dim,
+                    n_swa: if swa { layout.n_swa } else { 0 },
+                }
+            })
+            .collect();
+        let at = AttnInput { groups, ..*at };
         let data = self.pool.install(|| {
             attention::run(
                 self.numerics,
-                at,
+                &at,
                 &views,
                 &n_kvs,
                 self.threads,
@@ -510,6 +556,7 @@ impl Backend for CpuBackend {
             rows: q.rows,
             cols: at.n_head * at.head_dim,
             data,
+            alone: q.alone.clone(),
         })
     }
 }
@@ -526,7 +573,12 @@ mod tests {
                 (s >> 8) as f32 / (1u32 << 24) as f32 * 8.0 - 4.0
             })
             .collect();
-        Mat { rows, cols, data }
+        Mat {
+            rows,
+            cols,
+            data,
+            alone: Vec::new(),
+        }
     }
 
     /// Every element-wise op gives the same bits split over the pool as on one thread, for

@@ -83,7 +83,12 @@ impl Cells {
 
     /// Cells the attention kernels look at: llama.cpp pads this to 256 so graphs stay constant.
     pub(super) fn n_kv(&self) -> u32 {
-        let padded = self.used_max_p1().div_ceil(PAD) * PAD;
+        self.n_kv_for(self.used_max_p1())
+    }
+
+    /// [`Cells::n_kv`] once the cells up to `hi` (one past the last) are used.
+    pub(super) fn n_kv_for(&self, hi: u32) -> u32 {
+        let padded = hi.div_ceil(PAD) * PAD;
         self.size().min(PAD.max(padded))
     }
 

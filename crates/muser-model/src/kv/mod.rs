@@ -136,6 +136,37 @@ pub struct KvMark {
     rows: Vec<(usize, usize, Vec<u8>, Vec<u8>)>,
 }
 
+/// The (base, ring) cells the attention of one-token steps would visit, row by row, as
+/// `positions` go into the cells `base` and `swa` (empty where a sub-cache is unused) of
+/// `stream`: each step's view, after the rows before it and itself were stored. The base
+/// cache only fills empty cells, so its view follows the highest cell used; a ring may free
+/// cells as it overwrites them, so its steps are replayed on a copy (a ring is small).
+fn one_token_views(
+    stream: &Stream,
+    base: &[u32],
+    swa: &[u32],
+    positions: &[i32],
+) -> Vec<(u32, u32)> {
+    let mut hi = stream.base.used_max_p1();
+    let mut ring = (!swa.is_empty()).then(|| stream.swa.clone());
+    (0..positions.len())
+        .map(|r| {
+            let nb = base.get(r).map_or(0, |&c| {
+                hi = hi.max(c + 1);
+                stream.base.n_kv_for(hi)
+            });
+            let ns = match (&mut ring, swa.get(r)) {
+                (Some(ring), Some(&c)) => {
+                    ring.apply(&[c], &positions[r..r + 1]);
+                    ring.n_kv()
+                }
+                _ => 0,
+            };
+            (nb, ns)
+        })
+        .collect()
+}
+
 /// The cells of a sub-cache holding `positions` (in order; empty for a sub-cache no layer
 /// uses), `None` when one is missing.
 fn held_cells(c: &Cells, positions: &Range<u32>) -> Option<Vec<u32>> {
@@ -156,6 +187,9 @@ pub struct KvPlan {
     pub swa_cell: Vec<u32>,
     /// Per stream touched by the batch: (seq, n_kv base, n_kv swa).
     pub n_kv: Vec<(u32, u32, u32)>,
+    /// Per stream, in the order of `n_kv`: empty, or for a sequence computed alone, per row
+    /// the (base, swa) cells a one-token step at that row's position would visit.
+    pub alone_n_kv: Vec<Vec<(u32, u32)>>,
 }
 
 /// The KV cache pool.
@@ -305,43 +339,6 @@ impl KvCache {
         }
     }
 
-    /// The cells the attention of `seq` would visit, per sub-cache (base, ring; 0 for one no
-    /// layer uses), after one batch appends `n` positions; `None` when they do not fit.
-    pub fn cells_in_view(&self, seq: u32, n: u32) -> Option<(u32, u32)> {
-        let s = self.streams.get(seq as usize)?;
-        let start = self.seq_len(seq);
-        let positions: Vec<i32> = (start..start + n).map(|p| p as i32).collect();
-        let after = |c: &Cells, used: bool| -> Option<u32> {
-            if !used {
-                return Some(0);
-            }
-            let cells = c.find(&positions)?;
-            let mut c = c.clone();
-            c.apply(&cells, &positions);
-            Some(c.n_kv())
-        };
-        let has_swa = self.layout.is_swa.iter().any(|&f| f);
-        let has_base = self.layout.is_swa.iter().any(|&f| !f);
-        Some((after(&s.base, has_base)?, after(&s.swa, has_swa)?))
-    }
-
-    /// The most positions, up to `max`, that one batch may append to `seq` while every
-    /// sub-cache shows its attention as many cells as a one-token step from the same end would
-    /// (the count visited is padded to 256, and the attention's rounding depends on it). A
-    /// verification batch within it gives each row a one-token step's view of the cache.
-    pub fn uniform_extent(&self, seq: u32, max: u32) -> u32 {
-        let Some(one) = self.cells_in_view(seq, 1) else {
-            return 0;
-        };
-        if max <= 1 || self.cells_in_view(seq, max) == Some(one) {
-            return max;
-        }
-        (1..max)
-            .rev()
-            .find(|&n| self.cells_in_view(seq, n) == Some(one))
-            .unwrap_or(1)
-    }
-
     /// What a forward pass over `n` tokens of `seq` from its current end would change, saved
     /// so that [`KvCache::rollback`] can undo the part past an accepted prefix (speculative
     /// verification). The batch must be placed next, as one group, with nothing else touching
@@ -445,17 +442,20 @@ impl KvCache {
     }
 
     /// Place the tokens of a batch. `groups` lists, per sequence, its token indices (ascending)
-    /// and `pos` holds every token's position. Fails without changing anything when a sequence
-    /// does not fit.
+    /// and `pos` holds every token's position; `alone[g]` (or nothing) asks for the cells each
+    /// row of group `g` would see as a one-token step. Fails without changing anything when a
+    /// sequence does not fit.
     pub(crate) fn place(
         &mut self,
         groups: &[(u32, Vec<usize>)],
         pos: &[u32],
+        alone: &[bool],
     ) -> Result<KvPlan, ModelError> {
         let mut plan = KvPlan {
             base_cell: vec![0; pos.len()],
             swa_cell: vec![0; pos.len()],
             n_kv: Vec::with_capacity(groups.len()),
+            alone_n_kv: Vec::with_capacity(groups.len()),
         };
         let has_swa = self.layout.is_swa.iter().any(|&s| s);
         let has_base = self.layout.is_swa.iter().any(|&s| !s);
@@ -482,8 +482,13 @@ impl KvCache {
             };
             found.push((positions, base, swa));
         }
-        for ((seq, idx), (positions, base, swa)) in groups.iter().zip(found) {
+        for (g, ((seq, idx), (positions, base, swa))) in groups.iter().zip(found).enumerate() {
             let stream = &mut self.streams[*seq as usize];
+            let steps = match alone.get(g).copied().unwrap_or(false) {
+                true => one_token_views(stream, &base, &swa, &positions),
+                false => Vec::new(),
+            };
+            plan.alone_n_kv.push(steps);
             if has_base {
                 stream.base.apply(&base, &positions);
                 idx.iter()
@@ -618,7 +623,7 @@ impl KvCache {
         while p < r.end {
             let end = (p + self.n_ubatch).min(r.end);
             let pos: Vec<u32> = (p..end).collect();
-            let plan = self.place(&[(seq, (0..pos.len()).collect())], &pos)?;
+            let plan = self.place(&[(seq, (0..pos.len()).collect())], &pos, &[])?;
             for il in 0..self.layout.n_layer {
                 let have = snap.layer_positions(il);
                 let cells = if self.layout.is_swa[il] {

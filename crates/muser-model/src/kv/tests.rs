@@ -17,7 +17,7 @@ fn layout() -> KvLayout {
 fn fill(kv: &mut KvCache, seq: u32, range: Range<u32>, chunk: usize) {
     let all: Vec<u32> = range.collect();
     for c in all.chunks(chunk) {
-        kv.place(&[(seq, (0..c.len()).collect())], c).unwrap();
+        kv.place(&[(seq, (0..c.len()).collect())], c, &[]).unwrap();
     }
 }
 
@@ -25,7 +25,9 @@ fn fill(kv: &mut KvCache, seq: u32, range: Range<u32>, chunk: usize) {
 /// rows, as a forward pass would write its K/V.
 fn put(kv: &mut KvCache, seq: u32, positions: Range<u32>) {
     let pos: Vec<u32> = positions.collect();
-    let plan = kv.place(&[(seq, (0..pos.len()).collect())], &pos).unwrap();
+    let plan = kv
+        .place(&[(seq, (0..pos.len()).collect())], &pos, &[])
+        .unwrap();
     let row = kv.layout.row_bytes();
     for il in 0..kv.layout.n_layer {
         let cells = if kv.layout.is_swa[il] {
@@ -184,7 +186,7 @@ fn positional_placement_never_overwrites_a_key_still_in_the_window() {
     // 8 tokens at 300..308 would land on cells holding 44..51, of which 49..51 are still
     // within 252 positions of the sequence's end.
     let pos: Vec<u32> = (300..308).collect();
-    let e = kv.place(&[(0, (0..8).collect())], &pos).unwrap_err();
+    let e = kv.place(&[(0, (0..8).collect())], &pos, &[]).unwrap_err();
     assert!(matches!(e, ModelError::KvFull { seq: 0, .. }), "{e}");
     for (il, b) in before.iter().enumerate() {
         assert_eq!(kv.cell_pos(0, il), &b[..]);
@@ -220,7 +222,8 @@ fn cached_cell_bounds_follow_every_change() {
                     let n = 1 + next(8);
                     if p0 + n <= 300 {
                         let pos: Vec<u32> = (p0..p0 + n).collect();
-                        kv.place(&[(seq, (0..n as usize).collect())], &pos).unwrap();
+                        kv.place(&[(seq, (0..n as usize).collect())], &pos, &[])
+                            .unwrap();
                     } else {
                         kv.clear(seq);
                     }

@@ -92,7 +92,7 @@ impl Llama {
         pos: &[u32],
     ) -> Result<(B::Act, B::Act), ModelError> {
         let eps = i.rms_eps;
-        let mut x = embed(be, &self.tok_embd.view(g), tokens, embd)?;
+        let mut x = embed(be, &self.tok_embd.view(g), tokens, embd, prep)?;
         // Each intermediate is dropped as soon as it is used, so a large batch holds few of
         // them at once.
         for (il, l) in self.layers.iter().enumerate() {

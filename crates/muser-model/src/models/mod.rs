@@ -13,23 +13,27 @@ use muser_gguf::{GgmlType, GgufFile, TensorInfo};
 use std::cell::RefCell;
 
 /// The batch's input rows: each token's row of `table`, or the caller's embedding for the
-/// rows `input` names.
+/// rows `input` names; the rows to compute alone are marked ([`Prepared::lone`]).
 pub(crate) fn embed<B: Backend>(
     be: &B,
     table: &Weight,
     tokens: &[u32],
     input: &crate::InputEmbd,
+    prep: &Prepared,
 ) -> Result<B::Act, ModelError> {
-    let x = be.get_rows(table, tokens)?;
-    if input.is_empty() {
-        return Ok(x);
+    let mut x = be.get_rows(table, tokens)?;
+    if !input.is_empty() {
+        let (rows, cols) = be.dims(&x);
+        let mut host = be.download(&x)?;
+        for (k, &r) in input.rows.iter().enumerate() {
+            host[r * cols..(r + 1) * cols].copy_from_slice(&input.values[k * cols..(k + 1) * cols]);
+        }
+        x = be.upload(rows, cols, host)?;
     }
-    let (rows, cols) = be.dims(&x);
-    let mut host = be.download(&x)?;
-    for (k, &r) in input.rows.iter().enumerate() {
-        host[r * cols..(r + 1) * cols].copy_from_slice(&input.values[k * cols..(k + 1) * cols]);
+    if !prep.lone.is_empty() {
+        be.compute_alone(&mut x, &prep.lone)?;
     }
-    be.upload(rows, cols, host)
+    Ok(x)
 }
 
 /// A weight matrix in the file: which tensor, and its `{n_in, n_out}` shape.
@@ -155,6 +159,8 @@ pub struct Prepared {
     pub plan: KvPlan,
     /// Token indices whose outputs are wanted, in batch order.
     pub out_rows: Vec<usize>,
+    /// Empty, or per token: computed alone ([`crate::Batch::lone_seqs`]).
+    pub lone: Vec<bool>,
 }
 
 /// Projection `y = W·x (+ b) (· s)` as llama.cpp's `build_lora_mm` + bias.

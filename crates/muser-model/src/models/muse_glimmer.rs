@@ -114,7 +114,7 @@ impl MuseGlimmer {
         pos: &[u32],
     ) -> Result<(B::Act, B::Act), ModelError> {
         let eps = i.rms_eps;
-        let mut x = embed(be, &self.tok_embd.view(g), tokens, embd)?;
+        let mut x = embed(be, &self.tok_embd.view(g), tokens, embd, prep)?;
         be.rms_norm_mut(&mut x, i.n_embd, eps, None)?;
         let mut pos = pos.to_vec();
         // Each intermediate is dropped as soon as it is used, so a large batch holds few of

@@ -96,6 +96,7 @@ pub async fn completion(
     };
     let n_probs = opts.n_probs;
     let slot = super::slot_from(req.id_slot, &state)?;
+    let speculative = gen::speculative(req.speculative())?;
     let greq = GenerateRequest {
         prompt: ids,
         params: SamplingParams {
@@ -109,6 +110,7 @@ pub async fn completion(
         embeddings: false,
         special: false,
         prefilled: None,
+        speculative,
     };
     let rx = gen::submit(&state, &log, greq).await?;
     let model = state.model.id.clone();
@@ -240,11 +242,29 @@ pub async fn props(State(state): State<SharedState>) -> Json<Value> {
         "modalities": { "vision": false, "audio": false },
         "build_info": concat!("muser ", env!("CARGO_PKG_VERSION")),
         "prompt_cache": prompt_cache_props(&state),
+        "speculative": speculative_props(&state),
         "prefill_lane": state.lane.as_ref().map_or_else(
             || json!({ "mode": "local", "engine_abi": engine_abi(&state) }),
             |l| l.props()
         ),
     }))
+}
+
+/// The server's speculative decoding (`--spec`, `--draft-max`; null without) and its
+/// counters since start.
+fn speculative_props(state: &AppState) -> Value {
+    let st = state.engine.stats();
+    let cfg = state
+        .engine
+        .config()
+        .spec
+        .map(|c| json!({ "type": c.mode.name(), "n_max": c.draft_max, "n_min": c.draft_min }));
+    json!({
+        "default": cfg,
+        "verifications_total": st.draft_verifications_total,
+        "draft_n_total": st.draft_tokens_total,
+        "draft_n_accepted_total": st.draft_accepted_total,
+    })
 }
 
 /// The engine ABI this server's caches carry (when it seals packs).

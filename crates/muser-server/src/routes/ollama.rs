@@ -174,6 +174,7 @@ pub async fn generate(
         embeddings: false,
         special: state.model.is_muse,
         prefilled: None,
+        speculative: Default::default(),
     };
     let rx = gen::submit(&state, &log, greq).await?;
     let mut context = ids;
@@ -268,6 +269,7 @@ pub async fn chat(
         embeddings: false,
         special: state.model.is_muse,
         prefilled: None,
+        speculative: Default::default(),
     };
     let rx = gen::submit(&state, &log, greq).await?;
     let model = state.model.id.clone();

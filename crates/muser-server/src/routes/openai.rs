@@ -131,6 +131,7 @@ pub async fn start_chat(
         // The Muse parser reads the control tokens that delimit its messages.
         special: state.model.is_muse,
         prefilled: None,
+        speculative: gen::speculative(req.speculative())?,
     };
     let rx = gen::submit(state, log, greq).await?;
     let offered_tools = req.tools.as_deref().map(chat::tools_value);
@@ -357,6 +358,7 @@ pub async fn completions(
         logit_bias: gen::openai_logit_bias(&state, sampling.logit_bias.as_ref())?,
         ..Default::default()
     };
+    let speculative = gen::speculative(req.speculative())?;
     let greq = GenerateRequest {
         prompt: ids,
         params: opts.to_params(&state.options.sampling)?,
@@ -367,6 +369,7 @@ pub async fn completions(
         embeddings: false,
         special: false,
         prefilled: None,
+        speculative,
     };
     let rx = gen::submit(&state, &log, greq).await?;
     let id = next_id("cmpl-");
@@ -452,6 +455,7 @@ pub async fn embed(
         embeddings: true,
         special: false,
         prefilled: None,
+        speculative: Default::default(),
     };
     let rx = gen::submit(state, log, greq).await?;
     let out = gen::collect(rx, log).await?;

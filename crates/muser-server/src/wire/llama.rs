@@ -51,6 +51,25 @@ pub struct CompletionRequest {
     /// supports; `{}`: any value).
     #[serde(default)]
     pub json_schema: Option<serde_json::Value>,
+    #[serde(default, rename = "speculative.type")]
+    pub speculative_type: Option<String>,
+    #[serde(default, rename = "speculative.n_max")]
+    pub speculative_n_max: Option<i64>,
+    #[serde(default, rename = "speculative.n_min")]
+    pub speculative_n_min: Option<i64>,
+    #[serde(default, rename = "speculative.p_min")]
+    pub speculative_p_min: Option<f32>,
+}
+
+impl CompletionRequest {
+    pub fn speculative(&self) -> super::SpecFields<'_> {
+        super::SpecFields {
+            kind: self.speculative_type.as_deref(),
+            n_max: self.speculative_n_max,
+            n_min: self.speculative_n_min,
+            p_min: self.speculative_p_min,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]

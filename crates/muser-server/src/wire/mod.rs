@@ -16,6 +16,19 @@ use crate::limits::PROMPT_PIECES_MAX;
 use serde::de::{self, DeserializeSeed, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
+/// llama-server's per-request speculative-decoding fields, flat with dotted names
+/// (`"speculative.n_max": 4`), as its request handlers read them.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SpecFields<'a> {
+    /// `none` turns speculation off for the request; a drafter's name turns it on.
+    pub kind: Option<&'a str>,
+    pub n_max: Option<i64>,
+    pub n_min: Option<i64>,
+    /// The least draft probability a model drafter keeps (0..=1); the n-gram drafter has no
+    /// probabilities, so it is checked and has no effect (as in llama.cpp's n-gram drafters).
+    pub p_min: Option<f32>,
+}
+
 /// `stop`: one string or a list of strings.
 #[derive(Debug, Clone, Default)]
 pub struct StopList(pub Vec<String>);

@@ -4,8 +4,9 @@ use super::{Prompt, StopList};
 use serde::{Deserialize, Deserializer};
 use std::collections::BTreeMap;
 
-/// Sampling fields shared by chat and completions (OpenAI names plus llama.cpp extensions).
-/// `serde(flatten)` cannot be combined with `deny_unknown_fields`, so a macro adds the fields.
+/// Sampling fields shared by chat and completions (OpenAI names plus llama.cpp extensions,
+/// the speculative ones included). `serde(flatten)` cannot be combined with
+/// `deny_unknown_fields`, so a macro adds the fields.
 #[derive(Debug, Default, Clone)]
 pub struct Sampling {
     pub temperature: Option<f32>,
@@ -42,8 +43,24 @@ macro_rules! with_sampling {
             pub seed: Option<i64>,
             #[serde(default)]
             pub logit_bias: Option<BTreeMap<String, f64>>,
+            #[serde(default, rename = "speculative.type")]
+            pub speculative_type: Option<String>,
+            #[serde(default, rename = "speculative.n_max")]
+            pub speculative_n_max: Option<i64>,
+            #[serde(default, rename = "speculative.n_min")]
+            pub speculative_n_min: Option<i64>,
+            #[serde(default, rename = "speculative.p_min")]
+            pub speculative_p_min: Option<f32>,
         }
         impl $name {
+            pub fn speculative(&self) -> super::SpecFields<'_> {
+                super::SpecFields {
+                    kind: self.speculative_type.as_deref(),
+                    n_max: self.speculative_n_max,
+                    n_min: self.speculative_n_min,
+                    p_min: self.speculative_p_min,
+                }
+            }
             pub fn sampling(&self) -> Sampling {
                 Sampling {
                     temperature: self.temperature,

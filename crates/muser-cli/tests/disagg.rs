@@ -249,7 +249,7 @@ fn a_sliding_window_model_whose_ring_wraps_hands_off_exactly_in_pieces() {
         .arg(&model));
     let cfg = pki(&d.join("cfg"), &["prod", "cons", "cons2"]);
     let key = key(d);
-    // 16-token chunks: the ~650-token prompt's handoff is long enough to come in pieces
+    // 64-token chunks: the ~650-token prompt's handoff is long enough to come in pieces
     let common = |name: &str, chunk: &str| {
         vec![
             "--name".to_string(),
@@ -262,7 +262,7 @@ fn a_sliding_window_model_whose_ring_wraps_hands_off_exactly_in_pieces() {
             chunk.into(),
         ]
     };
-    let mut a = common("prod", "16");
+    let mut a = common("prod", "64");
     a.extend(
         [
             "--role",
@@ -289,8 +289,8 @@ fn a_sliding_window_model_whose_ring_wraps_hands_off_exactly_in_pieces() {
             &a.iter().map(String::as_str).collect::<Vec<_>>(),
         )
     };
-    let c = consumer("cons", "16");
-    let local = up(&model, &d.join("local.log"), &["--prefill-chunk", "16"]);
+    let c = consumer("cons", "64");
+    let local = up(&model, &d.join("local.log"), &["--prefill-chunk", "64"]);
     // the window is 32 tokens: the ring wraps about twenty times over the prompt
     let (s, want) = complete(local.port, &prompt());
     assert_eq!(s, 200, "{want}");
@@ -306,11 +306,11 @@ fn a_sliding_window_model_whose_ring_wraps_hands_off_exactly_in_pieces() {
     // a consumer cutting prompts into other chunks would not get a local prefill's K/V from
     // this producer: it is refused, naming both sizes
     drop(c);
-    let other = consumer("cons2", "32");
+    let other = consumer("cons2", "128");
     let (s, v) = complete(other.port, &prompt());
     assert_eq!(s, 503, "{v}");
     let msg = v["error"]["message"].as_str().unwrap();
-    assert!(msg.contains("prefill chunk is 16"), "{msg}");
+    assert!(msg.contains("prefill chunk is 64"), "{msg}");
 }
 
 /// A port free on 127.0.0.1 now (for a listener given by number).

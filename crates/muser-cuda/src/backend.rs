@@ -227,8 +227,8 @@ mod dev {
             if r.is_empty() {
                 return Ok(());
             }
-            self.gpu.download_bytes(self.k[il].at(r.start), k_out)?;
-            self.gpu.download_bytes(self.v[il].at(r.start), v_out)?;
+            self.gpu.download(self.k[il].at(r.start), k_out)?;
+            self.gpu.download(self.v[il].at(r.start), v_out)?;
             Ok(())
         }
 
@@ -246,8 +246,8 @@ mod dev {
             if r.is_empty() {
                 return Ok(());
             }
-            self.gpu.upload_bytes(&self.k[il], r.start, k)?;
-            self.gpu.upload_bytes(&self.v[il], r.start, v)?;
+            self.gpu.upload(&self.k[il], r.start, k)?;
+            self.gpu.upload(&self.v[il], r.start, v)?;
             Ok(())
         }
 

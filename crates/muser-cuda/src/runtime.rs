@@ -559,53 +559,6 @@ pub struct Gpu {
     wide_clusters: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Whether any launch has asked for a carveout other than the driver's.
     carveout_set: std::sync::atomic::AtomicBool,
-    /// Page-locked buffers for bulk copies between the host and the device (made on first
-    /// use): K/V moved in and out by the prefill lane and the prompt cache.
-    staging: std::sync::Mutex<Option<Staging>>,
-}
-
-/// Bytes of each of the two page-locked staging buffers.
-const STAGING_BYTES: usize = 32 << 20;
-
-/// Two page-locked host buffers of [`STAGING_BYTES`]. A copy from or to pageable memory goes
-/// through the driver's own small bounce buffers at a fraction of the bus's speed; through
-/// these, the DMA of one piece overlaps the host's copy of the other.
-struct Staging {
-    bufs: [*mut u8; 2],
-}
-
-// SAFETY: the buffers are plain host memory, used under the Gpu's mutex only.
-unsafe impl Send for Staging {}
-
-impl Staging {
-    fn new() -> Result<Staging> {
-        let mut bufs = [std::ptr::null_mut(); 2];
-        for b in &mut bufs {
-            // SAFETY: a fresh allocation (flags 0: cached, readable by the CPU at full speed)
-            *b = unsafe { drv::malloc_host(STAGING_BYTES, 0) }.map_err(drv_err)? as *mut u8;
-        }
-        Ok(Staging { bufs })
-    }
-
-    /// Buffer `i % 2`, `n` bytes of it.
-    ///
-    /// # Safety
-    /// No copy of the device may be writing or reading that buffer.
-    unsafe fn buf(&mut self, i: usize, n: usize) -> &mut [u8] {
-        debug_assert!(n <= STAGING_BYTES);
-        unsafe { std::slice::from_raw_parts_mut(self.bufs[i % 2], n) }
-    }
-}
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        for b in self.bufs {
-            if !b.is_null() {
-                // SAFETY: allocated by malloc_host; the Gpu synchronizes before dropping
-                let _ = unsafe { drv::free_host(b as *mut c_void) };
-            }
-        }
-    }
 }
 
 impl Gpu {
@@ -685,7 +638,6 @@ impl Gpu {
             carveouts: std::sync::Mutex::new(HashMap::new()),
             wide_clusters: std::sync::Mutex::new(Default::default()),
             carveout_set: std::sync::atomic::AtomicBool::new(false),
-            staging: std::sync::Mutex::new(None),
         })
     }
 
@@ -796,87 +748,6 @@ impl Gpu {
         // SAFETY: the caller passes a device range at least as large as dst.
         unsafe { drv::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }.map_err(drv_err)?;
         self.sync()
-    }
-
-    /// Copies `dst.len()` bytes from device address `src` into `dst` through the page-locked
-    /// staging buffers, and waits: the DMA of each 32 MiB piece overlaps the host's copy of
-    /// the one before it.
-    pub fn download_bytes(&self, src: u64, dst: &mut [u8]) -> Result<()> {
-        if dst.len() < (1 << 20) {
-            return self.download(src, dst);
-        }
-        let mut guard = self.staging_lock()?;
-        let st = guard.as_mut().expect("made by staging_lock");
-        self.bind()?;
-        let pieces: Vec<(usize, usize)> = (0..dst.len())
-            .step_by(STAGING_BYTES)
-            .map(|a| (a, (a + STAGING_BYTES).min(dst.len())))
-            .collect();
-        let issue = |st: &mut Staging, i: usize| -> Result<()> {
-            let (a, b) = pieces[i];
-            // SAFETY: buffer i % 2 is idle (the copy that last used it was waited for); the
-            // device range lies inside the caller's allocation
-            let buf = unsafe { st.buf(i, b - a) };
-            unsafe { drv::memcpy_dtoh_async(buf, src + a as u64, self.stream.cu_stream()) }
-                .map_err(drv_err)
-        };
-        issue(st, 0)?;
-        self.sync()?;
-        for i in 0..pieces.len() {
-            if i + 1 < pieces.len() {
-                issue(st, i + 1)?;
-            }
-            let (a, b) = pieces[i];
-            // SAFETY: piece i's copy has completed (synchronized below or above), and the
-            // copy in flight writes the other buffer
-            dst[a..b].copy_from_slice(unsafe { st.buf(i, b - a) });
-            if i + 1 < pieces.len() {
-                self.sync()?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Copies `src` to `dst + off` through the page-locked staging buffers, and waits: the
-    /// host's copy of each 32 MiB piece overlaps the DMA of the one before it.
-    pub fn upload_bytes(&self, dst: &DevBuf, off: usize, src: &[u8]) -> Result<()> {
-        if src.len() < (1 << 20) {
-            return self.upload(dst, off, src);
-        }
-        if off + src.len() > dst.bytes {
-            return Err(CudaError::Shape(format!(
-                "upload of {} bytes at {off} into {} bytes",
-                src.len(),
-                dst.bytes
-            )));
-        }
-        let mut guard = self.staging_lock()?;
-        let st = guard.as_mut().expect("made by staging_lock");
-        self.bind()?;
-        for (i, a) in (0..src.len()).step_by(STAGING_BYTES).enumerate() {
-            let b = (a + STAGING_BYTES).min(src.len());
-            // SAFETY: the copy in flight (if any) reads the other buffer; the one that read
-            // this buffer two pieces ago was waited for below
-            let buf = unsafe { st.buf(i, b - a) };
-            buf.copy_from_slice(&src[a..b]);
-            if i > 0 {
-                self.sync()?; // piece i - 1 is on the device: its buffer is free again
-            }
-            let dev = dst.ptr + (off + a) as u64;
-            // SAFETY: range checked above; the buffer stays untouched until the next sync
-            unsafe { drv::memcpy_htod_async(dev, &*buf, self.stream.cu_stream()) }
-                .map_err(drv_err)?;
-        }
-        self.sync()
-    }
-
-    fn staging_lock(&self) -> Result<std::sync::MutexGuard<'_, Option<Staging>>> {
-        let mut g = self.staging.lock().unwrap_or_else(|e| e.into_inner());
-        if g.is_none() {
-            self.bind()?;
-            *g = Some(Staging::new()?);
-        }
-        Ok(g)
     }
 
     /// Waits for all work on the stream.

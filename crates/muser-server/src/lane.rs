@@ -819,28 +819,27 @@ pub async fn measure_prefill(
 }
 
 /// Where a handoff is cut into pieces: the ends of the pieces of tokens `base..n`, each a
-/// multiple of `chunk` but the last (which is `n`). From the end, pieces of 8, 64, 512...
-/// chunks: each piece's prefill on the producer takes longer than the transfer of the piece
-/// before it (K/V moves an order of magnitude faster than a prefill makes it), and the last
-/// piece, the only transfer left on the time to first token, is small. Every piece costs a
-/// request, an export and a seal on the producer (about 100 ms on the H200 with the 30B
-/// model, receipt `handoff-h200-30b-gpu-consumer-pieces.json`), so a handoff under 32 chunks
-/// past `base` is one piece, and a first piece under 4 chunks joins the next.
+/// multiple of `chunk` but the last (which is `n`). From the end, pieces of 4, 16, 64...
+/// chunks: each piece's prefill on the producer then takes several times longer than the
+/// transfer of the piece before it (K/V moves an order of magnitude faster than a prefill
+/// makes it), and the last piece, the only transfer left on the time to first token, is
+/// small. A prompt under 8 chunks past `base` is one piece; a first piece under 2 chunks
+/// joins the next.
 pub fn pieces(base: usize, n: usize, chunk: usize) -> Vec<usize> {
     let mut ends = vec![n];
-    if chunk == 0 || n < base + 32 * chunk {
+    if chunk == 0 || n < base + 8 * chunk {
         return ends;
     }
-    let mut size = 8 * chunk;
+    let mut size = 4 * chunk;
     let mut end = n;
     loop {
         let cut = end.saturating_sub(size) / chunk * chunk;
-        if cut < base + 4 * chunk {
+        if cut < base + 2 * chunk {
             break;
         }
         ends.push(cut);
         end = cut;
-        size *= 8;
+        size *= 4;
     }
     ends.reverse();
     ends
@@ -1094,17 +1093,16 @@ mod tests {
 
     #[test]
     fn pieces_shrink_toward_the_end_on_chunk_boundaries() {
-        // under 32 chunks: one piece
-        assert_eq!(pieces(0, 16383, 512), vec![16383]);
-        assert_eq!(pieces(1024, 16896, 512), vec![16896]);
-        // a 32k prompt: the last piece 8 chunks, the rest first
-        assert_eq!(pieces(0, 32256, 512), vec![28160, 32256]);
-        // 128k: 8, 64 chunks from the end, then the rest
-        assert_eq!(pieces(0, 130_560, 512), vec![93_696, 126_464, 130_560]);
+        // under 8 chunks: one piece
+        assert_eq!(pieces(0, 4095, 512), vec![4095]);
+        assert_eq!(pieces(1024, 4096, 512), vec![4096]);
+        // a 32k prompt: the last piece 4 chunks, the one before 16, the rest first
+        assert_eq!(pieces(0, 32256, 512), vec![22016, 30208, 32256]);
+        assert_eq!(pieces(0, 7680, 512), vec![5632, 7680]);
         // a held prefix moves the start, never a cut below it
-        assert_eq!(pieces(26624, 32256, 512), vec![32256]);
-        assert_eq!(pieces(8192, 48640, 512), vec![11776, 44544, 48640]);
-        for (base, n, chunk) in [(0, 131_071, 512), (256, 9000, 64), (0, 1_000_000, 1000)] {
+        assert_eq!(pieces(20480, 32256, 512), vec![22016, 30208, 32256]);
+        assert_eq!(pieces(29184, 32256, 512), vec![32256]);
+        for (base, n, chunk) in [(0, 131_071, 512), (256, 9000, 64), (0, 100_000, 1000)] {
             let ends = pieces(base, n, chunk);
             assert_eq!(*ends.last().unwrap(), n);
             let mut from = base;
@@ -1112,13 +1110,13 @@ mod tests {
                 assert!(e > from, "{ends:?}");
                 if i + 1 < ends.len() {
                     assert_eq!(e % chunk, 0, "{ends:?}");
-                    assert!(e - from >= 4 * chunk, "{ends:?}");
+                    assert!(e - from >= 2 * chunk, "{ends:?}");
                 }
                 from = e;
             }
-            // each piece but the first about an eighth of the one before it
+            // each piece but the first at most a quarter of what comes before it
             for w in ends.windows(3) {
-                assert!(8 * (w[2] - w[1]) <= (w[1] - w[0]) + 8 * chunk, "{ends:?}");
+                assert!(w[2] - w[1] <= (w[1] - w[0]), "{ends:?}");
             }
         }
     }

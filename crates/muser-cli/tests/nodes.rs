@@ -231,7 +231,10 @@ fn all_revoked(d: &Path, name: &str) -> bool {
         .filter(|l| l.split_whitespace().nth(1) == Some(name))
         .filter_map(|l| l.split_whitespace().next())
         .collect();
-    !serials.is_empty() && serials.iter().all(|s| revoked.lines().any(|r| r.trim() == *s))
+    !serials.is_empty()
+        && serials
+            .iter()
+            .all(|s| revoked.lines().any(|r| r.trim() == *s))
 }
 
 #[test]
@@ -466,7 +469,10 @@ fn add_child(d: &Path, port: u16, code: &str) -> Child {
 fn left_nothing(d: &Path, step: &str) {
     let list = node(d, &["list"]);
     assert!(String::from_utf8_lossy(&list.stdout).contains("no node is enrolled"));
-    assert!(all_revoked(d, "prod"), "a certificate of prod is still in force");
+    assert!(
+        all_revoked(d, "prod"),
+        "a certificate of prod is still in force"
+    );
     let status = node(d, &["status", "prod"]);
     let text = String::from_utf8_lossy(&status.stdout);
     assert!(!status.status.success(), "{text}");

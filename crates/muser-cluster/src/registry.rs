@@ -238,10 +238,9 @@ impl FailureLog {
     /// Forgets the node's failures (it was removed).
     pub fn clear(&self) -> Result<(), ClusterError> {
         match std::fs::remove_file(&self.path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(ClusterError::Io(format!(
-                "{}: {e}",
-                self.path.display()
-            ))),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(ClusterError::Io(format!("{}: {e}", self.path.display())))
+            }
             _ => Ok(()),
         }
     }
@@ -278,7 +277,10 @@ mod tests {
         let got = log.load().unwrap();
         assert_eq!(got.len(), MAX_FAILURES);
         assert_eq!(got[0].why, "attempt 5");
-        assert_eq!(got.last().unwrap().why, format!("attempt {}", MAX_FAILURES + 4));
+        assert_eq!(
+            got.last().unwrap().why,
+            format!("attempt {}", MAX_FAILURES + 4)
+        );
         assert!(got.windows(2).all(|w| w[0].unix_ms <= w[1].unix_ms));
         log.push("prefill", &"é".repeat(400)).unwrap();
         assert!(log.load().unwrap().last().unwrap().why.len() <= MAX_WHY);
@@ -291,7 +293,9 @@ mod tests {
         log.clear().unwrap();
         log.clear().unwrap();
         assert!(log.load().unwrap().is_empty());
-        assert!(FailureLog::at(dir.path(), "../x").push("probe", "no").is_err());
+        assert!(FailureLog::at(dir.path(), "../x")
+            .push("probe", "no")
+            .is_err());
     }
 
     #[test]

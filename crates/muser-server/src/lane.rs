@@ -228,10 +228,7 @@ impl Lane {
     /// above the ledger's mark as this process holds it and as it is on disk now (an
     /// enrollment in another process may have recorded the pair's stream since).
     pub fn join(&self, ep: &Endpoint) -> Result<bool, String> {
-        let current = self
-            .producers()
-            .into_iter()
-            .find(|p| p.ep.name == ep.name);
+        let current = self.producers().into_iter().find(|p| p.ep.name == ep.name);
         if current.is_some_and(|p| p.ep == *ep && !health(&p).sup.is_retired()) {
             return Ok(false);
         }
@@ -785,7 +782,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 fn health(p: &Producer) -> Health {
     lock(&p.health).clone()
 }
-
 
 /// Producer `ep`'s `GET /v1/lane/status`, answered within `timeout`.
 pub async fn probe(

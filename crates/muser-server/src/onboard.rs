@@ -410,12 +410,7 @@ impl Onboarding {
 
     /// `prompt` prefilled by the lane's producer and decoded here, then prefilled and
     /// decoded here, each decode within `timeout`.
-    async fn trial(
-        &self,
-        lane: &Lane,
-        prompt: &[u32],
-        timeout: Duration,
-    ) -> Result<Trial, String> {
+    async fn trial(&self, lane: &Lane, prompt: &[u32], timeout: Duration) -> Result<Trial, String> {
         let app = &self.app;
         let t0 = Instant::now();
         let prefilled = lane

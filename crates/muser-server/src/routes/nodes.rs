@@ -125,7 +125,10 @@ fn open_lane(
         .ok_or("the registry names no consumer")?;
     let creds = muser_cluster::enroll::node_creds(&admin.config_dir, &consumer)
         .map_err(|e| e.to_string())?;
-    let ctx = state.kvpack.clone().ok_or("this server has no model identity")?;
+    let ctx = state
+        .kvpack
+        .clone()
+        .ok_or("this server has no model identity")?;
     let cfg = ConsumerConfig {
         producers: reg
             .nodes
@@ -134,13 +137,7 @@ fn open_lane(
             .collect::<Result<_, _>>()?,
         ..follow.clone()
     };
-    let lane = Lane::open(
-        &cfg,
-        &creds,
-        &admin.config_dir,
-        ctx,
-        state.options.n_ctx,
-    )?;
+    let lane = Lane::open(&cfg, &creds, &admin.config_dir, ctx, state.options.n_ctx)?;
     // a concurrent caller may have opened it first: theirs is the lane
     let _ = state.lane.set(Arc::new(lane));
     Ok(state.lane.get().expect("just set").clone())

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use muser_cluster::enroll::EnrollCode;
-use muser_cluster::registry::{NodeEntry, Registry};
+use muser_cluster::registry::{FailureLog, NodeEntry, Registry};
 use muser_cluster::{LaneClient, Pki};
 use muser_server::lane::{ConsumerConfig, LaneRole, LaneSetup, PrefillMode};
 use muser_server::onboard::{Onboarding, Step};
@@ -32,7 +32,8 @@ enum Command {
     Add(AddArgs),
     /// Every enrolled node: address, device, engine ABI, health now, last handoff rate.
     List,
-    /// One node's record and its status now.
+    /// One node's record, its status now and its recent failures (enrollment steps, probes
+    /// and prefills of a running consumer).
     Status { name: String },
     /// Remote against local prefill, `--reps` times at each of `--sizes` tokens: identical
     /// tokens, TTFT both ways, payload rate; writes a JSON receipt.
@@ -263,10 +264,13 @@ fn list(config: &Path) -> anyhow::Result<()> {
 }
 
 fn status(config: &Path, name: &str) -> anyhow::Result<()> {
+    muser_cluster::check_name(name)?;
     let reg = Registry::load(config)?;
-    let n = reg
-        .get(name)
-        .with_context(|| format!("node `{name}` is not enrolled (see `muser node list`)"))?;
+    let failures = FailureLog::at(config, name).load()?;
+    let Some(n) = reg.get(name) else {
+        print_failures(&failures);
+        anyhow::bail!("node `{name}` is not enrolled (see `muser node list`)");
+    };
     let (_, health) = runtime()?.block_on(probe(&client(config, &reg)?, n));
     println!("name:          {}", n.name);
     println!("address:       {}", n.url);
@@ -284,7 +288,33 @@ fn status(config: &Path, name: &str) -> anyhow::Result<()> {
         );
     }
     println!("now:           {health}");
+    print_failures(&failures);
     Ok(())
+}
+
+/// A node's recent failures, newest first, with their UTC time.
+fn print_failures(failures: &[muser_cluster::registry::Failure]) {
+    if failures.is_empty() {
+        println!("failures:      none recorded");
+        return;
+    }
+    println!("failures:      {} recent, newest first", failures.len());
+    for f in failures.iter().rev() {
+        let at = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(f.unix_ms) * 1_000_000)
+            .map(|t| {
+                format!(
+                    "{:04}-{:02}-{:02} {:02}:{:02}:{:02}Z",
+                    t.year(),
+                    u8::from(t.month()),
+                    t.day(),
+                    t.hour(),
+                    t.minute(),
+                    t.second()
+                )
+            })
+            .unwrap_or_else(|_| format!("unix ms {}", f.unix_ms));
+        println!("  {at}  {:<16} {}", f.what, f.why);
+    }
 }
 
 fn qualify(config: &Path, a: QualifyArgs) -> anyhow::Result<()> {
@@ -395,6 +425,7 @@ fn remove(config: &Path, name: &str) -> anyhow::Result<()> {
     let revoked = Pki::at(config).revoke(name)?;
     reg.remove(name);
     reg.save(config)?;
+    FailureLog::at(config, name).clear()?;
     println!("node `{name}` removed: {revoked} certificate(s) revoked");
     Ok(())
 }

@@ -226,21 +226,62 @@ impl LaneArgs {
         Ok(())
     }
 
-    /// The lane setup these flags ask for (`None`: a plain server).
-    fn setup(mut self) -> anyhow::Result<Option<LaneSetup>> {
+    /// A consumer whose producers are its registry's (no --producer, --node or --local)
+    /// follows it while it runs: the settings a node enrolled meanwhile joins the lane with.
+    fn follow(&self) -> anyhow::Result<Option<ConsumerConfig>> {
+        let follows = self.role == Role::Consumer
+            && !self.local
+            && self.producer.is_empty()
+            && self.node.is_empty();
+        if !follows {
+            return Ok(None);
+        }
+        let mode = self.prefill.unwrap_or(Prefill::Auto);
+        Ok(Some(self.consumer_config(mode, Vec::new())?))
+    }
+
+    fn consumer_config(
+        &self,
+        prefill: Prefill,
+        producers: Vec<Endpoint>,
+    ) -> anyhow::Result<ConsumerConfig> {
+        Ok(ConsumerConfig {
+            mode: match prefill {
+                Prefill::Local => PrefillMode::Local,
+                Prefill::Remote => PrefillMode::Remote,
+                Prefill::Auto => PrefillMode::Auto,
+            },
+            producers,
+            min_tokens: self.remote_min_tokens,
+            deadline: Duration::from_millis(self.prefill_deadline_ms.max(1)),
+            accept_abis: self.accept_abi.clone(),
+            migrate_to: self
+                .migrate_to
+                .iter()
+                .map(|p| Endpoint::parse(p))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
+    /// The lane setup these flags ask for (`None`: a plain server, or a consumer that opens
+    /// its lane when its first node is enrolled), and the registry-following settings.
+    fn setup(mut self) -> anyhow::Result<(Option<LaneSetup>, Option<ConsumerConfig>)> {
         let config_dir = crate::cmd_tls::config_dir(self.config_dir.take())?;
+        let follow = self.follow()?;
         self.use_registry(&config_dir)?;
+        let waits_for_nodes = follow.is_some() && self.producer.is_empty();
         let prefill = self.prefill.unwrap_or(Prefill::Local);
         let wants = self.role == Role::Producer
-            || prefill != Prefill::Local
+            || (prefill != Prefill::Local && !waits_for_nodes)
             || !self.producer.is_empty()
             || !self.migrate_to.is_empty()
             || self.lane_port.is_some();
         if !wants {
-            return Ok(None);
+            return Ok((None, follow));
         }
         let node = self
             .name
+            .take()
             .context("the prefill lane needs this node's certificate name: --name NAME")?;
         anyhow::ensure!(
             !self.enroll || self.role == Role::Producer,
@@ -264,26 +305,14 @@ impl LaneArgs {
                     max_queue: self.lane_queue,
                 }
             }
-            Role::Consumer => LaneRole::Consumer(ConsumerConfig {
-                mode: match prefill {
-                    Prefill::Local => PrefillMode::Local,
-                    Prefill::Remote => PrefillMode::Remote,
-                    Prefill::Auto => PrefillMode::Auto,
-                },
-                producers: self
+            Role::Consumer => {
+                let producers = self
                     .producer
                     .iter()
                     .map(|p| Endpoint::parse(p))
-                    .collect::<Result<_, _>>()?,
-                min_tokens: self.remote_min_tokens,
-                deadline: Duration::from_millis(self.prefill_deadline_ms.max(1)),
-                accept_abis: self.accept_abi,
-                migrate_to: self
-                    .migrate_to
-                    .iter()
-                    .map(|p| Endpoint::parse(p))
-                    .collect::<Result<_, _>>()?,
-            }),
+                    .collect::<Result<_, _>>()?;
+                LaneRole::Consumer(self.consumer_config(prefill, producers)?)
+            }
         };
         let listen = match self.lane_port {
             None => None,
@@ -305,12 +334,13 @@ impl LaneArgs {
                 })
             }
         };
-        Ok(Some(LaneSetup {
+        let setup = LaneSetup {
             config_dir,
             node,
             role,
             listen,
-        }))
+        };
+        Ok((Some(setup), follow))
     }
 }
 
@@ -344,7 +374,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Role::Consumer => Some(crate::cmd_tls::config_dir(args.lane.config_dir.clone())?),
         Role::Producer => None,
     };
-    let lane = args.lane.setup()?;
+    let (lane, follow) = args.lane.setup()?;
     let producer = lane
         .clone()
         .filter(|l| matches!(l.role, LaneRole::Producer { .. }));
@@ -399,6 +429,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     });
     cfg.lane = lane.clone();
     cfg.node_registry = registry;
+    cfg.node_follow = follow;
     cfg.session_dir = Some(match args.session_dir {
         Some(dir) => dir,
         None => default_session_dir()?,

@@ -1,11 +1,14 @@
 //! Node onboarding with real `muser` processes on loopback: a producer started with
 //! `--enroll` prints a one-time code, `muser node add` enrolls it (preflight, model, keys,
-//! handoff), `muser node list` shows it healthy and a plain `muser up` of the consumer
-//! (a new process: the registry survives restarts) prefills on it; the code does not work
-//! twice; `qualify` writes its receipt; `DELETE /v1/nodes/{name}` revokes it and the lane
+//! handoff), a consumer already running takes it into its lane without a restart, `muser
+//! node list` shows it healthy and a plain `muser up` of the consumer (a new process: the
+//! registry survives restarts) prefills on it; the code does not work twice; `qualify`
+//! writes its receipt; `DELETE /v1/nodes/{name}` revokes it and every running consumer
 //! stops using it at once, and a consumer started later refuses it in the handshake. An
 //! expired code, a node serving another model (through `POST /v1/nodes`), a node that is
-//! gone and a forged secret each fail naming their step, and leave no node recorded.
+//! gone, a forged secret and a node that dies once its keys are issued each fail naming
+//! their step and leave no node recorded (and the last, no certificate in force; its failure
+//! shows in `muser node status`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -199,11 +202,48 @@ fn consumer(d: &Path, extra: &[&str]) -> (Proc, u16) {
     (c, port)
 }
 
+/// Polls `f` every 200 ms for at most 20 s; whether it came true.
+fn eventually(mut f: impl FnMut() -> bool) -> bool {
+    (0..100).any(|_| {
+        f() || {
+            std::thread::sleep(Duration::from_millis(200));
+            false
+        }
+    })
+}
+
+/// The health of producer `name` in the running consumer's lane (`/props`).
+fn lane_health(port: u16, name: &str) -> Value {
+    let (_, props) = http(port, "GET", "/props", &Value::Null);
+    props["prefill_lane"]["producers"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == name))
+        .map_or(Value::Null, |p| p["health"].clone())
+}
+
+/// Every certificate the consumer's CA issued to `name` is revoked (and there was one).
+fn all_revoked(d: &Path, name: &str) -> bool {
+    let tls = d.join("cons-cfg/tls");
+    let issued = std::fs::read_to_string(tls.join("issued")).unwrap_or_default();
+    let revoked = std::fs::read_to_string(tls.join("revoked")).unwrap_or_default();
+    let serials: Vec<&str> = issued
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1) == Some(name))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    !serials.is_empty()
+        && serials
+            .iter()
+            .all(|s| revoked.lines().any(|r| r.trim() == *s))
+}
+
 #[test]
 fn an_enrolled_node_is_healthy_used_by_up_and_refused_once_removed() {
     let dir = setup();
     let d = dir.path();
     let (mut prod, port, code) = enrolling(d, &smollm2(), &[]);
+    // a consumer running before anything is enrolled: the node joins it when enrolled
+    let (live, live_port) = consumer(d, &["--prefill", "remote"]);
     let (ok, out) = add(d, "prod", port, &code);
     assert!(ok, "{out}");
     for step in ["preflight", "model", "keys", "handoff", "record"] {
@@ -212,6 +252,14 @@ fn an_enrolled_node_is_healthy_used_by_up_and_refused_once_removed() {
     assert!(out.contains("tokens identical"), "{out}");
     let ready = prod.line();
     assert!(ready.contains("muser producer ready"), "{ready}");
+    assert!(
+        eventually(|| lane_health(live_port, "prod") == "healthy"),
+        "the running consumer did not take the node in: see cons.log"
+    );
+    let (s, got) = complete(live_port, &prompt());
+    assert_eq!(s, 200, "{got}");
+    assert_eq!(got["timings"]["prefill_lane"], "remote", "{got}");
+    assert_eq!(got["timings"]["producer"], "prod", "{got}");
 
     // the code worked once
     let (ok, out) = add(d, "prod", port, &code);
@@ -302,6 +350,15 @@ fn an_enrolled_node_is_healthy_used_by_up_and_refused_once_removed() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not enrolled"));
 
+    // the consumer that took the node in live saw it removed from the registry
+    assert!(
+        eventually(|| lane_health(live_port, "prod") == "down"),
+        "the running consumer still routes to a removed node"
+    );
+    let (s, got) = complete(live_port, &format!("Again. {}", prompt()));
+    assert_eq!(s, 503, "{got}");
+    drop(live);
+
     // a consumer started afterwards refuses the revoked certificate in the handshake
     let url = format!("prod=https://127.0.0.1:{port}");
     let args = [
@@ -386,4 +443,69 @@ fn a_bad_enrollment_names_its_step_and_records_nothing() {
 
     let list = node(d, &["list"]);
     assert!(String::from_utf8_lossy(&list.stdout).contains("no node is enrolled"));
+}
+
+/// `muser node add` as a child whose progress lines are read as they come.
+fn add_child(d: &Path, port: u16, code: &str) -> Child {
+    let url = format!("https://127.0.0.1:{port}");
+    let key = d.join("kv.key");
+    muser()
+        .args(["node", "add", "prod", &url, "--code", code, "-t", "1"])
+        .arg("--kv-key-file")
+        .arg(&key)
+        .arg("-m")
+        .arg(smollm2())
+        .arg("--config-dir")
+        .arg(d.join("cons-cfg"))
+        .env("MUSER_HOME", d.join("home"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Nothing of `prod` is in force after a failed enrollment: not in the registry, every
+/// certificate issued to it revoked, and `muser node status` shows the failed step.
+fn left_nothing(d: &Path, step: &str) {
+    let list = node(d, &["list"]);
+    assert!(String::from_utf8_lossy(&list.stdout).contains("no node is enrolled"));
+    assert!(
+        all_revoked(d, "prod"),
+        "a certificate of prod is still in force"
+    );
+    let status = node(d, &["status", "prod"]);
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(!status.status.success(), "{text}");
+    assert!(text.contains(&format!("enroll {step}")), "{text}");
+}
+
+#[test]
+fn a_node_that_dies_once_its_keys_are_issued_fails_at_the_handoff_revoked() {
+    let dir = setup();
+    let d = dir.path();
+
+    // the node dies once its keys are issued: the handoff fails within its bounds (a
+    // connection refused, retried for 5 s)
+    let (mut prod, port, code) = enrolling(d, &smollm2(), &[]);
+    let started = std::time::Instant::now();
+    let mut child = add_child(d, port, &code);
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let keys = line.starts_with("keys ");
+        seen.push(line);
+        if keys {
+            prod.child.kill().unwrap();
+            break;
+        }
+    }
+    seen.extend(lines.map(Result::unwrap));
+    let ok = child.wait().unwrap().success();
+    let out = seen.join("\n");
+    assert!(!ok, "{out}");
+    assert!(out.contains("handoff    FAILED"), "{out}");
+    assert!(!out.contains("record "), "{out}");
+    assert!(started.elapsed() < Duration::from_secs(60), "{out}");
+    left_nothing(d, "handoff");
 }

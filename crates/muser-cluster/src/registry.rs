@@ -1,6 +1,7 @@
 //! The consumer's enrolled nodes: `CONFIG/nodes.toml`, written whole (temporary file, fsync,
 //! rename; mode 0600), read with a size bound. A node is recorded only after its enrollment
-//! passed every step (`muser node add`), and removed with its certificates revoked.
+//! passed every step (`muser node add`), and removed with its certificates revoked. Each
+//! node's recent failures are kept beside it ([`FailureLog`]).
 //!
 //! ```toml
 //! consumer = "cons"          # this consumer's certificate name on the lane
@@ -141,6 +142,110 @@ impl Registry {
     }
 }
 
+/// Failures kept per node (the latest).
+pub const MAX_FAILURES: usize = 20;
+/// Longest reason kept, in bytes.
+const MAX_WHY: usize = 512;
+
+/// A node's recent failures, newest last: `CONFIG/failures/NAME.toml`, beside the registry
+/// and apart from it (supervision writes it while `muser node` commands rewrite the registry),
+/// at most [`MAX_FAILURES`] entries, written whole like the registry. An enrollment step that
+/// failed, a status probe or a prefill that failed are kept here for `muser node status`.
+///
+/// ```toml
+/// [[failure]]
+/// unix_ms = 1764633600123
+/// what = "probe"
+/// why = "producer `prod` did not answer within 5000 ms"
+/// ```
+pub struct FailureLog {
+    path: PathBuf,
+    name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Failure {
+    pub unix_ms: u64,
+    /// The enrollment step (`enroll preflight`, ...) or `probe` or `prefill`.
+    pub what: String,
+    pub why: String,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FailureFile {
+    #[serde(default, rename = "failure")]
+    failures: Vec<Failure>,
+}
+
+impl FailureLog {
+    /// Node `name`'s log in configuration directory `config`.
+    pub fn at(config: &Path, name: &str) -> FailureLog {
+        FailureLog {
+            path: config.join("failures").join(format!("{name}.toml")),
+            name: name.to_string(),
+        }
+    }
+
+    /// The failures kept, oldest first (none when there is no log).
+    pub fn load(&self) -> Result<Vec<Failure>, ClusterError> {
+        let bad = |why: String| ClusterError::Config(format!("{}: {why}", self.path.display()));
+        match std::fs::metadata(&self.path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(bad(e.to_string())),
+            Ok(md) if md.len() > MAX_BYTES => return Err(bad("too large".into())),
+            Ok(_) => {}
+        }
+        let file: FailureFile =
+            toml::from_str(&read_text(&self.path)?).map_err(|e| bad(e.to_string()))?;
+        if file.failures.len() > MAX_FAILURES {
+            return Err(bad(format!("more than {MAX_FAILURES} failures")));
+        }
+        Ok(file.failures)
+    }
+
+    /// Adds a failure of `what` now, dropping the oldest beyond [`MAX_FAILURES`]. A log that
+    /// does not read (damaged) is started again.
+    pub fn push(&self, what: &str, why: &str) -> Result<(), ClusterError> {
+        check_name(&self.name)?;
+        let mut failures = self.load().unwrap_or_default();
+        let mut why = why.to_string();
+        if why.len() > MAX_WHY {
+            let mut cut = MAX_WHY;
+            while !why.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            why.truncate(cut);
+        }
+        let unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        failures.push(Failure {
+            unix_ms,
+            what: what.to_string(),
+            why,
+        });
+        let drop_n = failures.len().saturating_sub(MAX_FAILURES);
+        failures.drain(..drop_n);
+        let dir = self.path.parent().expect("a file in failures/");
+        crate::pki::make_dir(dir)?;
+        let text = toml::to_string(&FailureFile { failures })
+            .map_err(|e| ClusterError::Config(e.to_string()))?;
+        write_file(&self.path, &text, 0o600)
+    }
+
+    /// Forgets the node's failures (it was removed).
+    pub fn clear(&self) -> Result<(), ClusterError> {
+        match std::fs::remove_file(&self.path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(ClusterError::Io(format!("{}: {e}", self.path.display())))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,6 +264,38 @@ mod tests {
                 ms: 2.0,
             }),
         }
+    }
+
+    #[test]
+    fn the_failure_log_keeps_the_latest_bounded_and_restarts_when_damaged() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = FailureLog::at(dir.path(), "prod");
+        assert!(log.load().unwrap().is_empty());
+        for i in 0..MAX_FAILURES + 5 {
+            log.push("probe", &format!("attempt {i}")).unwrap();
+        }
+        let got = log.load().unwrap();
+        assert_eq!(got.len(), MAX_FAILURES);
+        assert_eq!(got[0].why, "attempt 5");
+        assert_eq!(
+            got.last().unwrap().why,
+            format!("attempt {}", MAX_FAILURES + 4)
+        );
+        assert!(got.windows(2).all(|w| w[0].unix_ms <= w[1].unix_ms));
+        log.push("prefill", &"é".repeat(400)).unwrap();
+        assert!(log.load().unwrap().last().unwrap().why.len() <= MAX_WHY);
+
+        let path = dir.path().join("failures/prod.toml");
+        std::fs::write(&path, "[[failure]]\nsurprise = 1\n").unwrap();
+        assert!(log.load().is_err());
+        log.push("enroll handoff", "tokens differ").unwrap();
+        assert_eq!(log.load().unwrap().len(), 1);
+        log.clear().unwrap();
+        log.clear().unwrap();
+        assert!(log.load().unwrap().is_empty());
+        assert!(FailureLog::at(dir.path(), "../x")
+            .push("probe", "no")
+            .is_err());
     }
 
     #[test]

@@ -73,6 +73,11 @@ impl Supervision {
         }
     }
 
+    /// Whether the node was removed ([`Supervision::retire`]).
+    pub fn is_retired(&self) -> bool {
+        self.retired
+    }
+
     /// Whether a probe is due.
     pub fn due(&self, now: Instant) -> bool {
         !self.retired && now >= self.next_probe

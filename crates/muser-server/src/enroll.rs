@@ -227,7 +227,7 @@ pub fn with_operator_key(app: &AppState, kv_key_file: &Path) -> Result<SharedSta
     };
     Ok(Arc::new(AppState {
         engine: app.engine.clone(),
-        lane: None,
+        lane: std::sync::OnceLock::new(),
         kvpack: Some(Arc::new(ctx)),
         tokenizer: app.tokenizer.clone(),
         template: None,

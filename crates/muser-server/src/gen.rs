@@ -199,7 +199,7 @@ pub async fn submit(
     }
     if let Some(lane) = state
         .lane
-        .as_ref()
+        .get()
         .filter(|_| req.cache_prompt && !req.embeddings)
     {
         req.prefilled = lane

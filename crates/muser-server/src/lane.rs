@@ -18,13 +18,14 @@
 //! fails the request when every producer failed.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use bytes::Bytes;
 use http_body_util::Full;
+use muser_cluster::registry::FailureLog;
 use muser_cluster::supervise::{NodeHealth, Supervision};
 use muser_cluster::transport::next_chunk;
 use muser_cluster::{Endpoint, LaneClient, NodeCreds};
@@ -150,15 +151,23 @@ pub struct Lane {
     min_tokens: Option<usize>,
     /// This engine's own prefill rate (prompt tokens per second, f64 bits; 0: not measured).
     local_tok_s: AtomicU64,
+    /// Whether the measurement of `local_tok_s` has been started.
+    measure_claimed: AtomicBool,
     /// This engine's prefill chunk.
     chunk: usize,
     deadline: Duration,
     accept_abis: Vec<String>,
     client: LaneClient,
-    producers: Vec<Producer>,
+    /// Grows while the lane runs: a node enrolled since joins it ([`Lane::join`]).
+    producers: RwLock<Vec<Arc<Producer>>>,
     migrate_to: Vec<Endpoint>,
     ctx: Arc<KvPackContext>,
     ledger: Arc<Mutex<Ledger>>,
+    ledger_path: PathBuf,
+    /// This consumer's certificate name (one end of every replay stream).
+    consumer: String,
+    /// Where producers' failures are kept (`muser_cluster::registry::FailureLog`).
+    config_dir: PathBuf,
     n_ctx: usize,
 }
 
@@ -204,42 +213,77 @@ impl Lane {
         }
         let ledger = Ledger::open(&path, &ctx.keys)
             .map_err(|e| format!("lane ledger {}: {e}", path.display()))?;
-        let producers = cfg
-            .producers
-            .iter()
-            .map(|ep| {
-                let stream = stream_id(&creds.name, &ep.name);
-                Producer {
-                    generation: AtomicU64::new(ledger.high_water(&stream).unwrap_or(0)),
-                    stream,
-                    ep: ep.clone(),
-                    queue_depth: AtomicU64::new(0),
-                    in_flight: AtomicU64::new(0),
-                    health: Mutex::new(Health {
-                        sup: Supervision::new(Instant::now()),
-                        last_error: None,
-                        engine_abi: None,
-                        prefill_tok_s: 0.0,
-                        prefill_chunk: 0,
-                        last_handoff: None,
-                    }),
-                }
-            })
-            .collect();
-        Ok(Lane {
+        let lane = Lane {
             mode: cfg.mode,
             min_tokens: cfg.min_tokens,
             local_tok_s: AtomicU64::new(0f64.to_bits()),
+            measure_claimed: AtomicBool::new(false),
             chunk,
             deadline: cfg.deadline,
             accept_abis: cfg.accept_abis.clone(),
             client: LaneClient::new(tls),
-            producers,
+            producers: RwLock::new(Vec::new()),
             migrate_to: cfg.migrate_to.clone(),
             ctx,
             ledger: Arc::new(Mutex::new(ledger)),
+            ledger_path: path,
+            consumer: creds.name.clone(),
+            config_dir: config_dir.to_path_buf(),
             n_ctx,
-        })
+        };
+        for ep in &cfg.producers {
+            lane.join(ep)?;
+        }
+        Ok(lane)
+    }
+
+    /// Adds producer `ep` to the running lane (a node enrolled since it opened), or renews
+    /// one that was removed or moved; whether the lane changed. Its replay generations start
+    /// above the ledger's mark as this process holds it and as it is on disk now (an
+    /// enrollment in another process may have recorded the pair's stream since).
+    pub fn join(&self, ep: &Endpoint) -> Result<bool, String> {
+        let current = self.producers().into_iter().find(|p| p.ep.name == ep.name);
+        if current.is_some_and(|p| p.ep == *ep && !health(&p).sup.is_retired()) {
+            return Ok(false);
+        }
+        let stream = stream_id(&self.consumer, &ep.name);
+        let on_disk = Ledger::open(&self.ledger_path, &self.ctx.keys)
+            .map_err(|e| format!("lane ledger {}: {e}", self.ledger_path.display()))?
+            .high_water(&stream);
+        let mut ledger = lock(&self.ledger);
+        if let Some(g) = on_disk.filter(|&g| ledger.admit(&stream, g).is_ok()) {
+            ledger
+                .record(stream, g)
+                .map_err(|e| format!("lane ledger: {e}"))?;
+        }
+        let producer = Arc::new(Producer {
+            generation: AtomicU64::new(ledger.high_water(&stream).unwrap_or(0)),
+            stream,
+            ep: ep.clone(),
+            queue_depth: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            health: Mutex::new(Health {
+                sup: Supervision::new(Instant::now()),
+                last_error: None,
+                engine_abi: None,
+                prefill_tok_s: 0.0,
+                prefill_chunk: 0,
+                last_handoff: None,
+            }),
+        });
+        drop(ledger);
+        let mut producers = self.producers.write().unwrap_or_else(|e| e.into_inner());
+        producers.retain(|p| p.ep.name != ep.name);
+        producers.push(producer);
+        Ok(true)
+    }
+
+    /// The producers now (a snapshot: one may join while a request runs).
+    fn producers(&self) -> Vec<Arc<Producer>> {
+        self.producers
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The node `name` of `--migrate-to`, and the client that reaches it.
@@ -258,7 +302,7 @@ impl Lane {
     /// `/props`' view of the lane.
     pub fn props(&self) -> serde_json::Value {
         let producers: Vec<_> = self
-            .producers
+            .producers()
             .iter()
             .map(|p| {
                 let h = health(p);
@@ -310,6 +354,11 @@ impl Lane {
         self.mode == PrefillMode::Auto && self.min_tokens.is_none()
     }
 
+    /// True once: for the caller that starts measuring this engine's prefill rate.
+    pub fn claim_measurement(&self) -> bool {
+        !self.measure_claimed.swap(true, Ordering::Relaxed)
+    }
+
     /// Records this engine's prefill rate, measured at start-up ([`measure_prefill`]).
     pub fn set_local_rate(&self, tok_s: f64) {
         self.local_tok_s.store(tok_s.to_bits(), Ordering::Relaxed);
@@ -328,10 +377,10 @@ impl Lane {
             return (n, "configured");
         }
         let local = self.local_tok_s();
-        let Some(p) = self.order().first().map(|&i| &self.producers[i]) else {
+        let Some(p) = self.order().into_iter().next() else {
             return (DEFAULT_MIN_TOKENS, "default");
         };
-        let h = health(p);
+        let h = health(&p);
         if local <= 0.0 || h.prefill_tok_s <= 0.0 {
             return (DEFAULT_MIN_TOKENS, "default");
         }
@@ -350,7 +399,7 @@ impl Lane {
     /// Asks every producer whose probe is due for its status (queue depth, prefill rate,
     /// engine ABI); an answer heals it, a failure degrades it and backs its probes off.
     pub async fn refresh(&self) {
-        for p in &self.producers {
+        for p in &self.producers() {
             if !health(p).sup.due(Instant::now()) {
                 continue;
             }
@@ -362,9 +411,9 @@ impl Lane {
                     h.prefill_tok_s = s.prefill_tok_s;
                     h.prefill_chunk = s.prefill_chunk as usize;
                     drop(h);
-                    record(p, Ok(()));
+                    self.record(p, Ok(()));
                 }
-                Err(e) => record(p, Err(&e)),
+                Err(e) => self.record(p, Err(("probe", e.as_str()))),
             }
         }
     }
@@ -372,7 +421,7 @@ impl Lane {
     /// Stops routing to producer `name` at once (it was removed from the registry); whether
     /// this lane had it.
     pub fn retire(&self, name: &str) -> bool {
-        let Some(p) = self.producers.iter().find(|p| p.ep.name == name) else {
+        let Some(p) = self.producers().into_iter().find(|p| p.ep.name == name) else {
             return false;
         };
         let change = lock(&p.health).sup.retire();
@@ -389,7 +438,7 @@ impl Lane {
 
     /// Each producer's name, health and count of health changes (for `/metrics`).
     pub fn health(&self) -> Vec<(String, NodeHealth, u64)> {
-        self.producers
+        self.producers()
             .iter()
             .map(|p| {
                 let h = health(p);
@@ -404,17 +453,21 @@ impl Lane {
 
     /// Producers in the order to try: healthy ones, then degraded ones, each group by
     /// shortest queue; producers that are down are not tried (their probes bring them back).
-    fn order(&self) -> Vec<usize> {
-        let mut idx: Vec<(usize, NodeHealth)> = (0..self.producers.len())
-            .map(|i| (i, health(&self.producers[i]).sup.state()))
+    fn order(&self) -> Vec<Arc<Producer>> {
+        let mut ps: Vec<(Arc<Producer>, NodeHealth)> = self
+            .producers()
+            .into_iter()
+            .map(|p| {
+                let h = health(&p).sup.state();
+                (p, h)
+            })
             .filter(|(_, h)| *h != NodeHealth::Down)
             .collect();
-        idx.sort_by_key(|&(i, h)| {
-            let p = &self.producers[i];
+        ps.sort_by_key(|(p, h)| {
             let q = p.queue_depth.load(Ordering::Relaxed) + p.in_flight.load(Ordering::Relaxed);
-            (h != NodeHealth::Healthy, q)
+            (*h != NodeHealth::Healthy, q)
         });
-        idx.into_iter().map(|(i, _)| i).collect()
+        ps.into_iter().map(|(p, _)| p).collect()
     }
 
     /// The prefill of `prompt` from a producer, when this lane sends it to one: `Ok(None)`
@@ -443,8 +496,7 @@ impl Lane {
         }
         let held_all = held_prefix(engine, &prompt[..foreign_split]).await;
         let mut failures = Vec::new();
-        for i in self.order() {
-            let p = &self.producers[i];
+        for p in &self.order() {
             let own = self.abi_is_own(p) != Some(false);
             let theirs = health(p).prefill_chunk;
             if own && theirs != 0 && theirs != chunk {
@@ -466,7 +518,7 @@ impl Lane {
             p.in_flight.fetch_sub(1, Ordering::Relaxed);
             match r {
                 Ok((pf, phases)) => {
-                    record(p, Ok(()));
+                    self.record(p, Ok(()));
                     let mut h = lock(&p.health);
                     h.last_handoff = Some(Handoff {
                         tokens: n,
@@ -492,7 +544,7 @@ impl Lane {
                 }
                 Err(e) => {
                     tracing::warn!(producer = %p.ep.name, error = %e, "prefill lane: producer failed");
-                    record(p, Err(&e));
+                    self.record(p, Err(("prefill", e.as_str())));
                     failures.push(format!("{}: {e}", p.ep.name));
                 }
             }
@@ -509,6 +561,36 @@ impl Lane {
             _ => {
                 tracing::warn!(reason = %why, "prefill lane: falling back to local prefill");
                 Ok(None)
+            }
+        }
+    }
+
+    /// A probe's or prefill's outcome for `p`'s health; a change of state is logged, and a
+    /// failure (what failed: `probe` or `prefill`, and why) is kept in the node's failure
+    /// log for `muser node status`.
+    fn record(&self, p: &Producer, outcome: Result<(), (&str, &str)>) {
+        let mut h = lock(&p.health);
+        let now = Instant::now();
+        let change = match outcome {
+            Ok(()) => h.sup.success(now),
+            Err((_, why)) => {
+                h.last_error = Some(why.to_string());
+                h.sup.failure(now)
+            }
+        };
+        drop(h);
+        if let Some((from, to)) = change {
+            tracing::warn!(
+                producer = %p.ep.name,
+                from = from.name(),
+                to = to.name(),
+                "prefill lane: producer health changed"
+            );
+        }
+        if let Err((what, why)) = outcome {
+            let log = FailureLog::at(&self.config_dir, &p.ep.name);
+            if let Err(e) = log.push(what, why) {
+                tracing::warn!(producer = %p.ep.name, error = %e, "prefill lane: failure log");
             }
         }
     }
@@ -1013,28 +1095,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 fn health(p: &Producer) -> Health {
     lock(&p.health).clone()
-}
-
-/// A probe's or prefill's outcome for `p`'s health; a change of state is logged.
-fn record(p: &Producer, outcome: Result<(), &str>) {
-    let mut h = lock(&p.health);
-    let now = Instant::now();
-    let change = match outcome {
-        Ok(()) => h.sup.success(now),
-        Err(why) => {
-            h.last_error = Some(why.to_string());
-            h.sup.failure(now)
-        }
-    };
-    drop(h);
-    if let Some((from, to)) = change {
-        tracing::warn!(
-            producer = %p.ep.name,
-            from = from.name(),
-            to = to.name(),
-            "prefill lane: producer health changed"
-        );
-    }
 }
 
 /// Producer `ep`'s `GET /v1/lane/status`, answered within `timeout`.

@@ -52,7 +52,7 @@ pub async fn migrate(
 ) -> ApiResult<Response> {
     let req: MigrateSession = parse(&body)?;
     sessions(&state)?;
-    let lane = state.lane.clone().ok_or_else(|| {
+    let lane = state.lane.get().cloned().ok_or_else(|| {
         ApiError::bad_request("this node has no lane: start it with --name and --migrate-to")
     })?;
     let (ep, client) = lane.migration_target(&req.to).ok_or_else(|| {

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::Full;
 use muser_cluster::enroll::{pinned_client_config, random, EnrollCode, Side, PROTOCOL};
-use muser_cluster::registry::{HandoffRecord, NodeEntry, Registry};
+use muser_cluster::registry::{FailureLog, HandoffRecord, NodeEntry, Registry};
 use muser_cluster::{Endpoint, LaneClient, NodeKey, Pki};
 use muser_engine::{Event, GenerateRequest, Prefilled, SamplingParams};
 
@@ -40,6 +40,9 @@ const MIN_FREE_DISK: u64 = 16 << 20;
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest the handoff may take, waiting for the node's lane included.
 const HANDOFF_TIMEOUT: Duration = Duration::from_secs(120);
+/// Longest a qualification's prefill may take per prompt token, each way (a loaded CPU
+/// prefills a few dozen tokens a second; an 8,000-token trial gets 800 s).
+const QUALIFY_TIMEOUT_PER_TOKEN: Duration = Duration::from_millis(100);
 /// Tokens the handoff decodes.
 const HANDOFF_TOKENS: u32 = 8;
 /// Days an enrolled node's certificate is valid.
@@ -106,8 +109,26 @@ fn handoff_prompt(node: &str) -> String {
 
 impl Onboarding {
     /// Runs every step for node `name` at `url` with `code`; `progress` hears each step's
-    /// result. Returns the registry entry written.
+    /// result. Returns the registry entry written; a failure is also kept in the node's
+    /// failure log (`muser node status`).
     pub async fn add(
+        &self,
+        name: &str,
+        url: &str,
+        code: &EnrollCode,
+        progress: &mut (dyn FnMut(Step, &str) + Send),
+    ) -> Result<NodeEntry, StepError> {
+        let result = self.steps(name, url, code, progress).await;
+        if let Err(e) = &result {
+            let what = format!("enroll {}", e.step.name());
+            if let Err(log) = FailureLog::at(&self.config_dir, name).push(&what, &e.message) {
+                tracing::warn!(node = name, error = %log, "node failure log");
+            }
+        }
+        result
+    }
+
+    async fn steps(
         &self,
         name: &str,
         url: &str,
@@ -344,7 +365,7 @@ impl Onboarding {
     /// against a local prefill of the same prompt.
     async fn handoff(&self, ep: &Endpoint) -> Result<HandoffRecord, StepError> {
         let hand = fail(Step::Handoff);
-        let lane = self.lane_to(ep).map_err(&hand)?;
+        let lane = self.lane_to(ep, HANDOFF_TIMEOUT).map_err(&hand)?;
         let prompt = self
             .app
             .tokenizer
@@ -352,7 +373,7 @@ impl Onboarding {
         // the node restarts its listener with the new identity: give it a moment
         let started = Instant::now();
         let trial = loop {
-            match self.trial(&lane, &prompt).await {
+            match self.trial(&lane, &prompt, HANDOFF_TIMEOUT).await {
                 Ok(t) => break t,
                 Err(e) if started.elapsed() < Duration::from_secs(5) => {
                     tracing::debug!(error = %e, "handoff: retrying");
@@ -370,8 +391,9 @@ impl Onboarding {
         Ok(trial.handoff)
     }
 
-    /// A lane of this consumer to `ep` alone, every prompt prefilled there.
-    fn lane_to(&self, ep: &Endpoint) -> Result<Lane, String> {
+    /// A lane of this consumer to `ep` alone, every prompt prefilled there within
+    /// `deadline`.
+    fn lane_to(&self, ep: &Endpoint, deadline: Duration) -> Result<Lane, String> {
         let ctx = self.app.kvpack.clone().ok_or("no kvpack context")?;
         let creds = muser_cluster::enroll::node_creds(&self.config_dir, &self.consumer)
             .map_err(|e| e.to_string())?;
@@ -379,7 +401,7 @@ impl Onboarding {
             mode: PrefillMode::Remote,
             producers: vec![ep.clone()],
             min_tokens: Some(0),
-            deadline: HANDOFF_TIMEOUT,
+            deadline,
             accept_abis: self.accept_abis.clone(),
             migrate_to: Vec::new(),
         };
@@ -394,8 +416,8 @@ impl Onboarding {
     }
 
     /// `prompt` prefilled by the lane's producer and decoded here, then prefilled and
-    /// decoded here.
-    async fn trial(&self, lane: &Lane, prompt: &[u32]) -> Result<Trial, String> {
+    /// decoded here, each decode within `timeout`.
+    async fn trial(&self, lane: &Lane, prompt: &[u32], timeout: Duration) -> Result<Trial, String> {
         let app = &self.app;
         let t0 = Instant::now();
         let prefilled = lane
@@ -413,10 +435,11 @@ impl Onboarding {
                 .sum(),
             ms: prefilled.took.as_secs_f64() * 1e3,
         };
-        let (remote_tokens, first) = decode(app, prompt, Some(Arc::new(prefilled))).await?;
+        let (remote_tokens, first) =
+            decode(app, prompt, Some(Arc::new(prefilled)), timeout).await?;
         let remote_ttft_ms = (first - t0).as_secs_f64() * 1e3;
         let t0 = Instant::now();
-        let (local_tokens, first) = decode(app, prompt, None).await?;
+        let (local_tokens, first) = decode(app, prompt, None, timeout).await?;
         Ok(Trial {
             handoff,
             remote_ttft_ms,
@@ -434,7 +457,9 @@ impl Onboarding {
         sizes: &[usize],
         reps: u32,
     ) -> Result<Vec<(usize, Trial)>, String> {
-        let lane = self.lane_to(ep)?;
+        let largest = sizes.iter().copied().max().unwrap_or(0) as u32;
+        let timeout = (QUALIFY_TIMEOUT_PER_TOKEN * largest).max(HANDOFF_TIMEOUT);
+        let lane = self.lane_to(ep, timeout)?;
         let mut out = Vec::new();
         for &n in sizes {
             if n + HANDOFF_TOKENS as usize >= self.app.options.n_ctx {
@@ -445,7 +470,7 @@ impl Onboarding {
             }
             for rep in 0..reps {
                 let prompt = self.prompt_of(&format!("qualify {} {n} {rep}", ep.name), n);
-                out.push((n, self.trial(&lane, &prompt).await?));
+                out.push((n, self.trial(&lane, &prompt, timeout).await?));
             }
         }
         Ok(out)
@@ -481,11 +506,12 @@ impl Trial {
 }
 
 /// Greedy tokens of `prompt` (with a producer's prefill, or computed here, the whole prompt:
-/// no cached prefix) and when the first came.
+/// no cached prefix) and when the first came, within `timeout`.
 async fn decode(
     app: &SharedState,
     prompt: &[u32],
     prefilled: Option<Arc<Prefilled>>,
+    timeout: Duration,
 ) -> Result<(Vec<u32>, Instant), String> {
     let mut rx = app
         .engine
@@ -503,7 +529,7 @@ async fn decode(
         .map_err(|e| e.to_string())?;
     let mut tokens = Vec::new();
     let mut first = None;
-    let deadline = tokio::time::Instant::now() + HANDOFF_TIMEOUT;
+    let deadline = tokio::time::Instant::now() + timeout;
     loop {
         match tokio::time::timeout_at(deadline, rx.recv()).await {
             Err(_) => return Err("the decode did not finish in time".into()),

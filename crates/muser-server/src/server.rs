@@ -43,6 +43,9 @@ pub struct ServeConfig {
     pub numerics: muser_model::Numerics,
     /// The configuration directory whose node registry `/v1/nodes` serves (a consumer).
     pub node_registry: Option<PathBuf>,
+    /// A consumer whose producers are its registry's: the lane settings that nodes enrolled
+    /// while it runs join with (`routes::nodes::follow_registry`).
+    pub node_follow: Option<crate::lane::ConsumerConfig>,
     /// Speculative decoding for every slot (`--spec`, `--draft-max`); `None`: plain decoding.
     pub spec: Option<muser_engine::SpecConfig>,
     /// Names the model is reported as and answers to (`--alias`, comma-separated): the first
@@ -84,6 +87,7 @@ impl ServeConfig {
             spec: None,
             numerics: muser_model::Numerics::PORTABLE,
             node_registry: None,
+            node_follow: None,
             aliases: Vec::new(),
             chat_template: None,
             sampling: muser_engine::SamplingParams::default(),
@@ -263,11 +267,11 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
                     cfg.prefill_chunk,
                 )
                 .map_err(StartError::Lane)?;
-                Some(Arc::new(lane))
+                std::sync::OnceLock::from(Arc::new(lane))
             }
-            crate::lane::LaneRole::Producer { .. } => None,
+            crate::lane::LaneRole::Producer { .. } => std::sync::OnceLock::new(),
         },
-        _ => None,
+        _ => std::sync::OnceLock::new(),
     };
     Ok(Arc::new(AppState {
         engine: Arc::new(engine),
@@ -300,13 +304,13 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
                 crate::lane::LaneRole::Consumer(c) => Some((l.node.clone(), c.accept_abis.clone())),
                 crate::lane::LaneRole::Producer { .. } => None,
             });
-            crate::routes::nodes::NodeAdmin {
-                config_dir: dir.clone(),
-                consumer: consumer.as_ref().map(|c| c.0.clone()),
-                kv_key_file: cfg.kv_key_file.clone(),
-                accept_abis: consumer.map(|c| c.1).unwrap_or_default(),
-                enrolling: tokio::sync::Mutex::new(()),
-            }
+            crate::routes::nodes::NodeAdmin::new(
+                dir.clone(),
+                consumer.as_ref().map(|c| c.0.clone()),
+                cfg.kv_key_file.clone(),
+                consumer.map(|c| c.1).unwrap_or_default(),
+                cfg.node_follow.clone(),
+            )
         }),
         in_flight: Arc::new(tokio::sync::Semaphore::new(crate::limits::IN_FLIGHT_MAX)),
         started_unix_s: crate::routes::unix_now(),
@@ -375,44 +379,59 @@ fn file_type_name(ft: u32) -> String {
 /// How often a consumer asks its producers for their status.
 const LANE_REFRESH: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Starts a consumer's lane upkeep (no-op without a lane): asks its producers for their status
-/// now, then every [`LANE_REFRESH`] while the server state lives.
+/// Starts a consumer's lane upkeep (no-op without a lane or a registry to follow): follows
+/// the node registry and asks the producers for their status now, then every
+/// [`LANE_REFRESH`] while the server state lives.
 pub async fn start_lane_refresh(state: &SharedState) {
-    let Some(lane) = state.lane.clone() else {
+    let follows = state.nodes.as_ref().is_some_and(|n| n.follow.is_some());
+    if state.lane.get().is_none() && !follows {
         return;
-    };
-    lane.refresh().await;
-    if lane.measures() {
-        // auto's threshold: this engine's own prefill rate, over two chunks
-        let (engine, lane) = (state.engine.clone(), lane.clone());
-        let n = (2 * engine.config().prefill_chunk).min(state.options.n_ctx - 1);
-        let n_vocab = state.tokenizer.n_vocab();
-        tokio::spawn(async move {
-            match crate::lane::measure_prefill(&engine, n_vocab, n).await {
-                Ok(rate) => {
-                    lane.set_local_rate(rate);
-                    let (min, from) = lane.min_tokens();
-                    tracing::info!(
-                        tok_s = rate,
-                        remote_min_tokens = min,
-                        from,
-                        "prefill lane: local prefill rate measured"
-                    );
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "prefill lane: measuring the local prefill rate failed")
-                }
-            }
-        });
     }
-    let weak = Arc::downgrade(&lane);
-    drop(lane);
+    lane_upkeep(state).await;
+    let weak = Arc::downgrade(state);
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(LANE_REFRESH).await;
             match weak.upgrade() {
-                Some(lane) => lane.refresh().await,
+                Some(state) => lane_upkeep(&state).await,
                 None => return,
+            }
+        }
+    });
+}
+
+async fn lane_upkeep(state: &SharedState) {
+    if let Err(e) = crate::routes::nodes::follow_registry(state, false) {
+        tracing::warn!(error = %e, "prefill lane: following the node registry");
+    }
+    if let Some(lane) = state.lane.get().cloned() {
+        lane.refresh().await;
+        if lane.measures() && lane.claim_measurement() {
+            measure_local_rate(state, lane);
+        }
+    }
+}
+
+/// `auto`'s threshold needs this engine's own prefill rate: measured once, over two chunks
+/// of a synthetic prompt, in the background.
+fn measure_local_rate(state: &SharedState, lane: Arc<crate::lane::Lane>) {
+    let engine = state.engine.clone();
+    let n = (2 * engine.config().prefill_chunk).min(state.options.n_ctx - 1);
+    let n_vocab = state.tokenizer.n_vocab();
+    tokio::spawn(async move {
+        match crate::lane::measure_prefill(&engine, n_vocab, n).await {
+            Ok(rate) => {
+                lane.set_local_rate(rate);
+                let (min, from) = lane.min_tokens();
+                tracing::info!(
+                    tok_s = rate,
+                    remote_min_tokens = min,
+                    from,
+                    "prefill lane: local prefill rate measured"
+                );
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "prefill lane: measuring the local prefill rate failed")
             }
         }
     });

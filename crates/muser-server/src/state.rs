@@ -54,8 +54,10 @@ pub struct ServerOptions {
 
 pub struct AppState {
     pub engine: Arc<Engine>,
-    /// The prefill lane of a consumer (`--prefill` with `--producer`s).
-    pub lane: Option<Arc<crate::lane::Lane>>,
+    /// The prefill lane of a consumer (`--prefill` with `--producer`s, or enrolled nodes);
+    /// set once, at start-up or when the first node joins a consumer that follows its
+    /// registry.
+    pub lane: std::sync::OnceLock<Arc<crate::lane::Lane>>,
     /// Identity and keys sealing slot files; present with `--slot-save-path`.
     pub kvpack: Option<Arc<muser_engine::KvPackContext>>,
     pub tokenizer: Arc<Tokenizer>,

@@ -208,7 +208,7 @@ async fn every_bad_answer_is_refused_and_the_consumer_keeps_serving() {
         config(d, "kv.key", setup(d, "cons", LaneRole::Consumer(c)))
     };
     let state = load(&consumer(PrefillMode::Remote)).unwrap();
-    let lane = state.lane.clone().unwrap();
+    let lane = state.lane.get().cloned().unwrap();
     lane.refresh().await;
     let app = router(state.clone());
 
@@ -276,13 +276,13 @@ async fn every_bad_answer_is_refused_and_the_consumer_keeps_serving() {
         setup(d, "cons", LaneRole::Consumer(c)),
     ))
     .unwrap();
-    state.lane.clone().unwrap().refresh().await;
+    state.lane.get().unwrap().refresh().await;
     let auto = router(state.clone());
     let (s, v) = complete(&auto, &base).await;
     // auto falls back to a local prefill: same tokens, computed here
     assert_eq!((s, &v["tokens"]), (200, &tokens), "{v}");
     assert_eq!(v["timings"]["prefill_lane"], "local");
-    let props = state.lane.as_ref().unwrap().props();
+    let props = state.lane.get().unwrap().props();
     let err = props["producers"][0]["last_error"].as_str().unwrap();
     assert!(err.contains("seal"), "{err}");
 

@@ -243,7 +243,7 @@ pub async fn props(State(state): State<SharedState>) -> Json<Value> {
         "build_info": concat!("muser ", env!("CARGO_PKG_VERSION")),
         "prompt_cache": prompt_cache_props(&state),
         "speculative": speculative_props(&state),
-        "prefill_lane": state.lane.as_ref().map_or_else(
+        "prefill_lane": state.lane.get().map_or_else(
             || json!({ "mode": "local", "engine_abi": engine_abi(&state) }),
             |l| l.props()
         ),

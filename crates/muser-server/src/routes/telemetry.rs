@@ -39,7 +39,7 @@ pub fn gauges(state: &SharedState) -> Gauges {
             .prompt_cache
             .as_ref()
             .map(|pc| pc.stats()),
-        producers: state.lane.as_ref().map_or_else(Vec::new, |l| l.health()),
+        producers: state.lane.get().map_or_else(Vec::new, |l| l.health()),
     }
 }
 

@@ -184,6 +184,14 @@ pub struct Dflash {
     layers: Vec<Layer>,
 }
 
+impl std::fmt::Debug for Dflash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dflash")
+            .field("info", &self.info)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Tensors of llama.cpp's drafter variants this file does not implement (DSpark's Markov head,
 /// DFlash2's selector, a reduced vocabulary, and optional per-layer extras).
 const UNSUPPORTED: [&str; 9] = [

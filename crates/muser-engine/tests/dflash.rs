@@ -89,7 +89,7 @@ fn greedy_with_a_dflash_drafter_equals_plain_decoding() {
 
     // a drafter without mode dflash, or mode dflash without a drafter, is refused
     let lone = EngineConfig {
-        dflash: Some(drafter),
+        dflash: Some(drafter.clone()),
         ..cfg(false)
     };
     assert!(Engine::start(model.clone(), tok.clone(), lone).is_err());

@@ -10,7 +10,7 @@
 
 mod common;
 
-use muser_gguf::{GgmlType, GgufFile};
+use muser_gguf::{GgmlType, GgufFile, Value as Meta};
 use muser_model::models::dflash::Dflash;
 use muser_model::synth::dflash::{preset, write_drafter};
 use muser_model::{Batch, KvType, LoadOptions, Model};
@@ -116,4 +116,79 @@ fn drafts_equal_llama_cpp_draft_dflash() {
         steps += got_drafts.len();
     }
     assert!(steps >= 6, "the goldens hold {steps} drafting steps");
+}
+
+/// A drafter file with the good drafter's metadata, `key` replaced by `value` (or dropped),
+/// and no tensors.
+fn meta_only(
+    dir: &std::path::Path,
+    good: &GgufFile,
+    key: &str,
+    value: Option<Meta>,
+) -> std::path::PathBuf {
+    let path = dir.join(format!("bad-{key}.gguf"));
+    let f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    let mut w = muser_gguf::GgufWriter::new(f, 3).unwrap();
+    for (k, v) in good.metadata() {
+        if k != key {
+            w.add(k, v.clone()).unwrap();
+        }
+    }
+    if let Some(v) = value {
+        w.add(key, v).unwrap();
+    }
+    w.write_header().unwrap();
+    use std::io::Write;
+    w.finish().unwrap().flush().unwrap();
+    path
+}
+
+#[test]
+fn a_bad_drafter_or_the_wrong_target_is_refused_with_a_message() {
+    let smol = common::real_model("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let dir = std::env::temp_dir().join(format!("muser-dflash-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("dflash.gguf");
+    let target = GgufFile::open(&smol).unwrap();
+    write_drafter(
+        &file,
+        &preset("dflash-tiny").unwrap(),
+        &target,
+        GgmlType::F32,
+        7,
+    )
+    .unwrap();
+    let good = GgufFile::open(&file).unwrap();
+    let err = |p: &std::path::Path| Dflash::load(p, 1).unwrap_err().to_string();
+    // not a drafter
+    assert!(err(&smol).contains("architecture"), "{}", err(&smol));
+    let cases: [(&str, Option<Meta>, &str); 4] = [
+        ("dflash.target_layers", None, "target_layers"),
+        ("dflash.block_size", Some(Meta::U32(100_000)), "block_size"),
+        (
+            "tokenizer.ggml.mask_token_id",
+            Some(Meta::U32(1 << 30)),
+            "mask token",
+        ),
+        (
+            "dflash.embedding_length",
+            Some(Meta::U32(u32::MAX)),
+            "geometry",
+        ),
+    ];
+    for (key, value, want) in cases {
+        let p = meta_only(&dir, &good, key, value);
+        let e = err(&p);
+        assert!(e.contains(want), "{key}: {e}");
+    }
+    // a drafter for another width
+    let tiny = Model::load(
+        &common::synth_model(&serde_json::json!({"preset": "tiny", "type": "q8_0", "seed": 7})),
+        &LoadOptions::default(),
+    )
+    .unwrap();
+    let d = Dflash::load(&file, 1).unwrap();
+    let e = d.check_target(&tiny).unwrap_err().to_string();
+    assert!(e.contains("wide"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -25,13 +25,13 @@ fn ids(v: &Value) -> Vec<u32> {
 }
 
 fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
+    let mut best = (0, f32::NEG_INFINITY);
     for (t, &x) in row.iter().enumerate() {
-        if x > row[best] {
-            best = t;
+        if x > best.1 {
+            best = (t, x);
         }
     }
-    best as u32
+    best.0 as u32
 }
 
 #[test]

@@ -193,12 +193,12 @@ impl std::fmt::Debug for Dflash {
 }
 
 /// Tensors of llama.cpp's drafter variants this file does not implement (DSpark's Markov head,
-/// DFlash2's selector, a reduced vocabulary, and optional per-layer extras).
-const UNSUPPORTED: [&str; 9] = [
+/// DFlash2's selector, a reduced vocabulary, and optional per-layer extras); `*.scale`
+/// sidecars are refused as well.
+const UNSUPPORTED: [&str; 8] = [
     "d2t",
     "markov_w1.weight",
     "selector_hidden.weight",
-    "fc.scale",
     "post_attention_norm.weight",
     "post_ffw_norm.weight",
     "layer_output_scale.weight",
@@ -539,15 +539,16 @@ impl Dflash {
     }
 }
 
-/// The highest logit's token (the lowest id on a tie).
+/// The highest logit's token: the lowest id on a tie, NaN counted as -inf (the rule of every
+/// argmax in the system).
 fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
+    let mut best = (0, f32::NEG_INFINITY);
     for (t, &x) in row.iter().enumerate() {
-        if x > row[best] {
-            best = t;
+        if x > best.1 {
+            best = (t, x);
         }
     }
-    best as u32
+    best.0 as u32
 }
 
 /// One sequence's draft cache: the K/V of the target positions injected so far.

@@ -138,6 +138,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         queue_max: 1,
         request_timeout: None,
         spec: args.spec.config(args.device)?,
+        dflash: args.spec.dflash()?,
         ..Default::default()
     };
     let engine = match &tokenizer {

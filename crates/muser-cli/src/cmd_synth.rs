@@ -8,15 +8,16 @@ use indicatif::{ProgressBar, ProgressStyle};
 use muser_gguf::report::thousands;
 use muser_gguf::GgufFile;
 use muser_model::synth::presets::{preset, PRESET_NAMES};
-use muser_model::synth::{Plan, Vocab, WeightType};
+use muser_model::synth::{dflash, Plan, Vocab, WeightType};
 use muser_text::muse;
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Model geometry; a `vision-*` preset writes a Muse Glimmer image projector (an
-    /// `--mmproj` file, `--type f32|f16`) for the text preset of its width.
+    /// `--mmproj` file, `--type f32|f16`) for the text preset of its width; a `dflash-*`
+    /// preset writes a DFlash drafter (a `--dflash` file, `--type f32|f16`) for `--target`.
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(
-        PRESET_NAMES.iter().chain(&muser_vision::synth::PRESET_NAMES)))]
+        PRESET_NAMES.iter().chain(&muser_vision::synth::PRESET_NAMES).chain(&dflash::PRESET_NAMES)))]
     preset: String,
     /// Tensor types (q4_k_m: llama-quantize's mix; norms are always f32).
     #[arg(long = "type", value_name = "TYPE", default_value = "q4_k",
@@ -36,15 +37,38 @@ pub struct Args {
     /// that `--vocab-from` takes as a donor, e.g. to carry a real tokenizer to another machine.
     #[arg(long)]
     vocab_only: bool,
+    /// The target model a `dflash-*` drafter is made for (its width, depth and tokenizer).
+    #[arg(long, value_name = "TARGET.gguf")]
+    target: Option<PathBuf>,
+}
+
+/// The `--type` of a projector or drafter: f32 or f16 matrices.
+fn float_type(ty: &str, what: &str) -> anyhow::Result<muser_gguf::GgmlType> {
+    match ty {
+        "f32" => Ok(muser_gguf::GgmlType::F32),
+        "f16" => Ok(muser_gguf::GgmlType::F16),
+        t => anyhow::bail!("a {what}'s matrices are f32 or f16, not {t}"),
+    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if let Some(p) = muser_vision::synth::preset(&args.preset) {
-        let ty = match args.ty.as_str() {
-            "f32" => muser_gguf::GgmlType::F32,
-            "f16" => muser_gguf::GgmlType::F16,
-            t => anyhow::bail!("a projector's matrices are f32 or f16, not {t}"),
+    if let Some(p) = dflash::preset(&args.preset) {
+        let ty = float_type(&args.ty, "drafter")?;
+        let Some(target) = &args.target else {
+            anyhow::bail!("--preset {} needs --target TARGET.gguf", p.name);
         };
+        let t = GgufFile::open(target).with_context(|| format!("{}", target.display()))?;
+        dflash::write_drafter(&args.output, &p, &t, ty, args.seed)?;
+        eprintln!(
+            "wrote {} (drafter {}, for {})",
+            args.output.display(),
+            p.name,
+            target.display()
+        );
+        return Ok(());
+    }
+    if let Some(p) = muser_vision::synth::preset(&args.preset) {
+        let ty = float_type(&args.ty, "projector")?;
         muser_vision::synth::write_projector(&args.output, &p, ty, args.seed)?;
         eprintln!(
             "wrote {} (projector {}, for the text preset {})",

@@ -413,6 +413,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     cfg.prefill_chunk = args.prefill_chunk as usize;
     cfg.queue_max = args.queue;
     cfg.spec = args.spec.config(args.device)?;
+    cfg.dflash = args.spec.dflash_path().map(Into::into);
     cfg.api_key = api_key;
     cfg.allowed_hosts = args.allow_host;
     if !args.host.is_unspecified() {

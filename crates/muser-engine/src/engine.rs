@@ -39,6 +39,8 @@ pub struct EngineConfig {
     pub prompt_cache: Option<Arc<crate::prompt_cache::PromptCache>>,
     /// Speculative decoding for every generating slot; `None`: plain decoding.
     pub spec: Option<muser_spec::SpecConfig>,
+    /// The DFlash drafter `SpecMode::Dflash` drafts with (`--dflash FILE`).
+    pub dflash: Option<Arc<muser_model::models::dflash::Dflash>>,
 }
 
 impl Default for EngineConfig {
@@ -52,6 +54,7 @@ impl Default for EngineConfig {
             request_timeout: Some(Duration::from_secs(600)),
             prompt_cache: None,
             spec: None,
+            dflash: None,
         }
     }
 }
@@ -353,6 +356,20 @@ impl Engine {
         if let Some(spec) = &cfg.spec {
             spec.validate()
                 .map_err(|e| EngineError::Config(e.to_string()))?;
+        }
+        let dflash_mode = cfg
+            .spec
+            .is_some_and(|s| s.mode == muser_spec::SpecMode::Dflash);
+        match (&cfg.dflash, dflash_mode) {
+            (Some(d), true) => d
+                .check_target(&model)
+                .map_err(|e| EngineError::Config(format!("the DFlash drafter: {e}")))?,
+            (None, false) => {}
+            _ => {
+                return Err(EngineError::Config(
+                    "a DFlash drafter goes with speculative mode dflash, and only with it".into(),
+                ))
+            }
         }
         let n_ubatch = cfg.prefill_chunk.max(cfg.n_slots);
         let kv = model.new_kv_ubatch(cfg.n_ctx, cfg.n_slots, cfg.kv_type, n_ubatch as u32)?;

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use muser_model::{Batch, KvCache, KvMark, Model, ModelError, Output};
-use muser_spec::Drafting;
+use muser_spec::{DflashDrafter, Drafting, SpecMode};
 use muser_text::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -48,6 +48,8 @@ pub(crate) struct Scheduler<'t> {
     stats: EngineStats,
     /// Admissions so far; orders prefills and slot reuse.
     tick: u64,
+    /// The DFlash drafter's caches (speculative mode dflash): fed after every batch.
+    dflash: Option<DflashDrafter>,
 }
 
 struct Slot<'t> {
@@ -139,6 +141,10 @@ impl<'t> Scheduler<'t> {
             n_slots: cfg.n_slots,
             ..Default::default()
         };
+        let dflash = cfg
+            .dflash
+            .clone()
+            .map(|d| DflashDrafter::new(d, cfg.n_slots));
         Scheduler {
             model,
             tok,
@@ -148,6 +154,7 @@ impl<'t> Scheduler<'t> {
             slots,
             stats,
             tick: 0,
+            dflash,
         }
     }
 
@@ -565,9 +572,12 @@ impl<'t> Scheduler<'t> {
 
     fn step(&mut self) {
         self.reap();
-        let (batch, rows, verifies) = self.gather();
+        let (mut batch, rows, verifies) = self.gather();
         if batch.is_empty() {
             return;
+        }
+        if let Some(d) = &self.dflash {
+            batch.capture_layers = d.target_layers().to_vec();
         }
         // a panic in the model fails this batch's requests, not the engine
         let result = contained(|| self.model.forward(&mut self.kv, &batch)).unwrap_or_else(|msg| {
@@ -577,7 +587,12 @@ impl<'t> Scheduler<'t> {
         });
         self.stats.forward_total += 1;
         match result {
-            Ok(out) => self.apply(&batch, &rows, verifies, &out),
+            Ok(out) => {
+                if let Some(d) = &mut self.dflash {
+                    d.observe(&batch, &out);
+                }
+                self.apply(&batch, &rows, verifies, &out)
+            }
             Err(e) => {
                 let mut failed: Vec<usize> = rows.iter().map(|r| r.slot).collect();
                 failed.dedup();
@@ -719,6 +734,7 @@ impl<'t> Scheduler<'t> {
     fn drafts(&mut self, i: usize, id: u32, room: usize) -> Vec<u32> {
         let n_ctx = self.cfg.n_ctx;
         let Slot { tokens, task, .. } = &mut self.slots[i];
+        let (model, dflash) = (&self.model, &mut self.dflash);
         let Some(t) = task else {
             return Vec::new();
         };
@@ -734,10 +750,22 @@ impl<'t> Scheduler<'t> {
         if room == 0 {
             return Vec::new();
         }
-        tokens.push(id);
-        let drafts = d.propose(tokens, room);
-        tokens.pop();
-        drafts
+        match (d.mode(), dflash) {
+            (SpecMode::Dflash, Some(df)) => {
+                let pos = tokens.len() as u32;
+                d.propose_with(room, |max| {
+                    // a failed draft is no draft: the slot decodes plainly this step
+                    df.propose(model, i as u32, id, pos, max)
+                        .unwrap_or_default()
+                })
+            }
+            _ => {
+                tokens.push(id);
+                let drafts = d.propose(tokens, room);
+                tokens.pop();
+                drafts
+            }
+        }
     }
 
     /// Records what went into the cache and handles every output row.

@@ -28,7 +28,7 @@ pub use error::ModelError;
 pub use info::{Arch, ModelInfo};
 pub use kv::{HostKv, KvCache, KvLayout, KvMark, KvSnapshot, KvStore, KvType, LayerKv, Placement};
 
-use models::{llama::Llama, muse_glimmer::MuseGlimmer, Prepared, Tensors};
+use models::{llama::Llama, muse_glimmer::MuseGlimmer, Capture, Prepared, Tensors};
 use muser_gguf::{GgmlType, GgufFile};
 use std::path::Path;
 
@@ -66,6 +66,11 @@ pub struct Batch {
     /// verification. Only where [`Model::computes_rows_alone`]; a batch asking elsewhere is
     /// refused.
     pub lone_seqs: Vec<u32>,
+    /// Layers whose input (the residual stream entering the layer, llama.cpp's
+    /// `t_layer_inp`) to return for every row of the batch, in this order
+    /// ([`Output::layer_inp`]): the target features a DFlash drafter reads. Empty: nothing is
+    /// copied.
+    pub capture_layers: Vec<u32>,
 }
 
 /// Batch rows whose input is an embedding (`n_embd` values each, e.g. an image encoder's
@@ -115,6 +120,7 @@ impl Batch {
             argmax_only: Vec::new(),
             input_embd: InputEmbd::default(),
             lone_seqs: Vec::new(),
+            capture_layers: Vec::new(),
         }
     }
 
@@ -160,6 +166,9 @@ pub struct Output {
     /// (batch index, token) of the output rows answered by their argmax instead of logits
     /// (only rows marked in [`Batch::argmax_only`]; they are not in `rows`).
     pub argmax: Vec<(usize, u32)>,
+    /// `n_tokens × capture_layers.len() × n_embd`: for every batch row (output or not), the
+    /// inputs of [`Batch::capture_layers`] side by side.
+    pub layer_inp: Vec<f32>,
 }
 
 /// What a whole forward pass returns ([`FusedForward::forward`]).
@@ -226,7 +235,8 @@ enum Net {
 /// files with that backend.
 trait Executor: Send + Sync {
     /// Runs a validated batch; returns the logits and (when asked) the final hidden states of
-    /// the output rows, on the host (some `argmax_only` rows possibly as their argmax).
+    /// the output rows, on the host (some `argmax_only` rows possibly as their argmax), and
+    /// fills `cap` with the layer inputs the batch asked for.
     #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
@@ -236,6 +246,7 @@ trait Executor: Send + Sync {
         kv: &mut KvCache,
         prep: &Prepared,
         batch: &Batch,
+        cap: &mut Capture,
     ) -> Result<FusedOutput, ModelError>;
     fn threads(&self) -> usize;
     /// See [`Backend::numerics_tag`].
@@ -277,10 +288,18 @@ impl Executor for Fused {
         kv: &mut KvCache,
         prep: &Prepared,
         batch: &Batch,
+        _cap: &mut Capture,
     ) -> Result<FusedOutput, ModelError> {
         if !batch.input_embd.is_empty() {
             return Err(ModelError::BadBatch(
                 "embedding rows (images) run on the op-by-op backends only".into(),
+            ));
+        }
+        if !batch.capture_layers.is_empty() {
+            return Err(ModelError::BadBatch(
+                "layer inputs (a DFlash drafter's features) are captured on the op-by-op \
+                 backends only"
+                    .into(),
             ));
         }
         self.0.forward(kv, batch, &prep.groups, &prep.out_rows)
@@ -337,12 +356,14 @@ impl<B: Backend> Executor for On<B> {
         kv: &mut KvCache,
         prep: &Prepared,
         batch: &Batch,
+        cap: &mut Capture,
     ) -> Result<FusedOutput, ModelError> {
         let be = &self.0;
         let (tokens, pos) = (&batch.tokens[..], &batch.pos[..]);
+        let embd = &batch.input_embd;
         let (hidden, logits) = be.run(|| match net {
-            Net::MuseGlimmer(m) => m.forward(be, g, i, kv, prep, tokens, &batch.input_embd, pos),
-            Net::Llama(m) => m.forward(be, g, i, kv, prep, tokens, &batch.input_embd, pos),
+            Net::MuseGlimmer(m) => m.forward(be, g, i, kv, prep, tokens, embd, pos, cap),
+            Net::Llama(m) => m.forward(be, g, i, kv, prep, tokens, embd, pos, cap),
         })?;
         let embeddings = if batch.embeddings {
             be.download(&hidden)?
@@ -468,6 +489,15 @@ impl Model {
         })
     }
 
+    /// The embedding table and output matrix (in the file's memory map, whatever the
+    /// backend) that a DFlash drafter without its own borrows.
+    pub fn head(&self) -> models::Head {
+        match &self.net {
+            Net::MuseGlimmer(m) => m.head(),
+            Net::Llama(m) => m.head(),
+        }
+    }
+
     pub fn info(&self) -> &ModelInfo {
         &self.info
     }
@@ -587,6 +617,16 @@ impl Model {
                 )));
             }
         }
+        if let Some(&l) = b
+            .capture_layers
+            .iter()
+            .find(|&&l| l as usize >= self.info.n_layer)
+        {
+            return Err(ModelError::BadBatch(format!(
+                "layer {l}'s input cannot be captured: the model has {} layers",
+                self.info.n_layer
+            )));
+        }
         if n > kv.n_ubatch() as usize {
             return Err(ModelError::BadBatch(format!(
                 "{n} tokens exceed the cache's batch limit {}",
@@ -683,15 +723,17 @@ impl Model {
     /// Run a batch, writing its K/V into `kv`.
     pub fn forward(&self, kv: &mut KvCache, batch: &Batch) -> Result<Output, ModelError> {
         let prep = self.prepare(kv, batch)?;
-        let a = self
-            .exec
-            .forward(&self.net, &self.gguf, &self.info, kv, &prep, batch)?;
+        let mut cap = Capture::new(&batch.capture_layers, self.info.n_layer);
+        let a = self.exec.forward(
+            &self.net, &self.gguf, &self.info, kv, &prep, batch, &mut cap,
+        )?;
         self.check_answer(batch, &prep.out_rows, &a)?;
         Ok(Output {
             logits: a.logits,
             embeddings: a.hidden,
             rows: a.rows,
             argmax: a.argmax,
+            layer_inp: cap.into_rows(batch.len(), self.info.n_embd),
         })
     }
 

@@ -156,6 +156,18 @@ impl Producer {
             }
             Err(e) => tracing::warn!(error = %e.message, "producer: the warm-up prefill failed"),
         }
+        // the slot starts empty, as it would have without the warm-up
+        let engine = self.app.engine.clone();
+        let cleared = tokio::task::spawn_blocking(move || {
+            engine.with_slot(slot, |s| {
+                s.kv.clear(s.seq);
+                s.tokens.clear();
+            })
+        })
+        .await;
+        if !matches!(cleared, Ok(Ok(()))) {
+            tracing::warn!("producer: clearing the warm-up's slot failed");
+        }
         self.release_slot(slot, None);
     }
 

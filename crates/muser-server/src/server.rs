@@ -48,6 +48,8 @@ pub struct ServeConfig {
     pub node_follow: Option<crate::lane::ConsumerConfig>,
     /// Speculative decoding for every slot (`--spec`, `--draft-max`); `None`: plain decoding.
     pub spec: Option<muser_engine::SpecConfig>,
+    /// The DFlash drafter of speculative mode dflash (`--dflash FILE`).
+    pub dflash: Option<PathBuf>,
     /// Names the model is reported as and answers to (`--alias`, comma-separated): the first
     /// replaces the file name as its id.
     pub aliases: Vec<String>,
@@ -85,6 +87,7 @@ impl ServeConfig {
             session_dir: None,
             device: "cpu".into(),
             spec: None,
+            dflash: None,
             numerics: muser_model::Numerics::PORTABLE,
             node_registry: None,
             node_follow: None,
@@ -249,6 +252,13 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
         prefill_chunk: cfg.prefill_chunk,
         prompt_cache,
         spec: cfg.spec,
+        dflash: match &cfg.dflash {
+            Some(p) => Some(Arc::new(
+                muser_model::models::dflash::Dflash::load(p, 0)
+                    .map_err(|e| StartError::Engine(format!("--dflash {}: {e}", p.display())))?,
+            )),
+            None => None,
+        },
         ..Default::default()
     };
     let engine = Engine::start(model, tokenizer.clone(), engine_cfg)

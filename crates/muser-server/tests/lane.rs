@@ -200,7 +200,7 @@ async fn every_bad_answer_is_refused_and_the_consumer_keeps_serving() {
         let c = ConsumerConfig {
             mode,
             producers: vec![Endpoint::parse(&format!("prod=https://127.0.0.1:{port}")).unwrap()],
-            min_tokens: 1,
+            min_tokens: Some(1),
             deadline: Duration::from_secs(15),
             accept_abis: vec![],
             migrate_to: vec![],
@@ -264,7 +264,7 @@ async fn every_bad_answer_is_refused_and_the_consumer_keeps_serving() {
     let c = ConsumerConfig {
         mode: PrefillMode::Auto,
         producers: vec![Endpoint::parse(&format!("rogue=https://127.0.0.1:{rogue}")).unwrap()],
-        min_tokens: 1,
+        min_tokens: Some(1),
         deadline: Duration::from_secs(30),
         accept_abis: vec![],
         migrate_to: vec![],

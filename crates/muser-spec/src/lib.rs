@@ -1,15 +1,18 @@
 //! muser-spec: what proposes draft tokens for speculative decoding, and when to stop asking.
-//! The engine verifies the drafts against the target model; this crate knows no model, only
-//! token ids.
+//! The engine verifies the drafts against the target model.
 //!
 //! - [`Ngram`]: prompt lookup. The longest recent suffix of the sequence (prompt and output)
 //!   that occurred earlier proposes the tokens that followed it then.
+//! - [`DflashDrafter`]: DFlash block drafting from the target's hidden states (a `dflash`
+//!   GGUF run by muser-model), one draft cache per sequence.
 //! - [`Gate`]: the adaptive off-switch. Per slot, acceptance over a window of drafted tokens;
 //!   below the threshold, drafting pauses for a while and then probes again.
 
+mod dflash;
 mod gate;
 mod ngram;
 
+pub use dflash::DflashDrafter;
 pub use gate::Gate;
 pub use ngram::Ngram;
 
@@ -22,6 +25,8 @@ pub const DRAFT_MAX_LIMIT: usize = 32;
 pub enum SpecMode {
     /// Prompt lookup over the slot's own tokens (no extra model).
     Ngram,
+    /// A DFlash drafter fed with the target's hidden states (`--dflash FILE`).
+    Dflash,
 }
 
 impl SpecMode {
@@ -29,6 +34,7 @@ impl SpecMode {
     pub fn name(self) -> &'static str {
         match self {
             SpecMode::Ngram => "ngram",
+            SpecMode::Dflash => "dflash",
         }
     }
 }
@@ -39,6 +45,7 @@ impl std::str::FromStr for SpecMode {
     fn from_str(s: &str) -> Result<Self, SpecError> {
         match s {
             "ngram" | "ngram-simple" | "lookup" => Ok(SpecMode::Ngram),
+            "dflash" | "draft-dflash" => Ok(SpecMode::Dflash),
             other => Err(SpecError::UnknownMode(other.to_string())),
         }
     }
@@ -84,7 +91,7 @@ impl SpecConfig {
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum SpecError {
-    #[error("unknown speculative mode {0:?} (known: ngram)")]
+    #[error("unknown speculative mode {0:?} (known: ngram, dflash)")]
     UnknownMode(String),
     #[error("draft-max {0} is outside 1..={DRAFT_MAX_LIMIT}")]
     DraftMax(usize),
@@ -152,17 +159,35 @@ impl Drafting {
     /// decoded last), at most `room` of them; empty when the gate is closed or nothing
     /// matches. Counts one decode step for the gate.
     pub fn propose(&mut self, history: &[u32], room: usize) -> Vec<u32> {
-        if !self.gate.step() {
+        let Some(max) = self.open(room) else {
             return Vec::new();
-        }
-        let max = self.cfg.draft_max.min(room);
-        let drafts = match self.cfg.mode {
-            SpecMode::Ngram => self.ngram.draft(history, max),
         };
+        let drafts = self.ngram.draft(history, max);
+        self.at_least_min(drafts)
+    }
+
+    /// The drafts `draft(max)` proposes, at most `room` and `--draft-max` of them; empty (and
+    /// `draft` not called) when the gate is closed. Counts one decode step for the gate.
+    pub fn propose_with(&mut self, room: usize, draft: impl FnOnce(usize) -> Vec<u32>) -> Vec<u32> {
+        let drafts = self.open(room).map(draft).unwrap_or_default();
+        self.at_least_min(drafts)
+    }
+
+    /// `drafts`, or none when they are fewer than `draft_min` (not worth a verification).
+    fn at_least_min(&self, drafts: Vec<u32>) -> Vec<u32> {
         match drafts.len() < self.cfg.draft_min {
             true => Vec::new(),
             false => drafts,
         }
+    }
+
+    /// How many drafts this step may have, `None` while the gate is closed.
+    fn open(&mut self, room: usize) -> Option<usize> {
+        self.gate.step().then(|| self.cfg.draft_max.min(room))
+    }
+
+    pub fn mode(&self) -> SpecMode {
+        self.cfg.mode
     }
 
     /// How a verification went: `drafted` proposed, the first `accepted` of them taken.

@@ -2,7 +2,7 @@
 //! pre-norm blocks, RoPE NORM on Q and K, grouped-query attention, SwiGLU FFN, and the token
 //! embedding reused as the output matrix when `output.weight` is absent (tied embeddings).
 
-use super::{attend, embed, linear, rope_qk, swiglu_ffn, Prepared, Tensors, WRef};
+use super::{attend, embed, linear, rope_qk, swiglu_ffn, Capture, Head, Prepared, Tensors, WRef};
 use crate::backend::Backend;
 use crate::error::ModelError;
 use crate::info::ModelInfo;
@@ -78,6 +78,14 @@ impl Llama {
         })
     }
 
+    pub fn head(&self) -> Head {
+        Head {
+            tok_embd: self.tok_embd.clone(),
+            output: self.output.clone(),
+            output_scale: None,
+        }
+    }
+
     /// Runs the batch; returns the final-norm hidden states of `prep.out_rows` and their logits.
     #[allow(clippy::too_many_arguments)]
     pub fn forward<B: Backend>(
@@ -90,12 +98,14 @@ impl Llama {
         tokens: &[u32],
         embd: &InputEmbd,
         pos: &[u32],
+        cap: &mut Capture,
     ) -> Result<(B::Act, B::Act), ModelError> {
         let eps = i.rms_eps;
         let mut x = embed(be, &self.tok_embd.view(g), tokens, embd, prep)?;
         // Each intermediate is dropped as soon as it is used, so a large batch holds few of
         // them at once.
         for (il, l) in self.layers.iter().enumerate() {
+            cap.layer(be, il, &x)?;
             let a = {
                 let h = be.rms_norm(&x, i.n_embd, eps, Some(&l.attn_norm))?;
                 let mut q = linear(be, g, &l.wq, l.bq.as_deref(), None, &h)?;

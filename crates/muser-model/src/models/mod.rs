@@ -2,6 +2,7 @@
 //! This module holds what they share: tensor lookup with shape checks, and the pieces of a
 //! forward pass every architecture has (embedding lookup, attention plumbing, the output head).
 
+pub mod dflash;
 pub mod llama;
 pub mod muse_glimmer;
 
@@ -34,6 +35,58 @@ pub(crate) fn embed<B: Backend>(
         be.compute_alone(&mut x, &prep.lone)?;
     }
     Ok(x)
+}
+
+/// The layer inputs a batch asked for ([`crate::Batch::capture_layers`]), copied to the host
+/// as the layers are entered. With no layers asked for it copies nothing.
+pub struct Capture {
+    /// The layers, in the order the caller wants them.
+    layers: Vec<u32>,
+    /// Per model layer: its input rows, once captured.
+    got: Vec<Option<Vec<f32>>>,
+}
+
+impl Capture {
+    pub fn new(layers: &[u32], n_layer: usize) -> Capture {
+        Capture {
+            layers: layers.to_vec(),
+            got: if layers.is_empty() {
+                Vec::new()
+            } else {
+                vec![None; n_layer]
+            },
+        }
+    }
+
+    /// Called with `x`, the rows entering layer `il` (all of the batch's rows).
+    pub fn layer<B: Backend>(&mut self, be: &B, il: usize, x: &B::Act) -> Result<(), ModelError> {
+        if self.layers.contains(&(il as u32)) {
+            self.got[il] = Some(be.download(x)?);
+        }
+        Ok(())
+    }
+
+    /// Row by row, the asked-for layers side by side (`n_rows × layers × n_embd`).
+    pub fn into_rows(self, n_rows: usize, n_embd: usize) -> Vec<f32> {
+        let mut out = Vec::with_capacity(n_rows * self.layers.len() * n_embd);
+        for r in 0..n_rows {
+            for &l in &self.layers {
+                if let Some(Some(x)) = self.got.get(l as usize) {
+                    out.extend_from_slice(&x[r * n_embd..(r + 1) * n_embd]);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A model's embedding table and output matrix (with its per-tensor scale), which a DFlash
+/// drafter without its own borrows.
+#[derive(Clone, Debug)]
+pub struct Head {
+    pub tok_embd: WRef,
+    pub output: WRef,
+    pub output_scale: Option<f32>,
 }
 
 /// A weight matrix in the file: which tensor, and its `{n_in, n_out}` shape.

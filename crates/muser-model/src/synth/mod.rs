@@ -12,6 +12,7 @@
 //! - [`Vocab`]: no tokenizer (`tokenizer.ggml.model = "none"`, enough for llama-bench) or a
 //!   donor GGUF's tokenizer with the Muse special tokens appended as control tokens,
 //!   `eot_token_id` set to `<|eot|>`, and the Muse chat template.
+//! - [`dflash::write_drafter`] writes a DFlash drafter for a given target (`dflash-*` presets).
 //! - [`Plan`] is the whole file before any byte is written (metadata, tensors and their types),
 //!   so parameter counts are known without writing; [`Plan::write`] streams it, a chunk of
 //!   rows at a time, generating rows in parallel.
@@ -24,6 +25,7 @@
 //! instead get random quant bits in valid blocks with fixed small scales chosen to give the
 //! same standard deviation, as llama.cpp's `synth_muse.py` does.
 
+pub mod dflash;
 pub mod presets;
 mod weights;
 

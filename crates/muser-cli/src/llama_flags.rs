@@ -123,6 +123,7 @@ pub struct LlamaArgs {
     no_webui: bool,
     #[arg(long, hide = true)]
     offline: bool,
+    /// Load no projector, even with --mmproj.
     #[arg(long, hide = true)]
     no_mmproj: bool,
     #[arg(short = 'v', long, hide = true)]
@@ -133,6 +134,9 @@ impl LlamaArgs {
     /// Applies the flags that have a meaning here to `cfg`; prints the ones that do not, and
     /// refuses values Muser does not implement.
     pub fn apply(self, cfg: &mut ServeConfig) -> anyhow::Result<()> {
+        if self.no_mmproj {
+            cfg.mmproj = None;
+        }
         if let Some(names) = &self.alias {
             cfg.aliases = names
                 .split(',')
@@ -245,7 +249,6 @@ impl LlamaArgs {
             self.offline,
             "--offline (nothing is downloaded with --model)",
         );
-        note(self.no_mmproj, "--no-mmproj (no projector is loaded)");
         note(self.verbose, "--verbose (set RUST_LOG=debug)");
         out
     }

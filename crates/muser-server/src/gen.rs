@@ -198,7 +198,7 @@ pub async fn submit(
     if let Some(lane) = state
         .lane
         .as_ref()
-        .filter(|_| req.cache_prompt && !req.embeddings)
+        .filter(|_| req.cache_prompt && !req.embeddings && req.images.is_empty())
     {
         req.prefilled = lane
             .prefill(&state.engine, &req.prompt)

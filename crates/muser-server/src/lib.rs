@@ -86,4 +86,5 @@ pub mod slotfile;
 pub mod state;
 pub mod store;
 pub mod structured;
+pub mod vision;
 pub mod wire;

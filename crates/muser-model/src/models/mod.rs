@@ -20,10 +20,15 @@ pub(crate) fn embed<B: Backend>(
     tokens: &[u32],
     input: &crate::InputEmbd,
 ) -> Result<B::Act, ModelError> {
-    let x = be.get_rows(table, tokens)?;
     if input.is_empty() {
-        return Ok(x);
+        return be.get_rows(table, tokens);
     }
+    // an embedding row's token id is ignored (it may lie outside the vocabulary)
+    let mut ids = tokens.to_vec();
+    for &r in &input.rows {
+        ids[r] = 0;
+    }
+    let x = be.get_rows(table, &ids)?;
     let (rows, cols) = be.dims(&x);
     let mut host = be.download(&x)?;
     for (k, &r) in input.rows.iter().enumerate() {

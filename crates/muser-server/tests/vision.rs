@@ -170,7 +170,8 @@ async fn chat_images_count_in_the_prompt_on_openai_and_ollama() {
     assert!(g["context"].is_null(), "image rows have no ids to return");
 }
 
-/// A PNG whose header claims `w × h` pixels, with no pixel data.
+/// A PNG whose header claims `w × h` pixels, with no pixel data (as in muser-vision's
+/// `tests/hostile.rs`).
 fn png_header(w: u32, h: u32) -> Vec<u8> {
     let crc32 = |data: &[u8]| {
         let mut c = !0u32;
@@ -194,6 +195,12 @@ fn png_header(w: u32, h: u32) -> Vec<u8> {
     out.extend_from_slice(&13u32.to_be_bytes());
     out.extend_from_slice(&ihdr);
     out.extend_from_slice(&crc32(&ihdr).to_be_bytes());
+    // an empty IDAT (the decoder reads the header up to the first one) and the end
+    for chunk in [&b"IDAT"[..], &b"IEND"[..]] {
+        out.extend_from_slice(&0u32.to_be_bytes());
+        out.extend_from_slice(chunk);
+        out.extend_from_slice(&crc32(chunk).to_be_bytes());
+    }
     out
 }
 

@@ -276,3 +276,22 @@ async fn bad_images_are_400_and_text_still_answers() {
     assert_eq!(status, StatusCode::OK, "{v}");
     assert_eq!(v["choices"][0]["finish_reason"], "length");
 }
+
+/// A projector made for another width is refused at start-up, naming both widths.
+#[test]
+fn a_projector_of_another_width_is_refused() {
+    let dir = std::env::temp_dir().join(format!("muser-vision-width-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mmproj = dir.join("mmproj.gguf");
+    let preset = muser_vision::synth::preset("vision-tiny").unwrap();
+    muser_vision::synth::write_projector(&mmproj, &preset, GgmlType::F16, 7).unwrap();
+    let mut cfg = ServeConfig::new(common::smollm2_path());
+    cfg.n_ctx = 64;
+    cfg.threads = 1;
+    cfg.mmproj = Some(mmproj);
+    let err = load(&cfg).err().expect("SmolLM2 is 576 wide").to_string();
+    assert!(
+        err.contains("256 wide but the text model's are 576"),
+        "{err}"
+    );
+}

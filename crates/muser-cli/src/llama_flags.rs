@@ -21,6 +21,7 @@ const SINGLE_DASH: &[(&str, &str)] = &[
     ("-cb", "--cont-batching"),
     ("-nocb", "--no-cont-batching"),
     ("-kvu", "--kv-unified"),
+    ("-mm", "--mmproj"),
 ];
 
 /// Rewrites llama-server's multi-letter single-dash flags of `muser up` to their long
@@ -124,7 +125,7 @@ pub struct LlamaArgs {
     #[arg(long, hide = true)]
     offline: bool,
     /// Load no projector, even with --mmproj.
-    #[arg(long, hide = true)]
+    #[arg(long, alias = "no-mmproj-auto", hide = true)]
     no_mmproj: bool,
     #[arg(short = 'v', long, hide = true)]
     verbose: bool,

@@ -19,8 +19,15 @@ use std::time::Instant;
 
 use crate::device::{self, Device};
 use anyhow::{bail, Context};
-use muser_engine::{Engine, EngineConfig, Event, GenerateRequest, SamplingParams, Timings};
-use muser_model::{Arch, Model};
+use muser_engine::{
+    place_images, Engine, EngineConfig, Event, GenerateRequest, MediaMarkers, PromptImage,
+    SamplingParams, Timings,
+};
+use muser_model::{Arch, CpuBackend, Model};
+use muser_vision::{Limits, Projector, IMAGE_BEGIN, IMAGE_END};
+
+/// The marker of an image in a prompt (llama.cpp's `mtmd_default_marker`).
+const MEDIA_MARKER: &str = "<__media__>";
 use muser_text::Tokenizer;
 
 #[derive(clap::Args)]
@@ -98,6 +105,13 @@ pub struct Args {
     special: bool,
     #[command(flatten)]
     spec: crate::spec::SpecArgs,
+    /// Image projector (a Muse Glimmer `mmproj` GGUF) for `--image`.
+    #[arg(long, value_name = "FILE", requires = "image")]
+    mmproj: Option<PathBuf>,
+    /// An image (PNG, JPEG, WebP) for the prompt, placed at its next `<__media__>` marker
+    /// (all at the start when the prompt has none, as llama-mtmd-cli does). Repeatable.
+    #[arg(long, value_name = "FILE", requires = "mmproj")]
+    image: Vec<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -121,7 +135,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     let is_muse = info.arch == Arch::MuseGlimmer;
 
+    let mut images = Vec::new();
     let prompt = match (&tokenizer, args.ids) {
+        (Some(tok), false) if !args.image.is_empty() => {
+            let (ids, placed) = image_prompt(&args, &model, tok)?;
+            images = placed;
+            ids
+        }
         (Some(tok), false) => text_prompt(&args, &model, tok)?,
         _ => {
             if args.chat {
@@ -152,6 +172,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // the Muse parser reads the message markers, which are control tokens
         special: args.special || (args.chat && is_muse),
         cache_prompt: false,
+        images,
         ..Default::default()
     };
     let mut rx = engine.submit(req)?;
@@ -194,9 +215,56 @@ fn text_prompt(args: &Args, model: &Model, tok: &Tokenizer) -> anyhow::Result<Ve
     if !args.chat {
         return Ok(tok.encode(&args.prompt, true, true));
     }
-    let text = chat::render(model, tok, args)?;
+    let text = chat::render(model, tok, args, &args.prompt)?;
     // as llama-server tokenizes a rendered conversation
     Ok(tok.encode(&text, true, true))
+}
+
+/// The prompt with `--image`s encoded by `--mmproj` and placed at their markers.
+fn image_prompt(
+    args: &Args,
+    model: &Model,
+    tok: &Tokenizer,
+) -> anyhow::Result<(Vec<u32>, Vec<PromptImage>)> {
+    let path = args.mmproj.as_deref().context("--image needs --mmproj")?;
+    let projector = Projector::open_for(path, model.info().n_embd)?;
+    let backend = CpuBackend::new(model.threads().max(1))?;
+    let mut images = Vec::new();
+    for file in &args.image {
+        let t0 = Instant::now();
+        let bytes = std::fs::read(file).with_context(|| format!("--image {}", file.display()))?;
+        let img = projector
+            .embed(&backend, &bytes, &Limits::default())
+            .with_context(|| format!("--image {}", file.display()))?;
+        eprintln!(
+            "muser: {}: {} image tokens, encoded in {:.0} ms",
+            file.display(),
+            img.embeddings.n_tokens(),
+            t0.elapsed().as_secs_f64() * 1e3
+        );
+        images.push(PromptImage {
+            at: 0,
+            n_tokens: img.embeddings.n_tokens(),
+            values: Arc::new(img.embeddings.data),
+            digest: img.digest,
+        });
+    }
+    let marker = MEDIA_MARKER;
+    let mut prompt = args.prompt.clone();
+    if !prompt.contains(marker) {
+        prompt = marker.repeat(images.len()) + &prompt;
+    }
+    let text = match args.chat {
+        true => chat::render(model, tok, args, &prompt)?,
+        false => prompt,
+    };
+    let markers = MediaMarkers {
+        marker: marker.to_string(),
+        begin: IMAGE_BEGIN,
+        end: IMAGE_END,
+    };
+    let ids = place_images(tok, &text, true, &markers, &mut images, usize::MAX)?;
+    Ok((ids, images))
 }
 
 fn sampling(args: &Args) -> SamplingParams {
@@ -307,15 +375,20 @@ mod chat {
     use muser_text::{ChatRequest, ChatTemplate};
 
     /// The prompt text for `--chat`: the model's template (ChatML when it has none) around
-    /// the system and user messages.
-    pub fn render(model: &Model, tok: &Tokenizer, args: &Args) -> anyhow::Result<String> {
+    /// the system message and the user message `user`.
+    pub fn render(
+        model: &Model,
+        tok: &Tokenizer,
+        args: &Args,
+        user: &str,
+    ) -> anyhow::Result<String> {
         let template = ChatTemplate::from_gguf_or_chatml(model.gguf(), tok)
             .context("reading the chat template")?;
         let mut messages = Vec::new();
         if let Some(system) = &args.system {
             messages.push(message("system", system));
         }
-        messages.push(message("user", &args.prompt));
+        messages.push(message("user", user));
         let mut conversation = format!("{{\"messages\": [{}]", messages.join(", "));
         if let Some(effort) = &args.reasoning_effort {
             conversation.push_str(&format!(", \"reasoning_effort\": {}", json_string(effort)));

@@ -96,6 +96,13 @@ pub struct Args {
     /// Compute threads (default: all cores).
     #[arg(short, long)]
     threads: Option<usize>,
+    /// Image projector (a Muse Glimmer `mmproj` GGUF): requests may carry images (OpenAI
+    /// `image_url` data URIs, Ollama `images`, `/completion` `multimodal_data`).
+    #[arg(long, value_name = "FILE")]
+    mmproj: Option<PathBuf>,
+    /// Images one request may carry; more is a 400.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    max_images: usize,
     /// Where the model runs: cpu; cuda (muse-glimmer through the fused forward, others op by
     /// op); cuda-ops (always op by op). CUDA needs a muser built with `--features cuda`.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
@@ -402,6 +409,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     let mut cfg = ServeConfig::new(&model_path);
+    cfg.mmproj = args.mmproj;
+    cfg.max_images = args.max_images;
     cfg.n_slots = match (args.slots.flatten(), args.parallel) {
         (Some(a), Some(b)) if a != b => {
             anyhow::bail!("--slots {a} and --parallel {b} disagree: give one")

@@ -21,6 +21,7 @@ const SINGLE_DASH: &[(&str, &str)] = &[
     ("-cb", "--cont-batching"),
     ("-nocb", "--no-cont-batching"),
     ("-kvu", "--kv-unified"),
+    ("-mm", "--mmproj"),
 ];
 
 /// Rewrites llama.cpp's multi-letter single-dash flags to their long spellings: llama-server's
@@ -126,7 +127,8 @@ pub struct LlamaArgs {
     no_webui: bool,
     #[arg(long, hide = true)]
     offline: bool,
-    #[arg(long, hide = true)]
+    /// Load no projector, even with --mmproj.
+    #[arg(long, alias = "no-mmproj-auto", hide = true)]
     no_mmproj: bool,
     #[arg(short = 'v', long, hide = true)]
     verbose: bool,
@@ -136,6 +138,9 @@ impl LlamaArgs {
     /// Applies the flags that have a meaning here to `cfg`; prints the ones that do not, and
     /// refuses values Muser does not implement.
     pub fn apply(self, cfg: &mut ServeConfig) -> anyhow::Result<()> {
+        if self.no_mmproj {
+            cfg.mmproj = None;
+        }
         if let Some(names) = &self.alias {
             cfg.aliases = names
                 .split(',')
@@ -248,7 +253,6 @@ impl LlamaArgs {
             self.offline,
             "--offline (nothing is downloaded with --model)",
         );
-        note(self.no_mmproj, "--no-mmproj (no projector is loaded)");
         note(self.verbose, "--verbose (set RUST_LOG=debug)");
         out
     }

@@ -15,6 +15,7 @@ use muser_spec::SpecOverride;
 use muser_text::Tokenizer;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
+use crate::image::{image_ids, PromptImage};
 use crate::sampling::{SamplingParams, TokenLogprobs};
 use crate::scheduler::Scheduler;
 
@@ -84,6 +85,9 @@ pub struct GenerateRequest {
     pub prefilled: Option<Arc<Prefilled>>,
     /// This request's speculative settings over the engine's ([`EngineConfig::spec`]).
     pub speculative: SpecOverride,
+    /// Images among the prompt's rows (ascending, not overlapping), placed by
+    /// [`crate::place_images`]; their rows' prompt ids are set by [`Engine::submit`].
+    pub images: Vec<PromptImage>,
 }
 
 /// A verified K/V state for positions `state.positions` of a request's prompt, computed by
@@ -125,6 +129,7 @@ impl Default for GenerateRequest {
             special: false,
             prefilled: None,
             speculative: SpecOverride::default(),
+            images: Vec::new(),
         }
     }
 }
@@ -196,6 +201,8 @@ pub enum SubmitError {
     BadToken { id: u32, n_vocab: usize },
     #[error("there is no slot {slot} (the engine has {n_slots})")]
     NoSuchSlot { slot: usize, n_slots: usize },
+    #[error("bad image rows: {0}")]
+    BadImage(String),
     #[error(transparent)]
     InvalidParams(#[from] crate::sampling::SamplingError),
     #[error("speculative: {0}")]
@@ -323,6 +330,9 @@ pub struct Engine {
     thread: Option<JoinHandle<()>>,
     cfg: EngineConfig,
     n_vocab: usize,
+    n_embd: usize,
+    /// Keys the prompt ids of image rows (drawn at start; see `image.rs`).
+    image_key: [u8; 32],
 }
 
 impl Engine {
@@ -374,6 +384,10 @@ impl Engine {
         let n_ubatch = cfg.prefill_chunk.max(cfg.n_slots);
         let kv = model.new_kv_ubatch(cfg.n_ctx, cfg.n_slots, cfg.kv_type, n_ubatch as u32)?;
         let n_vocab = model.info().n_vocab;
+        let n_embd = model.info().n_embd;
+        let mut image_key = [0u8; 32];
+        getrandom::getrandom(&mut image_key)
+            .map_err(|e| EngineError::Config(format!("no randomness for the image key: {e}")))?;
         let shared = Arc::new(Shared {
             state: Mutex::new(SharedState::default()),
             wake: Condvar::new(),
@@ -413,6 +427,8 @@ impl Engine {
             thread: Some(thread),
             cfg,
             n_vocab,
+            n_embd,
+            image_key,
         })
     }
 
@@ -421,8 +437,15 @@ impl Engine {
     }
 
     /// Queues a request; its events arrive on the returned receiver.
-    pub fn submit(&self, req: GenerateRequest) -> Result<UnboundedReceiver<Event>, SubmitError> {
+    pub fn submit(
+        &self,
+        mut req: GenerateRequest,
+    ) -> Result<UnboundedReceiver<Event>, SubmitError> {
         self.check(&req)?;
+        for img in &req.images {
+            let ids = image_ids(&self.image_key, &img.digest, img.n_tokens);
+            req.prompt[img.span()].copy_from_slice(&ids);
+        }
         let mut st = self.shared.lock();
         if st.stopped || st.shutdown {
             return Err(SubmitError::Stopped);
@@ -461,6 +484,7 @@ impl Engine {
                 n_vocab: self.n_vocab,
             });
         }
+        self.check_images(req)?;
         if let Some(slot) = req.slot.filter(|&s| s >= self.cfg.n_slots) {
             return Err(SubmitError::NoSuchSlot {
                 slot,
@@ -469,6 +493,35 @@ impl Engine {
         }
         req.params.validate()?;
         req.speculative.apply(self.cfg.spec)?;
+        Ok(())
+    }
+
+    /// Image spans ascend inside the prompt without overlapping, before its last row, each
+    /// with its values, and none on a request for embeddings.
+    fn check_images(&self, req: &GenerateRequest) -> Result<(), SubmitError> {
+        let bad = |m: String| Err(SubmitError::BadImage(m));
+        if req.embeddings && !req.images.is_empty() {
+            return bad("an embeddings request takes text only".into());
+        }
+        let mut free = 0;
+        for img in &req.images {
+            let span = img.span();
+            if img.n_tokens == 0 || span.start < free || span.end >= req.prompt.len() {
+                return bad(format!(
+                    "image rows {span:?} do not fit a {}-token prompt after row {free}",
+                    req.prompt.len()
+                ));
+            }
+            if img.values.len() != img.n_tokens * self.n_embd {
+                return bad(format!(
+                    "{} values for {} rows of width {}",
+                    img.values.len(),
+                    img.n_tokens,
+                    self.n_embd
+                ));
+            }
+            free = span.end;
+        }
         Ok(())
     }
 

@@ -6,6 +6,7 @@
 pub mod constraint;
 mod detok;
 mod engine;
+mod image;
 pub mod kvpack_bridge;
 pub mod prompt_cache;
 mod rng;
@@ -18,6 +19,7 @@ pub use engine::{
     Engine, EngineConfig, EngineError, EngineStats, Event, FinishReason, GenerateRequest,
     Prefilled, SlotInfo, SlotKv, SubmitError, Timings,
 };
+pub use image::{place_images, MediaMarkers, PlaceError, PromptImage, IMAGE_ID_BASE};
 pub use kvpack_bridge::{KvPackContext, PackError, SlotExport};
 pub use muser_model::KvType;
 pub use muser_spec::{SpecConfig, SpecError, SpecMode, SpecOverride, DRAFT_MAX_LIMIT};

@@ -715,6 +715,26 @@ impl<'t> Scheduler<'t> {
             if let Some(cut) = t.publish_at.filter(|&c| done < c && c < end) {
                 end = cut;
             }
+            // an image's rows never share a chunk with the text around them (mtmd's schedule)
+            for span in t.req.images.iter().map(|img| img.span()) {
+                if done < span.start {
+                    end = end.min(span.start);
+                } else if done < span.end {
+                    end = end.min(span.end);
+                }
+            }
+            let n_embd = self.model.info().n_embd;
+            for img in &t.req.images {
+                let span = img.span();
+                let (from, to) = (span.start.max(done), span.end.min(end));
+                for p in from..to {
+                    batch.input_embd.rows.push(batch.len() + p - done);
+                }
+                if from < to {
+                    let rows = (from - span.start) * n_embd..(to - span.start) * n_embd;
+                    batch.input_embd.values.extend_from_slice(&img.values[rows]);
+                }
+            }
             for (k, &id) in t.req.prompt[done..end].iter().enumerate() {
                 let last = done + k + 1 == t.req.prompt.len();
                 batch.push(id, (done + k) as u32, i as u32, last);
@@ -750,7 +770,7 @@ impl<'t> Scheduler<'t> {
         if room == 0 {
             return Vec::new();
         }
-        match (d.mode(), dflash) {
+        let mut drafts = match (d.mode(), dflash) {
             (SpecMode::Dflash, Some(df)) => {
                 let pos = tokens.len() as u32;
                 d.propose_with(room, |max| {
@@ -765,7 +785,12 @@ impl<'t> Scheduler<'t> {
                 tokens.pop();
                 drafts
             }
+        };
+        // a draft never names an image row (it lies outside the vocabulary)
+        if let Some(i) = drafts.iter().position(|&t| t >= crate::IMAGE_ID_BASE) {
+            drafts.truncate(i);
         }
+        drafts
     }
 
     /// Records what went into the cache and handles every output row.

@@ -642,7 +642,7 @@ impl Model {
         let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();
         for i in 0..n {
             let (tok, seq, pos) = (b.tokens[i], b.seq[i], b.pos[i]);
-            if tok as usize >= self.info.n_vocab {
+            if tok as usize >= self.info.n_vocab && b.input_embd.rows.binary_search(&i).is_err() {
                 return Err(ModelError::BadBatch(format!(
                     "token {tok} >= n_vocab {}",
                     self.info.n_vocab

@@ -4,29 +4,43 @@
 
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
+use crate::vision::WireImage;
 use crate::wire::openai::{ChatMessage, Content, ContentPart, Tool};
 use muser_text::muse::{MuseParser, ParseEvent};
 use muser_text::ChatRequest;
 use serde_json::{json, Value};
 
-/// A message as the chat template sees it.
-pub fn template_message(m: &ChatMessage) -> ApiResult<Value> {
+/// A message as the chat template sees it. Parts are joined as llama.cpp joins them: text
+/// parts with a newline between them, an image part as `image_marker` with no newline before
+/// or after it; without a marker (no projector) an image part is refused.
+pub fn template_message(m: &ChatMessage, image_marker: Option<&str>) -> ApiResult<Value> {
     let content = match &m.content {
         None => Value::Null,
         Some(Content::Text(t)) => Value::String(t.clone()),
         Some(Content::Parts(parts)) => {
-            let mut texts = Vec::new();
+            let mut text = String::new();
+            let mut after_image = false;
             for part in parts {
                 match part {
-                    ContentPart::Text { text } => texts.push(text.as_str()),
+                    ContentPart::Text { text: t } => {
+                        if !after_image && !text.is_empty() {
+                            text.push('\n');
+                        }
+                        text.push_str(t);
+                        after_image = false;
+                    }
                     ContentPart::ImageUrl { .. } => {
-                        return Err(ApiError::bad_request(
-                            "image_url parts need a vision encoder; the served model has none",
-                        ))
+                        let marker = image_marker.ok_or_else(|| {
+                            ApiError::bad_request(
+                                "image_url parts need a projector; start the server with --mmproj FILE",
+                            )
+                        })?;
+                        text.push_str(marker);
+                        after_image = true;
                     }
                 }
             }
-            Value::String(texts.join("\n"))
+            Value::String(text)
         }
     };
     let mut msg = json!({ "role": m.role.as_str(), "content": content });
@@ -55,6 +69,25 @@ pub fn template_message(m: &ChatMessage) -> ApiResult<Value> {
         msg["tool_calls"] = Value::Array(calls);
     }
     Ok(msg)
+}
+
+/// The images of a chat request's messages, in order, as given on the wire; their count is
+/// checked against `--max-images` before any is decoded.
+pub fn chat_images(state: &AppState, messages: &[ChatMessage]) -> ApiResult<Vec<WireImage>> {
+    let urls: Vec<&str> = messages
+        .iter()
+        .filter_map(|m| match &m.content {
+            Some(Content::Parts(parts)) => Some(parts),
+            _ => None,
+        })
+        .flatten()
+        .filter_map(|p| match p {
+            ContentPart::ImageUrl { image_url } => Some(image_url.url.as_str()),
+            ContentPart::Text { .. } => None,
+        })
+        .collect();
+    state.check_image_count(urls.len())?;
+    urls.into_iter().map(WireImage::from_url).collect()
 }
 
 pub fn tools_value(tools: &[Tool]) -> Value {

@@ -229,6 +229,7 @@ pub fn with_operator_key(app: &AppState, kv_key_file: &Path) -> Result<SharedSta
         engine: app.engine.clone(),
         lane: std::sync::OnceLock::new(),
         kvpack: Some(Arc::new(ctx)),
+        vision: None,
         tokenizer: app.tokenizer.clone(),
         template: None,
         model: app.model.clone(),

@@ -200,7 +200,7 @@ pub async fn submit(
     if let Some(lane) = state
         .lane
         .get()
-        .filter(|_| req.cache_prompt && !req.embeddings)
+        .filter(|_| req.cache_prompt && !req.embeddings && req.images.is_empty())
     {
         req.prefilled = lane
             .prefill(&state.engine, &req.prompt)

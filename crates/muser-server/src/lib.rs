@@ -24,8 +24,8 @@
 //! - Errors are `{"error": {"type", "message", "code"}}`.
 //!
 //! # Routes and deviations
-//! - `POST /v1/chat/completions`: messages (text and `image_url` parts; images are refused
-//!   with 400 because no vision encoder is loaded), tools and tool_choice (passed to the
+//! - `POST /v1/chat/completions`: messages (text and `image_url` parts: `data:` URIs with
+//!   `--mmproj`, else 400; remote URLs 400, see `vision`), tools and tool_choice (passed to the
 //!   template; `required` and a named function are **enforced** by grammar-constrained
 //!   sampling: the output is one call to an offered tool, in ATEM for Muse models and as
 //!   `{"name", "arguments"}` JSON for others), `response_format` `text`, `json_object` or
@@ -38,7 +38,8 @@
 //! - `POST /v1/completions` (one prompt: text or token ids; `echo`, `suffix`, `best_of` > 1
 //!   refused), `POST /v1/embeddings` (last-token pooling, L2-normalized; float or base64),
 //!   `GET /v1/models`.
-//! - llama.cpp: `POST /completion` (prompt as text, ids or a mix; n_predict, sampling fields,
+//! - llama.cpp: `POST /completion` (prompt as text, ids or a mix, or `{prompt_string,
+//!   multimodal_data}` with `<__media__>` markers and `--mmproj`; n_predict, sampling fields,
 //!   seed, stop, stream, cache_prompt, id_slot, n_probs, return_tokens, ignore_eos,
 //!   logit_bias pairs, `json_schema` enforced like `response_format`; `timings` in the
 //!   answer), `/tokenize`, `/detokenize`,
@@ -46,7 +47,7 @@
 //!   `POST /slots/{id}?action=save|restore|erase` (files under `--slot-save-path`, names of
 //!   `[A-Za-z0-9._-]` only), `GET /health`, `GET /metrics` (Prometheus text).
 //! - Ollama: `POST /api/generate` and `/api/chat` (NDJSON streaming by default; `suffix` and
-//!   `template` refused unless empty, `images` refused, `format` `"json"` or a schema enforced
+//!   `template` refused unless empty, `images` base64 with `--mmproj`, `format` `"json"` or a schema enforced
 //!   like `response_format`, `keep_alive` ignored), `GET /api/tags`, `POST /api/show`, `GET /api/version`.
 //! - Anthropic: `POST /v1/messages` (whole or streamed as Anthropic's events; tools, tool
 //!   results, thinking history, `x-api-key`), `POST /v1/messages/count_tokens`. OpenAI
@@ -86,4 +87,5 @@ pub mod slotfile;
 pub mod state;
 pub mod store;
 pub mod structured;
+pub mod vision;
 pub mod wire;

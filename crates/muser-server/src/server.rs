@@ -66,6 +66,10 @@ pub struct ServeConfig {
     pub metrics_endpoint: bool,
     /// Serve `/rerank` (`--rerank`).
     pub rerank_endpoint: bool,
+    /// The image projector (`--mmproj FILE`); `None`: requests with images are refused.
+    pub mmproj: Option<PathBuf>,
+    /// Images one request may carry (`--max-images`).
+    pub max_images: usize,
 }
 
 impl ServeConfig {
@@ -98,6 +102,8 @@ impl ServeConfig {
             slots_endpoint: true,
             metrics_endpoint: true,
             rerank_endpoint: false,
+            mmproj: None,
+            max_images: 8,
         }
     }
 }
@@ -131,6 +137,8 @@ pub enum StartError {
     PromptCache { path: PathBuf, message: String },
     #[error("prefill lane: {0}")]
     Lane(String),
+    #[error("--mmproj {path}: {message}")]
+    Projector { path: PathBuf, message: String },
 }
 
 /// Loads everything a server needs, the model on the CPU backend.
@@ -170,6 +178,29 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
             .map_err(|e| StartError::Tokenizer(e.to_string()))?,
     };
     let info = model.info();
+    let vision = match &cfg.mmproj {
+        Some(path) => {
+            let projector_error = |message: String| StartError::Projector {
+                path: path.clone(),
+                message,
+            };
+            if cfg.device == "cuda" {
+                return Err(projector_error(
+                    "image rows run on the op-by-op backends; use --device cpu or cuda-ops".into(),
+                ));
+            }
+            let v = crate::vision::Vision::load(
+                path,
+                info.n_embd,
+                &tokenizer,
+                cfg.threads,
+                cfg.max_images,
+            )
+            .map_err(projector_error)?;
+            Some(Arc::new(v))
+        }
+        None => None,
+    };
     let n_ctx_train = info.n_ctx_train as usize;
     if cfg.n_ctx < 16 || (n_ctx_train > 0 && cfg.n_ctx > n_ctx_train) {
         return Err(StartError::Context {
@@ -287,6 +318,7 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
         engine: Arc::new(engine),
         lane,
         kvpack,
+        vision,
         tokenizer,
         template,
         model: meta,

@@ -60,6 +60,8 @@ pub struct AppState {
     pub lane: std::sync::OnceLock<Arc<crate::lane::Lane>>,
     /// Identity and keys sealing slot files; present with `--slot-save-path`.
     pub kvpack: Option<Arc<muser_engine::KvPackContext>>,
+    /// The image projector (`--mmproj`); `None`: images are refused.
+    pub vision: Option<Arc<crate::vision::Vision>>,
     pub tokenizer: Arc<Tokenizer>,
     pub template: Option<muser_text::ChatTemplate>,
     pub model: ModelMeta,
@@ -130,6 +132,11 @@ impl AppState {
                         .encode_at_most(text, add_special && i == 0, parse_special, left)
                         .ok_or_else(|| self.too_many_tokens(max_tokens))?;
                     ids.extend(more);
+                }
+                PromptPiece::Multimodal { .. } => {
+                    return Err(ApiError::bad_request(
+                        "a prompt with multimodal_data is taken by /completion only",
+                    ))
                 }
                 PromptPiece::Token(_) if left == 0 => return Err(self.too_many_tokens(max_tokens)),
                 PromptPiece::Token(id) => ids.push(self.check_token(*id)?),

@@ -6,7 +6,7 @@ use muser_model::cpu::soft_max_tile;
 use muser_model::{Backend, Order, Weight};
 use rayon::prelude::*;
 
-use crate::preprocess::Pixels;
+use crate::preprocess::{decode, Limits, Pixels};
 use crate::projector::{Linear, Norm, Projector};
 use crate::VisionError;
 
@@ -63,7 +63,30 @@ fn layout(grid_w: usize, grid_h: usize, win: usize) -> Layout {
     Layout { perm, window, pos }
 }
 
+/// An image as the text model takes it: its embeddings and the digest of its decoded pixels
+/// (the identity of its rows in a prompt).
+#[derive(Clone, Debug, PartialEq)]
+pub struct EncodedImage {
+    pub digest: [u8; 32],
+    pub embeddings: Embeddings,
+}
+
 impl Projector {
+    /// Decodes (within `limits`), preprocesses and encodes one image file's bytes.
+    pub fn embed<B: Backend + Sync>(
+        &self,
+        backend: &B,
+        bytes: &[u8],
+        limits: &Limits,
+    ) -> Result<EncodedImage, VisionError> {
+        let rgb = decode(bytes, limits)?;
+        let embeddings = self.encode(backend, &self.preprocess(&rgb)?)?;
+        Ok(EncodedImage {
+            digest: rgb.digest(),
+            embeddings,
+        })
+    }
+
     /// Encodes one preprocessed image (its sides multiples of [`crate::Hparams::cell`]) into
     /// text-model embeddings, matrix products on `backend`, host work in its thread pool.
     pub fn encode<B: Backend + Sync>(

@@ -24,9 +24,9 @@ pub mod preprocess;
 mod projector;
 pub mod synth;
 
-pub use encoder::Embeddings;
+pub use encoder::{Embeddings, EncodedImage};
 pub use preprocess::{decode, grid_size, preprocess, Limits, Pixels, Rgb8};
-pub use projector::{Hparams, Projector, MAX_IMAGE_TOKENS, PROJECTOR_TYPE};
+pub use projector::{Hparams, Projector, IMAGE_BEGIN, IMAGE_END, MAX_IMAGE_TOKENS, PROJECTOR_TYPE};
 
 /// Errors of the vision encoder; each names what a user can fix.
 #[derive(Debug, thiserror::Error)]

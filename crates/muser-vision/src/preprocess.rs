@@ -38,6 +38,18 @@ pub struct Rgb8 {
     pub data: Vec<u8>,
 }
 
+impl Rgb8 {
+    /// BLAKE3 of the sides and the pixels: two images with the same digest give the same
+    /// embeddings under one projector, whatever their file format.
+    pub fn digest(&self) -> [u8; 32] {
+        let mut h = blake3::Hasher::new();
+        h.update(&self.width.to_le_bytes());
+        h.update(&self.height.to_le_bytes());
+        h.update(&self.data);
+        *h.finalize().as_bytes()
+    }
+}
+
 /// The encoder's input: `width × height` pixels of normalized RGB, interleaved, row-major.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Pixels {

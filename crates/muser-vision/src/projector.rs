@@ -12,6 +12,11 @@ use crate::VisionError;
 /// `clip.projector_type` of a Muse Glimmer projector.
 pub const PROJECTOR_TYPE: &str = "muse-glimmer";
 
+/// The text mtmd wraps an image's rows in for this projector (`img_beg`, `img_end` in
+/// `mtmd.cpp`); each is one special token of Muse Glimmer's vocabulary.
+pub const IMAGE_BEGIN: &str = "<|image_start|>";
+pub const IMAGE_END: &str = "<|image_end|>";
+
 /// Output tokens an image may have (`set_limit_image_tokens(1, 4096)`).
 pub const MAX_IMAGE_TOKENS: u32 = 4096;
 
@@ -125,6 +130,20 @@ impl Projector {
     /// Opens and checks a projector file.
     pub fn open(path: &Path) -> Result<Projector, VisionError> {
         Projector::from_gguf(GgufFile::open(path)?)
+    }
+
+    /// Opens a projector for a text model `n_embd` wide; one whose embeddings have another
+    /// width is refused.
+    pub fn open_for(path: &Path, n_embd: usize) -> Result<Projector, VisionError> {
+        let p = Projector::open(path)?;
+        if p.hp.proj_dim != n_embd {
+            return Err(bad(format!(
+                "{}: its embeddings are {} wide but the text model's are {n_embd}; use the projector made for this model",
+                path.display(),
+                p.hp.proj_dim
+            )));
+        }
+        Ok(p)
     }
 
     /// Checks a projector already opened: its type, every key clip requires, every tensor's

@@ -22,7 +22,16 @@ pub(crate) fn embed<B: Backend>(
     input: &crate::InputEmbd,
     prep: &Prepared,
 ) -> Result<B::Act, ModelError> {
-    let mut x = be.get_rows(table, tokens)?;
+    // an embedding row's token id is ignored (it may lie outside the vocabulary)
+    let mut x = if input.is_empty() {
+        be.get_rows(table, tokens)?
+    } else {
+        let mut ids = tokens.to_vec();
+        for &r in &input.rows {
+            ids[r] = 0;
+        }
+        be.get_rows(table, &ids)?
+    };
     if !input.is_empty() {
         let (rows, cols) = be.dims(&x);
         let mut host = be.download(&x)?;

@@ -8,12 +8,13 @@ use crate::json::{OptionalJson, StrictJson};
 use crate::limits::{check_count, TOKENIZE_TOKENS_MAX};
 use crate::state::{AppState, SharedState};
 use crate::structured;
+use crate::vision::{WireImage, MEDIA_MARKER};
 use crate::wire::llama::{
     valid_slot_filename, CompletionRequest, DetokenizeRequest, EmbeddingRequest, SlotAction,
     SlotActionRequest, SlotQuery, TokenizeRequest,
 };
 use crate::wire::openai::ChatCompletionRequest;
-use crate::wire::Prompt;
+use crate::wire::{Prompt, PromptPiece};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
@@ -51,8 +52,21 @@ pub async fn completion(
     StrictJson(mut req): StrictJson<CompletionRequest>,
 ) -> ApiResult<Response> {
     let prompt = std::mem::replace(&mut req.prompt, Prompt(Vec::new()));
-    let ids = state
-        .cpu(move |st| st.tokenize_prompt(&prompt, true, true, st.prompt_tokens_max()))
+    let (ids, images) = state
+        .cpu(move |st| match prompt.0.as_slice() {
+            [PromptPiece::Multimodal { text, images }] => {
+                st.check_image_count(images.len())?;
+                let images = images
+                    .iter()
+                    .map(|b| WireImage::from_base64(b))
+                    .collect::<ApiResult<_>>()?;
+                st.encode_with_images(text, true, MEDIA_MARKER, images)
+            }
+            _ => Ok((
+                st.tokenize_prompt(&prompt, true, true, st.prompt_tokens_max())?,
+                Vec::new(),
+            )),
+        })
         .await?;
     let max_tokens = match req.n_predict {
         None | Some(-1) => None,
@@ -111,6 +125,7 @@ pub async fn completion(
         special: false,
         prefilled: None,
         speculative,
+        images,
     };
     let rx = gen::submit(&state, &log, greq).await?;
     let model = state.model.id.clone();

@@ -9,6 +9,7 @@ use crate::json::StrictJson;
 use crate::limits;
 use crate::state::{AppState, SharedState};
 use crate::structured;
+use crate::vision::WireImage;
 use crate::wire::ollama::{ChatRequest, GenerateRequest as OllamaGenerate, Options, ShowRequest};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -99,6 +100,25 @@ fn final_counts(v: &mut Value, done: &Finished, total_ns: u128) {
     v["eval_duration"] = json!((done.gen_ms * 1e6) as u64);
 }
 
+/// The images of a request's messages (base64, in order) and the marker they are rendered
+/// as; their count is checked before any is decoded.
+fn ollama_images<'a>(
+    state: &AppState,
+    lists: impl IntoIterator<Item = Option<&'a [String]>>,
+) -> ApiResult<(String, Vec<WireImage>)> {
+    let all: Vec<&String> = lists.into_iter().flatten().flatten().collect();
+    state.check_image_count(all.len())?;
+    let marker = state
+        .vision
+        .as_ref()
+        .map_or(String::new(), |v| v.chat_marker().to_string());
+    let images = all
+        .into_iter()
+        .map(|b| WireImage::from_base64(b))
+        .collect::<ApiResult<_>>()?;
+    Ok((marker, images))
+}
+
 fn stream_error(e: &ApiError) -> String {
     format!("{}\n", json!({ "error": e.message }))
 }
@@ -120,11 +140,6 @@ pub async fn generate(
             "template is not supported: the model's own chat template is used",
         ));
     }
-    if req.images.as_ref().is_some_and(|i| !i.is_empty()) {
-        return Err(ApiError::bad_request(
-            "images need a vision encoder; the served model has none",
-        ));
-    }
     check_common(&state, req.options.as_ref())?;
     let model = state.model.id.clone();
     if req.prompt.is_empty() && req.context.is_none() {
@@ -136,18 +151,20 @@ pub async fn generate(
         .into_response());
     }
     // the grammar, the template and the tokenizer run on the work pool
-    let (req, constraint, ids) = state
+    let (req, constraint, ids, images) = state
         .cpu(move |state| {
             let constraint =
                 structured::plan_format(state, req.format.as_ref(), req.raw != Some(true))?;
+            let (marker, images) = ollama_images(state, [req.images.as_deref()])?;
+            let prompt = format!("{}{}", marker.repeat(images.len()), req.prompt);
             let text = if req.raw == Some(true) {
-                req.prompt.clone()
+                prompt
             } else {
                 let mut messages = Vec::new();
                 if let Some(system) = req.system.as_ref().filter(|s| !s.is_empty()) {
                     messages.push(json!({ "role": "system", "content": system }));
                 }
-                messages.push(json!({ "role": "user", "content": req.prompt }));
+                messages.push(json!({ "role": "user", "content": prompt }));
                 chat::render(state, messages, None, true, Default::default())?
             };
             let context = req.context.as_deref().unwrap_or_default();
@@ -156,11 +173,17 @@ pub async fn generate(
                 .iter()
                 .map(|&t| state.check_token(t))
                 .collect::<ApiResult<Vec<_>>>()?;
-            ids.extend(state.encode_prompt(&text, ids.is_empty())?);
-            Ok((req, constraint, ids))
+            let (more, mut images) =
+                state.encode_with_images(&text, ids.is_empty(), &marker, images)?;
+            for img in &mut images {
+                img.at += ids.len();
+            }
+            ids.extend(more);
+            Ok((req, constraint, ids, images))
         })
         .await?;
     let (opts, max_tokens, stop) = sampling(req.options.as_ref())?;
+    let greq_has_images = !images.is_empty();
     let greq = GenerateRequest {
         prompt: ids.clone(),
         params: SamplingParams {
@@ -175,13 +198,20 @@ pub async fn generate(
         special: state.model.is_muse,
         prefilled: None,
         speculative: Default::default(),
+        images,
     };
     let rx = gen::submit(&state, &log, greq).await?;
-    let mut context = ids;
+    // image rows have no token ids to give back: a prompt with images returns no context
+    let mut context = match greq_has_images {
+        true => None,
+        false => Some(ids),
+    };
     if req.stream.unwrap_or(true) {
         let body = gen::stream_body(rx, log.0.clone(), move |step| match step {
             Ok(Step::Token { id, text, .. }) => {
-                context.push(id);
+                if let Some(c) = &mut context {
+                    c.push(id);
+                }
                 vec![format!(
                     "{}\n",
                     json!({ "model": model, "created_at": created_at(), "response": text, "done": false })
@@ -198,7 +228,9 @@ pub async fn generate(
         return Ok(ndjson_response(body));
     }
     let out = gen::collect(rx, &log).await?;
-    context.extend(&out.tokens);
+    if let Some(c) = &mut context {
+        c.extend(&out.tokens);
+    }
     let msg = chat::split_output(state.model.is_muse, None, &out.text);
     let mut v = json!({ "model": model, "created_at": created_at(), "response": msg.content, "context": context });
     if !msg.reasoning.is_empty() {
@@ -222,14 +254,13 @@ pub async fn chat(
         req.tools.as_ref().map_or(0, Vec::len),
         limits::TOOLS_MAX,
     )?;
+    let (marker, images) = ollama_images(&state, req.messages.iter().map(|m| m.images.as_deref()))?;
     let mut messages = Vec::new();
     for m in &req.messages {
-        if m.images.as_ref().is_some_and(|i| !i.is_empty()) {
-            return Err(ApiError::bad_request(
-                "images need a vision encoder; the served model has none",
-            ));
-        }
-        let mut msg = json!({ "role": m.role.as_str(), "content": m.content });
+        // Ollama puts a message's images before its text
+        let n_images = m.images.as_ref().map_or(0, Vec::len);
+        let content = format!("{}{}", marker.repeat(n_images), m.content);
+        let mut msg = json!({ "role": m.role.as_str(), "content": content });
         if let Some(t) = &m.thinking {
             msg["reasoning_content"] = json!(t);
         }
@@ -247,12 +278,12 @@ pub async fn chat(
         .filter(|t| !t.is_empty())
         .map(|t| json!(t));
     // the grammar, the template and the tokenizer run on the work pool
-    let (req, tools, constraint, ids) = state
+    let (req, tools, constraint, ids, images) = state
         .cpu(move |state| {
             let constraint = structured::plan_format(state, req.format.as_ref(), true)?;
             let text = chat::render(state, messages, tools.clone(), true, Default::default())?;
-            let ids = state.encode_prompt(&text, true)?;
-            Ok((req, tools, constraint, ids))
+            let (ids, images) = state.encode_with_images(&text, true, &marker, images)?;
+            Ok((req, tools, constraint, ids, images))
         })
         .await?;
     let (opts, max_tokens, stop) = sampling(req.options.as_ref())?;
@@ -270,6 +301,7 @@ pub async fn chat(
         special: state.model.is_muse,
         prefilled: None,
         speculative: Default::default(),
+        images,
     };
     let rx = gen::submit(&state, &log, greq).await?;
     let model = state.model.id.clone();

@@ -96,11 +96,14 @@ pub async fn start_chat(
     };
     // response_format and forced tool choices become a grammar the sampler enforces; it,
     // the template and the tokenizer run on the work pool
-    let (mut req, plan, ids) = state
+    let (mut req, plan, ids, images) = state
         .cpu(move |state| {
             let plan = structured::plan_chat(state, &req)?;
-            let ids = state.encode_prompt(&render_chat(state, &req)?, true)?;
-            Ok((req, plan, ids))
+            let images = chat::chat_images(state, &req.messages)?;
+            let marker = state.vision.as_ref().map_or("", |v| v.chat_marker());
+            let text = render_chat(state, &req)?;
+            let (ids, images) = state.encode_with_images(&text, true, marker, images)?;
+            Ok((req, plan, ids, images))
         })
         .await?;
     let sampling = req.sampling();
@@ -132,6 +135,7 @@ pub async fn start_chat(
         special: state.model.is_muse,
         prefilled: None,
         speculative: gen::speculative(req.speculative())?,
+        images,
     };
     let rx = gen::submit(state, log, greq).await?;
     let offered_tools = req.tools.as_deref().map(chat::tools_value);
@@ -295,7 +299,7 @@ pub fn render_chat(state: &AppState, req: &ChatCompletionRequest) -> ApiResult<S
     let mut messages = req
         .messages
         .iter()
-        .map(chat::template_message)
+        .map(|m| chat::template_message(m, state.vision.as_ref().map(|v| v.chat_marker())))
         .collect::<ApiResult<Vec<_>>>()?;
     structured::add_tool_instructions(state, req, &mut messages)?;
     let tools = match (&req.tools, &req.tool_choice) {
@@ -370,6 +374,7 @@ pub async fn completions(
         special: false,
         prefilled: None,
         speculative,
+        images: Vec::new(),
     };
     let rx = gen::submit(&state, &log, greq).await?;
     let id = next_id("cmpl-");
@@ -456,6 +461,7 @@ pub async fn embed(
         special: false,
         prefilled: None,
         speculative: Default::default(),
+        images: Vec::new(),
     };
     let rx = gen::submit(state, log, greq).await?;
     let out = gen::collect(rx, log).await?;

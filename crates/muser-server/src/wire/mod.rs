@@ -13,7 +13,7 @@ pub mod responses;
 pub mod sessions;
 
 use crate::limits::PROMPT_PIECES_MAX;
-use serde::de::{self, DeserializeSeed, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
 /// llama-server's per-request speculative-decoding fields, flat with dotted names
@@ -51,11 +51,13 @@ impl<'de> Deserialize<'de> for StopList {
     }
 }
 
-/// A prompt: text, or token ids, or (llama.cpp) a mix of both.
+/// A prompt: text, or token ids, or (llama.cpp) a mix of both, or (llama.cpp's multimodal
+/// object, `/completion` only) text whose `<__media__>` markers stand for base64 images.
 #[derive(Debug, Clone)]
 pub enum PromptPiece {
     Text(String),
     Token(u64),
+    Multimodal { text: String, images: Vec<String> },
 }
 
 #[derive(Debug, Clone)]
@@ -104,6 +106,23 @@ impl<'de> Visitor<'de> for PromptVisitor {
     }
     fn visit_f64<E: de::Error>(self, _: f64) -> Result<Prompt, E> {
         Err(E::custom("token ids must be non-negative integers"))
+    }
+    /// `{"prompt_string": TEXT, "multimodal_data": [BASE64, ...]}`.
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Prompt, A::Error> {
+        let (mut text, mut images) = (None, Vec::new());
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "prompt_string" => text = Some(map.next_value::<String>()?),
+                "multimodal_data" => images = map.next_value::<Vec<String>>()?,
+                other => {
+                    return Err(de::Error::custom(format!(
+                        "unknown prompt field `{other}` (expected prompt_string, multimodal_data)"
+                    )))
+                }
+            }
+        }
+        let text = text.ok_or_else(|| de::Error::custom("a prompt object needs prompt_string"))?;
+        Ok(Prompt(vec![PromptPiece::Multimodal { text, images }]))
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Prompt, A::Error> {
         let mut pieces = Vec::new();

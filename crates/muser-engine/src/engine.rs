@@ -228,7 +228,10 @@ pub struct EngineStats {
     pub gen_seconds_total: f64,
     /// Forward passes run.
     pub forward_total: u64,
-    /// Speculative decoding: draft tokens verified, and accepted.
+    /// Slots in each forward pass, summed over the passes (÷ `forward_total`: slots per pass).
+    pub slot_forwards_total: u64,
+    /// Speculative decoding: drafts verified, their tokens, and the tokens accepted.
+    pub drafts_total: u64,
     pub draft_tokens_total: u64,
     pub draft_accepted_total: u64,
     /// Tokens whose K/V the slots hold now.

@@ -573,6 +573,9 @@ impl<'t> Scheduler<'t> {
             )))
         });
         self.stats.forward_total += 1;
+        // a batch's rows are grouped by slot
+        self.stats.slot_forwards_total +=
+            1 + rows.windows(2).filter(|w| w[0].slot != w[1].slot).count() as u64;
         match result {
             Ok(out) => self.apply(&batch, &rows, verifies, &out),
             Err(e) => {
@@ -806,6 +809,7 @@ impl<'t> Scheduler<'t> {
             mark,
         } = v;
         let mut mark = Some(mark);
+        self.stats.drafts_total += 1;
         self.stats.draft_tokens_total += n_drafts as u64;
         if let Some(t) = &mut self.slots[slot].task {
             t.draft_n += n_drafts;

@@ -59,6 +59,8 @@ pub struct ServeConfig {
     pub metrics_endpoint: bool,
     /// Serve `/rerank` (`--rerank`).
     pub rerank_endpoint: bool,
+    /// Which browser origins may call the server (`--cors-*`).
+    pub cors: crate::cors::Cors,
 }
 
 impl ServeConfig {
@@ -88,6 +90,7 @@ impl ServeConfig {
             slots_endpoint: true,
             metrics_endpoint: true,
             rerank_endpoint: false,
+            cors: crate::cors::Cors::default(),
         }
     }
 }
@@ -282,6 +285,7 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
             slots_endpoint: cfg.slots_endpoint,
             metrics_endpoint: cfg.metrics_endpoint,
             rerank_endpoint: cfg.rerank_endpoint,
+            cors: cfg.cors.clone(),
         },
         metrics: Arc::new(Metrics::new(&cfg.device)),
         sessions,

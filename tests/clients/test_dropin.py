@@ -127,3 +127,50 @@ def test_llama_server_flag_spellings():
         r = requests.post(f"{url}/rerank", json={"query": "capital of France", "documents": docs,
                                                  "top_n": 1, "return_text": True}, timeout=60).json()
         assert len(r["results"]) == 1 and r["results"][0]["document"]["text"] in docs
+
+
+def test_openai_client_several_prompts_choices_and_embeddings(oai):
+    """Lists of prompts and `n` choices through the official client (llama-server's shapes)."""
+    res = oai.completions.create(model="gpt-3.5-turbo-instruct", prompt=["The sky is", "Grass is"],
+                                 n=2, max_tokens=2, temperature=0)
+    assert [c.index for c in res.choices] == [0, 1, 2, 3]
+    assert res.choices[0].text == res.choices[1].text  # greedy: one prompt's choices agree
+    assert res.usage.completion_tokens == 8
+    chat = oai.chat.completions.create(model="any", n=2, max_tokens=2,
+                                       messages=[{"role": "user", "content": "Hi"}])
+    assert len(chat.choices) == 2 and all(c.message.role == "assistant" for c in chat.choices)
+    emb = oai.embeddings.create(model="text-embedding-3-small", input=["hello", "world", "hello"])
+    assert [d.index for d in emb.data] == [0, 1, 2]
+    assert emb.data[0].embedding == emb.data[2].embedding != emb.data[1].embedding
+
+
+def test_llama_shapes_logit_bias_text_and_metrics(base_url):
+    r = requests.post(f"{base_url}/completion", json={"prompt": ["a", [1, 2]], "n_predict": 1},
+                      timeout=60).json()
+    assert [x["index"] for x in r] == [0, 1]
+    free = requests.post(f"{base_url}/completion", json={"prompt": "The sky is", "n_predict": 1,
+                                                         "temperature": 0}, timeout=60).json()
+    banned = requests.post(f"{base_url}/completion", json={
+        "prompt": "The sky is", "n_predict": 1, "temperature": 0,
+        "logit_bias": [[free["content"], False]]}, timeout=60).json()
+    assert banned["content"] != free["content"]
+    m = requests.get(f"{base_url}/metrics", timeout=30)
+    assert "Process-Start-Time-Unix" in m.headers
+    assert "# TYPE llamacpp:tokens_predicted_total counter" in m.text
+    r = requests.post(f"{base_url}/completion", json={"prompt": "x", "grammar": 'root ::= "a"'}, timeout=30)
+    assert r.status_code == 400 and "GBNF" in r.json()["error"]["message"]
+
+
+def test_cors_preflight_and_origin_rules(base_url):
+    def preflight(url, origin):
+        return requests.options(f"{url}/completions", timeout=30, headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "Authorization"})
+    ok = preflight(base_url, "http://localhost:5173")
+    assert ok.status_code == 200 and ok.headers["Access-Control-Allow-Origin"] == "http://localhost:5173"
+    assert ok.headers["Access-Control-Allow-Methods"] == "GET, POST, DELETE, OPTIONS"
+    evil = preflight(base_url, "http://evil.com")
+    assert evil.status_code == 200 and "Access-Control-Allow-Origin" not in evil.headers
+    with spawn_muser("--cors-origins", "https://app.example") as url:
+        assert preflight(url, "https://app.example").headers["Access-Control-Allow-Origin"] == "https://app.example"
+        assert "Access-Control-Allow-Origin" not in preflight(url, "http://localhost").headers

@@ -104,6 +104,22 @@ pub struct LlamaArgs {
     cache_type_k: Option<String>,
     #[arg(long, value_name = "TYPE")]
     cache_type_v: Option<String>,
+    /// Browser origins allowed to call the server: `localhost` (the default: pages served
+    /// from this machine), `*` (any site), or a comma-separated list of origins.
+    #[arg(long, value_name = "ORIGINS")]
+    cors_origins: Option<String>,
+    /// `Access-Control-Allow-Methods` of a CORS preflight.
+    #[arg(long, value_name = "METHODS")]
+    cors_methods: Option<String>,
+    /// `Access-Control-Allow-Headers` of a CORS preflight.
+    #[arg(long, value_name = "HEADERS")]
+    cors_headers: Option<String>,
+    /// Allow credentials on cross-origin requests (the default).
+    #[arg(long)]
+    cors_credentials: bool,
+    /// Disallow credentials on cross-origin requests (`*` is then sent as is).
+    #[arg(long, conflicts_with = "cors_credentials")]
+    no_cors_credentials: bool,
     // Accepted without effect (named at start-up, see `ignored`).
     #[arg(long, alias = "gpu-layers", value_name = "N", hide = true)]
     n_gpu_layers: Option<String>,
@@ -170,6 +186,17 @@ impl LlamaArgs {
         cfg.slots_endpoint = !self.no_slots;
         cfg.metrics_endpoint = !self.no_metrics;
         cfg.rerank_endpoint = self.rerank;
+        if let Some(spec) = &self.cors_origins {
+            cfg.cors.origins =
+                muser_server::cors::Origins::parse(spec).map_err(anyhow::Error::msg)?;
+        }
+        if let Some(m) = &self.cors_methods {
+            cfg.cors.methods = m.clone();
+        }
+        if let Some(h) = &self.cors_headers {
+            cfg.cors.headers = h.clone();
+        }
+        cfg.cors.credentials = self.cors_credentials || !self.no_cors_credentials;
         if let Some(p) = self
             .pooling
             .as_deref()

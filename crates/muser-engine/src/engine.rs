@@ -244,6 +244,8 @@ pub struct EngineStats {
     pub gen_seconds_total: f64,
     /// Forward passes run.
     pub forward_total: u64,
+    /// Slots in each forward pass, summed over the passes (÷ `forward_total`: slots per pass).
+    pub slot_forwards_total: u64,
     /// Speculative decoding: verification steps (a decode token with drafts), draft tokens
     /// verified, and accepted.
     pub draft_verifications_total: u64,

@@ -586,6 +586,9 @@ impl<'t> Scheduler<'t> {
             )))
         });
         self.stats.forward_total += 1;
+        // a batch's rows are grouped by slot
+        self.stats.slot_forwards_total +=
+            1 + rows.windows(2).filter(|w| w[0].slot != w[1].slot).count() as u64;
         match result {
             Ok(out) => {
                 if let Some(d) = &mut self.dflash {

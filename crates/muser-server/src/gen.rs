@@ -97,37 +97,77 @@ impl SamplingOptions {
     }
 }
 
+/// What a `logit_bias` entry names: a token id, or text whose every token is biased
+/// (llama.cpp's string keys).
+pub enum BiasKey {
+    Token(u64),
+    Text(String),
+}
+
+impl BiasKey {
+    /// An object key: a token id when it is a number, else text.
+    fn from_key(key: &str) -> BiasKey {
+        key.parse()
+            .map_or_else(|_| BiasKey::Text(key.to_string()), BiasKey::Token)
+    }
+}
+
 /// A request's `logit_bias` from any wire family, as `(token id, bias)` entries where `None`
-/// bans the token (llama.cpp's `false`): at most [`LOGIT_BIAS_MAX`] entries, each token in the
-/// vocabulary and named once, each bias a finite number within ±[`LOGIT_BIAS_ABS_MAX`].
+/// bans the token (llama.cpp's `false`): at most [`LOGIT_BIAS_MAX`] entries and as many
+/// tokens, each token id in the vocabulary and named once (a token reached again through
+/// text keeps its first bias), each bias a finite number within ±[`LOGIT_BIAS_ABS_MAX`].
 pub fn logit_bias(
     state: &AppState,
-    entries: impl ExactSizeIterator<Item = (u64, Option<f64>)>,
+    entries: impl ExactSizeIterator<Item = (BiasKey, Option<f64>)>,
 ) -> ApiResult<Vec<(u32, f32)>> {
     limits::check_count("logit_bias entries", entries.len(), LOGIT_BIAS_MAX)?;
     let mut out: Vec<(u32, f32)> = Vec::with_capacity(entries.len());
-    for (id, bias) in entries {
-        let id = state.check_token(id)?;
-        if out.iter().any(|&(t, _)| t == id) {
-            return Err(ApiError::bad_request(format!(
-                "logit_bias names token {id} more than once"
-            )));
-        }
+    for (key, bias) in entries {
         let bias = match bias {
             None => f32::NEG_INFINITY,
             Some(b) if b.is_finite() && b.abs() <= LOGIT_BIAS_ABS_MAX => b as f32,
             Some(b) => {
+                let what = match &key {
+                    BiasKey::Token(id) => format!("token {id}"),
+                    BiasKey::Text(t) => format!("{t:?}"),
+                };
                 return Err(ApiError::bad_request(format!(
-                    "logit_bias for token {id} must be within [-{LOGIT_BIAS_ABS_MAX}, {LOGIT_BIAS_ABS_MAX}] (or false to ban it), got {b}"
-                )))
+                    "logit_bias for {what} must be within [-{LOGIT_BIAS_ABS_MAX}, {LOGIT_BIAS_ABS_MAX}] (or false to ban it), got {b}"
+                )));
             }
         };
-        out.push((id, bias));
+        match key {
+            BiasKey::Token(id) => {
+                let id = state.check_token(id)?;
+                if out.iter().any(|&(t, _)| t == id) {
+                    return Err(ApiError::bad_request(format!(
+                        "logit_bias names token {id} more than once"
+                    )));
+                }
+                out.push((id, bias));
+            }
+            BiasKey::Text(text) => {
+                let left = LOGIT_BIAS_MAX.saturating_sub(out.len());
+                let ids = state
+                    .tokenizer
+                    .encode_at_most(&text, false, false, left)
+                    .ok_or_else(|| {
+                        ApiError::bad_request(format!(
+                            "logit_bias: more than {LOGIT_BIAS_MAX} tokens in all"
+                        ))
+                    })?;
+                for id in ids {
+                    if !out.iter().any(|&(t, _)| t == id) {
+                        out.push((id, bias));
+                    }
+                }
+            }
+        }
     }
     Ok(out)
 }
 
-/// OpenAI `logit_bias`: token id (as a string) → bias.
+/// OpenAI `logit_bias`: token id (as a string; llama.cpp also takes text) → bias.
 pub fn openai_logit_bias(
     state: &AppState,
     map: Option<&std::collections::BTreeMap<String, f64>>,
@@ -135,15 +175,53 @@ pub fn openai_logit_bias(
     let Some(map) = map else {
         return Ok(Vec::new());
     };
-    let entries = map
-        .iter()
-        .map(|(k, &v)| match k.parse::<u64>() {
-            Ok(id) => Ok((id, Some(v))),
-            Err(_) => Err(ApiError::bad_request(format!(
-                "logit_bias key `{k}` is not a token id"
-            ))),
-        })
-        .collect::<ApiResult<Vec<_>>>()?;
+    logit_bias(
+        state,
+        map.iter().map(|(k, &v)| (BiasKey::from_key(k), Some(v))),
+    )
+}
+
+/// llama.cpp `logit_bias`: `[[token id or text, bias or false], ...]`, or an object of token
+/// id or text → bias or false.
+pub fn llama_logit_bias(
+    state: &AppState,
+    value: Option<&serde_json::Value>,
+) -> ApiResult<Vec<(u32, f32)>> {
+    use serde_json::Value;
+    let bias = |v: &Value| match v {
+        Value::Bool(false) => Ok(None),
+        Value::Number(n) => Ok(n.as_f64()),
+        _ => Err(ApiError::bad_request(
+            "logit_bias values must be numbers or false",
+        )),
+    };
+    let entries = match value {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Object(map)) => map
+            .iter()
+            .map(|(k, v)| Ok((BiasKey::from_key(k), bias(v)?)))
+            .collect::<ApiResult<_>>()?,
+        Some(Value::Array(pairs)) => pairs
+            .iter()
+            .map(|pair| match pair.as_array().map(Vec::as_slice) {
+                Some([Value::Number(id), v]) => {
+                    let id = id.as_u64().ok_or_else(|| {
+                        ApiError::bad_request("logit_bias token ids are non-negative integers")
+                    })?;
+                    Ok((BiasKey::Token(id), bias(v)?))
+                }
+                Some([Value::String(text), v]) => Ok((BiasKey::Text(text.clone()), bias(v)?)),
+                _ => Err(ApiError::bad_request(
+                    "logit_bias entries are [token id or text, bias or false]",
+                )),
+            })
+            .collect::<ApiResult<_>>()?,
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "logit_bias is a list of [token, bias] pairs or an object",
+            ))
+        }
+    };
     logit_bias(state, entries.into_iter())
 }
 
@@ -294,6 +372,7 @@ pub async fn next_step(
             };
             log.add_generation(&crate::metrics::GenerationTimes {
                 prompt_tokens: u64::from(done.n_prompt - done.n_cached),
+                context_tokens: u64::from(done.n_prompt + done.n_gen),
                 generated_tokens: u64::from(done.n_gen),
                 queue_ms: timings.queue_ms,
                 prompt_ms: done.prompt_ms,
@@ -348,6 +427,50 @@ pub async fn collect(
             }
         }
     }
+}
+
+/// Several generations of one request (several prompts, or `n` choices), each submitted and
+/// gathered like a lone one, at most one per slot at a time so a long list never overflows the
+/// engine's queue; the outputs come back in the requests' order.
+pub async fn generate_all(
+    state: &AppState,
+    log: &RequestLog,
+    reqs: Vec<GenerateRequest>,
+) -> ApiResult<Vec<Output>> {
+    use futures::{StreamExt, TryStreamExt};
+    futures::stream::iter(reqs)
+        .map(|req| async move { collect(submit(state, log, req).await?, log).await })
+        .buffered(state.options.n_slots.max(1))
+        .try_collect()
+        .await
+}
+
+/// `n` (choices per prompt): 1 to [`limits::CHOICES_MAX`]; with `prompts` prompts, at most
+/// [`limits::PROMPTS_MAX`] generations in all.
+pub fn check_choices(n: Option<u32>, prompts: usize) -> ApiResult<usize> {
+    let n = n.unwrap_or(1) as usize;
+    if !(1..=limits::CHOICES_MAX).contains(&n) {
+        return Err(ApiError::bad_request(format!(
+            "n must be between 1 and {}, got {n}",
+            limits::CHOICES_MAX
+        )));
+    }
+    limits::check_count(
+        "generations (prompts times n)",
+        n * prompts,
+        limits::PROMPTS_MAX,
+    )?;
+    Ok(n)
+}
+
+/// Streaming sends one generation's frames: several prompts or choices are refused.
+pub fn check_one_stream(generations: usize) -> ApiResult<()> {
+    if generations > 1 {
+        return Err(ApiError::bad_request(
+            "stream: true takes one prompt and n = 1 (several prompts or choices are returned whole, without stream)",
+        ));
+    }
+    Ok(())
 }
 
 /// Frames of a streamed response. The formatter turns each step (or an error) into zero or

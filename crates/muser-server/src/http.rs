@@ -88,7 +88,10 @@ pub async fn serve(
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
-        .max_buf_size(HEADER_BYTES_MAX);
+        .max_buf_size(HEADER_BYTES_MAX)
+        // `Content-Type`, `Access-Control-Allow-Origin`: header names as llama-server (and
+        // most servers) write them, for clients that match them case-sensitively
+        .title_case_headers(true);
     let http = Arc::new(http);
     let engine_stopped = async {
         while state.engine.is_running() {

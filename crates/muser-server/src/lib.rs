@@ -68,6 +68,7 @@
 
 pub mod auth;
 pub mod chat;
+pub mod cors;
 pub mod enroll;
 pub mod error;
 pub mod gen;

@@ -14,6 +14,11 @@ pub const BODY_BYTES_MAX: usize = 4 << 20;
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Pieces (strings and token ids) of one prompt list.
 pub const PROMPT_PIECES_MAX: usize = 1 << 17;
+/// Prompts of one request (`prompt`/`input` as a list of prompts), each generated or
+/// embedded on its own.
+pub const PROMPTS_MAX: usize = 64;
+/// Choices (`n`) per prompt of one request.
+pub const CHOICES_MAX: usize = 16;
 /// Messages of one chat request.
 pub const MESSAGES_MAX: usize = 4096;
 /// Tools offered in one request.

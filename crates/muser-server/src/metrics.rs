@@ -208,6 +208,8 @@ pub struct Metrics {
     prompt_us: AtomicU64,
     gen_us: AtomicU64,
     rejected_busy: AtomicU64,
+    /// The most tokens one generation's context held.
+    context_tokens_max: AtomicU64,
     /// Tokens streamed per second since start: (second, tokens), the last few seconds.
     token_seconds: Mutex<VecDeque<(u64, u64)>>,
 }
@@ -225,6 +227,7 @@ impl Metrics {
             prompt_us: AtomicU64::new(0),
             gen_us: AtomicU64::new(0),
             rejected_busy: AtomicU64::new(0),
+            context_tokens_max: AtomicU64::new(0),
             token_seconds: Mutex::default(),
         }
     }
@@ -251,6 +254,7 @@ impl Metrics {
     pub fn record_generation(&self, lane: Lane, g: &GenerationTimes) {
         self.prompt_tokens.fetch_add(g.prompt_tokens, Relaxed);
         self.generated_tokens.fetch_add(g.generated_tokens, Relaxed);
+        self.context_tokens_max.fetch_max(g.context_tokens, Relaxed);
         self.prompt_us
             .fetch_add((g.prompt_ms * 1e3) as u64, Relaxed);
         self.gen_us.fetch_add((g.gen_ms * 1e3) as u64, Relaxed);
@@ -309,6 +313,108 @@ impl Metrics {
 
     pub fn rejected_busy(&self) -> u64 {
         self.rejected_busy.load(Relaxed)
+    }
+
+    /// llama-server's metrics under its own names (`llamacpp:`), from the same counters, so
+    /// that its dashboards and alerts work unchanged.
+    fn render_llamacpp(&self, out: &mut String, g: &Gauges) {
+        let mut metric = |kind: &str, name: &str, help: &str, value: f64| {
+            let _ = writeln!(
+                out,
+                "# HELP llamacpp:{name} {help}\n# TYPE llamacpp:{name} {kind}\nllamacpp:{name} {value}"
+            );
+        };
+        let (prompt, generated) = (self.prompt_tokens(), self.generated_tokens());
+        let (prompt_s, gen_s) = (
+            self.prompt_us.load(Relaxed) as f64 / 1e6,
+            self.gen_us.load(Relaxed) as f64 / 1e6,
+        );
+        let rate = |n: u64, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
+        let e = &g.engine;
+        for (name, help, value) in [
+            (
+                "prompt_tokens_total",
+                "Number of prompt tokens processed.",
+                prompt as f64,
+            ),
+            (
+                "prompt_tokens_cached_total",
+                "Number of prompt tokens reused from a cache.",
+                e.cached_tokens_total as f64,
+            ),
+            ("prompt_seconds_total", "Prompt process time.", prompt_s),
+            (
+                "tokens_predicted_total",
+                "Number of generation tokens processed.",
+                generated as f64,
+            ),
+            (
+                "tokens_predicted_seconds_total",
+                "Predict process time.",
+                gen_s,
+            ),
+            (
+                "n_decode_total",
+                "Total number of forward passes.",
+                e.forward_total as f64,
+            ),
+            (
+                "n_tokens_max",
+                "Largest observed n_tokens.",
+                self.context_tokens_max.load(Relaxed) as f64,
+            ),
+            (
+                "spec_decode_num_draft_tokens_total",
+                "Draft tokens verified.",
+                e.draft_tokens_total as f64,
+            ),
+            (
+                "spec_decode_num_accepted_tokens_total",
+                "Draft tokens accepted.",
+                e.draft_accepted_total as f64,
+            ),
+            (
+                "spec_decode_num_drafts_total",
+                "Drafts verified.",
+                e.draft_verifications_total as f64,
+            ),
+        ] {
+            metric("counter", name, help, value);
+        }
+        let per_pass = if e.forward_total > 0 {
+            e.slot_forwards_total as f64 / e.forward_total as f64
+        } else {
+            0.0
+        };
+        for (name, help, value) in [
+            (
+                "prompt_tokens_seconds",
+                "Average prompt throughput in tokens/s.",
+                rate(prompt, prompt_s),
+            ),
+            (
+                "predicted_tokens_seconds",
+                "Average generation throughput in tokens/s.",
+                rate(generated, gen_s),
+            ),
+            (
+                "requests_processing",
+                "Number of requests processing.",
+                e.busy_slots as f64,
+            ),
+            (
+                "requests_deferred",
+                "Number of requests deferred.",
+                e.queue_depth as f64,
+            ),
+            (
+                "n_busy_slots_per_decode",
+                "Average number of busy slots per forward pass.",
+                per_pass,
+            ),
+        ] {
+            metric("gauge", name, help, value);
+        }
     }
 
     pub fn render(&self, g: &Gauges) -> String {
@@ -441,6 +547,8 @@ impl Metrics {
             );
         }
 
+        self.render_llamacpp(&mut out, g);
+
         let _ = writeln!(out, "# HELP muser_requests_total HTTP requests by route and status.\n# TYPE muser_requests_total counter");
         for ((route, status), n) in self
             .requests
@@ -503,6 +611,8 @@ impl Metrics {
 pub struct GenerationTimes {
     /// Prompt tokens computed (not reused from a cache).
     pub prompt_tokens: u64,
+    /// Tokens in the slot's context at the end: the whole prompt and what was generated.
+    pub context_tokens: u64,
     pub generated_tokens: u64,
     pub queue_ms: f64,
     pub prompt_ms: f64,
@@ -522,6 +632,7 @@ mod tests {
             Lane::Local,
             &GenerationTimes {
                 prompt_tokens: 10,
+                context_tokens: 30,
                 generated_tokens: 5,
                 queue_ms: 2.0,
                 prompt_ms: 20.0,
@@ -554,6 +665,11 @@ mod tests {
         assert!(text.contains("muser_draft_tokens_total 40"));
         assert!(text.contains("muser_draft_accepted_tokens_total 25"));
         assert!(text.contains("muser_prompt_tokens_total 10"));
+        assert!(text.contains(
+            "# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total 10\n"
+        ));
+        assert!(text.contains("llamacpp:requests_deferred 2\n"));
+        assert!(text.contains("llamacpp:n_tokens_max 30\n"));
         assert!(text.contains("muser_generated_tokens_total 5"));
         assert!(text.contains("muser_generated_tokens_per_second 100"));
         assert!(text.contains("muser_requests_total{route=\"/v1/completions\",status=\"200\"} 2"));

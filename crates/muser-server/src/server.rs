@@ -70,6 +70,8 @@ pub struct ServeConfig {
     pub mmproj: Option<PathBuf>,
     /// Images one request may carry (`--max-images`).
     pub max_images: usize,
+    /// Which browser origins may call the server (`--cors-*`).
+    pub cors: crate::cors::Cors,
 }
 
 impl ServeConfig {
@@ -104,6 +106,7 @@ impl ServeConfig {
             rerank_endpoint: false,
             mmproj: None,
             max_images: 8,
+            cors: crate::cors::Cors::default(),
         }
     }
 }
@@ -338,6 +341,7 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
             slots_endpoint: cfg.slots_endpoint,
             metrics_endpoint: cfg.metrics_endpoint,
             rerank_endpoint: cfg.rerank_endpoint,
+            cors: cfg.cors.clone(),
         },
         metrics: Arc::new(Metrics::new(&cfg.device)),
         sessions,

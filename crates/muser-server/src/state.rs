@@ -3,7 +3,7 @@
 
 use crate::error::{ApiError, ApiResult};
 use crate::metrics::Metrics;
-use crate::wire::{Prompt, PromptPiece};
+use crate::wire::{Prompt, PromptPiece, Prompts};
 use muser_engine::Engine;
 use muser_text::Tokenizer;
 use std::path::PathBuf;
@@ -50,6 +50,8 @@ pub struct ServerOptions {
     pub metrics_endpoint: bool,
     /// `/rerank` answers (else 501; `--rerank`).
     pub rerank_endpoint: bool,
+    /// Which browser origins may call the server (`--cors-*`).
+    pub cors: crate::cors::Cors,
 }
 
 pub struct AppState {
@@ -145,6 +147,17 @@ impl AppState {
         Ok(ids)
     }
 
+    /// Tokenizes each of several prompts like [`Self::tokenize_prompt`], BOS added and special
+    /// tokens parsed, each within the context.
+    pub fn tokenize_prompts(&self, prompts: &Prompts) -> ApiResult<Vec<Vec<u32>>> {
+        let max = self.prompt_tokens_max();
+        prompts
+            .0
+            .iter()
+            .map(|p| self.tokenize_prompt(p, true, true, max))
+            .collect()
+    }
+
     /// Tokenizes a rendered prompt (BOS added, special tokens parsed) within the context.
     pub fn encode_prompt(&self, text: &str, add_special: bool) -> ApiResult<Vec<u32>> {
         let max = self.prompt_tokens_max();
@@ -156,7 +169,7 @@ impl AppState {
     fn too_many_tokens(&self, max_tokens: usize) -> ApiError {
         if max_tokens == self.prompt_tokens_max() {
             ApiError::bad_request(format!(
-                "the prompt has more than {max_tokens} tokens; the context per slot is {} tokens (start the server with a larger -c)",
+                "the prompt is too large: more than {max_tokens} tokens; the context per slot is {} tokens (start the server with a larger -c)",
                 self.options.n_ctx
             ))
         } else {

@@ -199,10 +199,22 @@ async fn limits_are_400_with_the_limit_named() {
         "/v1/chat/completions",
         {
             let mut b = chat_body();
-            b["n"] = json!(2);
+            b["n"] = json!(17);
             b
         },
-        "n must be 1",
+        "n must be between 1 and 16",
+    )
+    .await;
+    expect_400(
+        "/v1/completions",
+        json!({ "prompt": ["a", "b"], "stream": true }),
+        "stream: true takes one prompt",
+    )
+    .await;
+    expect_400(
+        "/completion",
+        json!({ "prompt": "x", "grammar": "root ::= \"a\"" }),
+        "GBNF",
     )
     .await;
     expect_400(
@@ -577,7 +589,12 @@ async fn hostile_values_are_refused_before_the_work() {
     expect_400("/completion", with("stop", json!(vec!["s"; 17])), "stop").await;
     expect_400("/completion", with("stop", json!(["x".repeat(300)])), "256").await;
     // prompts: nesting, element counts, early context rejection, /tokenize's output
-    expect_400("/completion", with("prompt", json!([[[1]]])), "one prompt").await;
+    expect_400(
+        "/completion",
+        with("prompt", json!([[[1]]])),
+        "strings and token ids only",
+    )
+    .await;
     let nested = format!("{}1{}", "[".repeat(100_000), "]".repeat(100_000));
     let (status, _) = send_json(app(), post_raw("/completion", &nested)).await;
     assert!(status.is_client_error(), "{status}");
@@ -814,4 +831,98 @@ async fn anthropic_clients_authenticate_with_x_api_key() {
     assert_eq!(status, StatusCode::OK, "{v}");
     let (status, v) = send_json(router(keyed_state()), count("wrong")).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{v}");
+}
+
+/// Several prompts per request, `n` choices, and llama.cpp's text keys in `logit_bias`.
+#[tokio::test]
+async fn several_prompts_choices_and_text_logit_bias() {
+    let greedy = |prompt: Value| json!({ "prompt": prompt, "max_tokens": 3, "temperature": 0 });
+    let (status, v) = send_json(
+        app(),
+        post_json("/v1/completions", &{
+            let mut b = greedy(json!(["The sky is", [504, 3276, 314]]));
+            b["n"] = json!(2);
+            b
+        }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 4, "{v}");
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i, "{v}");
+    }
+    // greedy: a prompt's two choices agree, and each generation counts its prompt
+    assert_eq!(choices[0]["text"], choices[1]["text"]);
+    assert_eq!(v["usage"]["completion_tokens"], 12, "{v}");
+
+    let (status, v) = send_json(
+        app(),
+        post_json(
+            "/completion",
+            &json!({ "prompt": ["a", "b", "c"], "n_predict": 2 }),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let results = v.as_array().expect("one result per prompt");
+    assert_eq!(results.len(), 3);
+    assert_eq!(results[2]["index"], 2);
+
+    let (status, v) = send_json(
+        app(),
+        post_json(
+            "/v1/embeddings",
+            &json!({ "input": ["hello world", { "content": [
+                { "type": "text", "text": "hello " }, { "type": "text", "text": "world" }] }] }),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["data"][1]["index"], 1);
+    assert_eq!(v["data"][0]["embedding"], v["data"][1]["embedding"]);
+    let (_, one) = send_json(
+        app(),
+        post_json("/v1/embeddings", &json!({ "input": "hello world" })),
+    )
+    .await;
+    assert_eq!(
+        v["usage"]["prompt_tokens"],
+        one["usage"]["prompt_tokens"].as_u64().unwrap() * 2
+    );
+
+    let mut b = chat_body();
+    b["n"] = json!(2);
+    b["max_tokens"] = json!(2);
+    let (status, v) = send_json(app(), post_json("/v1/chat/completions", &b)).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["choices"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(v["choices"][1]["message"]["role"], "assistant");
+
+    // the greedy continuation's first word, banned by its text, is not generated again
+    let (_, free) = send_json(
+        app(),
+        post_json(
+            "/completion",
+            &json!({ "prompt": "The sky is", "n_predict": 1, "temperature": 0 }),
+        ),
+    )
+    .await;
+    let word = free["content"].as_str().unwrap().to_string();
+    assert!(!word.trim().is_empty(), "{free}");
+    for bias in [
+        json!([[word.clone(), false]]),
+        json!({ word.clone(): -100 }),
+    ] {
+        let (status, v) = send_json(
+            app(),
+            post_json(
+                "/completion",
+                &json!({ "prompt": "The sky is", "n_predict": 1, "temperature": 0, "logit_bias": bias }),
+            ),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        assert_ne!(v["content"], word.as_str(), "{v}");
+    }
 }

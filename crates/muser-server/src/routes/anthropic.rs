@@ -4,7 +4,7 @@
 //! `thinking` blocks as reasoning) and runs the chat route's path; the answer is shaped as
 //! content blocks (`thinking`, `text`, `tool_use`).
 
-use super::openai::{render_chat, start_chat, ChatRun};
+use super::openai::{start_chat, ChatRun};
 use super::{next_id, sse_response, Log};
 use crate::chat::Piece;
 use crate::error::{ApiError, ApiResult};
@@ -113,10 +113,7 @@ pub async fn count_tokens(
     State(state): State<SharedState>,
     StrictJson(req): StrictJson<MessagesRequest>,
 ) -> ApiResult<Json<Value>> {
-    let chat = to_chat(req)?;
-    let n = state
-        .cpu(move |st| Ok(st.encode_prompt(&render_chat(st, &chat)?, true)?.len()))
-        .await?;
+    let n = super::openai::count_chat_tokens(&state, to_chat(req)?).await?;
     Ok(Json(json!({ "input_tokens": n })))
 }
 

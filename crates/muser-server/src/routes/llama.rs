@@ -14,7 +14,7 @@ use crate::wire::llama::{
     SlotActionRequest, SlotQuery, TokenizeRequest,
 };
 use crate::wire::openai::ChatCompletionRequest;
-use crate::wire::{Prompt, PromptPiece};
+use crate::wire::{PromptPiece, Prompts};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
@@ -51,21 +51,39 @@ pub async fn completion(
     Log(log): Log,
     StrictJson(mut req): StrictJson<CompletionRequest>,
 ) -> ApiResult<Response> {
-    let prompt = std::mem::replace(&mut req.prompt, Prompt(Vec::new()));
-    let (ids, images) = state
-        .cpu(move |st| match prompt.0.as_slice() {
-            [PromptPiece::Multimodal { text, images }] => {
-                st.check_image_count(images.len())?;
-                let images = images
-                    .iter()
-                    .map(|b| WireImage::from_base64(b))
-                    .collect::<ApiResult<_>>()?;
-                st.encode_with_images(text, true, MEDIA_MARKER, images)
-            }
-            _ => Ok((
-                st.tokenize_prompt(&prompt, true, true, st.prompt_tokens_max())?,
-                Vec::new(),
-            )),
+    super::refuse_unsupported(
+        req.return_progress,
+        req.post_sampling_probs,
+        req.grammar.as_deref(),
+    )?;
+    let prompts = std::mem::replace(&mut req.prompt, Prompts(Vec::new()));
+    let n_prompts = prompts.0.len();
+    gen::check_choices(None, n_prompts)?;
+    if req.stream {
+        gen::check_one_stream(n_prompts)?;
+    }
+    let prompts = state
+        .cpu(move |st| {
+            let n_images = prompts.0.iter().map(|p| match p.0.as_slice() {
+                [PromptPiece::Multimodal { images, .. }] => images.len(),
+                _ => 0,
+            });
+            st.check_image_count(n_images.sum())?;
+            let max = st.prompt_tokens_max();
+            prompts
+                .0
+                .iter()
+                .map(|prompt| match prompt.0.as_slice() {
+                    [PromptPiece::Multimodal { text, images }] => {
+                        let images = images
+                            .iter()
+                            .map(|b| WireImage::from_base64(b))
+                            .collect::<ApiResult<_>>()?;
+                        st.encode_with_images(text, true, MEDIA_MARKER, images)
+                    }
+                    _ => Ok((st.tokenize_prompt(prompt, true, true, max)?, Vec::new())),
+                })
+                .collect::<ApiResult<Vec<_>>>()
         })
         .await?;
     let max_tokens = match req.n_predict {
@@ -77,18 +95,7 @@ pub async fn completion(
             )))
         }
     };
-    let pairs = req.logit_bias.as_deref().unwrap_or_default();
-    let entries = pairs
-        .iter()
-        .map(|(id, bias)| match bias {
-            Value::Bool(false) => Ok((*id, None)),
-            Value::Number(n) => Ok((*id, n.as_f64())),
-            _ => Err(ApiError::bad_request(
-                "logit_bias values must be numbers or false",
-            )),
-        })
-        .collect::<ApiResult<Vec<_>>>()?;
-    let mut logit_bias = gen::logit_bias(&state, entries.into_iter())?;
+    let mut logit_bias = gen::llama_logit_bias(&state, req.logit_bias.as_ref())?;
     if req.ignore_eos {
         // end-of-generation tokens are banned whatever the request biased them by
         logit_bias.retain(|&(t, _)| !state.tokenizer.is_eog(t));
@@ -111,8 +118,8 @@ pub async fn completion(
     let n_probs = opts.n_probs;
     let slot = super::slot_from(req.id_slot, &state)?;
     let speculative = gen::speculative(req.speculative())?;
-    let greq = GenerateRequest {
-        prompt: ids,
+    let base = GenerateRequest {
+        prompt: Vec::new(),
         params: SamplingParams {
             constraint: structured::plan_completion_schema(&state, req.json_schema.as_ref())?,
             ..opts.to_params(&state.options.sampling)?
@@ -125,9 +132,16 @@ pub async fn completion(
         special: false,
         prefilled: None,
         speculative,
-        images,
+        images: Vec::new(),
     };
-    let rx = gen::submit(&state, &log, greq).await?;
+    let mut reqs: Vec<GenerateRequest> = prompts
+        .into_iter()
+        .map(|(prompt, images)| GenerateRequest {
+            prompt,
+            images,
+            ..base.clone()
+        })
+        .collect();
     let model = state.model.id.clone();
     let id_slot = slot.map_or(-1, |s| s as i64);
     let return_tokens = req.return_tokens;
@@ -142,6 +156,7 @@ pub async fn completion(
         })
     };
     if req.stream {
+        let rx = gen::submit(&state, &log, reqs.remove(0)).await?;
         let st = state.clone();
         let body = gen::stream_body(rx, log.0.clone(), move |step| match step {
             Ok(Step::Token { id, text, logprobs }) => {
@@ -158,12 +173,25 @@ pub async fn completion(
         });
         return Ok(sse_response(body));
     }
-    let out = gen::collect(rx, &log).await?;
-    let mut v = final_fields(&out.text, &out.tokens, &out.done);
-    if n_probs > 0 {
-        v["completion_probabilities"] = probs(&state, &out.logprobs);
+    let outs = gen::generate_all(&state, &log, reqs).await?;
+    let mut results: Vec<Value> = outs
+        .iter()
+        .enumerate()
+        .map(|(index, out)| {
+            let mut v = final_fields(&out.text, &out.tokens, &out.done);
+            if n_probs > 0 {
+                v["completion_probabilities"] = probs(&state, &out.logprobs);
+            }
+            if n_prompts > 1 {
+                v["index"] = json!(index);
+            }
+            v
+        })
+        .collect();
+    if n_prompts == 1 {
+        return Ok(Json(results.remove(0)).into_response());
     }
-    Ok(Json(v).into_response())
+    Ok(Json(Value::Array(results)).into_response())
 }
 
 pub async fn tokenize(
@@ -216,16 +244,22 @@ pub async fn apply_template(
     Ok(Json(json!({ "prompt": prompt })))
 }
 
+/// llama.cpp's `/embedding(s)`: one entry per prompt, each `[vector]` (the pooled vector).
 pub async fn embedding(
     State(state): State<SharedState>,
     Log(log): Log,
     StrictJson(req): StrictJson<EmbeddingRequest>,
 ) -> ApiResult<Json<Value>> {
-    let ids = state
-        .cpu(move |st| st.tokenize_prompt(&req.content, true, true, st.prompt_tokens_max()))
-        .await?;
-    let (v, _) = super::openai::embed(&state, &log, ids).await?;
-    Ok(Json(json!([{ "index": 0, "embedding": [v] }])))
+    let prompts = req.prompts().map_err(ApiError::bad_request)?;
+    let ids = state.cpu(move |st| st.tokenize_prompts(&prompts)).await?;
+    let vectors = super::openai::embed(&state, &log, ids).await?;
+    Ok(Json(
+        vectors
+            .into_iter()
+            .enumerate()
+            .map(|(index, (v, _))| json!({ "index": index, "embedding": [v] }))
+            .collect(),
+    ))
 }
 
 fn default_settings(state: &AppState) -> Value {
@@ -415,6 +449,11 @@ pub async fn metrics(State(state): State<SharedState>) -> ApiResult<Response> {
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    // llama-server's header: when this process started (Unix seconds)
+    r.headers_mut().insert(
+        "Process-Start-Time-Unix",
+        HeaderValue::from(state.started_unix_s),
     );
     Ok(r)
 }

@@ -32,6 +32,8 @@ use std::sync::Arc;
 const ROUTES: &[&str] = &[
     "/v1/chat/completions",
     "/chat/completions",
+    "/v1/chat/completions/input_tokens",
+    "/chat/completions/input_tokens",
     "/v1/completions",
     "/v1/embeddings",
     "/v1/messages",
@@ -82,6 +84,14 @@ pub fn router(state: SharedState) -> Router {
         // OpenAI
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/chat/completions", post(openai::chat_completions))
+        .route(
+            "/v1/chat/completions/input_tokens",
+            post(openai::chat_input_tokens),
+        )
+        .route(
+            "/chat/completions/input_tokens",
+            post(openai::chat_input_tokens),
+        )
         .route("/v1/completions", post(openai::completions))
         .route("/v1/embeddings", post(openai::embeddings))
         .route("/v1/models", get(openai::models))
@@ -153,13 +163,25 @@ async fn not_found(req: Request) -> ApiError {
     )
 }
 
-/// The one layer every route (present and future) passes: the `Host` allow-list (without
+/// The one layer every route (present and future) passes: CORS (preflights answered here,
+/// before anything else), the `Host` allow-list (without
 /// a key), JSON-only POSTs, the API key (`Authorization: Bearer KEY`, or Anthropic's
 /// `x-api-key: KEY`; every route but /health and the dashboard's files, which hold no data), the limit on requests in flight, and the per-request log record.
 async fn guard(State(state): State<SharedState>, mut req: Request, next: Next) -> Response {
     let path = req.uri().path();
     let route = route_label(path);
     let log = RequestLog::new(req.method().as_str(), path, route, state.metrics.clone());
+    let origin = req.headers().get(header::ORIGIN).cloned();
+    if req.method() == axum::http::Method::OPTIONS {
+        // a CORS preflight: browsers send it without credentials, and it carries no data
+        let mut response = StatusCode::OK.into_response();
+        state
+            .options
+            .cors
+            .apply(origin.as_ref(), true, response.headers_mut());
+        log.set_status(200);
+        return response;
+    }
     let open = matches!(path, "/health" | "/v1/health" | "/") || path.starts_with("/assets/");
     let refused = admit(&state, &req, open).err();
     let response = match refused {
@@ -176,6 +198,11 @@ async fn guard(State(state): State<SharedState>, mut req: Request, next: Next) -
             }
         },
     };
+    let mut response = response;
+    state
+        .options
+        .cors
+        .apply(origin.as_ref(), false, response.headers_mut());
     log.set_status(response.status().as_u16());
     response
 }
@@ -314,9 +341,35 @@ pub fn slot_from(id_slot: Option<i64>, state: &AppState) -> ApiResult<Option<usi
 }
 
 /// llama.cpp's `timings` object.
+/// llama.cpp request fields known here but not implemented: a 400 naming each, rather than
+/// a silently different answer.
+pub fn refuse_unsupported(
+    return_progress: Option<bool>,
+    post_sampling_probs: Option<bool>,
+    grammar: Option<&str>,
+) -> ApiResult<()> {
+    if return_progress == Some(true) {
+        return Err(ApiError::bad_request(
+            "return_progress is not supported: prompt progress is not reported while prefilling",
+        ));
+    }
+    if post_sampling_probs == Some(true) {
+        return Err(ApiError::bad_request(
+            "post_sampling_probs is not supported: n_probs reports the model's log-probabilities before sampling",
+        ));
+    }
+    if grammar.is_some_and(|g| !g.is_empty()) {
+        return Err(ApiError::bad_request(
+            "grammar (GBNF) is not supported: constrain the output with json_schema (or response_format on the OpenAI routes)",
+        ));
+    }
+    Ok(())
+}
+
 pub fn timings(done: &Finished) -> Value {
     let per_token = |ms: f64, n: u32| if n > 0 { ms / f64::from(n) } else { 0.0 };
     let n_prompt_eval = done.n_prompt.saturating_sub(done.n_cached);
+    let n_after_first = done.n_gen.saturating_sub(1);
     json!({
         "cache_n": done.n_cached,
         "prompt_n": n_prompt_eval,
@@ -325,8 +378,9 @@ pub fn timings(done: &Finished) -> Value {
         "prompt_per_second": per_second(n_prompt_eval, done.prompt_ms),
         "predicted_n": done.n_gen,
         "predicted_ms": done.gen_ms,
-        "predicted_per_token_ms": per_token(done.gen_ms, done.n_gen),
-        "predicted_per_second": per_second(done.n_gen, done.gen_ms),
+        // the first token comes with the prompt's last pass: the rate is of the tokens after it
+        "predicted_per_token_ms": per_token(done.gen_ms, n_after_first),
+        "predicted_per_second": per_second(n_after_first, done.gen_ms),
         "prefill_lane": if done.producer.is_some() { "remote" } else { "local" },
         "producer": done.producer.as_deref(),
         "draft_n": done.draft_n,

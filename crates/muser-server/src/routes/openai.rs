@@ -12,22 +12,13 @@ use crate::structured;
 use crate::wire::openai::{
     ChatCompletionRequest, CompletionRequest, EmbeddingRequest, EncodingFormat, ToolChoice,
 };
-use crate::wire::Prompt;
+use crate::wire::Prompts;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use muser_engine::{Event, GenerateRequest, TokenLogprobs};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
-
-fn check_n(n: Option<u32>) -> ApiResult<()> {
-    match n {
-        None | Some(1) => Ok(()),
-        Some(n) => Err(ApiError::bad_request(format!(
-            "n must be 1 (one choice per request), got {n}"
-        ))),
-    }
-}
 
 fn check_max_tokens(name: &str, v: Option<u32>) -> ApiResult<Option<u32>> {
     match v {
@@ -36,12 +27,20 @@ fn check_max_tokens(name: &str, v: Option<u32>) -> ApiResult<Option<u32>> {
     }
 }
 
-fn usage(done: &Finished) -> Value {
+/// Token counts of a request's generations (each prompt counted once per generation, as
+/// OpenAI counts `n` choices).
+fn usage<'a>(dones: impl IntoIterator<Item = &'a Finished>) -> Value {
+    let (mut prompt, mut gen, mut cached) = (0u32, 0u32, 0u32);
+    for d in dones {
+        prompt += d.n_prompt;
+        gen += d.n_gen;
+        cached += d.n_cached;
+    }
     json!({
-        "prompt_tokens": done.n_prompt,
-        "completion_tokens": done.n_gen,
-        "total_tokens": done.n_prompt + done.n_gen,
-        "prompt_tokens_details": { "cached_tokens": done.n_cached },
+        "prompt_tokens": prompt,
+        "completion_tokens": gen,
+        "total_tokens": prompt + gen,
+        "prompt_tokens_details": { "cached_tokens": cached },
     })
 }
 
@@ -70,14 +69,31 @@ pub struct ChatRun {
     pub n_prompt: usize,
 }
 
-/// Checks, renders, tokenizes and submits a chat request; gives the request back (its
-/// response options) with the run.
-pub async fn start_chat(
+/// A checked, rendered and tokenized chat request, ready to submit once or `n` times.
+pub struct ChatPlan {
+    pub greq: GenerateRequest,
+    offered_tools: Option<Value>,
+    generic_tool_call: bool,
+}
+
+impl ChatPlan {
+    /// A reader of one generation's output.
+    pub fn reader(&self, state: &AppState) -> chat::ChatReader {
+        chat::ChatReader::new(
+            state.model.is_muse,
+            self.offered_tools.as_ref(),
+            self.generic_tool_call,
+        )
+    }
+}
+
+/// Checks, renders and tokenizes a chat request; gives the request back (its response
+/// options) with the plan.
+pub async fn plan_chat(
     state: &SharedState,
-    log: &RequestLog,
     req: ChatCompletionRequest,
-) -> ApiResult<(ChatCompletionRequest, ChatRun)> {
-    check_n(req.n)?;
+) -> ApiResult<(ChatCompletionRequest, ChatPlan)> {
+    super::refuse_unsupported(req.return_progress, None, req.grammar.as_deref())?;
     let max_tokens = match (
         check_max_tokens("max_tokens", req.max_tokens)?,
         check_max_tokens("max_completion_tokens", req.max_completion_tokens)?,
@@ -122,7 +138,6 @@ pub async fn start_chat(
     };
     let mut params = opts.to_params(&state.options.sampling)?;
     params.constraint = plan.constraint;
-    let n_prompt = ids.len();
     let greq = GenerateRequest {
         prompt: ids,
         params,
@@ -137,13 +152,29 @@ pub async fn start_chat(
         speculative: gen::speculative(req.speculative())?,
         images,
     };
-    let rx = gen::submit(state, log, greq).await?;
     let offered_tools = req.tools.as_deref().map(chat::tools_value);
-    let reader = chat::ChatReader::new(
-        state.model.is_muse,
-        offered_tools.as_ref(),
-        plan.generic_tool_call,
-    );
+    Ok((
+        req,
+        ChatPlan {
+            greq,
+            offered_tools,
+            generic_tool_call: plan.generic_tool_call,
+        },
+    ))
+}
+
+/// Plans and submits a chat request of one choice.
+pub async fn start_chat(
+    state: &SharedState,
+    log: &RequestLog,
+    req: ChatCompletionRequest,
+) -> ApiResult<(ChatCompletionRequest, ChatRun)> {
+    gen::check_choices(req.n, 1)?;
+    gen::check_one_stream(req.n.unwrap_or(1) as usize)?;
+    let (req, plan) = plan_chat(state, req).await?;
+    let reader = plan.reader(state);
+    let n_prompt = plan.greq.prompt.len();
+    let rx = gen::submit(state, log, plan.greq).await?;
     Ok((
         req,
         ChatRun {
@@ -154,11 +185,74 @@ pub async fn start_chat(
     ))
 }
 
+/// A whole chat message from a generation's text: content, reasoning, tool calls, and the
+/// finish reason.
+fn chat_choice(
+    state: &AppState,
+    reader: chat::ChatReader,
+    out: &gen::Output,
+    index: usize,
+    logprobs_on: bool,
+) -> Value {
+    let msg = reader.message(&out.text);
+    let content = if msg.content.is_empty() && !msg.tool_calls.is_empty() {
+        Value::Null
+    } else {
+        json!(msg.content)
+    };
+    let mut message = json!({ "role": "assistant", "content": content });
+    if !msg.reasoning.is_empty() {
+        message["reasoning_content"] = json!(msg.reasoning);
+    }
+    let finish = if msg.tool_calls.is_empty() {
+        out.done.openai_reason()
+    } else {
+        message["tool_calls"] = msg
+            .tool_calls
+            .iter()
+            .map(|(name, args)| {
+                json!({ "id": next_id("call-"), "type": "function",
+                        "function": { "name": name, "arguments": args } })
+            })
+            .collect();
+        "tool_calls"
+    };
+    let logprobs = logprobs_on.then(|| json!({ "content": out.logprobs.iter().map(|lp| chat_logprob(state, lp)).collect::<Vec<_>>() }));
+    json!({ "index": index, "message": message, "logprobs": logprobs, "finish_reason": finish })
+}
+
+/// `n` > 1 chat choices, generated whole.
+async fn chat_choices(
+    state: SharedState,
+    log: &RequestLog,
+    req: ChatCompletionRequest,
+    n: usize,
+) -> ApiResult<Response> {
+    let (req, plan) = plan_chat(&state, req).await?;
+    let outs = gen::generate_all(&state, log, vec![plan.greq.clone(); n]).await?;
+    let logprobs_on = req.logprobs == Some(true);
+    let choices: Vec<Value> = outs
+        .iter()
+        .enumerate()
+        .map(|(i, out)| chat_choice(&state, plan.reader(&state), out, i, logprobs_on))
+        .collect();
+    Ok(Json(json!({
+        "id": next_id("chatcmpl-"), "object": "chat.completion", "created": unix_now(),
+        "model": state.model.id, "system_fingerprint": "muser",
+        "choices": choices, "usage": usage(outs.iter().map(|o| &o.done)),
+    }))
+    .into_response())
+}
+
 pub async fn chat_completions(
     State(state): State<SharedState>,
     Log(log): Log,
     StrictJson(req): StrictJson<ChatCompletionRequest>,
 ) -> ApiResult<Response> {
+    let n = gen::check_choices(req.n, 1)?;
+    if n > 1 && !req.stream {
+        return chat_choices(state, &log, req, n).await;
+    }
     let (req, run) = start_chat(&state, &log, req).await?;
     let ChatRun { rx, mut reader, .. } = run;
     let logprobs_on = req.logprobs == Some(true);
@@ -188,7 +282,7 @@ pub async fn chat_completions(
             if first {
                 first = false;
                 push(chunk(
-                    json!({ "role": "assistant", "content": "" }),
+                    json!({ "role": "assistant", "content": null }),
                     None,
                     None,
                 ));
@@ -234,13 +328,16 @@ pub async fn chat_completions(
                     } else {
                         done.openai_reason()
                     };
-                    push(chunk(json!({}), Some(reason), None));
+                    // the last chunk carries the timings, as llama-server's does
+                    let mut last = chunk(json!({}), Some(reason), None);
                     if include_usage {
-                        let mut u = chunk(json!({}), None, None);
-                        u["choices"] = json!([]);
-                        u["usage"] = usage(&done);
-                        push(u);
+                        push(last);
+                        last = chunk(json!({}), None, None);
+                        last["choices"] = json!([]);
+                        last["usage"] = usage([&done]);
                     }
+                    last["timings"] = super::timings(&done);
+                    push(last);
                     frames.push("data: [DONE]\n\n".to_string());
                 }
                 Err(e) => {
@@ -254,38 +351,34 @@ pub async fn chat_completions(
     }
 
     let out = gen::collect(rx, &log).await?;
-    let msg = reader.message(&out.text);
-    let content = if msg.content.is_empty() && !msg.tool_calls.is_empty() {
-        Value::Null
-    } else {
-        json!(msg.content)
-    };
-    let mut message = json!({ "role": "assistant", "content": content });
-    if !msg.reasoning.is_empty() {
-        message["reasoning_content"] = json!(msg.reasoning);
-    }
-    let finish = if msg.tool_calls.is_empty() {
-        out.done.openai_reason()
-    } else {
-        message["tool_calls"] = msg
-            .tool_calls
-            .iter()
-            .map(|(name, args)| {
-                json!({ "id": next_id("call-"), "type": "function",
-                        "function": { "name": name, "arguments": args } })
-            })
-            .collect();
-        "tool_calls"
-    };
-    let logprobs = logprobs_on.then(|| json!({ "content": out.logprobs.iter().map(|lp| chat_logprob(&state, lp)).collect::<Vec<_>>() }));
+    let choice = chat_choice(&state, reader, &out, 0, logprobs_on);
     Ok(Json(json!({
         "id": id, "object": "chat.completion", "created": created, "model": model,
         "system_fingerprint": "muser",
-        "choices": [{ "index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish }],
-        "usage": usage(&out.done),
+        "choices": [choice],
+        "usage": usage([&out.done]),
         "timings": super::timings(&out.done),
     }))
     .into_response())
+}
+
+/// Tokens of a chat request's rendered prompt (what its generation would start from).
+pub async fn count_chat_tokens(
+    state: &SharedState,
+    req: ChatCompletionRequest,
+) -> ApiResult<usize> {
+    state
+        .cpu(move |st| Ok(st.encode_prompt(&render_chat(st, &req)?, true)?.len()))
+        .await
+}
+
+/// llama-server's `/chat/completions/input_tokens`.
+pub async fn chat_input_tokens(
+    State(state): State<SharedState>,
+    StrictJson(req): StrictJson<ChatCompletionRequest>,
+) -> ApiResult<Json<Value>> {
+    let n = count_chat_tokens(&state, req).await?;
+    Ok(Json(json!({ "input_tokens": n })))
 }
 
 /// Renders a chat request's conversation (shared with /apply-template).
@@ -330,7 +423,11 @@ pub async fn completions(
     Log(log): Log,
     StrictJson(mut req): StrictJson<CompletionRequest>,
 ) -> ApiResult<Response> {
-    check_n(req.n)?;
+    let prompts = std::mem::replace(&mut req.prompt, Prompts(Vec::new()));
+    let n = gen::check_choices(req.n, prompts.0.len())?;
+    if req.stream {
+        gen::check_one_stream(n * prompts.0.len())?;
+    }
     if req.best_of.is_some_and(|b| b != 1) {
         return Err(ApiError::bad_request("best_of must be 1"));
     }
@@ -343,10 +440,7 @@ pub async fn completions(
         ));
     }
     let max_tokens = check_max_tokens("max_tokens", req.max_tokens)?.or(Some(16));
-    let prompt = std::mem::replace(&mut req.prompt, Prompt(Vec::new()));
-    let ids = state
-        .cpu(move |st| st.tokenize_prompt(&prompt, true, true, st.prompt_tokens_max()))
-        .await?;
+    let prompts = state.cpu(move |st| st.tokenize_prompts(&prompts)).await?;
     let sampling = req.sampling();
     let n_probs = req.logprobs.unwrap_or(0) as usize;
     let opts = SamplingOptions {
@@ -363,8 +457,8 @@ pub async fn completions(
         ..Default::default()
     };
     let speculative = gen::speculative(req.speculative())?;
-    let greq = GenerateRequest {
-        prompt: ids,
+    let base = GenerateRequest {
+        prompt: Vec::new(),
         params: opts.to_params(&state.options.sampling)?,
         max_tokens,
         stop: req.stop.map(|s| s.0).unwrap_or_default(),
@@ -376,7 +470,15 @@ pub async fn completions(
         speculative,
         images: Vec::new(),
     };
-    let rx = gen::submit(&state, &log, greq).await?;
+    // choices in OpenAI's order: prompt 0's n choices, then prompt 1's...
+    let mut reqs: Vec<GenerateRequest> = prompts
+        .into_iter()
+        .flat_map(|prompt| std::iter::repeat_n(prompt, n))
+        .map(|prompt| GenerateRequest {
+            prompt,
+            ..base.clone()
+        })
+        .collect();
     let id = next_id("cmpl-");
     let created = unix_now();
     let model = state.model.id.clone();
@@ -396,6 +498,7 @@ pub async fn completions(
         })
     };
     if req.stream {
+        let rx = gen::submit(&state, &log, reqs.remove(0)).await?;
         let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
         let body = gen::stream_body(rx, log.0.clone(), move |step| {
             let chunk = |text: &str, finish: Option<&str>, lp: Option<Value>| {
@@ -421,7 +524,7 @@ pub async fn completions(
                     if include_usage {
                         let u = json!({
                             "id": id, "object": "text_completion", "created": created, "model": model,
-                            "choices": [], "usage": usage(&done),
+                            "choices": [], "usage": usage([&done]),
                         });
                         frames.push(format!("data: {u}\n\n"));
                     }
@@ -433,49 +536,65 @@ pub async fn completions(
         });
         return Ok(sse_response(body));
     }
-    let out = gen::collect(rx, &log).await?;
-    let lp = logprobs_on.then(|| completion_logprobs(&out.logprobs));
-    Ok(Json(json!({
+    let outs = gen::generate_all(&state, &log, reqs).await?;
+    let choices: Vec<Value> = outs
+        .iter()
+        .enumerate()
+        .map(|(index, out)| {
+            let lp = logprobs_on.then(|| completion_logprobs(&out.logprobs));
+            json!({ "index": index, "text": out.text, "logprobs": lp, "finish_reason": out.done.openai_reason() })
+        })
+        .collect();
+    let mut body = json!({
         "id": id, "object": "text_completion", "created": created, "model": model,
-        "choices": [{ "index": 0, "text": out.text, "logprobs": lp, "finish_reason": out.done.openai_reason() }],
-        "usage": usage(&out.done),
-        "timings": super::timings(&out.done),
-    }))
-    .into_response())
+        "choices": choices, "usage": usage(outs.iter().map(|o| &o.done)),
+    });
+    if let [out] = outs.as_slice() {
+        body["timings"] = super::timings(&out.done);
+    }
+    Ok(Json(body).into_response())
 }
 
-/// Runs one embedding request: last-token pooling over the final hidden state, L2-normalized.
+/// Embeds prompts: last-token pooling over the final hidden state, L2-normalized; the
+/// vectors and the finished generations in the prompts' order.
 pub async fn embed(
     state: &AppState,
     log: &crate::reqlog::RequestLog,
-    ids: Vec<u32>,
-) -> ApiResult<(Vec<f32>, Finished)> {
-    let greq = GenerateRequest {
-        prompt: ids,
-        params: Default::default(),
-        max_tokens: Some(0),
-        stop: Vec::new(),
-        slot: None,
-        cache_prompt: false,
-        embeddings: true,
-        special: false,
-        prefilled: None,
-        speculative: Default::default(),
-        images: Vec::new(),
-    };
-    let rx = gen::submit(state, log, greq).await?;
-    let out = gen::collect(rx, log).await?;
-    let mut v = out
-        .embedding
-        .ok_or_else(|| ApiError::internal("the engine returned no embedding"))?;
-    gen::l2_normalize(&mut v);
-    Ok((v, out.done))
+    prompts: Vec<Vec<u32>>,
+) -> ApiResult<Vec<(Vec<f32>, Finished)>> {
+    let reqs = prompts
+        .into_iter()
+        .map(|prompt| GenerateRequest {
+            prompt,
+            params: Default::default(),
+            max_tokens: Some(0),
+            stop: Vec::new(),
+            slot: None,
+            cache_prompt: false,
+            embeddings: true,
+            special: false,
+            prefilled: None,
+            speculative: Default::default(),
+            images: Vec::new(),
+        })
+        .collect();
+    gen::generate_all(state, log, reqs)
+        .await?
+        .into_iter()
+        .map(|out| {
+            let mut v = out
+                .embedding
+                .ok_or_else(|| ApiError::internal("the engine returned no embedding"))?;
+            gen::l2_normalize(&mut v);
+            Ok((v, out.done))
+        })
+        .collect()
 }
 
 pub async fn embeddings(
     State(state): State<SharedState>,
     Log(log): Log,
-    StrictJson(mut req): StrictJson<EmbeddingRequest>,
+    StrictJson(req): StrictJson<EmbeddingRequest>,
 ) -> ApiResult<Response> {
     if let Some(d) = req.dimensions {
         if d as usize != state.model.n_embd {
@@ -485,23 +604,29 @@ pub async fn embeddings(
             )));
         }
     }
-    let prompt = std::mem::replace(&mut req.input, Prompt(Vec::new()));
-    let ids = state
-        .cpu(move |st| st.tokenize_prompt(&prompt, true, true, st.prompt_tokens_max()))
-        .await?;
-    let (v, done) = embed(&state, &log, ids).await?;
-    let embedding = match req.encoding_format.unwrap_or(EncodingFormat::Float) {
-        EncodingFormat::Float => json!(v),
-        EncodingFormat::Base64 => {
-            let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-            json!(super::base64_encode(&bytes))
-        }
-    };
+    let format = req.encoding_format.unwrap_or(EncodingFormat::Float);
+    let ids = state.cpu(move |st| st.tokenize_prompts(&req.input)).await?;
+    let vectors = embed(&state, &log, ids).await?;
+    let n_prompt: u32 = vectors.iter().map(|(_, d)| d.n_prompt).sum();
+    let data: Vec<Value> = vectors
+        .into_iter()
+        .enumerate()
+        .map(|(index, (v, _))| {
+            let embedding = match format {
+                EncodingFormat::Float => json!(v),
+                EncodingFormat::Base64 => {
+                    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                    json!(super::base64_encode(&bytes))
+                }
+            };
+            json!({ "object": "embedding", "index": index, "embedding": embedding })
+        })
+        .collect();
     Ok(Json(json!({
         "object": "list",
-        "data": [{ "object": "embedding", "index": 0, "embedding": embedding }],
+        "data": data,
         "model": state.model.id,
-        "usage": { "prompt_tokens": done.n_prompt, "total_tokens": done.n_prompt },
+        "usage": { "prompt_tokens": n_prompt, "total_tokens": n_prompt },
     }))
     .into_response())
 }

@@ -45,13 +45,9 @@ pub async fn rerank(
                 .collect::<ApiResult<Vec<_>>>()
         })
         .await?;
-    let mut vectors = Vec::with_capacity(ids.len());
-    let mut n_tokens = 0;
-    for ids in ids {
-        let (v, done) = super::openai::embed(&state, &log, ids).await?;
-        n_tokens += done.n_prompt;
-        vectors.push(v);
-    }
+    let embedded = super::openai::embed(&state, &log, ids).await?;
+    let n_tokens: u32 = embedded.iter().map(|(_, d)| d.n_prompt).sum();
+    let vectors: Vec<Vec<f32>> = embedded.into_iter().map(|(v, _)| v).collect();
     let (query, docs) = vectors
         .split_first()
         .expect("the query and at least one document");

@@ -1,12 +1,12 @@
 //! llama.cpp server request types (its field names).
 
-use super::{Prompt, StopList};
+use super::{Prompt, Prompts, StopList};
 use serde::Deserialize;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CompletionRequest {
-    pub prompt: Prompt,
+    pub prompt: Prompts,
     /// -1: until the end of the context.
     #[serde(default)]
     pub n_predict: Option<i64>,
@@ -44,9 +44,22 @@ pub struct CompletionRequest {
     pub return_tokens: bool,
     #[serde(default)]
     pub ignore_eos: bool,
-    /// Pairs `[token_id, bias]`; a bias of `false` bans the token.
+    /// Pairs `[token id or text, bias]`, or an object of token id or text → bias; a bias of
+    /// `false` bans the token (see `gen::llama_logit_bias`).
     #[serde(default)]
-    pub logit_bias: Option<Vec<(u64, serde_json::Value)>>,
+    pub logit_bias: Option<serde_json::Value>,
+    /// Timings on the stream's chunks (the final one carries them here).
+    #[serde(default)]
+    pub timings_per_token: bool,
+    /// Prompt-processing progress chunks: refused (see `routes::refuse_unsupported`).
+    #[serde(default)]
+    pub return_progress: Option<bool>,
+    /// Probabilities after the sampler chain: refused (see `routes::refuse_unsupported`).
+    #[serde(default)]
+    pub post_sampling_probs: Option<bool>,
+    /// A GBNF grammar: refused (see `routes::refuse_unsupported`); `json_schema` is enforced.
+    #[serde(default)]
+    pub grammar: Option<String>,
     /// The completion is one JSON value of this schema (the subset `response_format`
     /// supports; `{}`: any value).
     #[serde(default)]
@@ -97,7 +110,20 @@ pub struct DetokenizeRequest {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EmbeddingRequest {
-    pub content: Prompt,
+    /// llama.cpp's name; `input` (OpenAI's) is taken too.
+    #[serde(default)]
+    pub content: Option<Prompts>,
+    #[serde(default)]
+    pub input: Option<Prompts>,
+}
+
+impl EmbeddingRequest {
+    pub fn prompts(self) -> Result<Prompts, &'static str> {
+        match (self.content, self.input) {
+            (Some(p), None) | (None, Some(p)) => Ok(p),
+            _ => Err("give `content` or `input`, one of them"),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -12,8 +12,8 @@ pub mod rerank;
 pub mod responses;
 pub mod sessions;
 
-use crate::limits::PROMPT_PIECES_MAX;
-use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use crate::limits::{PROMPTS_MAX, PROMPT_PIECES_MAX};
+use serde::de::{self, DeserializeSeed, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
 /// llama-server's per-request speculative-decoding fields, flat with dotted names
@@ -57,114 +57,87 @@ impl<'de> Deserialize<'de> for StopList {
 pub enum PromptPiece {
     Text(String),
     Token(u64),
-    Multimodal { text: String, images: Vec<String> },
+    /// llama.cpp's `{"prompt_string": TEXT, "multimodal_data": [BASE64, ...]}`: text whose
+    /// media markers stand for the images, in order.
+    Multimodal {
+        text: String,
+        images: Vec<String>,
+    },
 }
 
 #[derive(Debug, Clone)]
 pub struct Prompt(pub Vec<PromptPiece>);
 
-impl<'de> Deserialize<'de> for Prompt {
-    /// Read as it streams, never through a `serde_json::Value`: a list holds at most
-    /// [`PROMPT_PIECES_MAX`] pieces, and OpenAI's batch form (a list holding exactly one
-    /// prompt list) nests once, so no prompt costs more than its pieces.
+/// One prompt or several, as llama-server reads `prompt`, `input` and `content`: a string, a
+/// list of token ids, or a mixed list of strings and ids is one prompt; a list of strings, of
+/// token lists, or of prompt objects (`{"prompt_string": ...}` or `{"content": [text parts]}`)
+/// is several. Read as it streams, never through a `serde_json::Value`: at most
+/// [`PROMPTS_MAX`] prompts of at most [`PROMPT_PIECES_MAX`] pieces in all, so no request
+/// costs more than its pieces.
+#[derive(Debug, Clone)]
+pub struct Prompts(pub Vec<Prompt>);
+
+impl<'de> Deserialize<'de> for Prompts {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         d.deserialize_any(PromptVisitor { outer: true })
+            .map(|e| match e {
+                Element::Piece(p) => Prompts(vec![Prompt(vec![p])]),
+                Element::One(p) => Prompts(vec![p]),
+                Element::Many(ps) => Prompts(ps),
+            })
     }
 }
 
-const PROMPT_SHAPE: &str = "a prompt is a string or a list of strings and token ids";
-const ONE_PROMPT: &str = "only one prompt per request is supported";
-
-struct PromptVisitor {
-    /// The outermost list, which may hold one inner prompt list.
-    outer: bool,
+impl<'de> Deserialize<'de> for Prompt {
+    /// Exactly one prompt (the routes that take one).
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let mut ps = Prompts::deserialize(d)?.0;
+        match ps.len() {
+            1 => Ok(ps.remove(0)),
+            _ => Err(de::Error::custom(ONE_PROMPT)),
+        }
+    }
 }
 
-/// One element of a prompt list.
+const PROMPT_SHAPE: &str =
+    "a prompt is a string, a list of strings and token ids, or a prompt object; several prompts are a list of those";
+const ONE_PROMPT: &str = "only one prompt is supported here";
+
+/// A value read where a prompt may stand.
 enum Element {
+    /// A string or a token id.
     Piece(PromptPiece),
-    Inner(Prompt),
+    /// A prompt list or a prompt object.
+    One(Prompt),
+    /// Several prompts (only at the outermost level).
+    Many(Vec<Prompt>),
+}
+
+/// `{"prompt_string": "...", "multimodal_data": [...]}` or `{"content": [{"type": "text",
+/// "text": "..."}, ...]}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PromptObject {
+    #[serde(default)]
+    prompt_string: Option<String>,
+    #[serde(default)]
+    multimodal_data: Option<Vec<String>>,
+    #[serde(default)]
+    content: Option<Vec<TextPart>>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+enum TextPart {
+    Text { text: String },
+}
+
+struct PromptVisitor {
+    /// The outermost value, which may be a list of prompts.
+    outer: bool,
 }
 
 impl<'de> Visitor<'de> for PromptVisitor {
-    type Value = Prompt;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str(PROMPT_SHAPE)
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Prompt, E> {
-        Ok(Prompt(vec![PromptPiece::Text(v.to_string())]))
-    }
-    fn visit_string<E: de::Error>(self, v: String) -> Result<Prompt, E> {
-        Ok(Prompt(vec![PromptPiece::Text(v)]))
-    }
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Prompt, E> {
-        Ok(Prompt(vec![PromptPiece::Token(v)]))
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Prompt, E> {
-        Err(E::custom("token ids must be non-negative integers"))
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Prompt, E> {
-        Err(E::custom("token ids must be non-negative integers"))
-    }
-    /// `{"prompt_string": TEXT, "multimodal_data": [BASE64, ...]}`.
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Prompt, A::Error> {
-        let (mut text, mut images) = (None, Vec::new());
-        while let Some(key) = map.next_key::<String>()? {
-            match key.as_str() {
-                "prompt_string" => text = Some(map.next_value::<String>()?),
-                "multimodal_data" => images = map.next_value::<Vec<String>>()?,
-                other => {
-                    return Err(de::Error::custom(format!(
-                        "unknown prompt field `{other}` (expected prompt_string, multimodal_data)"
-                    )))
-                }
-            }
-        }
-        let text = text.ok_or_else(|| de::Error::custom("a prompt object needs prompt_string"))?;
-        Ok(Prompt(vec![PromptPiece::Multimodal { text, images }]))
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Prompt, A::Error> {
-        let mut pieces = Vec::new();
-        let mut inner = None;
-        let seed = ElementSeed { outer: self.outer };
-        while let Some(e) = seq.next_element_seed(seed)? {
-            match e {
-                Element::Inner(p) if inner.is_none() && pieces.is_empty() => inner = Some(p),
-                Element::Piece(p) if inner.is_none() => {
-                    if pieces.len() == PROMPT_PIECES_MAX {
-                        return Err(de::Error::custom(format!(
-                            "a prompt list holds at most {PROMPT_PIECES_MAX} pieces"
-                        )));
-                    }
-                    pieces.push(p);
-                }
-                _ => return Err(de::Error::custom(ONE_PROMPT)),
-            }
-        }
-        if let Some(p) = inner {
-            return Ok(p);
-        }
-        if pieces.len() > 1 && pieces.iter().all(|p| matches!(p, PromptPiece::Text(_))) {
-            return Err(de::Error::custom(ONE_PROMPT));
-        }
-        Ok(Prompt(pieces))
-    }
-}
-
-#[derive(Clone, Copy)]
-struct ElementSeed {
-    outer: bool,
-}
-
-impl<'de> DeserializeSeed<'de> for ElementSeed {
-    type Value = Element;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Element, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for ElementSeed {
     type Value = Element;
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
@@ -185,13 +158,97 @@ impl<'de> Visitor<'de> for ElementSeed {
     fn visit_f64<E: de::Error>(self, _: f64) -> Result<Element, E> {
         Err(E::custom("token ids must be non-negative integers"))
     }
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Element, A::Error> {
-        if !self.outer {
-            return Err(de::Error::custom(ONE_PROMPT));
+    fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Element, A::Error> {
+        let obj = PromptObject::deserialize(de::value::MapAccessDeserializer::new(map))?;
+        if let Some(images) = obj.multimodal_data {
+            let (Some(text), None) = (obj.prompt_string, obj.content) else {
+                return Err(de::Error::custom(
+                    "`multimodal_data` goes with `prompt_string`, the text its markers are in",
+                ));
+            };
+            return Ok(Element::One(Prompt(vec![PromptPiece::Multimodal {
+                text,
+                images,
+            }])));
         }
-        PromptVisitor { outer: false }
-            .visit_seq(seq)
-            .map(Element::Inner)
+        let text = match (obj.prompt_string, obj.content) {
+            (Some(s), None) => s,
+            (None, Some(parts)) => parts
+                .into_iter()
+                .map(|TextPart::Text { text }| text)
+                .collect(),
+            _ => {
+                return Err(de::Error::custom(
+                    "a prompt object has `prompt_string` or `content` (a list of text parts)",
+                ))
+            }
+        };
+        Ok(Element::One(Prompt(vec![PromptPiece::Text(text)])))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Element, A::Error> {
+        let mut elements = Vec::new();
+        let mut pieces = 0usize;
+        while let Some(e) = seq.next_element_seed(PromptSeed { outer: false })? {
+            if !self.outer && !matches!(e, Element::Piece(_)) {
+                return Err(de::Error::custom(
+                    "a prompt list holds strings and token ids only",
+                ));
+            }
+            pieces += match &e {
+                Element::One(p) => p.0.len(),
+                _ => 1,
+            };
+            if pieces > PROMPT_PIECES_MAX {
+                return Err(de::Error::custom(format!(
+                    "a prompt list holds at most {PROMPT_PIECES_MAX} pieces"
+                )));
+            }
+            elements.push(e);
+        }
+        let all_pieces = elements.iter().all(|e| matches!(e, Element::Piece(_)));
+        let any_token = elements
+            .iter()
+            .any(|e| matches!(e, Element::Piece(PromptPiece::Token(_))));
+        if !self.outer || (all_pieces && any_token) || elements.len() == 1 && all_pieces {
+            // token ids, or strings mixed with them: one prompt
+            let pieces = elements.into_iter().filter_map(|e| match e {
+                Element::Piece(p) => Some(p),
+                _ => None,
+            });
+            return Ok(Element::One(Prompt(pieces.collect())));
+        }
+        if elements.is_empty() {
+            return Err(de::Error::custom("the list of prompts is empty"));
+        }
+        if elements.len() > PROMPTS_MAX {
+            return Err(de::Error::custom(format!(
+                "at most {PROMPTS_MAX} prompts per request, got {}",
+                elements.len()
+            )));
+        }
+        elements
+            .into_iter()
+            .map(|e| match e {
+                Element::Piece(PromptPiece::Text(s)) => Ok(Prompt(vec![PromptPiece::Text(s)])),
+                Element::One(p) => Ok(p),
+                _ => Err(de::Error::custom(
+                    "a list of prompts holds strings, token lists or prompt objects, not bare token ids",
+                )),
+            })
+            .collect::<Result<_, _>>()
+            .map(Element::Many)
+    }
+}
+
+#[derive(Clone, Copy)]
+struct PromptSeed {
+    outer: bool,
+}
+
+impl<'de> DeserializeSeed<'de> for PromptSeed {
+    type Value = Element;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Element, D::Error> {
+        d.deserialize_any(PromptVisitor { outer: self.outer })
     }
 }
 
@@ -231,6 +288,53 @@ mod tests {
         let many = format!("[{}1]", "1,".repeat(crate::limits::PROMPT_PIECES_MAX));
         let err = serde_json::from_str::<Prompt>(&many).unwrap_err();
         assert!(err.to_string().contains("at most"), "{err}");
+    }
+
+    /// llama-server's rules for one prompt against several (its test_embedding's cases).
+    #[test]
+    fn several_prompts() {
+        let n = |json: &str| serde_json::from_str::<Prompts>(json).map(|p| p.0.len());
+        for (json, count) in [
+            (r#""""#, 1),
+            (r#""string""#, 1),
+            ("[12, 34, 56]", 1),
+            (r#"[12, 34, "string", 56, 78]"#, 1),
+            (r#"["string"]"#, 1),
+            (r#"["string1", "string2"]"#, 2),
+            (r#"["string1", [12, 34, 56]]"#, 2),
+            ("[[12, 34, 56], [12, 34, 56]]", 2),
+            (r#"[[12, 34, 56], [12, "string", 34, 56]]"#, 2),
+            (r#"{"prompt_string": "string"}"#, 1),
+            (r#"{"content": [{"type": "text", "text": "string"}]}"#, 1),
+            (
+                r#"["s1", {"prompt_string": "s2"}, {"content": [{"type": "text", "text": "s3"}]}]"#,
+                3,
+            ),
+        ] {
+            assert_eq!(n(json).unwrap(), count, "{json}");
+        }
+        let p: Prompts = serde_json::from_str(
+            r#"{"content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]}"#,
+        )
+        .unwrap();
+        assert!(matches!(p.0[0].0.as_slice(), [PromptPiece::Text(s)] if s == "hello world"));
+        for bad in [
+            "[]",
+            "true",
+            r#"{"content": "string"}"#,
+            r#"{"content": [{"type": "unknown"}]}"#,
+            r#"{"content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}"#,
+            r#"{"prompt_string": "a", "content": []}"#,
+            r#"{"other": 1}"#,
+            r#"[1, "a", [2]]"#,
+            r#"[[{"prompt_string": "a"}]]"#,
+            "[[[1]]]",
+        ] {
+            assert!(n(bad).is_err(), "{bad}");
+        }
+        let many = format!("[{}\"x\"]", "\"x\",".repeat(crate::limits::PROMPTS_MAX));
+        let err = n(&many).unwrap_err();
+        assert!(err.to_string().contains("prompts per request"), "{err}");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! OpenAI request types: chat completions, completions, embeddings.
 
-use super::{Prompt, StopList};
+use super::{Prompts, StopList};
 use serde::{Deserialize, Deserializer};
 use std::collections::BTreeMap;
 
@@ -117,6 +117,15 @@ pub struct ChatCompletionRequest {
     pub cache_prompt: Option<bool>,
     #[serde(default)]
     pub id_slot: Option<i64>,
+    /// llama.cpp: timings on the stream's chunks (the final one carries them here).
+    #[serde(default)]
+    pub timings_per_token: bool,
+    /// llama.cpp: refused (see `routes::refuse_unsupported`).
+    #[serde(default)]
+    pub return_progress: Option<bool>,
+    /// llama.cpp: a GBNF grammar, refused (see `routes::refuse_unsupported`).
+    #[serde(default)]
+    pub grammar: Option<String>,
 }
 }
 
@@ -313,7 +322,7 @@ with_sampling! {
 pub struct CompletionRequest {
     #[serde(default)]
     pub model: Option<String>,
-    pub prompt: Prompt,
+    pub prompt: Prompts,
     #[serde(default)]
     pub max_tokens: Option<u32>,
     #[serde(default)]
@@ -346,7 +355,7 @@ pub struct CompletionRequest {
 pub struct EmbeddingRequest {
     #[serde(default)]
     pub model: Option<String>,
-    pub input: Prompt,
+    pub input: Prompts,
     #[serde(default)]
     pub encoding_format: Option<EncodingFormat>,
     #[serde(default)]

@@ -244,7 +244,7 @@ async fn limits_are_400_with_the_limit_named() {
     let mut b = chat_body();
     b["messages"][0]["content"] =
         json!([{ "type": "image_url", "image_url": { "url": "data:," } }]);
-    expect_400("/v1/chat/completions", b, "vision").await;
+    expect_400("/v1/chat/completions", b, "--mmproj").await;
     // one model served: OpenAI routes answer to any name (llama-server's rule), Ollama's
     // only to the model's own names
     let (status, v) = send_json(

@@ -36,7 +36,8 @@ fn argmax(row: &[f32]) -> u32 {
 
 #[test]
 fn drafts_equal_llama_cpp_draft_dflash() {
-    let path = common::golden_dir().join("dflash/dflash-tiny.json");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/dflash-golden/dflash-tiny.json");
     let golden: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let meta = &golden["meta"];
     let target_path = common::real_model(meta["target"].as_str().unwrap());

@@ -77,7 +77,7 @@ def test_anthropic_errors_are_clear(base_url):
     r = requests.post(f"{base_url}/v1/messages", timeout=30, json={
         "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {
             "type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]})
-    assert r.status_code == 400 and "vision" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "image" in r.json()["error"]["message"]
 
 
 def test_responses_whole_and_streamed_agree(oai):

@@ -75,9 +75,12 @@ def test_chat_logprobs(client, model_id):
         assert math.isclose(entry.logprob, entry.top_logprobs[0].logprob, rel_tol=1e-5)
 
 
-def test_chat_rejects_n_and_serves_any_model_name(client, model_id):
+def test_chat_n_choices_and_any_model_name(client, model_id):
+    # n > 1: that many choices (llama-server's behaviour); more than 16 is refused
+    r = client.chat.completions.create(model=model_id, messages=MESSAGES, max_tokens=2, n=2)
+    assert [c.index for c in r.choices] == [0, 1]
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model=model_id, messages=MESSAGES, max_tokens=2, n=2)
+        client.chat.completions.create(model=model_id, messages=MESSAGES, max_tokens=2, n=17)
     # with one model loaded, any name is that model (as llama-server answers; OpenAI examples
     # name "gpt-3.5-turbo")
     r = client.chat.completions.create(model="gpt-3.5-turbo", messages=MESSAGES, max_tokens=2)

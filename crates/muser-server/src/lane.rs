@@ -483,7 +483,7 @@ impl Lane {
         // of another accepted ABI computes all but the last token: its K/V already differs
         // from this engine's by its numerics, and the consumer (a slower host, typically)
         // then computes one token instead of up to a chunk.
-        let chunk = engine.config().prefill_chunk;
+        let chunk = self.chunk;
         let own_split = (prompt.len().saturating_sub(1) / chunk) * chunk;
         let foreign_split = prompt.len().saturating_sub(1);
         let wanted = match self.mode {
@@ -863,6 +863,14 @@ pub fn threshold(local: f64, remote: f64, transfer_s_per_token: f64, chunk: usiz
     }
 }
 
+/// `n` token ids spread over a vocabulary of `n_vocab`: the prompt a prefill rate is timed
+/// with at start-up (this engine's, and a producer's warm-up).
+pub fn synthetic_prompt(n: usize, n_vocab: usize) -> Vec<u32> {
+    (0..n as u64)
+        .map(|i| ((i * 2_654_435_761 + 17) % n_vocab.max(1) as u64) as u32)
+        .collect()
+}
+
 /// Prefills `n` prompt tokens (ids spread over the vocabulary) on a free slot of `engine`,
 /// computing nothing else, and returns the rate in tokens per second.
 pub async fn measure_prefill(
@@ -870,9 +878,7 @@ pub async fn measure_prefill(
     n_vocab: usize,
     n: usize,
 ) -> Result<f64, String> {
-    let prompt: Vec<u32> = (0..n as u64)
-        .map(|i| ((i * 2_654_435_761 + 17) % n_vocab.max(1) as u64) as u32)
-        .collect();
+    let prompt = synthetic_prompt(n, n_vocab);
     let t = Instant::now();
     let mut rx = engine
         .submit(muser_engine::GenerateRequest {

@@ -140,10 +140,7 @@ impl Producer {
         let Some(slot) = self.take_slot(&[]) else {
             return;
         };
-        let n_vocab = self.app.tokenizer.n_vocab() as u64;
-        let tokens: Vec<u32> = (0..n as u64)
-            .map(|i| ((i * 2_654_435_761 + 17) % n_vocab.max(1)) as u32)
-            .collect();
+        let tokens = crate::lane::synthetic_prompt(n, self.app.tokenizer.n_vocab());
         let t = Instant::now();
         match prefill_on(&self, slot, &tokens).await {
             Ok(()) => {

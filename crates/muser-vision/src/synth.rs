@@ -7,11 +7,9 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use half::f16;
 use muser_gguf::{Array, GgmlType, GgufWriter, Value};
 use muser_model::synth::presets::Init;
-use muser_model::synth::random_row;
-use rayon::prelude::*;
+use muser_model::synth::{write_random_tensors, RandomTensor};
 
 use crate::projector::PROJECTOR_TYPE;
 use crate::VisionError;
@@ -79,16 +77,9 @@ const IMAGE_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73];
 const IMAGE_STD: [f32; 3] = [0.268_629_54, 0.261_302_6, 0.275_777_1];
 const LAYER_NORM_EPS: f32 = 1e-6;
 
-struct Tensor {
-    name: String,
-    dims: Vec<u64>,
-    ty: GgmlType,
-    init: Init,
-}
-
-fn tensors(p: &VisionPreset, matrix: GgmlType) -> Vec<Tensor> {
+fn tensors(p: &VisionPreset, matrix: GgmlType) -> Vec<RandomTensor> {
     let (e, ff, ps) = (p.n_embd as u64, p.n_ff as u64, p.patch_size as u64);
-    let w = |name: String, n_in: u64, n_out: u64| Tensor {
+    let w = |name: String, n_in: u64, n_out: u64| RandomTensor {
         name,
         dims: vec![n_in, n_out],
         ty: matrix,
@@ -96,7 +87,7 @@ fn tensors(p: &VisionPreset, matrix: GgmlType) -> Vec<Tensor> {
             std: 1.0 / (n_in as f32).sqrt(),
         },
     };
-    let vec = |name: String, n: u64, init| Tensor {
+    let vec = |name: String, n: u64, init| RandomTensor {
         name,
         dims: vec![n],
         ty: GgmlType::F32,
@@ -104,7 +95,7 @@ fn tensors(p: &VisionPreset, matrix: GgmlType) -> Vec<Tensor> {
     };
     let bias = Init::Normal { std: 0.02 };
     let mut out = vec![
-        Tensor {
+        RandomTensor {
             name: "v.patch_embd.weight".into(),
             dims: vec![ps, ps, 3, e],
             // the converter keeps the patch embedding f16 in an f16 file, else f32
@@ -118,7 +109,7 @@ fn tensors(p: &VisionPreset, matrix: GgmlType) -> Vec<Tensor> {
             },
         },
         vec("v.patch_embd.bias".into(), e, bias),
-        Tensor {
+        RandomTensor {
             name: "v.position_embd.weight".into(),
             dims: vec![e, (p.pos_side * p.pos_side) as u64],
             ty: GgmlType::F32,
@@ -209,35 +200,8 @@ pub fn write_projector(
         w.add(k, v)?;
     }
     let list = tensors(p, matrix);
-    for t in &list {
-        w.add_tensor_info(&t.name, &t.dims, t.ty)?;
-    }
-    w.write_header()?;
-    for t in &list {
-        let row = t.dims[0] as usize;
-        let n_rows: usize = t.dims[1..].iter().product::<u64>() as usize;
-        let bytes: Vec<u8> = (0..n_rows)
-            .into_par_iter()
-            .flat_map_iter(|r| {
-                let mut v = vec![0f32; row];
-                random_row(seed, &t.name, r as u64, t.init, &mut v);
-                encode(&v, t.ty)
-            })
-            .collect();
-        w.write_tensor_data(&t.name, &bytes)?;
-    }
-    w.finish()?.flush().map_err(io)?;
+    write_random_tensors(w, &list, seed)?.flush().map_err(io)?;
     Ok(())
-}
-
-fn encode(v: &[f32], ty: GgmlType) -> Vec<u8> {
-    match ty {
-        GgmlType::F16 => v
-            .iter()
-            .flat_map(|&x| f16::from_f32(x).to_le_bytes())
-            .collect(),
-        _ => v.iter().flat_map(|&x| x.to_le_bytes()).collect(),
-    }
 }
 
 #[cfg(test)]

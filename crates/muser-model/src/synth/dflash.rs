@@ -9,12 +9,10 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use half::f16;
 use muser_gguf::{Array, GgmlType, GgufFile, GgufWriter, Value};
-use rayon::prelude::*;
 
 use super::presets::Init;
-use super::{random_row, SynthError};
+use super::{write_random_tensors, RandomTensor, SynthError};
 
 /// A drafter geometry; the width and vocabulary come from the target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,13 +56,6 @@ pub fn target_layers(n: usize, n_layer_target: usize) -> Vec<u32> {
     (0..n)
         .map(|k| (lo + k * (hi - lo) / (n - 1)) as u32)
         .collect()
-}
-
-struct Tensor {
-    name: String,
-    dims: Vec<u64>,
-    init: Init,
-    ty: GgmlType,
 }
 
 /// Writes a drafter for `target` at `path`, matrices in `matrix` (f32 or f16).
@@ -144,31 +135,14 @@ pub fn write_drafter(
     for (key, value) in meta {
         w.add(&key, value)?;
     }
-    for t in &list {
-        w.add_tensor_info(&t.name, &t.dims, t.ty)?;
-    }
-    w.write_header()?;
-    for t in &list {
-        let row = t.dims[0] as usize;
-        let n_rows = t.dims[1..].iter().product::<u64>() as usize;
-        let bytes: Vec<u8> = (0..n_rows)
-            .into_par_iter()
-            .flat_map_iter(|r| {
-                let mut v = vec![0f32; row];
-                random_row(seed, &t.name, r as u64, t.init, &mut v);
-                encode(&v, t.ty)
-            })
-            .collect();
-        w.write_tensor_data(&t.name, &bytes)?;
-    }
-    w.finish()?.flush().map_err(io)?;
+    write_random_tensors(w, &list, seed)?.flush().map_err(io)?;
     Ok(())
 }
 
 /// The tensors of llama.cpp's plain DFlash drafter without its optional ones.
-fn tensors(p: &DflashPreset, e: usize, n_tl: usize, matrix: GgmlType) -> Vec<Tensor> {
+fn tensors(p: &DflashPreset, e: usize, n_tl: usize, matrix: GgmlType) -> Vec<RandomTensor> {
     let (e, ff, hd) = (e as u64, (p.ff_mult as u64) * e as u64, p.head_dim as u64);
-    let mat = |name: String, n_in: u64, n_out: u64| Tensor {
+    let mat = |name: String, n_in: u64, n_out: u64| RandomTensor {
         name,
         dims: vec![n_in, n_out],
         init: Init::Normal {
@@ -176,7 +150,7 @@ fn tensors(p: &DflashPreset, e: usize, n_tl: usize, matrix: GgmlType) -> Vec<Ten
         },
         ty: matrix,
     };
-    let norm = |name: String, n: u64| Tensor {
+    let norm = |name: String, n: u64| RandomTensor {
         name,
         dims: vec![n],
         init: Init::NearOne,
@@ -204,14 +178,4 @@ fn tensors(p: &DflashPreset, e: usize, n_tl: usize, matrix: GgmlType) -> Vec<Ten
         ]);
     }
     out
-}
-
-fn encode(v: &[f32], ty: GgmlType) -> Vec<u8> {
-    match ty {
-        GgmlType::F16 => v
-            .iter()
-            .flat_map(|&x| f16::from_f32(x).to_le_bytes())
-            .collect(),
-        _ => v.iter().flat_map(|&x| x.to_le_bytes()).collect(),
-    }
 }

@@ -29,7 +29,7 @@ pub mod dflash;
 pub mod presets;
 mod weights;
 
-pub use weights::random_row;
+pub use weights::{random_row, write_random_tensors, RandomTensor};
 
 use std::fs::File;
 use std::io::{BufWriter, Write};

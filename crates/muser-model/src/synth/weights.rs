@@ -67,6 +67,50 @@ pub fn random_row(seed: u64, tensor: &str, row: u64, init: Init, out: &mut [f32]
     fill_values(init, &mut row_rng(seed, tensor, row), out);
 }
 
+/// A tensor of random rows for a small synthetic writer (the DFlash drafter, the vision
+/// projector): F32 or F16, each row drawn by [`random_row`].
+pub struct RandomTensor {
+    pub name: String,
+    pub dims: Vec<u64>,
+    pub init: Init,
+    pub ty: GgmlType,
+}
+
+/// Declares `list`'s tensors on `w` (its metadata already added), writes the header and
+/// each tensor's rows under `seed` (rows drawn in parallel, same seed same bytes), and
+/// finishes the file.
+pub fn write_random_tensors<W: std::io::Write>(
+    mut w: muser_gguf::GgufWriter<W>,
+    list: &[RandomTensor],
+    seed: u64,
+) -> Result<W, muser_gguf::Error> {
+    use rayon::prelude::*;
+    for t in list {
+        w.add_tensor_info(&t.name, &t.dims, t.ty)?;
+    }
+    w.write_header()?;
+    for t in list {
+        let row = t.dims[0] as usize;
+        let n_rows = t.dims[1..].iter().product::<u64>() as usize;
+        let bytes: Vec<u8> = (0..n_rows)
+            .into_par_iter()
+            .flat_map_iter(|r| {
+                let mut v = vec![0f32; row];
+                random_row(seed, &t.name, r as u64, t.init, &mut v);
+                match t.ty {
+                    GgmlType::F16 => v
+                        .iter()
+                        .flat_map(|&x| f16::from_f32(x).to_le_bytes())
+                        .collect::<Vec<u8>>(),
+                    _ => v.iter().flat_map(|&x| x.to_le_bytes()).collect(),
+                }
+            })
+            .collect();
+        w.write_tensor_data(&t.name, &bytes)?;
+    }
+    w.finish()
+}
+
 /// Draws the values of one row.
 fn fill_values(init: Init, rng: &mut Rng, out: &mut [f32]) {
     match init {

@@ -54,6 +54,7 @@ def main():
     ap.add_argument("--accept-abi", action="append", default=[],
                     help="an engine ABI the consumer accepts besides its own (another device's)")
     ap.add_argument("--receipt", help="write a JSON receipt here")
+    ap.add_argument("--logs", help="keep the producer's and consumer's logs in this directory")
     a = ap.parse_args()
     sizes = [int(s) for s in a.tokens.split(",")]
     ctx = max(sizes) + 64
@@ -68,7 +69,9 @@ def main():
     if a.threads:
         common += ["-t", str(a.threads)]
     pp, cp = free_port(), free_port()
-    logs = [open(os.path.join(tmp, n), "w") for n in ("producer.log", "consumer.log")]
+    logdir = a.logs or tmp
+    os.makedirs(logdir, exist_ok=True)
+    logs = [open(os.path.join(logdir, n), "w") for n in ("producer.log", "consumer.log")]
     procs = []
     try:
         # 2. the producer

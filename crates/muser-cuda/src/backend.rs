@@ -141,7 +141,7 @@ mod dev {
     use crate::CudaError;
     use muser_gguf::GgmlType;
     use muser_model::backend::{AttnInput, RopeMode};
-    use muser_model::kv::RowMap;
+    use muser_model::kv::{RowMap, RowRead, RowWrite};
     use muser_model::{Backend, KvCache, KvLayout, KvStore, KvType, ModelError, Weight};
     use std::any::Any;
     use std::collections::HashMap;
@@ -249,6 +249,36 @@ mod dev {
             self.gpu.upload(&self.k[il], r.start, k)?;
             self.gpu.upload(&self.v[il], r.start, v)?;
             Ok(())
+        }
+
+        fn read_many(&self, seq: u32, reads: &mut [RowRead<'_>]) -> Result<()> {
+            let mut pieces = Vec::with_capacity(2 * reads.len());
+            for r in reads.iter_mut() {
+                let at = self
+                    .map
+                    .read_range(r.layer, seq, &r.cells, r.k.len(), r.v.len())?;
+                if at.is_empty() {
+                    continue;
+                }
+                pieces.push((self.k[r.layer].at(at.start), &mut *r.k));
+                pieces.push((self.v[r.layer].at(at.start), &mut *r.v));
+            }
+            Ok(self.gpu.download_many(&mut pieces)?)
+        }
+
+        fn write_many(&mut self, seq: u32, writes: &[RowWrite<'_>]) -> Result<()> {
+            let mut pieces = Vec::with_capacity(2 * writes.len());
+            for w in writes {
+                let at = self
+                    .map
+                    .write_range(w.layer, seq, w.first_cell, w.k.len(), w.v.len())?;
+                if at.is_empty() {
+                    continue;
+                }
+                pieces.push((self.k[w.layer].at(at.start), w.k));
+                pieces.push((self.v[w.layer].at(at.start), w.v));
+            }
+            Ok(self.gpu.upload_many(&pieces)?)
         }
 
         fn bytes(&self) -> usize {

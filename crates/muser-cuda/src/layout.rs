@@ -357,9 +357,58 @@ pub fn sample_params(s: Option<Sampling>) -> [u8; 16] {
     b
 }
 
+/// Splits bulk-copy pieces into batches of at most `cap` bytes (a larger piece split in
+/// parts): per batch, (piece index, byte range of the piece, offset in the staging memory).
+pub fn staging_batches(
+    lens: &[usize],
+    cap: usize,
+) -> Vec<Vec<(usize, std::ops::Range<usize>, usize)>> {
+    let mut out = vec![Vec::new()];
+    let mut used = 0;
+    for (i, &len) in lens.iter().enumerate() {
+        let mut a = 0;
+        while a < len {
+            if used == cap {
+                out.push(Vec::new());
+                used = 0;
+            }
+            let n = (len - a).min(cap - used);
+            out.last_mut().expect("one batch").push((i, a..a + n, used));
+            used += n;
+            a += n;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn staging_batches_cover_every_byte_once_in_order() {
+        let lens = [5, 0, 12, 3, 7];
+        for cap in 1..=16 {
+            let batches = staging_batches(&lens, cap);
+            let mut seen: Vec<(usize, usize)> = Vec::new();
+            for b in &batches {
+                let used: usize = b.iter().map(|(_, r, _)| r.len()).sum();
+                assert!(used <= cap, "cap {cap}: batch of {used}");
+                let mut off = 0;
+                for (i, r, o) in b {
+                    assert_eq!(*o, off, "cap {cap}: parts packed in order");
+                    off += r.len();
+                    seen.extend(r.clone().map(|x| (*i, x)));
+                }
+            }
+            let want: Vec<(usize, usize)> = lens
+                .iter()
+                .enumerate()
+                .flat_map(|(i, &n)| (0..n).map(move |x| (i, x)))
+                .collect();
+            assert_eq!(seen, want, "cap {cap}");
+        }
+    }
 
     #[test]
     fn sample_draws_are_uniform_reproducible_and_laid_out_for_the_kernel() {

@@ -241,6 +241,10 @@ pub struct SlotExport {
     pub state: KvState,
     pub chain: PrefixChain,
     pub base: u32,
+    /// From the request to the engine thread taking it up (a forward pass in progress).
+    pub waited: std::time::Duration,
+    /// Copying the rows out of the cache.
+    pub copied: std::time::Duration,
 }
 
 impl SlotExport {
@@ -277,8 +281,15 @@ fn export_slot(
     }
     let chain = ctx.hasher.chain(s.tokens);
     let base = held.map_or(0, |h| chain.delta_base(h, n));
+    let t = std::time::Instant::now();
     let state = snapshot_to_state(s.kv.export(s.seq, base..n).map_err(kv_err)?);
-    Ok(SlotExport { state, chain, base })
+    Ok(SlotExport {
+        state,
+        chain,
+        base,
+        waited: std::time::Duration::ZERO,
+        copied: t.elapsed(),
+    })
 }
 
 /// Packs the slot's K/V from `base` (0: full) to its end.
@@ -386,7 +397,11 @@ impl Engine {
         held: Vec<BlockId>,
     ) -> Result<SlotExport, PackError> {
         let ctx = ctx.clone();
-        self.with_slot(slot, move |s| export_slot(&s, &ctx, Some(&held), slot))?
+        let asked = std::time::Instant::now();
+        self.with_slot(slot, move |s| {
+            let waited = asked.elapsed();
+            export_slot(&s, &ctx, Some(&held), slot).map(|e| SlotExport { waited, ..e })
+        })?
     }
 
     /// Restores a full or delta pack of `tokens` into the slot; returns the tokens now cached.

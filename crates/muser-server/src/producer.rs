@@ -334,6 +334,19 @@ async fn run_prefill(
         prefill_ms,
         export_ms: t2.elapsed().as_secs_f64() * 1e3,
     };
+    if let Ok(e) = &result {
+        let bytes: usize = e.state.layers.iter().map(|l| l.k.len() + l.v.len()).sum();
+        tracing::info!(
+            tokens = tokens.len(),
+            from = e.base,
+            bytes,
+            prefill_ms = took.prefill_ms,
+            export_ms = took.export_ms,
+            waited_ms = e.waited.as_secs_f64() * 1e3,
+            copied_ms = e.copied.as_secs_f64() * 1e3,
+            "producer: prefilled and exported"
+        );
+    }
     result.map(|e| (e, took))
 }
 

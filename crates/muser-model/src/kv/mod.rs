@@ -25,7 +25,7 @@ use crate::error::ModelError;
 use std::ops::Range;
 
 use cells::{cells_of, Cells, EMPTY, PAD};
-pub use store::{runs, HostKv, KvStore, RowMap};
+pub use store::{runs, HostKv, KvStore, RowMap, RowRead, RowWrite};
 
 /// Element type of the cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -109,6 +109,10 @@ impl KvSnapshot {
         layer_positions(&self.layout, il, &self.positions)
     }
 }
+
+/// Runs of consecutive cells an export reads one by one; past this many (cells scattered by
+/// many sequences' placements) it reads the span once and reorders on the host.
+const MAX_EXPORT_RUNS: usize = 8;
 
 fn layer_positions(layout: &KvLayout, il: usize, r: &Range<u32>) -> Range<u32> {
     if layout.is_swa[il] && r.end - r.start > layout.n_swa {
@@ -543,7 +547,8 @@ impl KvCache {
             )));
         }
         let row = self.layout.row_bytes();
-        let mut layers = Vec::with_capacity(self.layout.n_layer);
+        // Per layer: the cell of each wanted position, as runs of consecutive cells.
+        let mut plans = Vec::with_capacity(self.layout.n_layer);
         for il in 0..self.layout.n_layer {
             let want = layer_positions(&self.layout, il, &positions);
             let at = cells_of(self.cell_pos(seq, il), &want);
@@ -553,28 +558,56 @@ impl KvCache {
                     "position {p} of seq {seq} is no longer cached in layer {il}"
                 )));
             }
-            // One read of the cells spanned, then the wanted rows in position order.
+            let runs = store::runs(at.iter().enumerate().map(|(i, &c)| (c, i)));
+            plans.push((at, runs));
+        }
+        let mut layers: Vec<LayerKv> = plans
+            .iter()
+            .map(|(at, _)| LayerKv {
+                k: vec![0u8; at.len() * row],
+                v: vec![0u8; at.len() * row],
+            })
+            .collect();
+        // Each run of consecutive cells straight into its rows (a window's ring wraps once:
+        // two runs), all layers in one call so a device store moves them together.
+        let mut reads = Vec::new();
+        for (il, ((_, runs), layer)) in plans.iter().zip(&mut layers).enumerate() {
+            if runs.len() > MAX_EXPORT_RUNS {
+                continue;
+            }
+            let (mut k, mut v) = (&mut layer.k[..], &mut layer.v[..]);
+            for &(c, _, n) in runs {
+                let (kh, kt) = std::mem::take(&mut k).split_at_mut(n * row);
+                let (vh, vt) = std::mem::take(&mut v).split_at_mut(n * row);
+                (k, v) = (kt, vt);
+                reads.push(RowRead {
+                    layer: il,
+                    cells: c..c + n,
+                    k: kh,
+                    v: vh,
+                });
+            }
+        }
+        self.store.read_many(seq, &mut reads)?;
+        drop(reads);
+        // Scattered cells (many sequences' placements): one read of the span, then the rows
+        // in position order.
+        for (il, ((at, runs), layer)) in plans.iter().zip(&mut layers).enumerate() {
+            if runs.len() <= MAX_EXPORT_RUNS {
+                continue;
+            }
             let span = match (at.iter().min(), at.iter().max()) {
                 (Some(&lo), Some(&hi)) => lo..hi + 1,
                 _ => 0..0,
             };
-            let (mut k, mut v) = (vec![0u8; span.len() * row], vec![0u8; span.len() * row]);
+            let (mut sk, mut sv) = (vec![0u8; span.len() * row], vec![0u8; span.len() * row]);
             self.store
-                .read_rows(il, seq, span.clone(), &mut k, &mut v)?;
-            if at.iter().enumerate().all(|(i, &c)| c == span.start + i) {
-                // the cells hold the positions in order (a full-attention layer's usual
-                // layout): the read is the layer's rows, no second copy
-                layers.push(LayerKv { k, v });
-                continue;
+                .read_rows(il, seq, span.clone(), &mut sk, &mut sv)?;
+            for (i, &c) in at.iter().enumerate() {
+                let from = (c - span.start) * row..(c - span.start + 1) * row;
+                layer.k[i * row..(i + 1) * row].copy_from_slice(&sk[from.clone()]);
+                layer.v[i * row..(i + 1) * row].copy_from_slice(&sv[from]);
             }
-            let mut lk = Vec::with_capacity(at.len() * row);
-            let mut lv = Vec::with_capacity(at.len() * row);
-            for c in at {
-                let r = (c - span.start) * row..(c - span.start + 1) * row;
-                lk.extend_from_slice(&k[r.clone()]);
-                lv.extend_from_slice(&v[r]);
-            }
-            layers.push(LayerKv { k: lk, v: lv });
         }
         Ok(KvSnapshot {
             layout: self.layout.clone(),
@@ -618,7 +651,9 @@ impl KvCache {
                 "snapshot layer sizes do not match its positions".into(),
             ));
         }
-        // Place in ubatch-sized steps so the SWA ring sees what a forward pass would do.
+        // Place in ubatch-sized steps so the SWA ring sees what a forward pass would do; the
+        // rows move in one call, in that order.
+        let mut writes = Vec::new();
         let mut p = r.start;
         while p < r.end {
             let end = (p + self.n_ubatch).min(r.end);
@@ -639,13 +674,17 @@ impl KvCache {
                     .map(|(t, &pp)| (cells[t] as usize, (pp - have.start) as usize));
                 for (dst, src, n) in runs(pairs) {
                     let r = src * row..(src + n) * row;
-                    let (k, v) = (&snap.layers[il].k[r.clone()], &snap.layers[il].v[r]);
-                    self.store.write_rows(il, seq, dst, k, v)?;
+                    writes.push(RowWrite {
+                        layer: il,
+                        first_cell: dst,
+                        k: &snap.layers[il].k[r.clone()],
+                        v: &snap.layers[il].v[r],
+                    });
                 }
             }
             p = end;
         }
-        Ok(())
+        self.store.write_many(seq, &writes)
     }
 
     fn check_seq(&self, seq: u32) -> Result<(), ModelError> {

@@ -45,10 +45,43 @@ pub trait KvStore: Send + Sync + Any {
         k: &[u8],
         v: &[u8],
     ) -> Result<(), ModelError>;
+    /// [`KvStore::read_rows`] for several ranges of sequence `seq`, in any order (the
+    /// outputs are disjoint): a device store moves them in one transfer.
+    fn read_many(&self, seq: u32, reads: &mut [RowRead<'_>]) -> Result<(), ModelError> {
+        for r in reads {
+            self.read_rows(r.layer, seq, r.cells.clone(), r.k, r.v)?;
+        }
+        Ok(())
+    }
+    /// [`KvStore::write_rows`] for several ranges of sequence `seq`, applied in order (a
+    /// later write may overwrite an earlier one's cells, as a sliding window's ring does).
+    fn write_many(&mut self, seq: u32, writes: &[RowWrite<'_>]) -> Result<(), ModelError> {
+        for w in writes {
+            self.write_rows(w.layer, seq, w.first_cell, w.k, w.v)?;
+        }
+        Ok(())
+    }
     /// Bytes held by the K and V buffers.
     fn bytes(&self) -> usize;
     fn as_any(&self) -> &dyn Any;
     fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// One range of a [`KvStore::read_many`]: layer `layer`'s rows of `cells` into `k` and `v`.
+pub struct RowRead<'a> {
+    pub layer: usize,
+    pub cells: Range<usize>,
+    pub k: &'a mut [u8],
+    pub v: &'a mut [u8],
+}
+
+/// One range of a [`KvStore::write_many`]: rows `k` and `v` into layer `layer`'s cells from
+/// `first_cell`.
+pub struct RowWrite<'a> {
+    pub layer: usize,
+    pub first_cell: usize,
+    pub k: &'a [u8],
+    pub v: &'a [u8],
 }
 
 impl std::fmt::Debug for dyn KvStore {

@@ -236,8 +236,13 @@ fn probe_failure(line: &str) -> bool {
         return false;
     };
     let digits = |s: &str, seps: &[usize]| {
-        s.char_indices()
-            .all(|(i, c)| if seps.contains(&i) { !c.is_ascii_digit() } else { c.is_ascii_digit() })
+        s.char_indices().all(|(i, c)| {
+            if seps.contains(&i) {
+                !c.is_ascii_digit()
+            } else {
+                c.is_ascii_digit()
+            }
+        })
     };
     date.len() == 10
         && digits(date, &[4, 7])
@@ -388,7 +393,10 @@ fn an_enrolled_node_is_healthy_used_by_up_and_refused_once_removed() {
     ];
     let mut prod = spawn(d, "prod2.log", &smollm2(), &args);
     let ready = prod.line();
-    assert!(ready.contains("muser producer ready"), "{ready}: see prod2.log");
+    assert!(
+        ready.contains("muser producer ready"),
+        "{ready}: see prod2.log"
+    );
     let out = node(d, &["status", "prod"]);
     let status = String::from_utf8_lossy(&out.stdout);
     assert!(status.contains("now:           healthy"), "{status}");

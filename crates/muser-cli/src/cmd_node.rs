@@ -250,7 +250,7 @@ fn list(config: &Path) -> anyhow::Result<()> {
         let (_, health) = rt.block_on(probe(&client, n));
         let rate = n
             .handoff
-            .map_or_else(|| "-".into(), |h| format!("{:.2} GB/s", h.gb_per_s()));
+            .map_or_else(|| "-".into(), |h| rate_text(h.gb_per_s()));
         println!(
             "{:<16} {:<28} {:<6} {:<10} {:<10} {health}",
             n.name,
@@ -280,16 +280,26 @@ fn status(config: &Path, name: &str) -> anyhow::Result<()> {
     println!("enrolled:      unix {}", n.enrolled_unix);
     if let Some(h) = n.handoff {
         println!(
-            "last handoff:  {} tokens, {} KiB in {:.1} ms ({:.2} GB/s)",
+            "last handoff:  {} tokens, {} KiB in {:.1} ms ({})",
             h.tokens,
             h.kv_bytes >> 10,
             h.ms,
-            h.gb_per_s()
+            rate_text(h.gb_per_s())
         );
     }
     println!("now:           {health}");
     print_failures(&failures);
     Ok(())
+}
+
+/// A handoff's payload rate: GB/s, or MB/s below 1 GB/s (a CPU node's handoff time is
+/// mostly its prefill).
+fn rate_text(gb_per_s: f64) -> String {
+    if gb_per_s >= 1.0 {
+        format!("{gb_per_s:.2} GB/s")
+    } else {
+        format!("{:.1} MB/s", gb_per_s * 1e3)
+    }
 }
 
 /// A node's recent failures, newest first, with their UTC time.

@@ -310,6 +310,7 @@ impl LaneArgs {
                 LaneRole::Producer {
                     consumers,
                     max_queue: self.lane_queue,
+                    fault: None,
                 }
             }
             Role::Consumer => {
@@ -552,20 +553,9 @@ async fn enroll_producer(
         );
         let _ = std::io::stdout().flush();
     };
-    let enrolled = enroll::enroll(state, &setup.node, &setup.config_dir, listener, ttl, show)
+    enroll::enroll_producer(state, setup, listener, ttl, show)
         .await
-        .map_err(anyhow::Error::msg)?;
-    eprintln!(
-        "muser: enrolled by {}; serving the lane with the issued certificate",
-        enrolled.consumers.join(", ")
-    );
-    let state =
-        enroll::with_operator_key(state, &enrolled.kv_key_file).map_err(anyhow::Error::msg)?;
-    let mut setup = setup.clone();
-    if let LaneRole::Producer { consumers, .. } = &mut setup.role {
-        consumers.extend(enrolled.consumers);
-    }
-    Ok((state, setup))
+        .map_err(anyhow::Error::msg)
 }
 
 /// `sessions` beside the model store (`$MUSER_HOME/sessions`, or `~/.cache/muser/sessions`).

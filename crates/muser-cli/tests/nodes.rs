@@ -6,16 +6,23 @@
 //! writes its receipt; `DELETE /v1/nodes/{name}` revokes it and every running consumer
 //! stops using it at once, and a consumer started later refuses it in the handshake. An
 //! expired code, a node serving another model (through `POST /v1/nodes`), a node that is
-//! gone, a forged secret and a node that dies once its keys are issued each fail naming
-//! their step and leave no node recorded (and the last, no certificate in force; its failure
-//! shows in `muser node status`).
+//! gone, a forged secret, a node that dies once its keys are issued and a node whose handoff
+//! gives other tokens each fail naming their step and leave no node recorded (and the last
+//! two, no certificate in force; their failure shows in `muser node status`). A node killed
+//! once enrolled shows its failed probes in `muser node status`, and serves again from the
+//! enrollment it kept when restarted.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Output, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
+use muser_kvpack::KvState;
+use muser_server::lane::{LaneRole, LaneSetup};
+use muser_server::producer::KvFault;
+use muser_server::server::{self, ServeConfig};
 use serde_json::{json, Value};
 
 fn muser() -> Command {
@@ -58,12 +65,13 @@ impl Proc {
     }
 }
 
+/// `muser up` with `args` (on port 0 unless they give `--port`).
 fn spawn(d: &Path, log: &str, model: &Path, args: &[&str]) -> Proc {
+    let port = (!args.contains(&"--port")).then_some(["--port", "0"]);
     let mut child = muser()
-        .args([
-            "up", "--port", "0", "--slots", "1", "-c", "2048", "-t", "1", "-m",
-        ])
+        .args(["up", "--slots", "1", "-c", "2048", "-t", "1", "-m"])
         .arg(model)
+        .args(port.iter().flatten())
         .args(args)
         .env("MUSER_HOME", d.join("home"))
         .stdout(Stdio::piped())
@@ -221,6 +229,29 @@ fn lane_health(port: u16, name: &str) -> Value {
         .map_or(Value::Null, |p| p["health"].clone())
 }
 
+/// A `muser node status` line of a failed probe: `  YYYY-MM-DD HH:MM:SSZ  probe  why`.
+fn probe_failure(line: &str) -> bool {
+    let mut words = line.split_whitespace();
+    let (Some(date), Some(time), Some(what)) = (words.next(), words.next(), words.next()) else {
+        return false;
+    };
+    let digits = |s: &str, seps: &[usize]| {
+        s.char_indices().all(|(i, c)| {
+            if seps.contains(&i) {
+                !c.is_ascii_digit()
+            } else {
+                c.is_ascii_digit()
+            }
+        })
+    };
+    date.len() == 10
+        && digits(date, &[4, 7])
+        && time.len() == 9
+        && time.ends_with('Z')
+        && digits(&time[..8], &[2, 5])
+        && what == "probe"
+}
+
 /// Every certificate the consumer's CA issued to `name` is revoked (and there was one).
 fn all_revoked(d: &Path, name: &str) -> bool {
     let tls = d.join("cons-cfg/tls");
@@ -334,6 +365,41 @@ fn an_enrolled_node_is_healthy_used_by_up_and_refused_once_removed() {
     assert_eq!(s, 200, "{nodes}");
     assert_eq!(nodes["nodes"][0]["name"], "prod", "{nodes}");
     assert_eq!(nodes["nodes"][0]["state"], "healthy", "{nodes}");
+
+    // the node dies: the running consumers' probes fail, and `muser node status` shows
+    // those failures with their time; restarted without --enroll, it serves again from the
+    // enrollment it kept
+    drop(prod);
+    let mut status = String::new();
+    assert!(
+        eventually(|| {
+            status = String::from_utf8_lossy(&node(d, &["status", "prod"]).stdout).into();
+            status.lines().any(probe_failure)
+        }),
+        "{status}"
+    );
+    assert!(status.contains("now:           down"), "{status}");
+    let port_arg = port.to_string();
+    let cfg = d.join("prod-cfg");
+    let args = [
+        "--role",
+        "producer",
+        "--name",
+        "prod",
+        "--port",
+        &port_arg,
+        "--config-dir",
+        cfg.to_str().unwrap(),
+    ];
+    let mut prod = spawn(d, "prod2.log", &smollm2(), &args);
+    let ready = prod.line();
+    assert!(
+        ready.contains("muser producer ready"),
+        "{ready}: see prod2.log"
+    );
+    let out = node(d, &["status", "prod"]);
+    let status = String::from_utf8_lossy(&out.stdout);
+    assert!(status.contains("now:           healthy"), "{status}");
 
     // removed through the running consumer: revoked, forgotten, and not used from now on
     let (s, got) = http(cport, "DELETE", "/v1/nodes/prod", &Value::Null);
@@ -508,4 +574,95 @@ fn a_node_that_dies_once_its_keys_are_issued_fails_at_the_handoff_revoked() {
     assert!(!out.contains("record "), "{out}");
     assert!(started.elapsed() < Duration::from_secs(60), "{out}");
     left_nothing(d, "handoff");
+}
+
+/// A producer waiting for enrollment in this process, built from the library as `muser up
+/// --role producer --enroll` builds it (`enroll_producer`, then `serve_producer`), whose
+/// exported K/V goes through `fault` before it is sealed: its port and its code. It serves
+/// until the test process ends.
+fn faulty_enrolling(d: &Path, fault: KvFault) -> (u16, String) {
+    std::fs::write(d.join("prod.key"), "09".repeat(32)).unwrap();
+    let setup = LaneSetup {
+        config_dir: d.join("prod-cfg"),
+        node: "prod".into(),
+        role: LaneRole::Producer {
+            consumers: Vec::new(),
+            max_queue: 16,
+            fault: Some(fault),
+        },
+        listen: None,
+    };
+    let mut cfg = ServeConfig::new(smollm2());
+    cfg.n_slots = 1;
+    cfg.n_ctx = 2048;
+    cfg.threads = 1;
+    cfg.kv_key_file = Some(d.join("prod.key"));
+    cfg.lane = Some(setup.clone());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let state = server::load(&cfg).unwrap();
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = listener.local_addr().unwrap().port();
+            let show = move |code: &str| tx.send((port, code.to_string())).unwrap();
+            let ttl = Duration::from_secs(600);
+            let (state, setup) =
+                muser_server::enroll::enroll_producer(&state, &setup, &listener, ttl, show)
+                    .await
+                    .unwrap();
+            server::serve_producer(state, &setup, listener, std::future::pending())
+                .await
+                .unwrap();
+        });
+    });
+    rx.recv_timeout(Duration::from_secs(300))
+        .expect("the in-process producer did not start")
+}
+
+#[test]
+fn a_node_whose_handoff_differs_fails_at_the_handoff_revoked() {
+    let dir = setup();
+    let d = dir.path();
+    // a consumer running all along, following the registry
+    let (live, live_port) = consumer(d, &[]);
+
+    // a faulty node: its K/V comes out as zeros, sealed as if right, so the pack verifies
+    // and only the decoded tokens tell
+    let zeros = KvFault(Arc::new(|s: &mut KvState| {
+        for l in &mut s.layers {
+            l.k.fill(0);
+            l.v.fill(0);
+        }
+    }));
+    let (port, code) = faulty_enrolling(d, zeros);
+    let (ok, out) = add(d, "prod", port, &code);
+    assert!(!ok, "{out}");
+    for step in ["preflight  ok", "model      ok", "keys       ok"] {
+        assert!(out.contains(step), "{step} missing: {out}");
+    }
+    assert!(
+        out.contains("handoff    FAILED: tokens differ from position"),
+        "{out}"
+    );
+    assert!(
+        out.contains("(local prefill), found [") && out.contains("(the node's prefill)"),
+        "{out}"
+    );
+    assert!(!out.contains("record "), "{out}");
+    left_nothing(d, "handoff");
+
+    // the running consumer never took the node in and prefills a long prompt itself
+    let (s, nodes) = http(live_port, "GET", "/v1/nodes", &Value::Null);
+    assert_eq!(s, 200, "{nodes}");
+    assert_eq!(nodes["nodes"], json!([]), "{nodes}");
+    assert_eq!(lane_health(live_port, "prod"), Value::Null);
+    let (s, got) = complete(live_port, &prompt());
+    assert_eq!(s, 200, "{got}");
+    assert_eq!(got["timings"]["prefill_lane"], "local", "{got}");
+    drop(live);
 }

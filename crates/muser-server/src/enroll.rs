@@ -26,6 +26,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
 use crate::error::ApiError;
+use crate::lane::{LaneRole, LaneSetup};
 use crate::state::{AppState, SharedState};
 use crate::wire::nodes::{
     EnrollFinish, EnrollHello, GrantWire, HelloAnswer, ModelFacts, NodeFacts,
@@ -113,6 +114,38 @@ pub async fn enroll(
     enroll::load_enrolled(config_dir, name)
         .map_err(|e| e.to_string())?
         .ok_or_else(|| "the enrollment did not complete".to_string())
+}
+
+/// Serves enrollment as the producer `setup` describes until a consumer enrolled it (the
+/// code goes to `show_code` only); returns the state and setup to serve the lane with
+/// (`server::serve_producer`): packs sealed with the provisioned operator key, the enrolling
+/// consumer among those served. `muser up --role producer --enroll` runs this.
+pub async fn enroll_producer(
+    state: &SharedState,
+    setup: &LaneSetup,
+    listener: &TcpListener,
+    ttl: Duration,
+    show_code: impl FnOnce(&str),
+) -> Result<(SharedState, LaneSetup), String> {
+    let enrolled = enroll(
+        state,
+        &setup.node,
+        &setup.config_dir,
+        listener,
+        ttl,
+        show_code,
+    )
+    .await?;
+    tracing::info!(
+        consumers = %enrolled.consumers.join(", "),
+        "enrolled: serving the lane with the issued certificate"
+    );
+    let state = with_operator_key(state, &enrolled.kv_key_file)?;
+    let mut setup = setup.clone();
+    if let LaneRole::Producer { consumers, .. } = &mut setup.role {
+        consumers.extend(enrolled.consumers);
+    }
+    Ok((state, setup))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -96,10 +96,11 @@ pub struct LaneListen {
 #[derive(Clone, Debug)]
 pub enum LaneRole {
     /// Serves prefills to the enrolled `consumers`; at most `max_queue` wait beyond the
-    /// slots.
+    /// slots; `fault` is for tests only (`producer::KvFault`).
     Producer {
         consumers: Vec<String>,
         max_queue: usize,
+        fault: Option<crate::producer::KvFault>,
     },
     Consumer(ConsumerConfig),
 }

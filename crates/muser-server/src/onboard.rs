@@ -382,12 +382,7 @@ impl Onboarding {
                 Err(e) => return Err(hand(e)),
             }
         };
-        if !trial.identical() {
-            return Err(hand(format!(
-                "tokens: expected {:?} (local prefill), found {:?} (the node's prefill)",
-                trial.local_tokens, trial.remote_tokens
-            )));
-        }
+        compare_tokens(&trial.local_tokens, &trial.remote_tokens).map_err(hand)?;
         Ok(trial.handoff)
     }
 
@@ -501,7 +496,23 @@ pub struct Trial {
 
 impl Trial {
     pub fn identical(&self) -> bool {
-        self.remote_tokens == self.local_tokens
+        compare_tokens(&self.local_tokens, &self.remote_tokens).is_ok()
+    }
+}
+
+/// A node's greedy tokens against a local prefill's: equal, or the first position where
+/// they part and both lists.
+pub fn compare_tokens(local: &[u32], remote: &[u32]) -> Result<(), String> {
+    let parted = local
+        .iter()
+        .zip(remote)
+        .position(|(a, b)| a != b)
+        .or_else(|| (local.len() != remote.len()).then(|| local.len().min(remote.len())));
+    match parted {
+        None => Ok(()),
+        Some(at) => Err(format!(
+            "tokens differ from position {at}: expected {local:?} (local prefill), found {remote:?} (the node's prefill)"
+        )),
     }
 }
 
@@ -626,5 +637,34 @@ fn rollback(pki: &Pki, name: &str) {
     match pki.revoke(name) {
         Ok(n) => tracing::info!(node = name, revoked = n, "enrollment rolled back"),
         Err(e) => tracing::warn!(node = name, error = %e, "enrollment rollback"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::compare_tokens;
+
+    #[test]
+    fn equal_tokens_pass() {
+        assert_eq!(compare_tokens(&[5, 6, 7], &[5, 6, 7]), Ok(()));
+        assert_eq!(compare_tokens(&[], &[]), Ok(()));
+    }
+
+    #[test]
+    fn a_difference_names_its_first_position_and_both_lists() {
+        let e = compare_tokens(&[5, 6, 7, 8], &[5, 6, 9, 1]).unwrap_err();
+        assert!(e.contains("from position 2"), "{e}");
+        assert!(e.contains("expected [5, 6, 7, 8] (local prefill)"), "{e}");
+        assert!(e.contains("found [5, 6, 9, 1] (the node's prefill)"), "{e}");
+        let e = compare_tokens(&[9], &[1]).unwrap_err();
+        assert!(e.contains("from position 0"), "{e}");
+    }
+
+    #[test]
+    fn a_shorter_list_parts_where_it_ends() {
+        let e = compare_tokens(&[5, 6, 7], &[5, 6]).unwrap_err();
+        assert!(e.contains("from position 2"), "{e}");
+        let e = compare_tokens(&[], &[3]).unwrap_err();
+        assert!(e.contains("from position 0"), "{e}");
     }
 }

@@ -26,7 +26,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use muser_cluster::PeerName;
 use muser_engine::{Event, GenerateRequest, KvPackContext, SlotExport};
-use muser_kvpack::{BlockId, PackPlan, BLOCK_TOKENS};
+use muser_kvpack::{BlockId, KvState, PackPlan, BLOCK_TOKENS};
 use tokio::sync::{mpsc, Semaphore};
 
 use crate::error::ApiError;
@@ -39,11 +39,25 @@ const CHUNK_BYTES: usize = 1 << 20;
 /// Chunks copied ahead of the connection (bounded: the sender waits for the consumer).
 const SEND_AHEAD_CHUNKS: usize = 8;
 
+/// A fault-injection seam for tests: changes the K/V a producer exported before it is
+/// sealed, as a faulty node would (wrong numerics, flipped bits), so the pack verifies and
+/// only its tokens tell. Set only by library callers (tests); no flag, file or request
+/// reaches it.
+#[derive(Clone)]
+pub struct KvFault(pub Arc<dyn Fn(&mut KvState) + Send + Sync>);
+
+impl std::fmt::Debug for KvFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KvFault")
+    }
+}
+
 /// A producer: the engine it prefills on and what it tracks of its slots.
 pub struct Producer {
     app: SharedState,
     ctx: Arc<KvPackContext>,
     name: String,
+    fault: Option<KvFault>,
     slots: Mutex<Vec<SlotUse>>,
     permits: Semaphore,
     queue_depth: AtomicU64,
@@ -60,8 +74,13 @@ struct SlotUse {
 
 impl Producer {
     /// A producer named `name` over a loaded server state (which must hold the kvpack
-    /// context: the operator key sealing packs).
-    pub fn new(app: SharedState, name: &str, max_queue: usize) -> Result<Arc<Producer>, String> {
+    /// context: the operator key sealing packs); `fault` is for tests only ([`KvFault`]).
+    pub fn new(
+        app: SharedState,
+        name: &str,
+        max_queue: usize,
+        fault: Option<KvFault>,
+    ) -> Result<Arc<Producer>, String> {
         let ctx = app
             .kvpack
             .clone()
@@ -70,6 +89,7 @@ impl Producer {
         Ok(Arc::new(Producer {
             ctx,
             name: name.to_string(),
+            fault,
             slots: Mutex::new((0..n).map(|_| SlotUse::default()).collect()),
             permits: Semaphore::new(n),
             queue_depth: AtomicU64::new(0),
@@ -241,8 +261,11 @@ async fn prefill(
         return Err(ApiError::busy(1));
     }
     let queued = Queued(&p.queue_depth);
-    let (export, took) = run_prefill(&p, &req.tokens, held).await?;
+    let (mut export, took) = run_prefill(&p, &req.tokens, held).await?;
     drop(queued);
+    if let Some(KvFault(fault)) = &p.fault {
+        fault(&mut export.state);
+    }
     let stream = stream_id(&peer.0, &p.name);
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(SEND_AHEAD_CHUNKS);
     let ctx = p.ctx.clone();

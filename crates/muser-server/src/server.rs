@@ -494,6 +494,7 @@ pub async fn serve_producer(
     let crate::lane::LaneRole::Producer {
         consumers,
         max_queue,
+        fault,
     } = &setup.role
     else {
         return Err(StartError::Lane("not a producer".into()));
@@ -502,8 +503,8 @@ pub async fn serve_producer(
     let creds =
         muser_cluster::enroll::node_creds(&setup.config_dir, &setup.node).map_err(|e| lane(&e))?;
     let tls = muser_cluster::server_config(&creds).map_err(|e| lane(&e))?;
-    let producer =
-        crate::producer::Producer::new(state, &setup.node, *max_queue).map_err(|e| lane(&e))?;
+    let producer = crate::producer::Producer::new(state, &setup.node, *max_queue, fault.clone())
+        .map_err(|e| lane(&e))?;
     tokio::spawn(producer.clone().warm_up());
     muser_cluster::serve(
         listener,

@@ -102,10 +102,11 @@ async fn producer(dir: &Path, name: &str, key: &str, h: Arc<Hostile>) -> (u16, S
     let role = LaneRole::Producer {
         consumers: vec!["cons".into()],
         max_queue: 4,
+        fault: None,
     };
     let s = setup(dir, name, role);
     let state = load(&config(dir, key, s.clone())).unwrap();
-    let p = Producer::new(state.clone(), name, 4).unwrap();
+    let p = Producer::new(state.clone(), name, 4, None).unwrap();
     let app = p
         .router()
         .layer(axum::middleware::from_fn_with_state(h, hostile));

@@ -123,7 +123,7 @@ pub struct ChatCompletionRequest {
     /// llama.cpp: refused (see `routes::refuse_unsupported`).
     #[serde(default)]
     pub return_progress: Option<bool>,
-    /// llama.cpp: a GBNF grammar, refused (see `routes::refuse_unsupported`).
+    /// llama.cpp: a GBNF grammar the reply's content follows (`structured::plan_chat`).
     #[serde(default)]
     pub grammar: Option<String>,
 }
@@ -347,6 +347,9 @@ pub struct CompletionRequest {
     pub cache_prompt: Option<bool>,
     #[serde(default)]
     pub id_slot: Option<i64>,
+    /// llama.cpp: a GBNF grammar the completion follows (`structured::plan_completion`).
+    #[serde(default)]
+    pub grammar: Option<String>,
 }
 }
 

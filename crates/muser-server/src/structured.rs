@@ -97,14 +97,29 @@ fn template_renders_tools(state: &AppState) -> bool {
 /// The grammar and parsing a chat request needs.
 pub fn plan_chat(state: &AppState, req: &ChatCompletionRequest) -> ApiResult<Plan> {
     let is_muse = state.model.is_muse;
-    let json = match &req.response_format {
-        None | Some(ResponseFormat::Text) => None,
-        Some(ResponseFormat::JsonObject) => Some(Expr::Json(JsonKind::Object)),
-        Some(ResponseFormat::JsonSchema { json_schema }) => Some(match &json_schema.schema {
-            None => Expr::Json(JsonKind::Object),
-            Some(s) => schema_expr(s, 0)
-                .map_err(|e| ApiError::bad_request(format!("response_format.json_schema: {e}")))?,
-        }),
+    let schema = |s: &Value, field: &str| {
+        schema_expr(s, 0).map_err(|e| ApiError::bad_request(format!("{field}: {e}")))
+    };
+    let json = match (&req.response_format, &req.json_schema) {
+        (Some(ResponseFormat::JsonObject { .. } | ResponseFormat::JsonSchema { .. }), Some(_)) => {
+            return Err(ApiError::bad_request(
+                "give response_format or json_schema, not both",
+            ))
+        }
+        (_, Some(s)) => Some(schema(s, "json_schema")?),
+        (None | Some(ResponseFormat::Text), None) => None,
+        (Some(ResponseFormat::JsonObject { schema: None }), None) => {
+            Some(Expr::Json(JsonKind::Object))
+        }
+        (Some(ResponseFormat::JsonObject { schema: Some(s) }), None) => {
+            Some(schema(s, "response_format.schema")?)
+        }
+        (Some(ResponseFormat::JsonSchema { json_schema }), None) => {
+            Some(match &json_schema.schema {
+                None => Expr::Json(JsonKind::Object),
+                Some(s) => schema(s, "response_format.json_schema")?,
+            })
+        }
     };
     let tools = forced_tools(req)?;
     let grammar = req.grammar.as_deref().filter(|g| !g.is_empty());

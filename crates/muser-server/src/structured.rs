@@ -416,6 +416,7 @@ pub fn schema_expr(schema: &Value, depth: usize) -> Result<Expr, String> {
             "object" => object_expr(m, depth)?,
             "array" => match m.get("items") {
                 None => Expr::Json(JsonKind::Array),
+                Some(Value::Array(tuple)) => tuple_expr(tuple, depth)?,
                 Some(items) => Expr::Array(Box::new(schema_expr(items, depth + 1)?)),
             },
             other => return Err(format!("unknown type `{other}`")),
@@ -426,6 +427,19 @@ pub fn schema_expr(schema: &Value, depth: usize) -> Result<Expr, String> {
     } else {
         Expr::Choice(alts)
     })
+}
+
+/// `items` as a list of schemas (draft 4's tuple form): exactly those items, in order.
+fn tuple_expr(items: &[Value], depth: usize) -> Result<Expr, String> {
+    let mut seq = vec![Expr::lit("["), Expr::Ws];
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            seq.extend([Expr::lit(","), Expr::Ws]);
+        }
+        seq.extend([schema_expr(item, depth + 1)?, Expr::Ws]);
+    }
+    seq.push(Expr::lit("]"));
+    Ok(Expr::Seq(seq))
 }
 
 fn object_expr(m: &Map<String, Value>, depth: usize) -> Result<Expr, String> {
@@ -553,6 +567,12 @@ mod tests {
         assert!(!accepts(&e, r#"{"name": "Ann", "age": 1.5}"#));
         assert!(!accepts(&e, r#"{"name": "Ann", "age": 1, "tags": ["c"]}"#));
         assert!(!accepts(&e, r#"{"name": "Ann", "age": 1, "extra": 1}"#));
+        // `items` as a list: a tuple
+        let t = schema_expr(&json!({"items": [{"type": "integer"}, {"const": "x"}]}), 0).unwrap();
+        assert!(accepts(&t, r#"[ -3000, "x" ]"#) && accepts(&t, r#"[1,"x"]"#));
+        assert!(
+            !accepts(&t, "[1]") && !accepts(&t, r#"[1, "x", 2]"#) && !accepts(&t, r#"["x", 1]"#)
+        );
         for bad in [
             json!({"type": "string", "pattern": "^a"}),
             json!({"$ref": "#/$defs/x"}),

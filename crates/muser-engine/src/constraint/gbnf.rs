@@ -235,8 +235,15 @@ impl Parser<'_> {
 
     fn sequence(&mut self, nested: bool) -> Result<Expr, GbnfError> {
         let mut items: Vec<Expr> = Vec::new();
+        // the last item is a repetition: another would nest without parentheses, unbounded
+        let mut repeated = false;
         while self.pos < self.src.len() {
             let c = self.peek(self.pos);
+            let repetition = matches!(c, b'*' | b'+' | b'?' | b'{');
+            if repetition && repeated {
+                return self.err("a repetition of a repetition: group it in parentheses");
+            }
+            repeated = repetition;
             let item = match c {
                 b'"' => {
                     self.pos += 1;

@@ -17,15 +17,7 @@ pub(super) fn check(start: &Expr, rules: &[Expr]) -> Result<(), ConstraintError>
     if let Some(i) = unknown {
         return Err(ConstraintError::UnknownRule(i));
     }
-    // which rules may read nothing: grows to a fixed point (at most one pass per rule)
-    let mut empty = vec![false; rules.len()];
-    loop {
-        let next: Vec<bool> = rules.iter().map(|r| nullable(r, &empty)).collect();
-        if next == empty {
-            break;
-        }
-        empty = next;
-    }
+    let empty = nullable_rules(rules);
     // the rules each rule may call before reading a byte, then a search for a cycle
     let left: Vec<Vec<u32>> = rules
         .iter()
@@ -66,6 +58,91 @@ pub(super) fn check(start: &Expr, rules: &[Expr]) -> Result<(), ConstraintError>
             .unwrap_or(at);
     }
     Err(ConstraintError::LeftRecursion(at as u32))
+}
+
+/// Which rules can match the empty text: the least fixed point, in time linear in the
+/// grammar's size. Every expression that matters becomes a node needing some of its children
+/// to be nullable (a sequence all, a choice one, a reference its rule's body); a node that
+/// turns nullable tells its parent once, and a rule's body every reference to the rule.
+fn nullable_rules(rules: &[Expr]) -> Vec<bool> {
+    struct Graph {
+        need: Vec<u32>,
+        parent: Vec<u32>,
+        /// per rule, the reference nodes waiting for its body
+        refs: Vec<Vec<u32>>,
+        ready: Vec<u32>,
+    }
+    const NONE: u32 = u32::MAX;
+    impl Graph {
+        fn node(&mut self, e: &Expr, parent: u32) -> u32 {
+            let id = self.need.len() as u32;
+            self.parent.push(parent);
+            let need = match e {
+                Expr::Ws | Expr::Star(_) | Expr::Opt(_) => 0,
+                Expr::Repeat { min: 0, .. } => 0,
+                Expr::Lit(b) if b.is_empty() => 0,
+                Expr::Lit(_) | Expr::Json(_) | Expr::Until { .. } => NONE,
+                Expr::Object(_) | Expr::Array(_) | Expr::Class { .. } => NONE,
+                Expr::Seq(items) => items.len() as u32,
+                Expr::Choice(alts) if alts.is_empty() => NONE,
+                Expr::Choice(_) | Expr::Repeat { .. } | Expr::Rule(_) => 1,
+            };
+            self.need.push(need);
+            if need == 0 {
+                self.ready.push(id);
+            }
+            match e {
+                Expr::Seq(items) | Expr::Choice(items) => {
+                    for i in items {
+                        self.node(i, id);
+                    }
+                }
+                Expr::Repeat { inner, min, .. } if *min > 0 => {
+                    self.node(inner, id);
+                }
+                Expr::Rule(r) => self.refs[*r as usize].push(id),
+                _ => {}
+            }
+            id
+        }
+
+        /// One child of `n` turned nullable.
+        fn tell(&mut self, n: u32) {
+            let need = &mut self.need[n as usize];
+            if *need != NONE && *need > 0 {
+                *need -= 1;
+                if *need == 0 {
+                    self.ready.push(n);
+                }
+            }
+        }
+    }
+    let mut g = Graph {
+        need: Vec::new(),
+        parent: Vec::new(),
+        refs: vec![Vec::new(); rules.len()],
+        ready: Vec::new(),
+    };
+    let bodies: Vec<u32> = rules.iter().map(|r| g.node(r, NONE)).collect();
+    let mut rule_of = vec![NONE; g.need.len()];
+    for (i, &b) in bodies.iter().enumerate() {
+        rule_of[b as usize] = i as u32;
+    }
+    let mut empty = vec![false; rules.len()];
+    while let Some(n) = g.ready.pop() {
+        let parent = g.parent[n as usize];
+        if parent != NONE {
+            g.tell(parent);
+        }
+        let rule = rule_of[n as usize];
+        if rule != NONE {
+            empty[rule as usize] = true;
+            for k in std::mem::take(&mut g.refs[rule as usize]) {
+                g.tell(k);
+            }
+        }
+    }
+    empty
 }
 
 /// Calls `f` with every rule `e` refers to.

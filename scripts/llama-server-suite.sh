@@ -10,7 +10,7 @@
 #   scripts/llama-server-suite.sh unit/test_basic.py # a subset (pytest arguments)
 #   SUITE_MUSER_BIN=path/to/muser scripts/llama-server-suite.sh # another muser build
 # Writes docs/receipts/llama-server-suite-$SUITE_SERVER.json (pass/fail/skip per test file and
-# the failing tests) and prints `N passed, M failed, K skipped`; pytest's log goes to
+# the failing tests; a selection writes ...-$SUITE_SERVER-SELECTION.json instead) and prints `N passed, M failed, K skipped`; pytest's log goes to
 # target/llama-server-suite-$SUITE_SERVER.log. Not part of CI (several minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -79,7 +79,9 @@ log="$root/${CARGO_TARGET_DIR:-target}/llama-server-suite-$target.log"
 tail -n 3 "$log" >&2
 
 commit=$(git rev-parse HEAD)
-receipt="docs/receipts/llama-server-suite-$target.json"
+# a selection gets its own receipt, named after it, beside the whole run's
+slug=$(printf '%s' "$*" | tr -cs 'A-Za-z0-9_' '-' | sed 's/-*$//')
+receipt="docs/receipts/llama-server-suite-$target${slug:+-$slug}.json"
 "$venv/bin/python" - "$work/junit.xml" "$receipt" "$target" "$commit" "$*" "${EXCLUDED[@]}" <<'PY'
 import json, platform, os, sys, xml.etree.ElementTree as ET
 junit, receipt, target, commit, selection, *excluded = sys.argv[1:]

@@ -1,6 +1,8 @@
 """llama-server drop-in: Anthropic Messages through the official `anthropic` client, OpenAI
 Responses through the official `openai` client (whole, streamed, tools), and a second
-`muser up` started with llama-server's flag spellings."""
+`muser up` started with llama-server's flag spellings; GBNF grammars (`grammar`, `--grammar-file`)."""
+
+import re
 
 import anthropic
 import openai
@@ -157,8 +159,6 @@ def test_llama_shapes_logit_bias_text_and_metrics(base_url):
     m = requests.get(f"{base_url}/metrics", timeout=30)
     assert "Process-Start-Time-Unix" in m.headers
     assert "# TYPE llamacpp:tokens_predicted_total counter" in m.text
-    r = requests.post(f"{base_url}/completion", json={"prompt": "x", "grammar": 'root ::= "a"'}, timeout=30)
-    assert r.status_code == 400 and "GBNF" in r.json()["error"]["message"]
 
 
 def test_cors_preflight_and_origin_rules(base_url):
@@ -174,3 +174,71 @@ def test_cors_preflight_and_origin_rules(base_url):
     with spawn_muser("--cors-origins", "https://app.example") as url:
         assert preflight(url, "https://app.example").headers["Access-Control-Allow-Origin"] == "https://app.example"
         assert "Access-Control-Allow-Origin" not in preflight(url, "http://localhost").headers
+
+
+ANSWER_GBNF = r'''
+# an answer, a number, then a parenthesised list (a rule that nests)
+root   ::= answer " " [1-9] [0-9]{1,2} " " group "."
+answer ::= "yes" | "no"
+group  ::= "(" (group | [a-z]+) ")"
+'''
+ANSWER_RE = r"(yes|no) [1-9][0-9]{1,2} (\()+[a-z]+(\))+\."
+
+
+def test_gbnf_grammar_shapes_greedy_output_on_every_route(base_url):
+    """llama.cpp's `grammar` on /completion, /v1/completions and chat: the greedy output is a
+    whole sentence of the grammar, then the end."""
+    for path, body, text in [
+        ("/completion", {"prompt": "Is the sky blue?", "n_predict": 24}, lambda r: r["content"]),
+        ("/v1/completions", {"prompt": "Is the sky blue?", "max_tokens": 24},
+         lambda r: r["choices"][0]["text"]),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Is the sky blue?"}],
+                                  "max_tokens": 24}, lambda r: r["choices"][0]["message"]["content"]),
+    ]:
+        r = requests.post(f"{base_url}{path}", json={**body, "temperature": 0, "grammar": ANSWER_GBNF},
+                          timeout=60)
+        assert r.status_code == 200, r.text
+        out = text(r.json())
+        assert re.fullmatch(ANSWER_RE, out), f"{path}: {out!r}"
+        assert out.count("(") == out.count(")"), out
+
+
+def test_gbnf_bad_grammars_are_400_naming_the_problem(base_url):
+    for grammar, want in [
+        ("root ::= this is (not valid GBNF", "line 1"),
+        ('root ::= root "a" | "b"', "left-recursive"),
+        ('item ::= "a"', "root"),
+        ('root ::= item', "item"),
+    ]:
+        r = requests.post(f"{base_url}/completion", json={"prompt": "x", "n_predict": 1, "grammar": grammar},
+                          timeout=30)
+        assert r.status_code == 400 and want in r.json()["error"]["message"], (grammar, r.text)
+    r = requests.post(f"{base_url}/completion", json={"prompt": "x", "grammar": 'root ::= "a"',
+                                                      "json_schema": {}}, timeout=30)
+    assert r.status_code == 400
+
+
+def test_grammar_file_flag_is_the_default_a_request_overrides(tmp_path):
+    path = tmp_path / "digits.gbnf"
+    path.write_text('root ::= [0-9]{3} "!"\n')
+    with spawn_muser("--grammar-file", str(path)) as url:
+        r = requests.post(f"{url}/completion", json={"prompt": "Count:", "n_predict": 8, "temperature": 0},
+                          timeout=60).json()
+        assert re.fullmatch(r"[0-9]{3}!", r["content"]), r["content"]
+        r = requests.post(f"{url}/completion", json={"prompt": "Count:", "n_predict": 8, "temperature": 0,
+                                                     "grammar": 'root ::= "ok"'}, timeout=60).json()
+        assert r["content"] == "ok"
+
+
+def test_chat_json_schema_field_and_json_object_schema(base_url):
+    """llama.cpp's chat `json_schema` field and `response_format` `json_object` with a `schema`."""
+    messages = [{"role": "user", "content": "Write an example"}]
+    for extra in [{"json_schema": {"const": "42"}},
+                  {"response_format": {"type": "json_object", "schema": {"const": "42"}}}]:
+        r = requests.post(f"{base_url}/v1/chat/completions", timeout=60,
+                          json={"messages": messages, "max_tokens": 6, "temperature": 0, **extra})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"].strip() == '"42"'
+    r = requests.post(f"{base_url}/v1/chat/completions", timeout=60, json={
+        "messages": messages, "json_schema": {"const": "42"}, "response_format": {"type": "json_object"}})
+    assert r.status_code == 400

@@ -18,6 +18,11 @@ def test_completion_and_timings(base_url):
     assert body["stop"] is True and body["tokens_predicted"] == len(body["tokens"]) <= 8
     assert body["timings"]["predicted_n"] == body["tokens_predicted"]
     assert body["timings"]["prompt_ms"] > 0
+    # llama-server's timings are all numbers; Muser adds issue #24's two lane fields
+    lane = {"prefill_lane": body["timings"].pop("prefill_lane"), "producer": body["timings"].pop("producer")}
+    assert lane == {"prefill_lane": "local", "producer": None}
+    for key, value in body["timings"].items():
+        assert isinstance(value, (int, float)) and value >= 0, (key, value)
     # Token-id prompts give the same result as the text they tokenize to.
     ids = post(base_url, "/tokenize", {"content": PROMPT}).json()["tokens"]
     again = post(base_url, "/completion", {"prompt": ids, "n_predict": 8, "temperature": 0}).json()

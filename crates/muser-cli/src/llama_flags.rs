@@ -63,6 +63,13 @@ pub struct LlamaArgs {
         value_name = "N"
     )]
     n_predict: Option<i64>,
+    /// The GBNF grammar of requests that ask for no structure (no `grammar`, `json_schema`,
+    /// `response_format` or forced tool).
+    #[arg(long, value_name = "GBNF")]
+    grammar: Option<String>,
+    /// `--grammar` read from a file.
+    #[arg(long, value_name = "FILE", conflicts_with = "grammar")]
+    grammar_file: Option<PathBuf>,
     /// Default temperature of requests that give none.
     #[arg(long = "temp", value_name = "T")]
     temperature: Option<f32>,
@@ -183,6 +190,14 @@ impl LlamaArgs {
             ),
         };
         cfg.sampling = self.sampling()?;
+        cfg.grammar = match (&self.grammar, &self.grammar_file) {
+            (Some(src), _) => Some(src.clone()),
+            (None, Some(path)) => Some(read_grammar(path)?),
+            (None, None) => None,
+        };
+        if let Some(src) = &cfg.grammar {
+            muser_engine::constraint::gbnf::compile(src)?;
+        }
         cfg.slots_endpoint = !self.no_slots;
         cfg.metrics_endpoint = !self.no_metrics;
         cfg.rerank_endpoint = self.rerank;
@@ -283,6 +298,19 @@ impl LlamaArgs {
         note(self.verbose, "--verbose (set RUST_LOG=debug)");
         out
     }
+}
+
+/// A grammar file, read no further than the longest grammar (a longer one is refused).
+fn read_grammar(path: &std::path::Path) -> anyhow::Result<String> {
+    use std::io::Read;
+    let mut src = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| {
+            f.take(muser_engine::constraint::gbnf::MAX_TEXT as u64 + 1)
+                .read_to_string(&mut src)
+        })
+        .with_context(|| format!("--grammar-file {}", path.display()))?;
+    Ok(src)
 }
 
 /// A template file, bounded like the templates read from a GGUF.

@@ -173,9 +173,24 @@ pub fn grammar(data: &[u8]) {
     let Ok(expr) = muser_server::structured::schema_expr(&schema, 0) else {
         return;
     };
-    let Ok(grammar) = Grammar::compile(&expr) else {
+    if let Ok(grammar) = Grammar::compile(&expr) {
+        run(grammar, data);
+    }
+}
+
+/// GBNF text to grammars: a grammar that compiles gives a matcher that runs over any bytes
+/// and masks a small vocabulary without panicking.
+pub fn gbnf(data: &[u8]) {
+    let Ok(src) = std::str::from_utf8(data) else {
         return;
     };
+    if let Ok(grammar) = muser_engine::constraint::gbnf::compile(src) {
+        run(grammar, data);
+    }
+}
+
+/// Masks and advances a matcher of `grammar` over `data`, three bytes at a time.
+fn run(grammar: Grammar, data: &[u8]) {
     static VOCAB: OnceLock<Vocab> = OnceLock::new();
     let vocab = VOCAB.get_or_init(|| {
         let pieces: [&[u8]; 12] = [

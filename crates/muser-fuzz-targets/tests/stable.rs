@@ -24,6 +24,12 @@ fn json_request() {
 }
 
 #[test]
+fn gbnf() {
+    let n = fuzz(&seeds("gbnf"), budget(), targets::gbnf);
+    eprintln!("gbnf: {n} inputs");
+}
+
+#[test]
 fn grammar() {
     let n = fuzz(&seeds("grammar"), budget(), targets::grammar);
     eprintln!("grammar: {n} inputs");

@@ -18,7 +18,7 @@
 
 use axum::body::{to_bytes, Body};
 use axum::http::{header, Request};
-use muser_engine::constraint::{Constraint, Grammar, Matcher, Vocab};
+use muser_engine::constraint::{gbnf, Constraint, Grammar, Matcher, Vocab};
 use muser_engine::{Sampler, SamplingParams};
 use muser_server::routes::router;
 use muser_server::server::{load, ServeConfig};
@@ -29,6 +29,10 @@ use std::time::Instant;
 use tower::ServiceExt;
 
 const OBJECT: &str = r#"{"name": "Felix", "species": "cat", "age": 10, "colors": ["black", "white"], "indoor": true, "notes": "Likes to sleep in the sun and chase small toys around the house."}"#;
+
+/// JSON as a GBNF grammar (the `gbnf` fuzz target's seed): what a user-written grammar's
+/// mask costs beside the built-in JSON matcher's.
+const JSON_GBNF: &str = include_str!("../../../fuzz/seeds/gbnf/json.gbnf");
 
 fn us(s: f64) -> f64 {
     s * 1e6
@@ -146,20 +150,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (probe, probe_masked) = replay(true, true, 20);
 
     // the fallback: a whole-vocabulary mask with a cold cache, at every prefix of the object
+    // (mean, max seconds), for the built-in JSON grammar and the same language in GBNF
     let mut mask = Vec::new();
-    let mut text = Vec::new();
-    let (mut mask_total, mut mask_max) = (0.0f64, 0.0f64);
-    for &id in &ids {
-        let mut m = Matcher::new(grammar.clone());
-        assert!(m.advance(&text));
-        let t = Instant::now();
-        m.fill_mask(&vocab, &mut mask);
-        let dt = t.elapsed().as_secs_f64();
-        mask_total += dt;
-        mask_max = mask_max.max(dt);
-        text.extend_from_slice(vocab.piece(id).unwrap());
-    }
-    let mask_mean = mask_total / ids.len() as f64;
+    let mut cold_masks = |grammar: &Arc<Grammar>| {
+        let mut text = Vec::new();
+        let (mut total, mut max) = (0.0f64, 0.0f64);
+        for &id in &ids {
+            let mut m = Matcher::new(grammar.clone());
+            assert!(m.advance(&text));
+            let t = Instant::now();
+            m.fill_mask(&vocab, &mut mask);
+            let dt = t.elapsed().as_secs_f64();
+            total += dt;
+            max = max.max(dt);
+            text.extend_from_slice(vocab.piece(id).unwrap());
+        }
+        (total / ids.len() as f64, max)
+    };
+    let (mask_mean, mask_max) = cold_masks(&grammar);
+    let json_gbnf = Arc::new(gbnf::compile(JSON_GBNF)?);
+    let (gbnf_mean, gbnf_max) = cold_masks(&json_gbnf);
     // the same state again (inside a string): the cache
     let mut m = Matcher::new(grammar.clone());
     m.advance(b"{\"notes\": \"Likes");
@@ -234,6 +244,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         us(mask_max)
     );
     println!(
+        "| whole-vocabulary mask, cold, JSON as GBNF rules (mean / max) | {:.0} / {:.0} | - |",
+        us(gbnf_mean),
+        us(gbnf_max)
+    );
+    println!(
         "| whole-vocabulary mask, cached state | {:.1} | - |",
         us(cached)
     );
@@ -250,7 +265,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             r["finish_reason"].as_str().unwrap_or_default()
         );
     }
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
     let receipt = json!({
+        "command": "scripts/structured-bench.sh",
+        "commit": commit,
+        "machine": {
+            "arch": std::env::consts::ARCH,
+            "threads": std::thread::available_parallelism().map_or(1, |n| n.get()),
+        },
         "what": "grammar-constrained sampling cost per token (json_object), SmolLM2-135M-Instruct Q4_1",
         "model": model.file_name().map(|f| f.to_string_lossy().into_owned()),
         "n_vocab": n_vocab,
@@ -262,6 +288,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "json_object_best_refused": us(probe),
             "mask_cold_mean": us(mask_mean),
             "mask_cold_max": us(mask_max),
+            "mask_cold_gbnf_json_mean": us(gbnf_mean),
+            "mask_cold_gbnf_json_max": us(gbnf_max),
             "mask_cached": us(cached),
         },
         "end_to_end": e2e,

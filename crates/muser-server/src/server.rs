@@ -60,6 +60,9 @@ pub struct ServeConfig {
     pub sampling: muser_engine::SamplingParams,
     /// Most tokens a request that gives no limit generates (`-n/--n-predict`).
     pub n_predict: Option<u32>,
+    /// The GBNF grammar of a request that asks for no structure (`--grammar`,
+    /// `--grammar-file`); checked before the server starts.
+    pub grammar: Option<String>,
     /// Serve `GET /slots` (llama-server's `--no-slots` turns it off).
     pub slots_endpoint: bool,
     /// Serve `GET /metrics` (`--no-metrics` turns it off).
@@ -101,6 +104,7 @@ impl ServeConfig {
             chat_template: None,
             sampling: muser_engine::SamplingParams::default(),
             n_predict: None,
+            grammar: None,
             slots_endpoint: true,
             metrics_endpoint: true,
             rerank_endpoint: false,
@@ -338,6 +342,7 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
             n_ctx: cfg.n_ctx,
             sampling: cfg.sampling.clone(),
             n_predict: cfg.n_predict,
+            grammar: cfg.grammar.clone(),
             slots_endpoint: cfg.slots_endpoint,
             metrics_endpoint: cfg.metrics_endpoint,
             rerank_endpoint: cfg.rerank_endpoint,

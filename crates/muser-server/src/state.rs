@@ -44,6 +44,8 @@ pub struct ServerOptions {
     pub sampling: muser_engine::SamplingParams,
     /// Most tokens a request that gives no limit generates (`-n/--n-predict`).
     pub n_predict: Option<u32>,
+    /// The GBNF grammar of a request that asks for no structure (`--grammar`).
+    pub grammar: Option<String>,
     /// `GET /slots` answers (else 501, llama-server's `--no-slots`).
     pub slots_endpoint: bool,
     /// `GET /metrics` answers (else 501, `--no-metrics`).

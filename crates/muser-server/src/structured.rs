@@ -1,6 +1,6 @@
 //! Structured output, enforced by grammar-constrained sampling (`muser_engine::constraint`):
-//! `response_format` `json_object` / `json_schema`, and tool calls forced by `tool_choice`
-//! `required` or a named function.
+//! `response_format` `json_object` / `json_schema`, llama.cpp's GBNF `grammar`, and tool
+//! calls forced by `tool_choice` `required` or a named function.
 //!
 //! - JSON: the content is exactly one JSON value of the requested shape (whitespace as
 //!   llama.cpp's `json.gbnf` allows it), then end of generation. A schema is compiled into
@@ -8,6 +8,9 @@
 //!   `const`, `anyOf`/`oneOf` and annotations; objects are written with their declared
 //!   properties in order, optional ones may be left out, no others added. Any other keyword
 //!   is a 400 naming it.
+//! - GBNF: the content is a sentence of the grammar's `root` (`constraint::gbnf`), then end
+//!   of generation; a grammar that does not parse, or is left-recursive, is a 400 naming
+//!   the line and column or the rule.
 //! - Tool calls, Muse models: optional reasoning messages (` to=self<|message|>…<|eom|>`),
 //!   then one ATEM call to an offered tool (` to=NAME<|message|><atem:function_calls>…`),
 //!   which `MuseParser` reads back as `tool_calls`.
@@ -19,6 +22,7 @@
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 use crate::wire::openai::{ChatCompletionRequest, ResponseFormat, Tool, ToolChoice};
+use muser_engine::constraint::gbnf::Gbnf;
 use muser_engine::constraint::{json_quote, Constraint, Expr, Grammar, JsonKind, Member, Vocab};
 use muser_text::Tokenizer;
 use serde_json::{json, Map, Value};
@@ -93,16 +97,44 @@ fn template_renders_tools(state: &AppState) -> bool {
 /// The grammar and parsing a chat request needs.
 pub fn plan_chat(state: &AppState, req: &ChatCompletionRequest) -> ApiResult<Plan> {
     let is_muse = state.model.is_muse;
-    let json = match &req.response_format {
-        None | Some(ResponseFormat::Text) => None,
-        Some(ResponseFormat::JsonObject) => Some(Expr::Json(JsonKind::Object)),
-        Some(ResponseFormat::JsonSchema { json_schema }) => Some(match &json_schema.schema {
-            None => Expr::Json(JsonKind::Object),
-            Some(s) => schema_expr(s, 0)
-                .map_err(|e| ApiError::bad_request(format!("response_format.json_schema: {e}")))?,
-        }),
+    let schema = |s: &Value, field: &str| {
+        schema_expr(s, 0).map_err(|e| ApiError::bad_request(format!("{field}: {e}")))
+    };
+    let json = match (&req.response_format, &req.json_schema) {
+        (Some(ResponseFormat::JsonObject { .. } | ResponseFormat::JsonSchema { .. }), Some(_)) => {
+            return Err(ApiError::bad_request(
+                "give response_format or json_schema, not both",
+            ))
+        }
+        (_, Some(s)) => Some(schema(s, "json_schema")?),
+        (None | Some(ResponseFormat::Text), None) => None,
+        (Some(ResponseFormat::JsonObject { schema: None }), None) => {
+            Some(Expr::Json(JsonKind::Object))
+        }
+        (Some(ResponseFormat::JsonObject { schema: Some(s) }), None) => {
+            Some(schema(s, "response_format.schema")?)
+        }
+        (Some(ResponseFormat::JsonSchema { json_schema }), None) => {
+            Some(match &json_schema.schema {
+                None => Expr::Json(JsonKind::Object),
+                Some(s) => schema(s, "response_format.json_schema")?,
+            })
+        }
     };
     let tools = forced_tools(req)?;
+    let grammar = req.grammar.as_deref().filter(|g| !g.is_empty());
+    if grammar.is_some() && (json.is_some() || tools.is_some()) {
+        return Err(ApiError::bad_request(
+            "grammar cannot be combined with response_format or a forced tool_choice",
+        ));
+    }
+    let unstructured = json.is_none() && tools.is_none();
+    if let Some(src) = grammar.or(default_grammar(state).filter(|_| unstructured)) {
+        return Ok(Plan {
+            constraint: Some(gbnf(state, src, is_muse)?),
+            generic_tool_call: false,
+        });
+    }
     let (expr, generic) = match (json, tools) {
         (None, None) => return Ok(Plan::default()),
         (Some(_), Some(_)) => return Err(ApiError::bad_request(
@@ -143,24 +175,55 @@ pub fn plan_format(
     compile(state, &expr, state.model.is_muse).map(Some)
 }
 
-/// The constraint of llama.cpp's `/completion` `json_schema` on raw completion text (rendered
-/// without control tokens).
-pub fn plan_completion_schema(
+/// The constraint of llama.cpp's `json_schema` or GBNF `grammar` (not both; an empty
+/// grammar is none) on raw completion text (rendered without control tokens).
+pub fn plan_completion(
     state: &AppState,
     schema: Option<&Value>,
+    grammar: Option<&str>,
 ) -> ApiResult<Option<Constraint>> {
-    let Some(schema) = schema else {
-        return Ok(None);
-    };
-    let value =
-        schema_expr(schema, 0).map_err(|e| ApiError::bad_request(format!("json_schema: {e}")))?;
-    compile(state, &json_reply(false, value), false).map(Some)
+    match (schema, grammar.filter(|g| !g.is_empty())) {
+        (None, None) => default_grammar(state)
+            .map(|src| gbnf(state, src, false))
+            .transpose(),
+        (Some(_), Some(_)) => Err(ApiError::bad_request(
+            "give json_schema or grammar, not both",
+        )),
+        (None, Some(src)) => gbnf(state, src, false).map(Some),
+        (Some(schema), None) => {
+            let value = schema_expr(schema, 0)
+                .map_err(|e| ApiError::bad_request(format!("json_schema: {e}")))?;
+            compile(state, &json_reply(false, value), false).map(Some)
+        }
+    }
+}
+
+/// The server's `--grammar`, for requests that ask for no structure.
+fn default_grammar(state: &AppState) -> Option<&str> {
+    state.options.grammar.as_deref()
+}
+
+/// A GBNF grammar's `root` as the whole reply; for Muse chat (`muse`), after optional
+/// reasoning and the header of the user-facing message.
+fn gbnf(state: &AppState, src: &str, muse: bool) -> ApiResult<Constraint> {
+    let bad = |e: muser_engine::constraint::gbnf::GbnfError| ApiError::bad_request(e.to_string());
+    let g = Gbnf::parse(src).map_err(bad)?;
+    let grammar = g.compile(&reply(muse, g.root())).map_err(bad)?;
+    Ok(Constraint {
+        grammar: Arc::new(grammar),
+        vocab: vocab(&state.tokenizer, muse),
+    })
 }
 
 /// A reply whose content is `value` (with surrounding whitespace); for Muse, after optional
 /// reasoning and the header of the user-facing message.
 fn json_reply(is_muse: bool, value: Expr) -> Expr {
-    let body = Expr::Seq(vec![Expr::Ws, value, Expr::Ws]);
+    reply(is_muse, Expr::Seq(vec![Expr::Ws, value, Expr::Ws]))
+}
+
+/// A reply whose content is `body`; for Muse, after optional reasoning and the header of the
+/// user-facing message.
+fn reply(is_muse: bool, body: Expr) -> Expr {
     if !is_muse {
         return body;
     }
@@ -353,6 +416,7 @@ pub fn schema_expr(schema: &Value, depth: usize) -> Result<Expr, String> {
             "object" => object_expr(m, depth)?,
             "array" => match m.get("items") {
                 None => Expr::Json(JsonKind::Array),
+                Some(Value::Array(tuple)) => tuple_expr(tuple, depth)?,
                 Some(items) => Expr::Array(Box::new(schema_expr(items, depth + 1)?)),
             },
             other => return Err(format!("unknown type `{other}`")),
@@ -363,6 +427,19 @@ pub fn schema_expr(schema: &Value, depth: usize) -> Result<Expr, String> {
     } else {
         Expr::Choice(alts)
     })
+}
+
+/// `items` as a list of schemas (draft 4's tuple form): exactly those items, in order.
+fn tuple_expr(items: &[Value], depth: usize) -> Result<Expr, String> {
+    let mut seq = vec![Expr::lit("["), Expr::Ws];
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            seq.extend([Expr::lit(","), Expr::Ws]);
+        }
+        seq.extend([schema_expr(item, depth + 1)?, Expr::Ws]);
+    }
+    seq.push(Expr::lit("]"));
+    Ok(Expr::Seq(seq))
 }
 
 fn object_expr(m: &Map<String, Value>, depth: usize) -> Result<Expr, String> {
@@ -490,6 +567,12 @@ mod tests {
         assert!(!accepts(&e, r#"{"name": "Ann", "age": 1.5}"#));
         assert!(!accepts(&e, r#"{"name": "Ann", "age": 1, "tags": ["c"]}"#));
         assert!(!accepts(&e, r#"{"name": "Ann", "age": 1, "extra": 1}"#));
+        // `items` as a list: a tuple
+        let t = schema_expr(&json!({"items": [{"type": "integer"}, {"const": "x"}]}), 0).unwrap();
+        assert!(accepts(&t, r#"[ -3000, "x" ]"#) && accepts(&t, r#"[1,"x"]"#));
+        assert!(
+            !accepts(&t, "[1]") && !accepts(&t, r#"[1, "x", 2]"#) && !accepts(&t, r#"["x", 1]"#)
+        );
         for bad in [
             json!({"type": "string", "pattern": "^a"}),
             json!({"$ref": "#/$defs/x"}),

@@ -213,8 +213,8 @@ async fn limits_are_400_with_the_limit_named() {
     .await;
     expect_400(
         "/completion",
-        json!({ "prompt": "x", "grammar": "root ::= \"a\"" }),
-        "GBNF",
+        json!({ "prompt": "x", "grammar": "root ::= root \"a\" | \"b\"" }),
+        "rule `root` is left-recursive",
     )
     .await;
     expect_400(

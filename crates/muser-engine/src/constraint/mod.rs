@@ -17,6 +17,12 @@
 //! digits; strings are valid UTF-8 without control characters or DEL. Escapes of UTF-16
 //! surrogates (`\uD800`..`\uDFFF`) are refused so every accepted text parses with strict JSON
 //! parsers. Nesting is bounded by [`MAX_DEPTH`].
+//!
+//! Rules ([`Grammar::compile_rules`], what GBNF compiles to, `gbnf.rs`) are subroutines: a
+//! thread inside a rule carries its return stack, hash-consed in the matcher (equal stacks
+//! are one id, so threads that met again still compare equal). Left recursion is refused at
+//! compile time; stacks deeper than [`MAX_CALL_DEPTH`] or beyond [`MAX_STACKS`] distinct ones
+//! are dropped (the language shrinks, never grows).
 
 use std::sync::Arc;
 
@@ -29,6 +35,10 @@ pub const MAX_PROGRAM: usize = 1 << 16;
 /// Most live alternatives a matcher keeps (beyond that the rest are dropped: the matcher then
 /// accepts a subset of the language, never more).
 pub const MAX_THREADS: usize = 64;
+/// Deepest rule nesting a thread may reach.
+pub const MAX_CALL_DEPTH: u16 = 256;
+/// Most distinct return stacks one matcher records.
+pub const MAX_STACKS: usize = 1 << 18;
 const MAX_INT_DIGITS: u16 = 16;
 const MAX_FRAC_DIGITS: u16 = 64;
 const MAX_EXP_DIGITS: u16 = 16;
@@ -41,6 +51,12 @@ pub enum ConstraintError {
     EmptyChoice,
     #[error("a stop string must not be empty")]
     EmptyStop,
+    #[error("rule {0} is not defined")]
+    UnknownRule(u32),
+    #[error("rule {0} is left-recursive (it can reach itself before reading a character)")]
+    LeftRecursion(u32),
+    #[error("a character range must not run backwards ({0:#x}-{1:#x})")]
+    BackwardRange(u32, u32),
 }
 
 /// What a JSON value may be at the top of a [`Expr::Json`]; nested values are unrestricted.
@@ -80,6 +96,20 @@ pub enum Expr {
     Object(Vec<Member>),
     /// A JSON array whose items all match the expression.
     Array(Box<Expr>),
+    /// One character (UTF-8) within one of the inclusive code point ranges, or, `negated`,
+    /// within none of them (`negated` with no range: any character).
+    Class {
+        ranges: Vec<(u32, u32)>,
+        negated: bool,
+    },
+    /// `min` or more copies (at most `max`; `None`: no bound).
+    Repeat {
+        inner: Box<Expr>,
+        min: u32,
+        max: Option<u32>,
+    },
+    /// The rule of this index among [`Grammar::compile_rules`]'s rules.
+    Rule(u32),
 }
 
 /// One member of an [`Expr::Object`].
@@ -145,8 +175,18 @@ enum Inst {
         len: u32,
         max_len: u32,
     },
+    /// One character within (or, `negated`, outside) ranges `start..start + len` of the table.
+    Class {
+        start: u32,
+        len: u32,
+        negated: bool,
+    },
     Split(u32, u32),
     Jmp(u32),
+    /// Enters the rule starting at this instruction (a rule index until `compile_rules` ends).
+    Call(u32),
+    /// Returns from a rule.
+    Ret,
     Match,
 }
 
@@ -155,17 +195,37 @@ enum Inst {
 pub struct Grammar {
     prog: Vec<Inst>,
     pool: Vec<u8>,
+    ranges: Vec<(u32, u32)>,
 }
 
 impl Grammar {
     /// Compiles `expr` followed by the end of the output.
     pub fn compile(expr: &Expr) -> Result<Grammar, ConstraintError> {
+        Grammar::compile_rules(expr, &[])
+    }
+
+    /// Compiles `start` followed by the end of the output, where [`Expr::Rule`]`(i)` stands
+    /// for `rules[i]`. Refuses a reference to no rule and left recursion.
+    pub fn compile_rules(start: &Expr, rules: &[Expr]) -> Result<Grammar, ConstraintError> {
+        rules::check(start, rules)?;
         let mut g = Grammar {
             prog: Vec::new(),
             pool: Vec::new(),
+            ranges: Vec::new(),
         };
-        g.emit(expr)?;
+        g.emit(start)?;
         g.push(Inst::Match)?;
+        let mut entry = Vec::with_capacity(rules.len());
+        for r in rules {
+            entry.push(g.here());
+            g.emit(r)?;
+            g.push(Inst::Ret)?;
+        }
+        for i in g.prog.iter_mut() {
+            if let Inst::Call(rule) = i {
+                *rule = entry[*rule as usize];
+            }
+        }
         Ok(g)
     }
 
@@ -295,6 +355,65 @@ impl Grammar {
                 self.lit(b"]")?;
             }
             Expr::Object(members) => self.emit_object(members)?,
+            Expr::Class { ranges, negated } => {
+                if let Some(&(lo, hi)) = ranges.iter().find(|(lo, hi)| lo > hi) {
+                    return Err(ConstraintError::BackwardRange(lo, hi));
+                }
+                if self.ranges.len() + ranges.len() > MAX_PROGRAM {
+                    return Err(ConstraintError::TooLarge(self.prog.len()));
+                }
+                let start = self.ranges.len() as u32;
+                self.ranges.extend_from_slice(ranges);
+                self.push(Inst::Class {
+                    start,
+                    len: ranges.len() as u32,
+                    negated: *negated,
+                })?;
+            }
+            Expr::Repeat { inner, min, max } => self.emit_repeat(inner, *min, *max)?,
+            Expr::Rule(i) => {
+                self.push(Inst::Call(*i))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `min` copies, then either a loop or `max - min` nested optional copies. A copy that
+    /// compiles to nothing ends the expansion (more copies of nothing are nothing), so the
+    /// work is bounded by the program's size.
+    fn emit_repeat(
+        &mut self,
+        inner: &Expr,
+        min: u32,
+        max: Option<u32>,
+    ) -> Result<(), ConstraintError> {
+        for _ in 0..min {
+            let before = self.here();
+            self.emit(inner)?;
+            if self.here() == before {
+                return Ok(());
+            }
+        }
+        let Some(max) = max else {
+            let split = self.push(Inst::Split(0, 0))?;
+            self.emit(inner)?;
+            self.push(Inst::Jmp(split))?;
+            let end = self.here();
+            self.patch(split, Inst::Split(split + 1, end));
+            return Ok(());
+        };
+        let mut splits = Vec::new();
+        for _ in min..max {
+            let split = self.push(Inst::Split(0, 0))?;
+            splits.push(split);
+            self.emit(inner)?;
+            if self.here() == split + 1 {
+                break;
+            }
+        }
+        let end = self.here();
+        for s in splits {
+            self.patch(s, Inst::Split(s + 1, end));
         }
         Ok(())
     }
@@ -384,7 +503,9 @@ fn ws_more(w: u8) -> bool {
     w == WS_FRESH || (WS_NL..WS_FULL).contains(&w)
 }
 
+pub mod gbnf;
 mod json;
+mod rules;
 pub use json::JsonState;
 use json::Utf8;
 
@@ -457,78 +578,168 @@ enum Sub {
     Ws(u8),
     Json(JsonState),
     Until(UntilState),
+    Char(CharState),
+}
+
+/// A character being read: its code point so far and the UTF-8 still expected.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct CharState {
+    cp: u32,
+    utf8: Utf8,
+}
+
+impl CharState {
+    /// Feeds one byte: `None` if invalid UTF-8, `Some(Some(cp))` when the character is whole.
+    fn step(&mut self, b: u8) -> Option<Option<u32>> {
+        if !self.utf8.is_open() && b < 0x80 {
+            return Some(Some(u32::from(b)));
+        }
+        let first = !self.utf8.is_open();
+        if !self.utf8.step(b) {
+            return None;
+        }
+        self.cp = if first {
+            u32::from(b & (0x7f >> b.leading_ones()))
+        } else {
+            self.cp << 6 | u32::from(b & 0x3f)
+        };
+        Some((!self.utf8.is_open()).then_some(self.cp))
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Thread {
     pc: u32,
+    /// The return stack (an id of [`Stacks`]; 0: outside every rule).
+    stack: u32,
     sub: Sub,
 }
 
-/// Scratch space of the closure: generation stamps per instruction and a work stack.
+/// Return stacks, hash-consed: node `i` is (return address, parent stack, depth); 0 is empty.
+#[derive(Debug)]
+struct Stacks {
+    nodes: Vec<(u32, u32, u16)>,
+    ids: std::collections::HashMap<(u32, u32), u32>,
+}
+
+impl Default for Stacks {
+    fn default() -> Self {
+        Stacks {
+            nodes: vec![(0, 0, 0)],
+            ids: std::collections::HashMap::new(),
+        }
+    }
+}
+
+impl Stacks {
+    /// The stack `parent` with `ret` pushed; `None` past the depth or count bound.
+    fn push(&mut self, ret: u32, parent: u32) -> Option<u32> {
+        if let Some(&id) = self.ids.get(&(ret, parent)) {
+            return Some(id);
+        }
+        let depth = self.nodes[parent as usize].2 + 1;
+        if depth > MAX_CALL_DEPTH || self.nodes.len() >= MAX_STACKS {
+            return None;
+        }
+        let id = self.nodes.len() as u32;
+        self.nodes.push((ret, parent, depth));
+        self.ids.insert((ret, parent), id);
+        Some(id)
+    }
+
+    /// (return address, the stack below) of a non-empty stack.
+    fn pop(&self, stack: u32) -> Option<(u32, u32)> {
+        (stack != 0).then(|| {
+            let (ret, parent, _) = self.nodes[stack as usize];
+            (ret, parent)
+        })
+    }
+}
+
+/// Scratch space of the closure: per instruction the generation and stack it was last
+/// visited with (other stacks at the same instruction in `more`), a work stack, and the
+/// matcher's return stacks.
 #[derive(Debug, Default)]
 struct Closure {
-    seen: Vec<u32>,
+    seen: Vec<(u32, u32)>,
+    more: std::collections::HashSet<(u32, u32)>,
     gen: u32,
-    work: Vec<u32>,
+    work: Vec<(u32, u32)>,
+    stacks: Stacks,
 }
 
 impl Closure {
     fn begin(&mut self, n: usize) {
         if self.seen.len() != n {
-            self.seen = vec![0; n];
+            self.seen = vec![(0, 0); n];
             self.gen = 0;
         }
+        self.more.clear();
         self.gen = self.gen.wrapping_add(1);
         if self.gen == 0 {
-            self.seen.iter_mut().for_each(|s| *s = 0);
+            self.seen.iter_mut().for_each(|s| *s = (0, 0));
             self.gen = 1;
         }
     }
+
+    /// True the first time (`pc`, `stack`) is visited in this closure.
+    fn visit(&mut self, pc: u32, stack: u32) -> bool {
+        let seen = &mut self.seen[pc as usize];
+        if seen.0 != self.gen {
+            *seen = (self.gen, stack);
+            return true;
+        }
+        seen.1 != stack && self.more.insert((pc, stack))
+    }
 }
 
-/// Adds the threads reachable from `pc` without consuming a byte; true if `Match` is reached.
-fn add(g: &Grammar, pc: u32, out: &mut Vec<Thread>, cl: &mut Closure) -> bool {
+/// Adds the threads reachable from `pc` with `stack` without consuming a byte; true if
+/// `Match` is reached.
+fn add(g: &Grammar, pc: u32, stack: u32, out: &mut Vec<Thread>, cl: &mut Closure) -> bool {
     let mut complete = false;
-    cl.work.push(pc);
-    while let Some(pc) = cl.work.pop() {
+    cl.work.push((pc, stack));
+    while let Some((pc, stack)) = cl.work.pop() {
         let Some(inst) = g.prog.get(pc as usize) else {
             continue;
         };
-        if cl.seen[pc as usize] == cl.gen {
+        if !cl.visit(pc, stack) {
             continue;
         }
-        cl.seen[pc as usize] = cl.gen;
+        let thread = |sub| Thread { pc, stack, sub };
         match *inst {
             Inst::Split(a, b) => {
-                cl.work.push(b);
-                cl.work.push(a);
+                cl.work.push((b, stack));
+                cl.work.push((a, stack));
             }
-            Inst::Jmp(a) => cl.work.push(a),
+            Inst::Jmp(a) => cl.work.push((a, stack)),
+            Inst::Call(entry) => {
+                if let Some(inner) = cl.stacks.push(pc + 1, stack) {
+                    cl.work.push((entry, inner));
+                }
+            }
+            Inst::Ret => {
+                if let Some(back) = cl.stacks.pop(stack) {
+                    cl.work.push(back);
+                }
+            }
             Inst::Match => complete = true,
-            Inst::Lit { len: 0, .. } => cl.work.push(pc + 1),
-            Inst::Lit { .. } => out.push(Thread {
-                pc,
-                sub: Sub::Lit(0),
-            }),
+            Inst::Lit { len: 0, .. } => cl.work.push((pc + 1, stack)),
+            Inst::Lit { .. } => out.push(thread(Sub::Lit(0))),
             Inst::Ws => {
-                out.push(Thread {
-                    pc,
-                    sub: Sub::Ws(WS_FRESH),
-                });
-                cl.work.push(pc + 1);
+                out.push(thread(Sub::Ws(WS_FRESH)));
+                cl.work.push((pc + 1, stack));
             }
-            Inst::Json(k) => out.push(Thread {
-                pc,
-                sub: Sub::Json(JsonState::new(k)),
-            }),
-            Inst::Until { .. } => out.push(Thread {
-                pc,
-                sub: Sub::Until(UntilState::default()),
-            }),
+            Inst::Json(k) => out.push(thread(Sub::Json(JsonState::new(k)))),
+            Inst::Until { .. } => out.push(thread(Sub::Until(UntilState::default()))),
+            Inst::Class { .. } => out.push(thread(Sub::Char(CharState::default()))),
         }
     }
     complete
+}
+
+/// Whether `cp` is in one of `ranges`.
+fn in_ranges(ranges: &[(u32, u32)], cp: u32) -> bool {
+    ranges.iter().any(|&(lo, hi)| (lo..=hi).contains(&cp))
 }
 
 /// Steps every thread over one byte into `out` (cleared first); true if the result is
@@ -540,29 +751,24 @@ fn step_all(g: &Grammar, from: &[Thread], b: u8, out: &mut Vec<Thread>, cl: &mut
     for t in from {
         let inst = g.prog[t.pc as usize];
         let next = t.pc + 1;
+        let stay = |sub| Thread { sub, ..*t };
         match (inst, t.sub) {
             (Inst::Lit { start, len }, Sub::Lit(off)) => {
                 if g.pool[(start + off) as usize] != b {
                     continue;
                 }
                 if off + 1 == len {
-                    complete |= add(g, next, out, cl);
+                    complete |= add(g, next, t.stack, out, cl);
                 } else {
-                    out.push(Thread {
-                        pc: t.pc,
-                        sub: Sub::Lit(off + 1),
-                    });
+                    out.push(stay(Sub::Lit(off + 1)));
                 }
             }
             (Inst::Ws, Sub::Ws(w)) => {
                 if let Some(w) = ws_step(w, b) {
                     if ws_more(w) {
-                        out.push(Thread {
-                            pc: t.pc,
-                            sub: Sub::Ws(w),
-                        });
+                        out.push(stay(Sub::Ws(w)));
                     }
-                    complete |= add(g, next, out, cl);
+                    complete |= add(g, next, t.stack, out, cl);
                 }
             }
             (Inst::Json(_), Sub::Json(mut j)) => {
@@ -570,17 +776,31 @@ fn step_all(g: &Grammar, from: &[Thread], b: u8, out: &mut Vec<Thread>, cl: &mut
                     continue;
                 }
                 if j.is_done() {
-                    complete |= add(g, next, out, cl);
+                    complete |= add(g, next, t.stack, out, cl);
                 } else {
-                    out.push(Thread {
-                        pc: t.pc,
-                        sub: Sub::Json(j),
-                    });
+                    out.push(stay(Sub::Json(j)));
                     if j.can_end() {
-                        complete |= add(g, next, out, cl);
+                        complete |= add(g, next, t.stack, out, cl);
                     }
                 }
             }
+            (
+                Inst::Class {
+                    start,
+                    len,
+                    negated,
+                },
+                Sub::Char(mut c),
+            ) => match c.step(b) {
+                None => {}
+                Some(None) => out.push(stay(Sub::Char(c))),
+                Some(Some(cp)) => {
+                    let ranges = &g.ranges[start as usize..(start + len) as usize];
+                    if in_ranges(ranges, cp) != negated {
+                        complete |= add(g, next, t.stack, out, cl);
+                    }
+                }
+            },
             (
                 Inst::Until {
                     start,
@@ -592,11 +812,8 @@ fn step_all(g: &Grammar, from: &[Thread], b: u8, out: &mut Vec<Thread>, cl: &mut
                 let stop = &g.pool[start as usize..(start + len) as usize];
                 match u.step(stop, max_len, b) {
                     UntilStep::Fail => {}
-                    UntilStep::More => out.push(Thread {
-                        pc: t.pc,
-                        sub: Sub::Until(u),
-                    }),
-                    UntilStep::Done => complete |= add(g, next, out, cl),
+                    UntilStep::More => out.push(stay(Sub::Until(u))),
+                    UntilStep::Done => complete |= add(g, next, t.stack, out, cl),
                 }
             }
             _ => {}
@@ -647,7 +864,7 @@ impl Matcher {
         let mut cl = Closure::default();
         cl.begin(grammar.prog.len());
         let mut threads = Vec::new();
-        let complete = add(&grammar, 0, &mut threads, &mut cl);
+        let complete = add(&grammar, 0, 0, &mut threads, &mut cl);
         Matcher {
             grammar,
             threads,

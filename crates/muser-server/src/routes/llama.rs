@@ -51,19 +51,17 @@ pub async fn completion(
     Log(log): Log,
     StrictJson(mut req): StrictJson<CompletionRequest>,
 ) -> ApiResult<Response> {
-    super::refuse_unsupported(
-        req.return_progress,
-        req.post_sampling_probs,
-        req.grammar.as_deref(),
-    )?;
+    super::refuse_unsupported(req.return_progress, req.post_sampling_probs)?;
     let prompts = std::mem::replace(&mut req.prompt, Prompts(Vec::new()));
+    let (schema, grammar) = (req.json_schema.take(), req.grammar.take());
     let n_prompts = prompts.0.len();
     gen::check_choices(None, n_prompts)?;
     if req.stream {
         gen::check_one_stream(n_prompts)?;
     }
-    let prompts = state
+    let (prompts, constraint) = state
         .cpu(move |st| {
+            let constraint = structured::plan_completion(st, schema.as_ref(), grammar.as_deref())?;
             let n_images = prompts.0.iter().map(|p| match p.0.as_slice() {
                 [PromptPiece::Multimodal { images, .. }] => images.len(),
                 _ => 0,
@@ -84,6 +82,7 @@ pub async fn completion(
                     _ => Ok((st.tokenize_prompt(prompt, true, true, max)?, Vec::new())),
                 })
                 .collect::<ApiResult<Vec<_>>>()
+                .map(|prompts| (prompts, constraint))
         })
         .await?;
     let max_tokens = match req.n_predict {
@@ -121,7 +120,7 @@ pub async fn completion(
     let base = GenerateRequest {
         prompt: Vec::new(),
         params: SamplingParams {
-            constraint: structured::plan_completion_schema(&state, req.json_schema.as_ref())?,
+            constraint,
             ..opts.to_params(&state.options.sampling)?
         },
         max_tokens,

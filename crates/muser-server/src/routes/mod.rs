@@ -346,7 +346,6 @@ pub fn slot_from(id_slot: Option<i64>, state: &AppState) -> ApiResult<Option<usi
 pub fn refuse_unsupported(
     return_progress: Option<bool>,
     post_sampling_probs: Option<bool>,
-    grammar: Option<&str>,
 ) -> ApiResult<()> {
     if return_progress == Some(true) {
         return Err(ApiError::bad_request(
@@ -356,11 +355,6 @@ pub fn refuse_unsupported(
     if post_sampling_probs == Some(true) {
         return Err(ApiError::bad_request(
             "post_sampling_probs is not supported: n_probs reports the model's log-probabilities before sampling",
-        ));
-    }
-    if grammar.is_some_and(|g| !g.is_empty()) {
-        return Err(ApiError::bad_request(
-            "grammar (GBNF) is not supported: constrain the output with json_schema (or response_format on the OpenAI routes)",
         ));
     }
     Ok(())

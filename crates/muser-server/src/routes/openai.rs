@@ -16,7 +16,7 @@ use crate::wire::Prompts;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use muser_engine::{Event, GenerateRequest, TokenLogprobs};
+use muser_engine::{Event, GenerateRequest, SamplingParams, TokenLogprobs};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
@@ -93,7 +93,7 @@ pub async fn plan_chat(
     state: &SharedState,
     req: ChatCompletionRequest,
 ) -> ApiResult<(ChatCompletionRequest, ChatPlan)> {
-    super::refuse_unsupported(req.return_progress, None, req.grammar.as_deref())?;
+    super::refuse_unsupported(req.return_progress, None)?;
     let max_tokens = match (
         check_max_tokens("max_tokens", req.max_tokens)?,
         check_max_tokens("max_completion_tokens", req.max_completion_tokens)?,
@@ -440,7 +440,13 @@ pub async fn completions(
         ));
     }
     let max_tokens = check_max_tokens("max_tokens", req.max_tokens)?.or(Some(16));
-    let prompts = state.cpu(move |st| st.tokenize_prompts(&prompts)).await?;
+    let grammar = req.grammar.take();
+    let (prompts, constraint) = state
+        .cpu(move |st| {
+            let constraint = structured::plan_completion(st, None, grammar.as_deref())?;
+            Ok((st.tokenize_prompts(&prompts)?, constraint))
+        })
+        .await?;
     let sampling = req.sampling();
     let n_probs = req.logprobs.unwrap_or(0) as usize;
     let opts = SamplingOptions {
@@ -459,7 +465,10 @@ pub async fn completions(
     let speculative = gen::speculative(req.speculative())?;
     let base = GenerateRequest {
         prompt: Vec::new(),
-        params: opts.to_params(&state.options.sampling)?,
+        params: SamplingParams {
+            constraint,
+            ..opts.to_params(&state.options.sampling)?
+        },
         max_tokens,
         stop: req.stop.map(|s| s.0).unwrap_or_default(),
         slot: super::slot_from(req.id_slot, &state)?,

@@ -57,7 +57,7 @@ pub struct CompletionRequest {
     /// Probabilities after the sampler chain: refused (see `routes::refuse_unsupported`).
     #[serde(default)]
     pub post_sampling_probs: Option<bool>,
-    /// A GBNF grammar: refused (see `routes::refuse_unsupported`); `json_schema` is enforced.
+    /// A GBNF grammar the completion follows (`structured::plan_completion`).
     #[serde(default)]
     pub grammar: Option<String>,
     /// The completion is one JSON value of this schema (the subset `response_format`

@@ -123,9 +123,12 @@ pub struct ChatCompletionRequest {
     /// llama.cpp: refused (see `routes::refuse_unsupported`).
     #[serde(default)]
     pub return_progress: Option<bool>,
-    /// llama.cpp: a GBNF grammar, refused (see `routes::refuse_unsupported`).
+    /// llama.cpp: a GBNF grammar the reply's content follows (`structured::plan_chat`).
     #[serde(default)]
     pub grammar: Option<String>,
+    /// llama.cpp: a JSON schema the reply's content follows, as `response_format` states it.
+    #[serde(default)]
+    pub json_schema: Option<serde_json::Value>,
 }
 }
 
@@ -298,8 +301,14 @@ impl<'de> Deserialize<'de> for ToolChoice {
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ResponseFormat {
     Text,
-    JsonObject,
-    JsonSchema { json_schema: JsonSchemaFormat },
+    /// llama.cpp also reads a `schema` here.
+    JsonObject {
+        #[serde(default)]
+        schema: Option<serde_json::Value>,
+    },
+    JsonSchema {
+        json_schema: JsonSchemaFormat,
+    },
 }
 
 #[derive(Debug, Deserialize)]
@@ -347,6 +356,9 @@ pub struct CompletionRequest {
     pub cache_prompt: Option<bool>,
     #[serde(default)]
     pub id_slot: Option<i64>,
+    /// llama.cpp: a GBNF grammar the completion follows (`structured::plan_completion`).
+    #[serde(default)]
+    pub grammar: Option<String>,
 }
 }
 

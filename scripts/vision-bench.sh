@@ -28,6 +28,7 @@ repeat="${REPEAT:-3}"
 preset="${PRESET:-vision-glimmer}"
 tol="${TOL:-1e-3}"
 cuda_build=0; [ "$device" = cuda ] && cuda_build=1
+[ "$device" = cuda ] && export PATH=/usr/local/cuda/bin:$PATH
 bin="${LLAMA_BIN:-$(LLAMA_CUDA=$cuda_build LLAMA_TARGETS=llama-mtmd-cli "$root/scripts/comparator.sh" | tail -n1)}"
 bin=$(cd "$bin" && pwd)
 src=$(cd "$bin/../.." && pwd)

@@ -74,7 +74,7 @@ def test_anthropic_image_message(vision_url, png_b64):
     client = anthropic.Anthropic(api_key="unused", base_url=vision_url, max_retries=0, timeout=120)
 
     def ask(content):
-        return client.messages.create(model="glimmer-tiny", max_tokens=6, temperature=0,
+        return client.messages.create(model="glimmer-tiny", max_tokens=6, extra_body={"temperature": 0},
                                       messages=[{"role": "user", "content": content}])
 
     text_only = ask("What is in the picture?")

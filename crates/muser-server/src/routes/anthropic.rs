@@ -1,8 +1,9 @@
 //! Anthropic Messages: `POST /v1/messages` (whole or streamed as Anthropic's events) and
 //! `POST /v1/messages/count_tokens`. A request is translated into the chat request it means
 //! (system prompt, `tool_use` blocks as tool calls, `tool_result` blocks as tool messages,
-//! `thinking` blocks as reasoning) and runs the chat route's path; the answer is shaped as
-//! content blocks (`thinking`, `text`, `tool_use`).
+//! `thinking` blocks as reasoning, base64 `image` blocks as `image_url` parts) and runs the
+//! chat route's path; the answer is shaped as content blocks (`thinking`, `text`,
+//! `tool_use`).
 
 use super::openai::{start_chat, ChatRun};
 use super::{next_id, sse_response, Log};

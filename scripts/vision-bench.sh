@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Image encode time, Muser beside llama.cpp's mtmd, on one 1024x1024 image with the synthetic
-# projector of the real geometry (`muser synth --preset vision-glimmer --type f16`, ~3 GB).
+# Image encode time, Muser beside llama.cpp's mtmd, on one SIDExSIDE image (default 1024) with
+# the synthetic projector of the real geometry (`muser synth --preset vision-glimmer --type f16`,
+# ~3 GB).
 # Writes the receipt docs/receipts/vision-encode-<host>-<threads>t.json (CPU) or
 # docs/receipts/vision-encode-<host>-cuda.json (command, commit, machine, load, numbers).
 #
 # DEVICE=cpu (default): both on the CPU with THREADS threads (default: all cores).
 # DEVICE=cuda: Muser's encoder with its matrix products on the GPU (`encode --device cuda`)
 #   beside libmtmd with the projector on the GPU (llama.cpp's CUDA build), and a check that the
-#   GPU's embeddings equal Muser's CPU embeddings of the same image within TOL (default 1e-3)
-#   of their largest |value| (the CPU encode takes a minute or two; CHECK=0 skips it).
+#   GPU's embeddings equal Muser's CPU embeddings of the same image within TOL (default 1e-2)
+#   of their largest |value|; the receipt puts libmtmd's GPU embeddings against the same CPU
+#   embeddings beside it (llama.cpp's own GPU-to-CPU difference). The CPU encode takes a
+#   minute or two; CHECK=0 skips it.
 #
 #   scripts/vision-bench.sh                 # every core, 3 encodes each
 #   THREADS=2 REPEAT=2 scripts/vision-bench.sh
@@ -25,8 +28,9 @@ device="${DEVICE:-cpu}"
 case "$device" in cpu|cuda) ;; *) echo "vision-bench: DEVICE must be cpu or cuda" >&2; exit 2;; esac
 threads="${THREADS:-$(nproc)}"
 repeat="${REPEAT:-3}"
+side="${SIDE:-1024}"
 preset="${PRESET:-vision-glimmer}"
-tol="${TOL:-1e-3}"
+tol="${TOL:-1e-2}"
 cuda_build=0; [ "$device" = cuda ] && cuda_build=1
 [ "$device" = cuda ] && export PATH=/usr/local/cuda/bin:$PATH
 bin="${LLAMA_BIN:-$(LLAMA_CUDA=$cuda_build LLAMA_TARGETS=llama-mtmd-cli "$root/scripts/comparator.sh" | tail -n1)}"
@@ -57,28 +61,30 @@ width=$(case "$preset" in vision-glimmer) echo 6656 ;; *) echo 256 ;; esac)
 vocab="${VOCAB:-$work/$text-vocab.gguf}"
 [ -f "$vocab" ] || "$muser" synth --preset "$text" --vocab-only --seed 7 \
   --vocab-from "$models/SmolLM2-135M-Instruct.Q4_1.gguf" -o "$vocab"
-python3 "$root/scripts/vision/images.py" --bench "$work/bench-1024.png"
+img="$work/bench-$side.png"
+python3 "$root/scripts/vision/images.py" --bench "$img" "$side"
 
 gpu=0; [ "$device" = cuda ] && gpu=1
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 llama=$(OMP_WAIT_POLICY=passive "$work/mtmd_golden" "$vocab" "$work/$preset.gguf" \
-  "$work/bench-1024.png" "$work/llama.f32" --threads "$threads" --n-predict 0 --repeat "$repeat" \
+  "$img" "$work/llama.f32" --threads "$threads" --n-predict 0 --repeat "$repeat" \
   --vocab-only 1 --width "$width" --gpu "$gpu")
-ours=$("$encode" "$work/$preset.gguf" "$work/bench-1024.png" --threads "$threads" --repeat "$repeat" \
+ours=$("$encode" "$work/$preset.gguf" "$img" --threads "$threads" --repeat "$repeat" \
   --device "$device" --out "$work/muser.f32")
 check="{}"
 if [ "$device" = cuda ] && [ "${CHECK:-1}" = 1 ]; then
-  check=$("$encode" "$work/$preset.gguf" "$work/bench-1024.png" --threads "$threads" --repeat 1 \
+  check=$("$encode" "$work/$preset.gguf" "$img" --threads "$threads" --repeat 1 \
     --device cpu --out "$work/muser-cpu.f32")
 fi
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 host=$(hostname -s)
 suffix="${threads}t"; [ "$device" = cuda ] && suffix=cuda
+[ "$side" = 1024 ] || suffix="$suffix-$side"
 out="$root/docs/receipts/vision-encode-$host-$suffix.json"
 python3 - "$llama" "$ours" "$check" "$out" "$work" <<PY
 import json, platform, subprocess, sys, datetime, struct
 llama, ours, check, out, work = sys.argv[1:6]
-device, threads, repeat, preset, tol = "$device", int("$threads"), int("$repeat"), "$preset", float("$tol")
+device, threads, repeat, preset, tol, side = "$device", int("$threads"), int("$repeat"), "$preset", float("$tol"), int("$side")
 l = json.loads(llama); m = json.loads(ours); c = json.loads(check)
 img = next(ch["image"] for ch in l["chunks"] if "image" in ch)
 cpu = next((x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo") if x.startswith("model name")), platform.machine())
@@ -96,12 +102,12 @@ if device == "cuda":
     machine["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                                     capture_output=True, text=True).stdout.strip()
 doc = {
-    "command": f"DEVICE={device} THREADS={threads} REPEAT={repeat} PRESET={preset} scripts/vision-bench.sh",
+    "command": f"DEVICE={device} THREADS={threads} REPEAT={repeat} PRESET={preset} SIDE={side} scripts/vision-bench.sh",
     "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
     "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     "machine": machine,
     "device": device,
-    "image": "1024x1024 RGB PNG (scripts/vision/images.py --bench)",
+    "image": f"{side}x{side} RGB PNG (scripts/vision/images.py --bench FILE {side})",
     "projector": f"muser synth --preset {preset} --type f16 --seed 7",
     "tokens": img["n_tokens"],
     "llama_cpp_mtmd": {"encode_ms": img["encode_ms"], "clip_flash_attn": l["clip_flash_attn"], "gpu": device == "cuda"},
@@ -116,6 +122,7 @@ if c:
     d["ok"] = d["max_abs_diff"] <= tol * d["max_abs_value"]
     d["cpu_encode_ms"] = c["encode_ms"]
     doc["gpu_vs_cpu"] = d
+    doc["llama_cpp_gpu_vs_muser_cpu"] = diff(f32("llama.f32"), f32("muser-cpu.f32"))
     verdict = f"; GPU vs CPU max |d| {d['max_abs_diff']:.3g} of {d['max_abs_value']:.3g}: {'ok' if d['ok'] else 'FAILED'}"
 json.dump(doc, open(out, "w"), indent=1)
 print(f"vision-bench ({device}): {img['n_tokens']} tokens; llama.cpp {best_l:.0f} ms, muser {best_m:.0f} ms "

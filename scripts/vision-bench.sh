@@ -1,18 +1,40 @@
 #!/usr/bin/env bash
-# Image encode time, Muser beside llama.cpp's mtmd, on one 1024x1024 image with the synthetic
-# projector of the real geometry (`muser synth --preset vision-glimmer --type f16`, ~3 GB), on
-# the CPU with THREADS threads (default: all cores). Writes the receipt
-# docs/receipts/vision-encode-<host>-<threads>t.json (command, commit, machine, numbers).
+# Image encode time, Muser beside llama.cpp's mtmd, on one SIDExSIDE image (default 1024) with
+# the synthetic projector of the real geometry (`muser synth --preset vision-glimmer --type f16`,
+# ~3 GB).
+# Writes the receipt docs/receipts/vision-encode-<host>-<threads>t.json (CPU) or
+# docs/receipts/vision-encode-<host>-cuda.json (command, commit, machine, load, numbers).
+#
+# DEVICE=cpu (default): both on the CPU with THREADS threads (default: all cores).
+# DEVICE=cuda: Muser's encoder with its matrix products on the GPU (`encode --device cuda`)
+#   beside libmtmd with the projector on the GPU (llama.cpp's CUDA build), and a check that the
+#   GPU's embeddings equal Muser's CPU embeddings of the same image within TOL (default 1e-2)
+#   of their largest |value|; the receipt puts libmtmd's GPU embeddings against the same CPU
+#   embeddings beside it (llama.cpp's own GPU-to-CPU difference). The CPU encode takes a
+#   minute or two; CHECK=0 skips it.
 #
 #   scripts/vision-bench.sh                 # every core, 3 encodes each
 #   THREADS=2 REPEAT=2 scripts/vision-bench.sh
-#   LLAMA_BIN=DIR MUSER_BIN=FILE scripts/vision-bench.sh
+#   LLAMA_BIN=DIR MUSER_BIN=FILE ENCODE_BIN=FILE VOCAB=FILE scripts/vision-bench.sh
+#
+# LLAMA_BIN: a llama.cpp bin directory with libmtmd (default: scripts/comparator.sh builds
+# llama-mtmd-cli; LLAMA_CUDA=1 is set for DEVICE=cuda). MUSER_BIN, ENCODE_BIN: prebuilt `muser`
+# and muser-vision's `encode` example (built with `--features cuda` for DEVICE=cuda); default:
+# cargo builds them. VOCAB: a vocabulary-only file of the muse-glimmer-30b preset (default:
+# synthesized from SmolLM2 in $MUSER_MODELS).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+device="${DEVICE:-cpu}"
+case "$device" in cpu|cuda) ;; *) echo "vision-bench: DEVICE must be cpu or cuda" >&2; exit 2;; esac
 threads="${THREADS:-$(nproc)}"
 repeat="${REPEAT:-3}"
+side="${SIDE:-1024}"
 preset="${PRESET:-vision-glimmer}"
-bin="${LLAMA_BIN:-$(LLAMA_TARGETS=llama-mtmd-cli "$root/scripts/comparator.sh" | tail -n1)}"
+tol="${TOL:-1e-2}"
+cuda_build=0; [ "$device" = cuda ] && cuda_build=1
+[ "$device" = cuda ] && export PATH=/usr/local/cuda/bin:$PATH
+bin="${LLAMA_BIN:-$(LLAMA_CUDA=$cuda_build LLAMA_TARGETS=llama-mtmd-cli "$root/scripts/comparator.sh" | tail -n1)}"
+bin=$(cd "$bin" && pwd)
 src=$(cd "$bin/../.." && pwd)
 models="${MUSER_MODELS:-$HOME/.cache/muser/models}"
 work="${VISION_BENCH_DIR:-$(mktemp -d)}"
@@ -20,8 +42,13 @@ mkdir -p "$work"
 
 cc -O2 -o "$work/mtmd_golden" "$root/scripts/vision/mtmd_golden.c" \
   -I"$src/include" -I"$src/ggml/include" -I"$src/tools/mtmd" -L"$bin" -lmtmd -lllama -lggml-base -Wl,-rpath,"$bin"
-(cd "$root" && cargo build --release -q -p muser-vision --example encode)
-encode="${CARGO_TARGET_DIR:-$root/target}/release/examples/encode"
+encode="${ENCODE_BIN:-}"
+if [ -z "$encode" ]; then
+  features=""; [ "$device" = cuda ] && features="--features cuda"
+  # shellcheck disable=SC2086
+  (cd "$root" && cargo build --release -q -p muser-vision $features --example encode)
+  encode="${CARGO_TARGET_DIR:-$root/target}/release/examples/encode"
+fi
 muser="${MUSER_BIN:-}"
 if [ -z "$muser" ]; then
   (cd "$root" && cargo build --release -q -p muser-cli)
@@ -31,34 +58,75 @@ text=$(case "$preset" in vision-glimmer) echo muse-glimmer-30b ;; *) echo tiny ;
 width=$(case "$preset" in vision-glimmer) echo 6656 ;; *) echo 256 ;; esac)
 [ -f "$work/$preset.gguf" ] || "$muser" synth --preset "$preset" --type f16 --seed 7 -o "$work/$preset.gguf"
 # the text model only gives mtmd its width: a vocabulary-only file of that preset
-[ -f "$work/$text-vocab.gguf" ] || "$muser" synth --preset "$text" --vocab-only --seed 7 \
-  --vocab-from "$models/SmolLM2-135M-Instruct.Q4_1.gguf" -o "$work/$text-vocab.gguf"
-python3 "$root/scripts/vision/images.py" --bench "$work/bench-1024.png"
+vocab="${VOCAB:-$work/$text-vocab.gguf}"
+[ -f "$vocab" ] || "$muser" synth --preset "$text" --vocab-only --seed 7 \
+  --vocab-from "$models/SmolLM2-135M-Instruct.Q4_1.gguf" -o "$vocab"
+img="$work/bench-$side.png"
+python3 "$root/scripts/vision/images.py" --bench "$img" "$side"
 
-llama=$(OMP_WAIT_POLICY=passive "$work/mtmd_golden" "$work/$text-vocab.gguf" "$work/$preset.gguf" \
-  "$work/bench-1024.png" "$work/llama.f32" --threads "$threads" --n-predict 0 --repeat "$repeat" --vocab-only 1 --width "$width")
-ours=$("$encode" "$work/$preset.gguf" "$work/bench-1024.png" --threads "$threads" --repeat "$repeat")
+gpu=0; [ "$device" = cuda ] && gpu=1
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+llama=$(OMP_WAIT_POLICY=passive "$work/mtmd_golden" "$vocab" "$work/$preset.gguf" \
+  "$img" "$work/llama.f32" --threads "$threads" --n-predict 0 --repeat "$repeat" \
+  --vocab-only 1 --width "$width" --gpu "$gpu")
+ours=$("$encode" "$work/$preset.gguf" "$img" --threads "$threads" --repeat "$repeat" \
+  --device "$device" --out "$work/muser.f32")
+check="{}"
+if [ "$device" = cuda ] && [ "${CHECK:-1}" = 1 ]; then
+  check=$("$encode" "$work/$preset.gguf" "$img" --threads "$threads" --repeat 1 \
+    --device cpu --out "$work/muser-cpu.f32")
+fi
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 host=$(hostname -s)
-out="$root/docs/receipts/vision-encode-$host-${threads}t.json"
-python3 - "$llama" "$ours" "$out" "$threads" "$repeat" "$preset" <<'PY'
-import json, platform, subprocess, sys, datetime
-llama, ours, out, threads, repeat, preset = sys.argv[1:7]
-l = json.loads(llama); m = json.loads(ours)
-img = next(c["image"] for c in l["chunks"] if "image" in c)
+suffix="${threads}t"; [ "$device" = cuda ] && suffix=cuda
+[ "$side" = 1024 ] || suffix="$suffix-$side"
+out="$root/docs/receipts/vision-encode-$host-$suffix.json"
+python3 - "$llama" "$ours" "$check" "$out" "$work" <<PY
+import json, platform, subprocess, sys, datetime, struct
+llama, ours, check, out, work = sys.argv[1:6]
+device, threads, repeat, preset, tol, side = "$device", int("$threads"), int("$repeat"), "$preset", float("$tol"), int("$side")
+l = json.loads(llama); m = json.loads(ours); c = json.loads(check)
+img = next(ch["image"] for ch in l["chunks"] if "image" in ch)
 cpu = next((x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo") if x.startswith("model name")), platform.machine())
+def f32(name):
+    raw = open(f"{work}/{name}", "rb").read()
+    return struct.unpack(f"<{len(raw) // 4}f", raw)
+def diff(a, b):
+    assert len(a) == len(b), f"{len(a)} values against {len(b)}"
+    peak = max(abs(v) for v in b)
+    return {"max_abs_diff": max(abs(x - y) for x, y in zip(a, b)), "max_abs_value": peak}
 best_l, best_m = min(img["encode_ms"]), min(m["encode_ms"])
+machine = {"cpu": cpu, "threads": threads,
+           "loadavg_1_5_15_before": "$load_before", "loadavg_1_5_15_after": "$load_after"}
+if device == "cuda":
+    machine["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                                    capture_output=True, text=True).stdout.strip()
 doc = {
-    "command": f"THREADS={threads} REPEAT={repeat} PRESET={preset} scripts/vision-bench.sh",
+    "command": f"DEVICE={device} THREADS={threads} REPEAT={repeat} PRESET={preset} SIDE={side} scripts/vision-bench.sh",
     "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
     "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    "machine": {"cpu": cpu, "threads": int(threads)},
-    "image": "1024x1024 RGB PNG (scripts/vision/images.py --bench)",
+    "machine": machine,
+    "device": device,
+    "image": f"{side}x{side} RGB PNG (scripts/vision/images.py --bench FILE {side})",
     "projector": f"muser synth --preset {preset} --type f16 --seed 7",
     "tokens": img["n_tokens"],
-    "llama_cpp_mtmd": {"encode_ms": img["encode_ms"], "clip_flash_attn": l["clip_flash_attn"]},
+    "llama_cpp_mtmd": {"encode_ms": img["encode_ms"], "clip_flash_attn": l["clip_flash_attn"], "gpu": device == "cuda"},
     "muser": {"encode_ms": m["encode_ms"], "preprocess_ms": m["preprocess_ms"]},
+    "muser_vs_llama_cpp": diff(f32("muser.f32"), f32("llama.f32")),
     "ratio_muser_over_llama_best": best_m / best_l,
 }
+verdict = ""
+if c:
+    d = diff(f32("muser.f32"), f32("muser-cpu.f32"))
+    d["tolerance_of_max"] = tol
+    d["ok"] = d["max_abs_diff"] <= tol * d["max_abs_value"]
+    d["cpu_encode_ms"] = c["encode_ms"]
+    doc["gpu_vs_cpu"] = d
+    doc["llama_cpp_gpu_vs_muser_cpu"] = diff(f32("llama.f32"), f32("muser-cpu.f32"))
+    verdict = f"; GPU vs CPU max |d| {d['max_abs_diff']:.3g} of {d['max_abs_value']:.3g}: {'ok' if d['ok'] else 'FAILED'}"
 json.dump(doc, open(out, "w"), indent=1)
-print(f"vision-bench: {img['n_tokens']} tokens; llama.cpp {best_l:.0f} ms, muser {best_m:.0f} ms (x{best_m/best_l:.2f}) -> {out}")
+print(f"vision-bench ({device}): {img['n_tokens']} tokens; llama.cpp {best_l:.0f} ms, muser {best_m:.0f} ms "
+      f"(x{best_m/best_l:.2f}){verdict} -> {out}")
+if c and not doc["gpu_vs_cpu"]["ok"]:
+    sys.exit(1)
 PY

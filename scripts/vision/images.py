@@ -2,7 +2,8 @@
 """Writes the test images of muser-vision's goldens (deterministic PNGs, standard library only):
 sizes and aspect ratios that make mtmd downsample, upsample, resize the position grid and use
 several attention windows; RGB, grayscale and RGBA (alpha is dropped, as stb_image does).
-`images.py DIR` writes the test set, `images.py --bench FILE` one 1024x1024 image."""
+`images.py DIR` writes the test set, `images.py --bench FILE [SIDE]` one SIDE x SIDE image
+(default 1024)."""
 import struct, sys, zlib, os
 
 def png(path, w, h, color_type, pixel):
@@ -18,8 +19,9 @@ def noise(x, y, s):
     v = (x * 73856093) ^ (y * 19349663) ^ (s * 83492791)
     return (v ^ (v >> 13)) * 1274126177 & 0xFF
 
-if sys.argv[1] == "--bench":  # one 1024x1024 RGB image for scripts/vision-bench.sh
-    png(sys.argv[2], 1024, 1024, 2, lambda x, y: (noise(x, y, 5), (x ^ y) & 255, (x + 2 * y) & 255))
+if sys.argv[1] == "--bench":  # one square RGB image (side 1024 or argv[3]) for scripts/vision-bench.sh
+    side = int(sys.argv[3]) if len(sys.argv) > 3 else 1024
+    png(sys.argv[2], side, side, 2, lambda x, y: (noise(x, y, 5), (x ^ y) & 255, (x + 2 * y) & 255))
     sys.exit(0)
 out = sys.argv[1]
 os.makedirs(out, exist_ok=True)

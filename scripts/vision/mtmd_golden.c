@@ -1,13 +1,14 @@
 // Image goldens from llama.cpp's libmtmd (build 11434), for muser-vision's parity tests.
 //
 //   mtmd_golden MODEL MMPROJ IMAGE OUT.f32 [--threads N] [--flash-attn on|off] [--n-predict N]
-//               [--prompt TEXT] [--repeat N] [--vocab-only 1 --width N]
+//               [--prompt TEXT] [--repeat N] [--vocab-only 1 --width N] [--gpu 1]
 //
 // Tokenizes PROMPT (default "Look: <__media__>\nIt is") with the image, encodes the image chunk
 // with mtmd_encode_chunk and writes its embeddings (f32, little-endian, token-major) to
 // OUT.f32; then evaluates every chunk (mtmd_helper_eval_chunks), greedily generates N tokens
 // (default 16) and prints one JSON object: the settings, each chunk (text ids, or the image's
-// token grid) and the generated ids. CPU only, warm-up off. --flash-attn sets the image
+// token grid) and the generated ids. Warm-up off; the CPU unless --gpu 1 (the projector on the
+// GPU of a CUDA build; the text model stays on the CPU). --flash-attn sets the image
 // encoder's attention (off by default: exact f32); --n-predict 0 skips the text model's
 // evaluation, --vocab-only 1 loads only MODEL's vocabulary (a vocabulary-only file will do;
 // --width then gives the projector's output width for OUT.f32), and --repeat N
@@ -32,7 +33,7 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "usage: %s MODEL MMPROJ IMAGE OUT.f32 [--threads N] [--flash-attn on|off] [--n-predict N] [--prompt TEXT]\n", argv[0]);
         return 2;
     }
-    int threads = 2, n_predict = 16, repeat = 1, timed = 0, width = 0, vocab_only = 0;
+    int threads = 2, n_predict = 16, repeat = 1, timed = 0, width = 0, vocab_only = 0, gpu = 0;
     enum llama_flash_attn_type fa = LLAMA_FLASH_ATTN_TYPE_DISABLED;
     const char * prompt = "Look: <__media__>\nIt is";
     for (int i = 5; i + 1 < argc; i += 2) {
@@ -42,6 +43,7 @@ int main(int argc, char ** argv) {
         else if (!strcmp(argv[i], "--repeat")) { repeat = atoi(argv[i + 1]); timed = 1; }
         else if (!strcmp(argv[i], "--width")) width = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--vocab-only")) { vocab_only = atoi(argv[i + 1]); }
+        else if (!strcmp(argv[i], "--gpu")) gpu = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--flash-attn"))
             fa = !strcmp(argv[i + 1], "on") ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
         else { fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
@@ -62,7 +64,7 @@ int main(int argc, char ** argv) {
     struct llama_context * lctx = vocab_only ? NULL : llama_init_from_model(model, cp);
 
     struct mtmd_context_params mparams = mtmd_context_params_default();
-    mparams.use_gpu = false;
+    mparams.use_gpu = gpu != 0;
     mparams.print_timings = false;
     mparams.n_threads = threads;
     mparams.flash_attn_type = fa;

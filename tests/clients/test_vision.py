@@ -1,4 +1,4 @@
-"""Image chats through the official `openai` and `ollama` clients, on a second `muser up`
+"""Image chats through the official `openai`, `anthropic` and `ollama` clients, on a second `muser up`
 serving a synthetic Muse Glimmer (`muser synth --preset tiny`, SmolLM2's vocabulary with Muse's
 special tokens) with the synthetic `vision-tiny` projector (`--mmproj`)."""
 
@@ -8,6 +8,7 @@ import pathlib
 import subprocess
 import tempfile
 
+import anthropic
 import ollama
 import openai
 import pytest
@@ -67,6 +68,23 @@ def test_openai_image_chat(vision_url, png_b64):
     with pytest.raises(openai.BadRequestError) as e:
         ask([parts[1]] * 3)
     assert "at most 2" in str(e.value)
+
+
+def test_anthropic_image_message(vision_url, png_b64):
+    client = anthropic.Anthropic(api_key="unused", base_url=vision_url, max_retries=0, timeout=120)
+
+    def ask(content):
+        return client.messages.create(model="glimmer-tiny", max_tokens=6, extra_body={"temperature": 0},
+                                      messages=[{"role": "user", "content": content}])
+
+    text_only = ask("What is in the picture?")
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png_b64}}
+    r = ask([image, {"type": "text", "text": "What is in the picture?"}])
+    assert r.stop_reason == "max_tokens" and r.content[0].type == "text"
+    assert r.usage.input_tokens == text_only.usage.input_tokens + IMAGE_TOKENS
+    with pytest.raises(anthropic.BadRequestError) as e:
+        ask([{"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}])
+    assert "not fetched" in str(e.value)
 
 
 def test_ollama_image_chat_and_generate(vision_url, png_b64):

@@ -23,8 +23,8 @@ use muser_engine::{
     place_images, Engine, EngineConfig, Event, GenerateRequest, MediaMarkers, PromptImage,
     SamplingParams, Timings,
 };
-use muser_model::{Arch, CpuBackend, Model};
-use muser_vision::{Limits, Projector, IMAGE_BEGIN, IMAGE_END};
+use muser_model::{Arch, Model};
+use muser_vision::{Encoder, Limits, Projector, IMAGE_BEGIN, IMAGE_END};
 
 /// The marker of an image in a prompt (llama.cpp's `mtmd_default_marker`).
 const MEDIA_MARKER: &str = "<__media__>";
@@ -228,13 +228,17 @@ fn image_prompt(
 ) -> anyhow::Result<(Vec<u32>, Vec<PromptImage>)> {
     let path = args.mmproj.as_deref().context("--image needs --mmproj")?;
     let projector = Projector::open_for(path, model.info().n_embd)?;
-    let backend = CpuBackend::new(model.threads().max(1))?;
+    let encoder = Encoder::new(
+        projector,
+        args.device.image_device()?,
+        model.threads().max(1),
+    )?;
     let mut images = Vec::new();
     for file in &args.image {
         let t0 = Instant::now();
         let bytes = std::fs::read(file).with_context(|| format!("--image {}", file.display()))?;
-        let img = projector
-            .embed(&backend, &bytes, &Limits::default())
+        let img = encoder
+            .embed(&bytes, &Limits::default())
             .with_context(|| format!("--image {}", file.display()))?;
         eprintln!(
             "muser: {}: {} image tokens, encoded in {:.0} ms",

@@ -97,7 +97,8 @@ pub struct Args {
     #[arg(short, long)]
     threads: Option<usize>,
     /// Image projector (a Muse Glimmer `mmproj` GGUF): requests may carry images (OpenAI
-    /// `image_url` data URIs, Ollama `images`, `/completion` `multimodal_data`).
+    /// `image_url` data URIs, Anthropic `image` blocks, Ollama `images`, `/completion`
+    /// `multimodal_data`), encoded on the CPU, or on the GPU with `--device cuda-ops`.
     #[arg(long, value_name = "FILE")]
     mmproj: Option<PathBuf>,
     /// Images one request may carry; more is a 400.

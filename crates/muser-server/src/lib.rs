@@ -50,7 +50,8 @@
 //!   `template` refused unless empty, `images` base64 with `--mmproj`, `format` `"json"` or a schema enforced
 //!   like `response_format`, `keep_alive` ignored), `GET /api/tags`, `POST /api/show`, `GET /api/version`.
 //! - Anthropic: `POST /v1/messages` (whole or streamed as Anthropic's events; tools, tool
-//!   results, thinking history, `x-api-key`), `POST /v1/messages/count_tokens`. OpenAI
+//!   results, thinking history, base64 `image` blocks with `--mmproj`, `x-api-key`),
+//!   `POST /v1/messages/count_tokens`. OpenAI
 //!   Responses: `POST /v1/responses` and `/responses` (stateless). `POST /rerank` and
 //!   `/v1/rerank` with `--rerank` (embedding similarity). Field by field: docs/compatibility.md.
 //! - Muser: `/v1/sessions` (a slot's conversation and exact K/V as an encrypted bundle with

@@ -191,16 +191,21 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
                 path: path.clone(),
                 message,
             };
-            if cfg.device == "cuda" {
-                return Err(projector_error(
-                    "image rows run on the op-by-op backends; use --device cpu or cuda-ops".into(),
-                ));
-            }
+            // images encode where the text model runs
+            let device = match cfg.device.as_str() {
+                "cpu" => muser_vision::Device::Cpu,
+                "cuda-ops" => muser_vision::Device::Cuda,
+                _ => {
+                    return Err(projector_error(
+                        "image rows run on the op-by-op backends (the fused forward takes token ids only); use --device cpu or cuda-ops".into(),
+                    ))
+                }
+            };
             let v = crate::vision::Vision::load(
                 path,
                 info.n_embd,
                 &tokenizer,
-                cfg.threads,
+                (device, cfg.threads),
                 cfg.max_images,
             )
             .map_err(projector_error)?;

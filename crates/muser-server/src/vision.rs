@@ -7,8 +7,7 @@ use std::sync::Arc;
 
 use base64::Engine as _;
 use muser_engine::{place_images, MediaMarkers, PlaceError, PromptImage};
-use muser_model::CpuBackend;
-use muser_vision::{Limits, Projector, VisionError, IMAGE_BEGIN, IMAGE_END};
+use muser_vision::{Device, Encoder, Limits, Projector, VisionError, IMAGE_BEGIN, IMAGE_END};
 
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
@@ -21,8 +20,7 @@ const MIME_TYPES: [&str; 4] = ["image/png", "image/jpeg", "image/jpg", "image/we
 
 /// The projector and what serving images needs.
 pub struct Vision {
-    projector: Projector,
-    backend: CpuBackend,
+    encoder: Encoder,
     limits: Limits,
     /// Images one request may carry (`--max-images`).
     pub max_images: usize,
@@ -33,12 +31,12 @@ pub struct Vision {
 
 impl Vision {
     /// Loads `path` for a text model `n_embd` wide whose vocabulary has the image begin and
-    /// end tokens; encodes on `threads` threads.
+    /// end tokens; encodes on `device` (with `threads` threads on the CPU).
     pub fn load(
         path: &Path,
         n_embd: usize,
         tokenizer: &muser_text::Tokenizer,
-        threads: usize,
+        (device, threads): (Device, usize),
         max_images: usize,
     ) -> Result<Vision, String> {
         let projector = Projector::open_for(path, n_embd).map_err(|e| e.to_string())?;
@@ -49,12 +47,11 @@ impl Vision {
                 ));
             }
         }
-        let backend = CpuBackend::new(threads.max(1)).map_err(|e| e.to_string())?;
+        let encoder = Encoder::new(projector, device, threads.max(1)).map_err(|e| e.to_string())?;
         let mut nonce = [0u8; 16];
         getrandom::getrandom(&mut nonce).map_err(|e| e.to_string())?;
         Ok(Vision {
-            projector,
-            backend,
+            encoder,
             limits: Limits::default(),
             max_images,
             chat_marker: format!("<__media_{}__>", hex::encode(nonce)),
@@ -69,14 +66,9 @@ impl Vision {
     /// Decodes and encodes one image; an undecodable or oversized image is a 400.
     fn encode(&self, bytes: &[u8], index: usize) -> ApiResult<PromptImage> {
         let img = self
-            .projector
-            .embed(&self.backend, bytes, &self.limits)
-            .map_err(|e| match e {
-                VisionError::Image(_) | VisionError::TooLarge(_) => {
-                    ApiError::bad_request(format!("image {index}: {e}"))
-                }
-                other => ApiError::internal(format!("image {index}: {other}")),
-            })?;
+            .encoder
+            .embed(bytes, &self.limits)
+            .map_err(|e| image_error(e, index))?;
         Ok(PromptImage {
             at: 0,
             n_tokens: img.embeddings.n_tokens(),
@@ -84,6 +76,40 @@ impl Vision {
             digest: img.digest,
         })
     }
+
+    /// Decodes one image for the tokens it takes (no rows, no digest: it is not submitted).
+    fn count(&self, bytes: &[u8], index: usize) -> ApiResult<PromptImage> {
+        let n_tokens = self
+            .encoder
+            .n_tokens(bytes, &self.limits)
+            .map_err(|e| image_error(e, index))?;
+        Ok(PromptImage {
+            at: 0,
+            n_tokens,
+            values: Arc::new(Vec::new()),
+            digest: [0; 32],
+        })
+    }
+}
+
+/// An image's failure: a 400 when the image is at fault.
+fn image_error(e: VisionError, index: usize) -> ApiError {
+    match e {
+        VisionError::Image(_) | VisionError::TooLarge(_) => {
+            ApiError::bad_request(format!("image {index}: {e}"))
+        }
+        other => ApiError::internal(format!("image {index}: {other}")),
+    }
+}
+
+/// A 400 unless `mime` names an image type the projector's decoder reads.
+pub fn check_media_type(mime: &str) -> ApiResult<()> {
+    if MIME_TYPES.contains(&mime.to_ascii_lowercase().as_str()) {
+        return Ok(());
+    }
+    Err(ApiError::bad_request(format!(
+        "image type `{mime}` is not accepted; send PNG, JPEG or WebP"
+    )))
 }
 
 /// An image given on the wire, not yet decoded.
@@ -105,11 +131,7 @@ impl WireImage {
         let Some(mime) = head.strip_suffix(";base64") else {
             return Err(ApiError::bad_request("an image data URI must be base64"));
         };
-        if !MIME_TYPES.contains(&mime.to_ascii_lowercase().as_str()) {
-            return Err(ApiError::bad_request(format!(
-                "image type `{mime}` is not accepted; send PNG, JPEG or WebP"
-            )));
-        }
+        check_media_type(mime)?;
         WireImage::from_base64(data)
     }
 
@@ -150,6 +172,32 @@ impl AppState {
         marker: &str,
         images: Vec<WireImage>,
     ) -> ApiResult<(Vec<u32>, Vec<PromptImage>)> {
+        self.place(text, add_special, marker, &images, Vision::encode)
+    }
+
+    /// The token count of [`AppState::encode_with_images`]'s prompt, each image's rows counted
+    /// from its decoded size without encoding it.
+    pub fn count_with_images(
+        &self,
+        text: &str,
+        add_special: bool,
+        marker: &str,
+        images: Vec<WireImage>,
+    ) -> ApiResult<usize> {
+        Ok(self
+            .place(text, add_special, marker, &images, Vision::count)?
+            .0
+            .len())
+    }
+
+    fn place(
+        &self,
+        text: &str,
+        add_special: bool,
+        marker: &str,
+        images: &[WireImage],
+        image: impl Fn(&Vision, &[u8], usize) -> ApiResult<PromptImage>,
+    ) -> ApiResult<(Vec<u32>, Vec<PromptImage>)> {
         if images.is_empty() {
             return Ok((self.encode_prompt(text, add_special)?, Vec::new()));
         }
@@ -158,7 +206,7 @@ impl AppState {
         let mut placed = images
             .iter()
             .enumerate()
-            .map(|(i, img)| vision.encode(&img.0, i))
+            .map(|(i, img)| image(vision, &img.0, i))
             .collect::<ApiResult<Vec<_>>>()?;
         let markers = MediaMarkers {
             marker: marker.to_string(),

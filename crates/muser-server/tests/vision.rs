@@ -295,3 +295,83 @@ fn a_projector_of_another_width_is_refused() {
         "{err}"
     );
 }
+
+fn message(content: Value) -> Value {
+    json!({ "max_tokens": 4, "temperature": 0,
+            "messages": [{ "role": "user", "content": content }] })
+}
+
+fn image_block(media_type: &str, data: &str) -> Value {
+    json!({ "type": "image", "source": { "type": "base64", "media_type": media_type, "data": data } })
+}
+
+/// An Anthropic image block is the chat route's image: the same rows in the prompt (and in
+/// count_tokens) and the same greedy answer; bad sources are 400s naming the problem.
+#[tokio::test]
+async fn anthropic_image_blocks_are_chat_images() {
+    let png = image_b64("rgb-37x23.png");
+    let text = json!({ "type": "text", "text": "What is this?" });
+    let (status, text_only) = post("/v1/messages", &message(json!([text]))).await;
+    assert_eq!(status, StatusCode::OK, "{text_only}");
+    let (status, m) = post(
+        "/v1/messages",
+        &message(json!([image_block("image/png", &png), text])),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{m}");
+    assert_eq!(
+        m["usage"]["input_tokens"].as_u64().unwrap(),
+        text_only["usage"]["input_tokens"].as_u64().unwrap() + 6 + 2
+    );
+    // count_tokens counts the image's rows from its size
+    let count = json!({ "messages": [{ "role": "user", "content": [image_block("image/png", &png), text] }] });
+    let (status, n) = post("/v1/messages/count_tokens", &count).await;
+    assert_eq!(status, StatusCode::OK, "{n}");
+    assert_eq!(n["input_tokens"], m["usage"]["input_tokens"]);
+    let parts = json!([image_part(&format!("data:image/png;base64,{png}")), text]);
+    let (status, c) = post("/v1/chat/completions", &chat(parts)).await;
+    assert_eq!(status, StatusCode::OK, "{c}");
+    assert_eq!(
+        m["content"][0]["text"],
+        c["choices"][0]["message"]["content"]
+    );
+
+    let cases: Vec<(&str, Value, &str)> = vec![
+        (
+            "wrong media_type",
+            json!([image_block("image/gif", &png)]),
+            "image/gif",
+        ),
+        (
+            "bad base64",
+            json!([image_block("image/png", "not base64!")]),
+            "base64",
+        ),
+        (
+            "url source",
+            json!([{ "type": "image", "source": { "type": "url", "url": "https://example.com/a.png" } }]),
+            "not fetched",
+        ),
+        (
+            "unknown source",
+            json!([{ "type": "image", "source": { "type": "file", "file_id": "f" } }]),
+            "image source",
+        ),
+        (
+            "too many images",
+            json!(vec![image_block("image/png", &png); 5]),
+            "at most 4",
+        ),
+        (
+            "undecodable",
+            json!([image_block("image/png", &png[..png.len() / 8 * 4])]),
+            "image 0",
+        ),
+    ];
+    for (what, content, needle) in cases {
+        let (status, v) = post("/v1/messages", &message(content)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{what}: {v}");
+        let msg = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains(needle), "{what}: `{msg}` lacks `{needle}`");
+    }
+}

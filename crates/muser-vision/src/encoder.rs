@@ -160,7 +160,7 @@ impl Projector {
             let mut cur = x.clone();
             layer_norm(&mut cur, &layer.ln2, e, hp.eps);
             let mut f = self.linear(backend, &layer.up, cur, n)?;
-            f.iter_mut().for_each(|v| *v = gelu_erf(*v));
+            gelu_all(&mut f);
             let f = self.linear(backend, &layer.down, f, n)?;
             x.iter_mut().zip(&f).for_each(|(r, v)| *r += v);
         }
@@ -195,9 +195,9 @@ impl Projector {
 
         let n_out = ow * oh;
         let mut y = matmul(backend, self.weight(&self.mm[0]), merged, n_out)?;
-        y.iter_mut().for_each(|v| *v = gelu_erf(*v));
+        gelu_all(&mut y);
         let mut y = matmul(backend, self.weight(&self.mm[1]), y, n_out)?;
-        y.iter_mut().for_each(|v| *v = gelu_erf(*v));
+        gelu_all(&mut y);
         let y = matmul(backend, self.weight(&self.mm[2]), y, n_out)?;
         Ok(Embeddings {
             n_x: ow,
@@ -318,6 +318,7 @@ fn layer_norm(x: &mut [f32], n: &Norm, e: usize, eps: f32) {
 }
 
 /// `_mm512_reduce_add_ps`: halves added down to four lanes, then `(t0 + t2) + (t1 + t3)`.
+#[inline(always)]
 fn reduce16(mut t: [f32; 16]) -> f32 {
     let mut w = 16;
     while w > 4 {
@@ -327,6 +328,12 @@ fn reduce16(mut t: [f32; 16]) -> f32 {
         }
     }
     (t[0] + t[2]) + (t[1] + t[3])
+}
+
+/// [`gelu_erf`] on every value, in parallel pieces.
+fn gelu_all(x: &mut [f32]) {
+    x.par_chunks_mut(1 << 14)
+        .for_each(|row| row.iter_mut().for_each(|v| *v = gelu_erf(*v)));
 }
 
 /// `ggml_gelu_erf` on f32.
@@ -372,6 +379,10 @@ fn rope_2d(x: &mut [f32], pos: &[(i32, i32)], n_head: usize, hd: usize, base: f3
 /// tinyBLAS), `soft_max_ext(kq·scale + mask)` over the whole row (-inf outside a token's
 /// window on windowed layers; exponentials in 16 lanes), then `v·kq` over the whole row
 /// (tinyBLAS when the row is a whole number of lanes, else `ggml_vec_dot_f32`).
+///
+/// Outside a token's window the probabilities are exactly 0, which leaves every lane sum of
+/// the softmax and every accumulator of the dots as it was; so a windowed row visits only the
+/// lane-aligned span around its window, with the same bits as the whole row.
 fn attention(
     q: &[f32],
     k: &[f32],
@@ -383,47 +394,99 @@ fn attention(
 ) -> Vec<f32> {
     let e = n_head * hd;
     let n = window.len();
-    let scale = 1.0 / (hd as f32).sqrt();
     // per head, v transposed: the rows `ggml_cont(ggml_permute(v))` holds
     let mut vt = vec![0f32; n * e];
-    for (j, row) in v.chunks_exact(e).enumerate() {
-        for (c, &x) in row.iter().enumerate() {
-            vt[c * n + j] = x;
+    vt.par_chunks_exact_mut(n).enumerate().for_each(|(c, row)| {
+        for (j, x) in row.iter_mut().enumerate() {
+            *x = v[j * e + c];
         }
-    }
-    let tinyblas = n >= 2 && n.is_multiple_of(LANES);
+    });
+    let heads = Heads {
+        q,
+        k,
+        vt: &vt,
+        n,
+        n_head,
+        hd,
+    };
     let mut out = vec![0f32; n * e];
     out.par_chunks_exact_mut(e)
         .enumerate()
         .for_each(|(i, orow)| {
-            let (lo, hi) = if global { (0, n) } else { window[i] };
-            let mut p = vec![0f32; n];
-            for h in 0..n_head {
-                let qh = &q[i * e + h * hd..i * e + (h + 1) * hd];
-                let mut max = f32::NEG_INFINITY;
-                for (j, s) in p.iter_mut().enumerate() {
-                    *s = if (lo..hi).contains(&j) {
-                        let kh = &k[j * e + h * hd..j * e + (h + 1) * hd];
-                        vec_dot_f32(kh, qh) * scale
-                    } else {
-                        f32::NEG_INFINITY
-                    };
-                    max = max.max(*s);
-                }
-                let sum = soft_max_tile(Order::GgmlAvx512, &mut p, max);
-                let inv = (1.0 / sum) as f32;
-                p.iter_mut().for_each(|s| *s *= inv);
-                for (d, o) in orow[h * hd..(h + 1) * hd].iter_mut().enumerate() {
-                    let row = &vt[(h * hd + d) * n..(h * hd + d + 1) * n];
-                    *o = if tinyblas {
-                        tinyblas_dot(row, &p)
-                    } else {
-                        vec_dot_f32(row, &p)
-                    };
-                }
-            }
+            let span = if global { (0, n) } else { window[i] };
+            attend_row(&heads, i, span, orow)
         });
     out
+}
+
+/// One layer's attention inputs: Q and K rows in window order, V transposed per channel.
+struct Heads<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    vt: &'a [f32],
+    n: usize,
+    n_head: usize,
+    hd: usize,
+}
+
+/// Every head of query row `i` attending to keys `lo..hi` (the rest masked).
+fn attend_row(h: &Heads, i: usize, (lo, hi): (usize, usize), orow: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the features `attend_row_fma` is compiled for were detected just above.
+        return unsafe { attend_row_fma(h, i, (lo, hi), orow) };
+    }
+    attend_row_in(h, i, (lo, hi), orow)
+}
+
+/// [`attend_row`] compiled with FMA, so that the lanes' `mul_add`s are instructions, not calls.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_row_fma(h: &Heads, i: usize, span: (usize, usize), orow: &mut [f32]) {
+    attend_row_in(h, i, span, orow)
+}
+
+#[inline(always)]
+fn attend_row_in(h: &Heads, i: usize, (lo, hi): (usize, usize), orow: &mut [f32]) {
+    let (n, hd) = (h.n, h.hd);
+    let e = h.n_head * hd;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let tinyblas = n >= 2 && n.is_multiple_of(LANES);
+    // the softmax's lane groups that hold the window (the tail, past the last whole group,
+    // is taken whole: libm's exponentials there)
+    let body = n - n % LANES;
+    let a = lo / LANES * LANES;
+    let b = if hi > body {
+        n
+    } else {
+        hi.next_multiple_of(LANES)
+    };
+    let mut p = vec![0f32; n];
+    for head in 0..h.n_head {
+        let qh = &h.q[i * e + head * hd..i * e + (head + 1) * hd];
+        let mut max = f32::NEG_INFINITY;
+        for (j, s) in p[a..b].iter_mut().enumerate() {
+            let j = a + j;
+            *s = if (lo..hi).contains(&j) {
+                let kh = &h.k[j * e + head * hd..j * e + (head + 1) * hd];
+                vec_dot_f32(kh, qh, (0, hd)) * scale
+            } else {
+                f32::NEG_INFINITY
+            };
+            max = max.max(*s);
+        }
+        let sum = soft_max_tile(Order::GgmlAvx512, &mut p[a..b], max);
+        let inv = (1.0 / sum) as f32;
+        p[a..b].iter_mut().for_each(|s| *s *= inv);
+        for (d, o) in orow[head * hd..(head + 1) * hd].iter_mut().enumerate() {
+            let row = &h.vt[(head * hd + d) * n..(head * hd + d + 1) * n];
+            *o = if tinyblas {
+                tinyblas_dot(row, &p, (a, b))
+            } else {
+                vec_dot_f32(row, &p, (a, b))
+            };
+        }
+    }
 }
 
 /// Lanes of ggml's AVX512 f32 vectors.
@@ -431,13 +494,17 @@ const LANES: usize = 16;
 
 /// `ggml_vec_dot_f32` (AVX512): four 16-lane FMA accumulators over steps of 64, reduced
 /// `(a0 + a2) + (a1 + a3)` then across lanes, the rest added to that sum one by one (not
-/// fused).
+/// fused). Only the steps that meet `lo..hi` are taken: the products outside it are 0 and
+/// would leave the accumulators as they are.
 #[allow(clippy::needless_range_loop)] // lane loops mirror the SIMD lanes
-fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
+#[inline(always)]
+fn vec_dot_f32(x: &[f32], y: &[f32], (lo, hi): (usize, usize)) -> f32 {
     let n = x.len();
     let np = n - n % (4 * LANES);
     let mut acc = [[0f32; LANES]; 4];
-    for i in (0..np).step_by(4 * LANES) {
+    let from = lo / (4 * LANES) * (4 * LANES);
+    let to = hi.next_multiple_of(4 * LANES).min(np);
+    for i in (from..to.max(from)).step_by(4 * LANES) {
         for (j, a) in acc.iter_mut().enumerate() {
             for l in 0..LANES {
                 let t = i + j * LANES + l;
@@ -457,11 +524,17 @@ fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
 }
 
 /// One tinyBLAS f32 dot (`n` a multiple of 16): lane `l` fuses elements `l, l+16, ...`,
-/// then the lanes are reduced as `_mm512_reduce_add_ps`.
+/// then the lanes are reduced as `_mm512_reduce_add_ps`; only the lane groups that meet
+/// `lo..hi` are taken (the products outside it are 0).
 #[allow(clippy::needless_range_loop)] // lane loops mirror the SIMD lanes
-fn tinyblas_dot(x: &[f32], y: &[f32]) -> f32 {
+#[inline(always)]
+fn tinyblas_dot(x: &[f32], y: &[f32], (lo, hi): (usize, usize)) -> f32 {
+    let (from, to) = (lo / LANES * LANES, hi.next_multiple_of(LANES).min(x.len()));
     let mut acc = [0f32; LANES];
-    for (cx, cy) in x.chunks_exact(LANES).zip(y.chunks_exact(LANES)) {
+    for (cx, cy) in x[from..to]
+        .chunks_exact(LANES)
+        .zip(y[from..to].chunks_exact(LANES))
+    {
         for l in 0..LANES {
             acc[l] = cx[l].mul_add(cy[l], acc[l]);
         }

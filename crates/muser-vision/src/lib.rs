@@ -1,4 +1,4 @@
-//! Muse Glimmer's image encoder: preprocessing and the ViT + projector on the CPU.
+//! Muse Glimmer's image encoder: preprocessing and the ViT + projector on the CPU or a GPU.
 //!
 //! The projector is the GGUF llama.cpp's converter writes for Muse Glimmer
 //! (`clip.projector_type = "muse-glimmer"`, loaded by `--mmproj FILE`), and the numbers
@@ -16,14 +16,17 @@
 //!    three-matrix projector (`mm.0`, GELU, `mm.1`, GELU, `mm.2`) into the text model's width.
 //!
 //! Matrix products run through muser-model's `Backend::matmul` (ggml's CPU kernel choice per
-//! weight type); the rest is written here in f32 with ggml's accumulation types.
+//! weight type), on the CPU or, with the `cuda` feature, on a GPU ([`Encoder`]); the rest is
+//! written here in f32 with ggml's accumulation types, on the host.
 //! [`synth`] writes a synthetic projector with the converter's key and tensor names.
 
+mod device;
 mod encoder;
 pub mod preprocess;
 mod projector;
 pub mod synth;
 
+pub use device::{Device, Encoder};
 pub use encoder::{Embeddings, EncodedImage};
 pub use preprocess::{decode, grid_size, preprocess, Limits, Pixels, Rgb8};
 pub use projector::{Hparams, Projector, IMAGE_BEGIN, IMAGE_END, MAX_IMAGE_TOKENS, PROJECTOR_TYPE};
@@ -41,6 +44,8 @@ pub enum VisionError {
     TooLarge(String),
     #[error(transparent)]
     Model(#[from] muser_model::ModelError),
+    #[error("image encoder device: {0}")]
+    Device(String),
     #[error("{path}: {source}")]
     Io {
         path: std::path::PathBuf,

@@ -333,12 +333,10 @@ impl Projector {
         &self.hp
     }
 
-    /// The encoder input for a decoded image: mtmd's grid, Lanczos resize, this file's
-    /// normalization. mtmd's grid can exceed [`MAX_IMAGE_TOKENS`] for extreme aspect ratios
-    /// (its fallback rounds without capping); such an image is refused here, before any work.
-    pub fn preprocess(&self, img: &Rgb8) -> Result<Pixels, VisionError> {
-        let hp = &self.hp;
-        let cell = hp.cell();
+    /// The tokens a decoded image takes in the context (mtmd's grid of cells), or its refusal
+    /// when that grid would pass [`MAX_IMAGE_TOKENS`].
+    pub fn n_tokens(&self, img: &Rgb8) -> Result<usize, VisionError> {
+        let cell = self.hp.cell();
         let (w, h) = grid_size(img.width, img.height, cell, MAX_IMAGE_TOKENS);
         let tokens = u64::from(w / cell) * u64::from(h / cell);
         if tokens > u64::from(MAX_IMAGE_TOKENS) {
@@ -347,9 +345,18 @@ impl Projector {
                 img.width, img.height
             )));
         }
+        Ok(tokens as usize)
+    }
+
+    /// The encoder input for a decoded image: mtmd's grid, Lanczos resize, this file's
+    /// normalization. mtmd's grid can exceed [`MAX_IMAGE_TOKENS`] for extreme aspect ratios
+    /// (its fallback rounds without capping); such an image is refused here, before any work.
+    pub fn preprocess(&self, img: &Rgb8) -> Result<Pixels, VisionError> {
+        let hp = &self.hp;
+        self.n_tokens(img)?;
         Ok(preprocess(
             img,
-            cell,
+            hp.cell(),
             MAX_IMAGE_TOKENS,
             hp.image_mean,
             hp.image_std,

@@ -36,13 +36,11 @@ const KQ_GROUP: usize = 8;
 
 /// Activations converted once for a whole matmul.
 enum Acts {
+    /// f32 values; for F16 weights rounded to f16 first (ggml's `vec_dot_type`), kept widened
+    /// (exactly) so that no product converts them again.
     F32(Vec<f32>),
-    F16(Vec<f16>),
     /// Quantized rows of `row_bytes` each.
-    Quant {
-        data: Vec<u8>,
-        row_bytes: usize,
-    },
+    Quant { data: Vec<u8>, row_bytes: usize },
 }
 
 fn quant_err(w: &Weight, e: muser_quant::QuantError) -> ModelError {
@@ -97,7 +95,7 @@ pub fn matmul(
     let rb = w.row_bytes();
     let acts = match w.ty {
         GgmlType::F32 => Acts::F32(x.to_vec()),
-        GgmlType::F16 => Acts::F16(x.iter().map(|&v| f16::from_f32(v)).collect()),
+        GgmlType::F16 => Acts::F32(x.iter().map(|&v| f16::from_f32(v).to_f32()).collect()),
         ty => {
             let vt = muser_quant::vec_dot_type(ty);
             let row_bytes = muser_quant::row_size(vt, n_in).map_err(|e| quant_err(w, e))?;
@@ -288,30 +286,22 @@ fn dot_row(order: Order, ty: GgmlType, n_in: usize, wrow: &[u8], acts: &Acts, al
     let batched = |t: usize| n_rows >= 2 && n_in.is_multiple_of(order.lanes()) && !alone.get(t).copied().unwrap_or(false);
     match acts {
         Acts::F32(x) => {
-            let wf: Vec<f32> = wrow
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
+            // the weight row widened once (exactly, for F16), not in every product
+            let wf: Vec<f32> = if ty == GgmlType::F16 {
+                wrow.chunks_exact(2)
+                    .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
+                    .collect()
+            } else {
+                wrow.chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect()
+            };
             for (t, o) in out.iter_mut().enumerate() {
                 let a = &x[t * n_in..(t + 1) * n_in];
                 *o = if batched(t) {
                     tinyblas_dot(order, &wf, a)
                 } else {
                     vec_dot(order, &wf, a)
-                };
-            }
-        }
-        Acts::F16(x) => {
-            let wh: Vec<f16> = wrow
-                .chunks_exact(2)
-                .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])))
-                .collect();
-            for (t, o) in out.iter_mut().enumerate() {
-                let a = &x[t * n_in..(t + 1) * n_in];
-                *o = if batched(t) {
-                    tinyblas_dot(order, &wh, a)
-                } else {
-                    vec_dot(order, &wh, a)
                 };
             }
         }

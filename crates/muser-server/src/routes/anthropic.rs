@@ -1,8 +1,9 @@
 //! Anthropic Messages: `POST /v1/messages` (whole or streamed as Anthropic's events) and
 //! `POST /v1/messages/count_tokens`. A request is translated into the chat request it means
 //! (system prompt, `tool_use` blocks as tool calls, `tool_result` blocks as tool messages,
-//! `thinking` blocks as reasoning) and runs the chat route's path; the answer is shaped as
-//! content blocks (`thinking`, `text`, `tool_use`).
+//! `thinking` blocks as reasoning, base64 `image` blocks as `image_url` parts) and runs the
+//! chat route's path; the answer is shaped as content blocks (`thinking`, `text`,
+//! `tool_use`).
 
 use super::openai::{start_chat, ChatRun};
 use super::{next_id, sse_response, Log};
@@ -12,7 +13,8 @@ use crate::gen::{self, Finished, Step};
 use crate::json::StrictJson;
 use crate::state::SharedState;
 use crate::wire::anthropic::{
-    Block, Content, MessagesRequest, Role, System, Thinking, ToolChoice, ToolResultContent,
+    Block, Content, ImageSource, MessagesRequest, Role, System, Thinking, ToolChoice,
+    ToolResultContent,
 };
 use crate::wire::openai::ChatCompletionRequest;
 use axum::extract::State;
@@ -216,7 +218,11 @@ fn user_messages(blocks: Vec<Block>, out: &mut Vec<Value>) -> ApiResult<()> {
                                 Some(p) if p["type"] == "text" => {
                                     texts.push(p["text"].as_str().unwrap_or("").to_string())
                                 }
-                                _ => return Err(image_refused()),
+                                _ => {
+                                    return Err(ApiError::bad_request(
+                                        "images in a tool_result are not supported; send them as image blocks of a user message",
+                                    ))
+                                }
                             }
                         }
                         texts.join("\n")
@@ -238,17 +244,7 @@ fn user_messages(blocks: Vec<Block>, out: &mut Vec<Value>) -> ApiResult<()> {
 fn part(b: Block) -> ApiResult<Option<Value>> {
     Ok(match b {
         Block::Text { text, .. } => Some(json!({ "type": "text", "text": text })),
-        Block::Image { source, .. } => {
-            let url = match (source["type"].as_str(), source["media_type"].as_str()) {
-                (Some("base64"), Some(media)) => format!(
-                    "data:{media};base64,{}",
-                    source["data"].as_str().unwrap_or("")
-                ),
-                (Some("url"), _) => source["url"].as_str().unwrap_or("").to_string(),
-                _ => return Err(ApiError::bad_request("image source must be base64 or url")),
-            };
-            Some(json!({ "type": "image_url", "image_url": { "url": url } }))
-        }
+        Block::Image { source, .. } => Some(image_part(source)?),
         Block::Thinking { .. } | Block::RedactedThinking { .. } => None,
         Block::ToolUse { .. } | Block::ToolResult { .. } => {
             return Err(ApiError::bad_request(
@@ -258,8 +254,21 @@ fn part(b: Block) -> ApiResult<Option<Value>> {
     })
 }
 
-fn image_refused() -> ApiError {
-    ApiError::bad_request("image input is not supported: the served model has no vision encoder")
+/// An image block as the chat route's `image_url` part (a `data:` URI), which the chat path
+/// decodes and encodes like any other image; `url` sources are refused.
+fn image_part(source: Value) -> ApiResult<Value> {
+    let source: ImageSource = serde_json::from_value(source)
+        .map_err(|e| ApiError::bad_request(format!("image source: {e}")))?;
+    match source {
+        ImageSource::Base64 { media_type, data } => {
+            crate::vision::check_media_type(&media_type)?;
+            let url = format!("data:{media_type};base64,{data}");
+            Ok(json!({ "type": "image_url", "image_url": { "url": url } }))
+        }
+        ImageSource::Url { .. } => Err(ApiError::bad_request(
+            "image url sources are not fetched; send the image as a base64 source",
+        )),
+    }
 }
 
 /// An assistant turn: text as content, `thinking` as reasoning, `tool_use` as tool calls.

@@ -368,7 +368,12 @@ pub async fn count_chat_tokens(
     req: ChatCompletionRequest,
 ) -> ApiResult<usize> {
     state
-        .cpu(move |st| Ok(st.encode_prompt(&render_chat(st, &req)?, true)?.len()))
+        .cpu(move |st| {
+            // images count their rows, from their sizes (not encoded)
+            let images = chat::chat_images(st, &req.messages)?;
+            let marker = st.vision.as_ref().map_or("", |v| v.chat_marker());
+            st.count_with_images(&render_chat(st, &req)?, true, marker, images)
+        })
         .await
 }
 

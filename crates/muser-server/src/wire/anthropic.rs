@@ -94,6 +94,7 @@ pub enum Block {
         cache_control: Option<Value>,
     },
     Image {
+        /// An [`ImageSource`], read by the route so that a bad one gets its own message.
         source: Value,
         #[serde(default)]
         cache_control: Option<Value>,
@@ -122,6 +123,15 @@ pub enum Block {
     RedactedThinking {
         data: String,
     },
+}
+
+/// Where an image block's bytes are: inline base64 of a `media_type`, or a URL (refused: the
+/// server fetches nothing).
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ImageSource {
+    Base64 { media_type: String, data: String },
+    Url { url: String },
 }
 
 #[derive(Debug, Deserialize)]

@@ -2,7 +2,8 @@
 //!
 //!   muser-cuda-bench check [--json OUT]
 //!       kernel checks on random data against the CPU reference (muser-quant dequantization,
-//!       f64 sums): decode GEMV per weight type and batch, bf16 dequantization, cuBLAS GEMM,
+//!       f64 sums): decode GEMV per weight type and batch (1 to 64, each batch's outputs also
+//!       bit for bit against each row's batch-1 GEMV), bf16 dequantization, cuBLAS GEMM,
 //!       embedding rows, the decode SwiGLU and norms (their int8 activations bit for bit
 //!       against the host's statement of the quantization), the greedy argmax over split rows. Exit status 1 if any check fails.
 //!   muser-cuda-bench model MODEL.gguf [--n-ctx N] [--chunk N] [--pp 512,2048] [--tg 128]

@@ -286,23 +286,45 @@ __device__ __forceinline__ void l2_prefetch_range(const u8* p, long bytes) {
 // groups' scale and scale * sum, d2 already divided by 16 (the high nibbles are summed in place
 // by dot16u, 16x too large; the power of two moves into the scale exactly, so the product and
 // every sum after it are bit-identical to the shifted form).
-template <int B>
-__device__ __forceinline__ void q4k_lane_term(uint4 hd, uint4 qv, const int4* xa, const int4* xb, const float* d0,
-                                              const float* d2, const float* s0v, const float* s2v, int sh, bool clo,
-                                              float* acc) {
-    const float d = h2f(hd.x & 0xffff), dmin = h2f(hd.x >> 16);
+// A lane's scales of a super-block: its header's d and dmin, and the 6-bit scales and mins of
+// the two sub-blocks of its chunk.
+struct Q4kScales {
+    float d, dmin, m1, m2;
+    int sc1, sc2;
+};
+__device__ __forceinline__ Q4kScales q4k_scales(uint4 hd, int sh, bool clo) {
+    Q4kScales k;
+    k.d = h2f(hd.x & 0xffff);
+    k.dmin = h2f(hd.x >> 16);
     // Scales and mins of sub-blocks 2c and 2c+1 as byte pairs (get_scale_min_k4).
     const u32 Y = hd.y >> sh, Z = hd.z >> sh, Wd = hd.w >> sh;
     const u32 aux0 = clo ? (Y & 0x3f3fu) : ((Wd & 0x0f0fu) | ((Y & 0xc0c0u) >> 2));
     const u32 aux1 = clo ? (Z & 0x3f3fu) : (((Wd >> 4) & 0x0f0fu) | ((Z & 0xc0c0u) >> 2));
-    const int sc1 = aux0 & 0xff, sc2 = (aux0 >> 8) & 0xff;
-    const float m1 = (float)(aux1 & 0xff), m2 = (float)((aux1 >> 8) & 0xff);
+    k.sc1 = aux0 & 0xff;
+    k.sc2 = (aux0 >> 8) & 0xff;
+    k.m1 = (float)(aux1 & 0xff);
+    k.m2 = (float)((aux1 >> 8) & 0xff);
+    return k;
+}
+
+// The lane's term for B activation rows, given its scales (q4k_scales) and quants.
+template <int B>
+__device__ __forceinline__ void q4k_terms(const Q4kScales& k, uint4 qv, const int4* xa, const int4* xb,
+                                          const float* d0, const float* d2, const float* s0v, const float* s2v,
+                                          float* acc) {
     const uint4 lo = and4(qv, 0x0F0F0F0Fu), hi = and4(qv, 0xF0F0F0F0u);
 #pragma unroll
     for (int b = 0; b < B; b++) {
-        const int sa = dot16(lo, xa[b], 0) * sc1, sb = dot16u(hi, xb[b], 0) * sc2;
-        acc[b] += d * (d0[b] * (float)sa + d2[b] * (float)sb) - dmin * (m1 * s0v[b] + m2 * s2v[b]);
+        const int sa = dot16(lo, xa[b], 0) * k.sc1, sb = dot16u(hi, xb[b], 0) * k.sc2;
+        acc[b] += k.d * (d0[b] * (float)sa + d2[b] * (float)sb) - k.dmin * (k.m1 * s0v[b] + k.m2 * s2v[b]);
     }
+}
+
+template <int B>
+__device__ __forceinline__ void q4k_lane_term(uint4 hd, uint4 qv, const int4* xa, const int4* xb, const float* d0,
+                                              const float* d2, const float* s0v, const float* s2v, int sh, bool clo,
+                                              float* acc) {
+    q4k_terms<B>(q4k_scales(hd, sh, clo), qv, xa, xb, d0, d2, s0v, s2v, acc);
 }
 
 // Q4_K GEMV. A group of 8 lanes works on one super-block (lane j: 16 bytes of quants, chunk
@@ -709,25 +731,25 @@ Q4K_CFGS4(4, 5)
 // - each (row, sequence) is summed in floats by the same lanes in the same order as the
 //   one-sequence kernel of that matrix: lane group g of warp k of a row takes super-blocks
 //   (k * 4 + g) + i * 4 * WPR for i = 0, 1, ... ascending (gemv_q4k's s_first and STEP, which
-//   depend on WPR only, not on U, RPW or B), each term is q4k_lane_term's expression for one
-//   sequence, the warp's lanes are added by warp_sum and the WPR warps in ascending order
+//   depend on WPR only, not on U, RPW or B), each term is q4k_terms's expression for one
+//   sequence (q4k_lane_term is q4k_terms of q4k_scales), the warp's lanes are added by warp_sum and the WPR warps in ascending order
 //   starting from 0.f, as in gemv_q4k. The host picks WPR as the one-sequence GEMV does
 //   (weights.rs);
 // - the other types loop over the sequences with their own kernels' device functions, whose
 //   per-sequence sums do not depend on the batch template (one accumulator per sequence).
 // The Q4_K kernel loads its row's first pass of super-blocks (U per lane group; one pass
-// covers the row for the shapes the host picks up to 80 super-blocks) into registers once and
-// keeps them there while it loops over the chunks, so each weight byte is read from memory once
+// covers the row for the shapes the host picks up to 80 super-blocks) into registers once,
+// the headers decoded (q4k_scales), and keeps them there while it loops over the chunks, so each weight byte is read from memory once
 // per step for all sequences; passes beyond the first (longer rows) re-read theirs per chunk.
 // A chunk past the last sequence reads the last sequence's activations and stores nothing.
 #define SEQ_CHUNK 4
 
 // One super-block step of a lane group for SEQ_CHUNK sequences from b0 (rows r of the warp:
-// headers hv[r], quants qv[r]): xq, xd, xs point at the lane's activations of super-block s
+// scales ks[r], quants qv[r]): xq, xd, xs point at the lane's activations of super-block s
 // of sequence 0.
 template <int RPW>
-__device__ __forceinline__ void q4k_seq_terms(const uint4* hv, const uint4* qv, const i8* xq, const float* xd,
-                                              const float* xs, long xn, long gn, int b0, int nb, int sh, bool clo,
+__device__ __forceinline__ void q4k_seq_terms(const Q4kScales* ks, const uint4* qv, const i8* xq, const float* xd,
+                                              const float* xs, long xn, long gn, int b0, int nb,
                                               float (*acc)[SEQ_CHUNK]) {
     int4 xa[SEQ_CHUNK], xb[SEQ_CHUNK];
     float d0[SEQ_CHUNK], d2[SEQ_CHUNK], s0v[SEQ_CHUNK], s2v[SEQ_CHUNK];
@@ -744,7 +766,7 @@ __device__ __forceinline__ void q4k_seq_terms(const uint4* hv, const uint4* qv, 
         s2v[b] = xs[go + 2];
     }
 #pragma unroll
-    for (int r = 0; r < RPW; r++) q4k_lane_term<SEQ_CHUNK>(hv[r], qv[r], xa, xb, d0, d2, s0v, s2v, sh, clo, acc[r]);
+    for (int r = 0; r < RPW; r++) q4k_terms<SEQ_CHUNK>(ks[r], qv[r], xa, xb, d0, d2, s0v, s2v, acc[r]);
 }
 
 template <int WPR, int U, int RPW>
@@ -772,17 +794,19 @@ __device__ void gemv_q4k_seqs(const u8* __restrict__ W, long rows, long cols, Ac
         const bool valid = row < rows;
         const u8* wh = W + ((valid ? row : 0) * nsb + s_first) * 144;
         const u8* wq = wh + 16 + 16 * j;
-        uint4 hv[U][RPW], qv[U][RPW];
+        uint4 qv[U][RPW];
+        Q4kScales ks[U][RPW];
 #pragma unroll
         for (int u = 0; u < U; u++)
 #pragma unroll
             for (int r = 0; r < RPW; r++) {
-                hv[u][r] = make_uint4(0, 0, 0, 0);
-                qv[u][r] = hv[u][r];
+                uint4 hv = make_uint4(0, 0, 0, 0);
+                qv[u][r] = hv;
                 if (valid && s_first + STEP * u < nsb && row + r < rows) {
-                    hv[u][r] = ld_stream<1>(wh + r * rstride + STEP * u * 144);
+                    hv = ld_stream<1>(wh + r * rstride + STEP * u * 144);
                     qv[u][r] = ld_stream<1>(wq + r * rstride + STEP * u * 144);
                 }
+                ks[u][r] = q4k_scales(hv, sh, clo);
             }
         // Weights do not depend on the previous kernel: wait for it only after the first loads.
         if (!waited) {
@@ -799,21 +823,22 @@ __device__ void gemv_q4k_seqs(const u8* __restrict__ W, long rows, long cols, Ac
             for (int u = 0; u < U; u++) {
                 const int s = s_first + STEP * u;
                 if (valid && s < nsb)
-                    q4k_seq_terms<RPW>(hv[u], qv[u], xq0 + s * 256, xd0 + s * 16, xs0 + s * 16, xn, gn, b0, nb, sh,
-                                       clo, acc);
+                    q4k_seq_terms<RPW>(ks[u], qv[u], xq0 + s * 256, xd0 + s * 16, xs0 + s * 16, xn, gn, b0, nb, acc);
             }
             for (int s = s_first + STEP * U; valid && s < nsb; s += STEP) {
-                uint4 h1[RPW], q1[RPW];
+                uint4 q1[RPW];
+                Q4kScales k1[RPW];
 #pragma unroll
                 for (int r = 0; r < RPW; r++) {
-                    h1[r] = make_uint4(0, 0, 0, 0);
-                    q1[r] = h1[r];
+                    uint4 h1 = make_uint4(0, 0, 0, 0);
+                    q1[r] = h1;
                     if (row + r < rows) {
-                        h1[r] = ld_stream<1>(wh + r * rstride + (s - s_first) * 144);
+                        h1 = ld_stream<1>(wh + r * rstride + (s - s_first) * 144);
                         q1[r] = ld_stream<1>(wq + r * rstride + (s - s_first) * 144);
                     }
+                    k1[r] = q4k_scales(h1, sh, clo);
                 }
-                q4k_seq_terms<RPW>(h1, q1, xq0 + s * 256, xd0 + s * 16, xs0 + s * 16, xn, gn, b0, nb, sh, clo, acc);
+                q4k_seq_terms<RPW>(k1, q1, xq0 + s * 256, xd0 + s * 16, xs0 + s * 16, xn, gn, b0, nb, acc);
             }
             if constexpr (WPR == 1) {
 #pragma unroll

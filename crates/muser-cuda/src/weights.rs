@@ -171,7 +171,9 @@ impl DevWeight {
                     (_, _, 0) => 2,
                     (_, _, r) => r,
                 };
-                if rpw == 4 && gpu.has_kernel(&n4) {
+                // (A fixed shape keeps its own warps per row: the four-row kernel only when its
+                // shape splits rows the same way.)
+                if rpw == 4 && w4 == w && gpu.has_kernel(&n4) {
                     name = n4;
                     rows_per_block = 4 * 4 / w4 as usize;
                 } else if rpw >= 2 && gpu.has_kernel(&n2) {

@@ -769,17 +769,12 @@ __device__ __forceinline__ void q4k_seq_terms(const Q4kScales* ks, const uint4* 
     for (int r = 0; r < RPW; r++) q4k_terms<SEQ_CHUNK>(ks[r], qv[r], xa, xb, d0, d2, s0v, s2v, acc[r]);
 }
 
-// Warps per block of the batched Q4_K GEMV (layout::Q4K_SEQ_WARPS): the block's warps go
-// through the sequence chunks together (a barrier per chunk), so the 8 / WPR * RPW rows of a
-// block share each activation line fetched into L1; 8 warps of up to 255 registers fit an SM
-// (65,536 registers), so the kernels need no launch bounds.
-#define SEQ_WARPS 8
 template <int WPR, int U, int RPW>
 __device__ void gemv_q4k_seqs(const u8* __restrict__ W, long rows, long cols, Act x, int nb, float* __restrict__ y,
                               long ldy) {
     constexpr int STEP = 4 * WPR;
-    constexpr int RPB = SEQ_WARPS / WPR * RPW;
-    __shared__ float red[WPR > 1 ? SEQ_WARPS : 1][RPW * SEQ_CHUNK];
+    constexpr int RPB = 4 / WPR * RPW;
+    __shared__ float red[WPR > 1 ? 4 : 1][RPW * SEQ_CHUNK];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nsb = (int)(cols >> 8);
     const long nblk = (rows + RPB - 1) / RPB;
@@ -853,7 +848,6 @@ __device__ void gemv_q4k_seqs(const u8* __restrict__ W, long rows, long cols, Ac
                         const float v = warp_sum(acc[r][b]);
                         if (row + r < rows && b0 + b < nb && lane == 0) y[(b0 + b) * ldy + row + r] = v;
                     }
-                __syncthreads();
             } else {
 #pragma unroll
                 for (int r = 0; r < RPW; r++)

@@ -211,28 +211,23 @@ pub const SEQ_CHUNK: usize = 4;
 /// Rows per warp of the batched Q4_K GEMV (`Q4K_SEQ_RPW` in kernels.cu).
 pub const Q4K_SEQ_ROWS_PER_WARP: usize = 2;
 
-/// Warps per block of the batched Q4_K GEMV (`SEQ_WARPS` in kernels.cu); the other GEMVs run
-/// 4-warp blocks.
-pub const Q4K_SEQ_WARPS: usize = 8;
-
 /// The batched GEMV (`gemv_*_bn`, for batches above [`Q4K_SHAPE_MAX_BATCH`]) of a `ty` matrix
-/// of `cols` columns: its name, rows per block and threads per block. `q4k_wpr`: the warps per row of the
+/// of `cols` columns and its rows per 128-thread block. `q4k_wpr`: the warps per row of the
 /// matrix's one-sequence Q4_K GEMV; the batched kernel splits rows the same way, so that each
 /// sequence's sums run in the one-sequence order (kernels.cu), with the unroll that covers the
 /// row in the fewest passes (the passes after the first re-read their weights per chunk).
-pub fn seq_gemv(ty: WType, cols: usize, q4k_wpr: u32) -> (String, usize, u32) {
+pub fn seq_gemv(ty: WType, cols: usize, q4k_wpr: u32) -> (String, usize) {
     match ty {
         WType::Q4K => {
             let (w, u) = best_q4k_shape(cols / 256, Some(q4k_wpr));
             (
                 format!("gemv_q4k_w{w}u{u}_bn"),
-                Q4K_SEQ_WARPS / w as usize * Q4K_SEQ_ROWS_PER_WARP,
-                32 * Q4K_SEQ_WARPS as u32,
+                4 / w as usize * Q4K_SEQ_ROWS_PER_WARP,
             )
         }
         // gemv_nvfp4<B, 2, 2>: two rows per warp; the others one.
-        WType::NvFp4 => ("gemv_nvfp4_bn".to_string(), 8, 128),
-        _ => (format!("gemv_{}_bn", ty.kernel()), 4, 128),
+        WType::NvFp4 => ("gemv_nvfp4_bn".to_string(), 8),
+        _ => (format!("gemv_{}_bn", ty.kernel()), 4),
     }
 }
 
@@ -558,17 +553,15 @@ mod tests {
         let src = include_str!("kernels.cu");
         assert!(src.contains(&format!("#define SEQ_CHUNK {SEQ_CHUNK}\n")));
         assert!(src.contains(&format!("#define Q4K_SEQ_RPW {Q4K_SEQ_ROWS_PER_WARP}\n")));
-        assert!(src.contains(&format!("#define SEQ_WARPS {Q4K_SEQ_WARPS}\n")));
         let names = kernel_names();
         for nsb in 1..200 {
             for wpr in [q4k_shape(nsb).0, q4k_legacy_wpr(nsb), 1, 2, 4] {
-                let (name, rpb, threads) = seq_gemv(WType::Q4K, 256 * nsb, wpr);
-                assert_eq!(threads as usize, 32 * Q4K_SEQ_WARPS);
+                let (name, rpb) = seq_gemv(WType::Q4K, 256 * nsb, wpr);
                 assert!(
                     name.starts_with(&format!("gemv_q4k_w{wpr}u")),
                     "{nsb}: {name}"
                 );
-                assert_eq!(rpb, Q4K_SEQ_WARPS / wpr as usize * Q4K_SEQ_ROWS_PER_WARP);
+                assert_eq!(rpb, 4 / wpr as usize * Q4K_SEQ_ROWS_PER_WARP);
                 assert!(names.contains(&name), "{name}");
             }
         }
@@ -582,13 +575,13 @@ mod tests {
             assert_eq!(seq_gemv(WType::Q4K, cols, wpr).0, want, "{cols}");
         }
         for ty in ALL {
-            let (name, rpb, threads) = seq_gemv(ty, 4096, 2);
+            let (name, rpb) = seq_gemv(ty, 4096, 2);
             assert!(names.contains(&name), "{ty:?}: {name}");
-            assert!(rpb > 0 && threads % 32 == 0);
+            assert!(rpb > 0);
         }
         assert_eq!(
             seq_gemv(WType::Q6K, 6656, 1),
-            ("gemv_q6k_bn".to_string(), 4, 128)
+            ("gemv_q6k_bn".to_string(), 4)
         );
         assert_eq!(seq_gemv(WType::NvFp4, 6656, 1).1, 8);
     }

@@ -139,9 +139,9 @@ impl DevWeight {
                 Q4kShape::Fixed(w, u) if gpu.has_kernel(&q4k_kernel(w, u, 0, 1)) => w,
                 Q4kShape::Fixed(..) => q4k_legacy_wpr(nsb),
             };
-            let (name, rows_per_block, threads) = seq_gemv(self.ty, self.cols, wpr);
+            let (name, rows_per_block) = seq_gemv(self.ty, self.cols, wpr);
             let grid = self.rows.div_ceil(rows_per_block) as u32;
-            return gpu.launch(&name, (grid, 1, 1), threads, &args);
+            return gpu.launch(&name, (grid, 1, 1), 128, &args);
         }
         let mut name = format!("gemv_{}_b{batch}", self.ty.kernel());
         // Rows per 4-warp block (kernels.cu: Q4_K splits a row over 1, 2 or 4 warps).

@@ -21,7 +21,9 @@
 #   engine            the fused forward as the engine runs it (`Model::with_fused`: mixed batches
 #                     over four slots, truncation, kvpack export/import, embeddings) against the
 #                     fused model run directly and against the CPU, on the small model (its ring
-#                     wraps) and on the 16-layer model of the exact geometry
+#                     wraps) and on the 16-layer model of the exact geometry; and decode steps of
+#                     $BATCHES sequences (default 1,2,4,8,16,32,64) at mixed depths, each
+#                     sequence's tokens against its run alone
 #   serve             `muser up --device cuda` on a 310M synthetic muse-glimmer with SmolLM2's
 #                     tokenizer (scripts/serve-check.py: completions alone and four at once
 #                     must give the same texts; a streamed chat completion)
@@ -117,11 +119,12 @@ for stage in $stages; do
     engine)
       [ -f "$small" ] || PYTHONPATH=$(gguf_py) python3 "$carry/synth_muse.py" "$small" --layers 8 --embd 1024 \
         --heads 8 --kv 2 --head-dim 128 --ff 3072 --vocab 8192 --window 32 --ctx 4096
-      "$carry/muser-fused-check" "$small" --json "$out/fused-check-small.json"
+      batches=${BATCHES:-1,2,4,8,16,32,64}
+      "$carry/muser-fused-check" "$small" --batches "$batches" --json "$out/fused-check-small.json"
       devm=$work/muse-glimmer-dev-${DEV_LAYERS:-16}l-q4k.gguf
       [ -f "$devm" ] || PYTHONPATH=$(gguf_py) python3 "$carry/synth_muse.py" "$devm" --layers "${DEV_LAYERS:-16}"
       "$carry/muser-fused-check" "$devm" --prompt-len 600 --tokens 64 --chunk 256 --n-ctx 4096 \
-        --json "$out/fused-check-dev.json"
+        --batches "$batches" --json "$out/fused-check-dev.json"
       ;;
     serve)
       [ -f "$carry/muse-vocab.gguf" ] || { echo "serve: no $carry/muse-vocab.gguf (see the header)"; continue; }
@@ -185,9 +188,8 @@ for stage in $stages; do
       ;;
     batched)
       # llama-batched-bench's rows on the 30B: the engine's Model over the fused forward (decode
-      # steps of up to 8 rows), the fused model driven directly (more than 8 sequences: a
-      # "not supported by this path" row), and llama-batched-bench itself when the comparator
-      # build has it (CMP_TARGETS="llama-bench llama-batched-bench").
+      # steps of up to 64 rows), the fused model driven directly, and llama-batched-bench itself
+      # when the comparator build has it (CMP_TARGETS="llama-bench llama-batched-bench").
       npl=${NPL:-1,4,8,16,32,64}
       [ -f "$big" ] || PYTHONPATH=$(gguf_py) python3 "$carry/synth_muse.py" "$big"
       "$carry/muser" bench --device cuda --batched -m "$big" -npl "$npl" -npp 128 -ntg 128 \

@@ -5,8 +5,8 @@
 //! - Weight matrices are uploaded once ([`Backend::prepare_weight`]). In exact [`Precision`]
 //!   (the default) they are dequantized exactly to f32 and each matmul first rounds the
 //!   activations as the CPU does for that weight type (`op_fakequant`, see `exact.rs`), then
-//!   multiplies in f32 (GEMV up to [`MAX_GEMV_BATCH`] rows, cuBLAS above). In fast precision
-//!   they stay in this crate's quantized layouts ([`DevWeight`]): up to [`MAX_GEMV_BATCH`] rows
+//!   multiplies in f32 (GEMV up to [`GEMV_ROWS_MAX`] rows, cuBLAS above). In fast precision
+//!   they stay in this crate's quantized layouts ([`DevWeight`]): up to [`GEMV_ROWS_MAX`] rows
 //!   through the int8 decode GEMVs, larger batches through bf16 cuBLAS.
 //! - The KV cache ([`CudaKv`]) is f16 in device memory with the host cache's layout
 //!   (`[n_seq][cells][row]` per layer), so snapshots and kvpack packs are the same as the CPU's.
@@ -133,10 +133,16 @@ pub fn grid_1d(n: usize) -> u32 {
 #[cfg(feature = "cuda")]
 pub use dev::{CudaBackend, CudaKv, DevMat};
 
+/// Rows up to which a matmul of this backend runs the decode GEMVs (cuBLAS above).
+pub const GEMV_ROWS_MAX: usize = 8;
+
 #[cfg(feature = "cuda")]
 mod dev {
-    use super::{attn_meta, grid_1d, has_mins, split_mins, Precision, MAX_HEAD_DIM, OPS_KERNELS};
-    use crate::runtime::{Arg, DevBuf, GemmIn, Gpu, MAX_GEMV_BATCH, OPS_CU};
+    use super::{
+        attn_meta, grid_1d, has_mins, split_mins, Precision, GEMV_ROWS_MAX, MAX_HEAD_DIM,
+        OPS_KERNELS,
+    };
+    use crate::runtime::{Arg, DevBuf, GemmIn, Gpu, OPS_CU};
     use crate::weights::{DevWeight, QAct, QActBufs, WType};
     use crate::CudaError;
     use muser_gguf::GgmlType;
@@ -557,7 +563,7 @@ mod dev {
                     ],
                 )?;
             }
-            if n <= MAX_GEMV_BATCH {
+            if n <= GEMV_ROWS_MAX {
                 dw.gemv(
                     &self.gpu,
                     n,
@@ -699,7 +705,7 @@ mod dev {
                 self.matmul_exact(w.ty, &dw, mins.as_deref(), x, &y)?;
                 return Ok(y);
             }
-            if x.rows <= MAX_GEMV_BATCH {
+            if x.rows <= GEMV_ROWS_MAX {
                 self.gemv(&dw, x, &y)?;
             } else {
                 self.gemm(&dw, x, &y)?;

@@ -286,23 +286,45 @@ __device__ __forceinline__ void l2_prefetch_range(const u8* p, long bytes) {
 // groups' scale and scale * sum, d2 already divided by 16 (the high nibbles are summed in place
 // by dot16u, 16x too large; the power of two moves into the scale exactly, so the product and
 // every sum after it are bit-identical to the shifted form).
-template <int B>
-__device__ __forceinline__ void q4k_lane_term(uint4 hd, uint4 qv, const int4* xa, const int4* xb, const float* d0,
-                                              const float* d2, const float* s0v, const float* s2v, int sh, bool clo,
-                                              float* acc) {
-    const float d = h2f(hd.x & 0xffff), dmin = h2f(hd.x >> 16);
+// A lane's scales of a super-block: its header's d and dmin, and the 6-bit scales and mins of
+// the two sub-blocks of its chunk.
+struct Q4kScales {
+    float d, dmin, m1, m2;
+    int sc1, sc2;
+};
+__device__ __forceinline__ Q4kScales q4k_scales(uint4 hd, int sh, bool clo) {
+    Q4kScales k;
+    k.d = h2f(hd.x & 0xffff);
+    k.dmin = h2f(hd.x >> 16);
     // Scales and mins of sub-blocks 2c and 2c+1 as byte pairs (get_scale_min_k4).
     const u32 Y = hd.y >> sh, Z = hd.z >> sh, Wd = hd.w >> sh;
     const u32 aux0 = clo ? (Y & 0x3f3fu) : ((Wd & 0x0f0fu) | ((Y & 0xc0c0u) >> 2));
     const u32 aux1 = clo ? (Z & 0x3f3fu) : (((Wd >> 4) & 0x0f0fu) | ((Z & 0xc0c0u) >> 2));
-    const int sc1 = aux0 & 0xff, sc2 = (aux0 >> 8) & 0xff;
-    const float m1 = (float)(aux1 & 0xff), m2 = (float)((aux1 >> 8) & 0xff);
+    k.sc1 = aux0 & 0xff;
+    k.sc2 = (aux0 >> 8) & 0xff;
+    k.m1 = (float)(aux1 & 0xff);
+    k.m2 = (float)((aux1 >> 8) & 0xff);
+    return k;
+}
+
+// The lane's term for B activation rows, given its scales (q4k_scales) and quants.
+template <int B>
+__device__ __forceinline__ void q4k_terms(const Q4kScales& k, uint4 qv, const int4* xa, const int4* xb,
+                                          const float* d0, const float* d2, const float* s0v, const float* s2v,
+                                          float* acc) {
     const uint4 lo = and4(qv, 0x0F0F0F0Fu), hi = and4(qv, 0xF0F0F0F0u);
 #pragma unroll
     for (int b = 0; b < B; b++) {
-        const int sa = dot16(lo, xa[b], 0) * sc1, sb = dot16u(hi, xb[b], 0) * sc2;
-        acc[b] += d * (d0[b] * (float)sa + d2[b] * (float)sb) - dmin * (m1 * s0v[b] + m2 * s2v[b]);
+        const int sa = dot16(lo, xa[b], 0) * k.sc1, sb = dot16u(hi, xb[b], 0) * k.sc2;
+        acc[b] += k.d * (d0[b] * (float)sa + d2[b] * (float)sb) - k.dmin * (k.m1 * s0v[b] + k.m2 * s2v[b]);
     }
+}
+
+template <int B>
+__device__ __forceinline__ void q4k_lane_term(uint4 hd, uint4 qv, const int4* xa, const int4* xb, const float* d0,
+                                              const float* d2, const float* s0v, const float* s2v, int sh, bool clo,
+                                              float* acc) {
+    q4k_terms<B>(q4k_scales(hd, sh, clo), qv, xa, xb, d0, d2, s0v, s2v, acc);
 }
 
 // Q4_K GEMV. A group of 8 lanes works on one super-block (lane j: 16 bytes of quants, chunk
@@ -666,10 +688,6 @@ GEMV_ENTRIES(1)
 GEMV_ENTRIES(2)
 GEMV_ENTRIES(3)
 GEMV_ENTRIES(4)
-GEMV_ENTRIES(5)
-GEMV_ENTRIES(6)
-GEMV_ENTRIES(7)
-GEMV_ENTRIES(8)
 
 // Q4_K GEMV with an explicit shape: WPR warps per row (4 / WPR rows per 128-thread block), U
 // super-blocks of loads in flight per lane group, L the load hint. The host picks the shape
@@ -702,6 +720,212 @@ Q4K_CFGS(4, 5)
 Q4K_CFGS4(1, 4)
 Q4K_CFGS4(2, 4)
 Q4K_CFGS4(4, 5)
+
+// ---------------------------------------------------------------------------------------------
+// Decode GEMVs for larger batches (5 up to the scratch's rows, MAX_GEMV_BATCH): nb sequences in
+// chunks of SEQ_CHUNK, one kernel per weight type (and per Q4_K shape), the batch a run-time
+// argument.
+//
+// Every sequence's result is bit-identical to its one-sequence GEMV's, by construction:
+// - the integer dot products (dp4a over int8 activations) are exact in any order;
+// - each (row, sequence) is summed in floats by the same lanes in the same order as the
+//   one-sequence kernel of that matrix: lane group g of warp k of a row takes super-blocks
+//   (k * 4 + g) + i * 4 * WPR for i = 0, 1, ... ascending (gemv_q4k's s_first and STEP, which
+//   depend on WPR only, not on U, RPW or B), each term is q4k_terms's expression for one
+//   sequence (q4k_lane_term is q4k_terms of q4k_scales), the warp's lanes are added by warp_sum and the WPR warps in ascending order
+//   starting from 0.f, as in gemv_q4k. The host picks WPR as the one-sequence GEMV does
+//   (weights.rs);
+// - the other types loop over the sequences with their own kernels' device functions, whose
+//   per-sequence sums do not depend on the batch template (one accumulator per sequence).
+// The Q4_K kernel loads its row's first pass of super-blocks (U per lane group; one pass
+// covers the row for the shapes the host picks up to 80 super-blocks) into registers once,
+// the headers decoded (q4k_scales), and keeps them there while it loops over the chunks, so each weight byte is read from memory once
+// per step for all sequences; passes beyond the first (longer rows) re-read theirs per chunk.
+// A chunk past the last sequence reads the last sequence's activations and stores nothing.
+#define SEQ_CHUNK 4
+
+// One super-block step of a lane group for SEQ_CHUNK sequences from b0 (rows r of the warp:
+// scales ks[r], quants qv[r]): xq, xd, xs point at the lane's activations of super-block s
+// of sequence 0.
+template <int RPW>
+__device__ __forceinline__ void q4k_seq_terms(const Q4kScales* ks, const uint4* qv, const i8* xq, const float* xd,
+                                              const float* xs, long xn, long gn, int b0, int nb,
+                                              float (*acc)[SEQ_CHUNK]) {
+    int4 xa[SEQ_CHUNK], xb[SEQ_CHUNK];
+    float d0[SEQ_CHUNK], d2[SEQ_CHUNK], s0v[SEQ_CHUNK], s2v[SEQ_CHUNK];
+#pragma unroll
+    for (int b = 0; b < SEQ_CHUNK; b++) {
+        const long sb = min(b0 + b, nb - 1);
+        const i8* xp = xq + sb * xn;
+        xa[b] = *(const int4*)xp;
+        xb[b] = *(const int4*)(xp + 32);
+        const long go = sb * gn;
+        d0[b] = xd[go];
+        d2[b] = xd[go + 2] * 0.0625f;  // q4k_lane_term's high-nibble scale
+        s0v[b] = xs[go];
+        s2v[b] = xs[go + 2];
+    }
+#pragma unroll
+    for (int r = 0; r < RPW; r++) q4k_terms<SEQ_CHUNK>(ks[r], qv[r], xa, xb, d0, d2, s0v, s2v, acc[r]);
+}
+
+template <int WPR, int U, int RPW>
+__device__ void gemv_q4k_seqs(const u8* __restrict__ W, long rows, long cols, Act x, int nb, float* __restrict__ y,
+                              long ldy) {
+    constexpr int STEP = 4 * WPR;
+    constexpr int RPB = 4 / WPR * RPW;
+    __shared__ float red[WPR > 1 ? 4 : 1][RPW * SEQ_CHUNK];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nsb = (int)(cols >> 8);
+    const long nblk = (rows + RPB - 1) / RPB;
+    const int j = lane & 7, c = j >> 1, h = j & 1;
+    const int s_first = (warp % WPR) * 4 + (lane >> 3);
+    const long xn = x.n, gn = x.n / 16;
+    const int sh = 16 * (c & 1);
+    const bool clo = c < 2;
+    const long rstride = (long)nsb * 144;
+    // The lane's activations of super-block s (sequence 0).
+    const i8* xq0 = x.q + (4 * c + h) * 16;
+    const float* xd0 = x.d + 4 * c + h;
+    const float* xs0 = x.s + 4 * c + h;
+    bool waited = false;
+    for (long blk = blockIdx.x; blk < nblk; blk += gridDim.x) {
+        const long row = blk * RPB + (warp / WPR) * RPW;
+        const bool valid = row < rows;
+        const u8* wh = W + ((valid ? row : 0) * nsb + s_first) * 144;
+        const u8* wq = wh + 16 + 16 * j;
+        uint4 qv[U][RPW];
+        Q4kScales ks[U][RPW];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < RPW; r++) {
+                uint4 hv = make_uint4(0, 0, 0, 0);
+                qv[u][r] = hv;
+                if (valid && s_first + STEP * u < nsb && row + r < rows) {
+                    hv = ld_stream<1>(wh + r * rstride + STEP * u * 144);
+                    qv[u][r] = ld_stream<1>(wq + r * rstride + STEP * u * 144);
+                }
+                ks[u][r] = q4k_scales(hv, sh, clo);
+            }
+        // Weights do not depend on the previous kernel: wait for it only after the first loads.
+        if (!waited) {
+            pdl_wait();
+            waited = true;
+        }
+        for (int b0 = 0; b0 < nb; b0 += SEQ_CHUNK) {
+            float acc[RPW][SEQ_CHUNK];
+#pragma unroll
+            for (int r = 0; r < RPW; r++)
+#pragma unroll
+                for (int b = 0; b < SEQ_CHUNK; b++) acc[r][b] = 0.f;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int s = s_first + STEP * u;
+                if (valid && s < nsb)
+                    q4k_seq_terms<RPW>(ks[u], qv[u], xq0 + s * 256, xd0 + s * 16, xs0 + s * 16, xn, gn, b0, nb, acc);
+            }
+            for (int s = s_first + STEP * U; valid && s < nsb; s += STEP) {
+                uint4 q1[RPW];
+                Q4kScales k1[RPW];
+#pragma unroll
+                for (int r = 0; r < RPW; r++) {
+                    uint4 h1 = make_uint4(0, 0, 0, 0);
+                    q1[r] = h1;
+                    if (row + r < rows) {
+                        h1 = ld_stream<1>(wh + r * rstride + (s - s_first) * 144);
+                        q1[r] = ld_stream<1>(wq + r * rstride + (s - s_first) * 144);
+                    }
+                    k1[r] = q4k_scales(h1, sh, clo);
+                }
+                q4k_seq_terms<RPW>(k1, q1, xq0 + s * 256, xd0 + s * 16, xs0 + s * 16, xn, gn, b0, nb, acc);
+            }
+            if constexpr (WPR == 1) {
+#pragma unroll
+                for (int r = 0; r < RPW; r++)
+#pragma unroll
+                    for (int b = 0; b < SEQ_CHUNK; b++) {
+                        const float v = warp_sum(acc[r][b]);
+                        if (row + r < rows && b0 + b < nb && lane == 0) y[(b0 + b) * ldy + row + r] = v;
+                    }
+            } else {
+#pragma unroll
+                for (int r = 0; r < RPW; r++)
+#pragma unroll
+                    for (int b = 0; b < SEQ_CHUNK; b++) {
+                        const float v = warp_sum(acc[r][b]);
+                        if (lane == 0) red[warp][r * SEQ_CHUNK + b] = v;
+                    }
+                __syncthreads();
+                if (valid && warp % WPR == 0 && lane < RPW * SEQ_CHUNK) {
+                    const int r = lane / SEQ_CHUNK, b = lane % SEQ_CHUNK;
+                    float v = 0.f;
+#pragma unroll
+                    for (int k = 0; k < WPR; k++) v += red[warp + k][lane];
+                    if (row + r < rows && b0 + b < nb) y[(b0 + b) * ldy + row + r] = v;
+                }
+                __syncthreads();
+            }
+        }
+    }
+}
+
+// Rows per warp of the batched Q4_K GEMV (layout::Q4K_SEQ_ROWS_PER_WARP): two rows share each
+// activation load; with U = 7 their first pass takes 112 registers.
+#define Q4K_SEQ_RPW 2
+#define Q4K_SEQS(WPR, U)                                                                                   \
+    extern "C" __global__ void gemv_q4k_w##WPR##u##U##_bn(const u8* W, const u8* S, long rows, long cols,  \
+                                                          const i8* xq, const float* xd, const float* xs,  \
+                                                          const float* xf, float* y, long ldy, int nb) {   \
+        Act x = {xq, xd, xs, cols};                                                                         \
+        pdl_trigger();                                                                                      \
+        gemv_q4k_seqs<WPR, U, Q4K_SEQ_RPW>(W, rows, cols, x, nb, y, ldy);                                   \
+    }
+Q4K_SEQS(1, 1)
+Q4K_SEQS(1, 2)
+Q4K_SEQS(1, 3)
+Q4K_SEQS(1, 4)
+Q4K_SEQS(1, 7)
+Q4K_SEQS(2, 2)
+Q4K_SEQS(2, 4)
+Q4K_SEQS(4, 5)
+
+// The other types: their batch kernels' device functions over chunks of SEQ_CHUNK sequences
+// (the tail with a smaller batch), activations and outputs moved to the chunk's first row.
+// Weights are read again per chunk (from L1 or L2: these are the small matrices).
+#define SEQ_LOOP(CALL)                                                                                      \
+    for (int b0 = 0; b0 < nb; b0 += SEQ_CHUNK) {                                                            \
+        const Act xc = {x.q + b0 * x.n, x.d + b0 * (x.n / 16), x.s + b0 * (x.n / 16), x.n};                 \
+        const float* xfc = xf + (long)b0 * cols;                                                            \
+        float* yc = y + (long)b0 * ldy;                                                                     \
+        switch (min(nb - b0, SEQ_CHUNK)) {                                                                  \
+            case 1: CALL(1); break;                                                                         \
+            case 2: CALL(2); break;                                                                         \
+            case 3: CALL(3); break;                                                                         \
+            default: CALL(4); break;                                                                        \
+        }                                                                                                   \
+    }
+#define SEQ_ENTRY(NAME, CALL)                                                                               \
+    extern "C" __global__ void NAME(const u8* W, const u8* S, long rows, long cols, const i8* xq,          \
+                                    const float* xd, const float* xs, const float* xf, float* y, long ldy,  \
+                                    int nb) {                                                               \
+        const Act x = {xq, xd, xs, cols};                                                                   \
+        pdl_trigger();                                                                                      \
+        pdl_wait();                                                                                         \
+        SEQ_LOOP(CALL)                                                                                      \
+    }
+#define CALL_Q6K(B) gemv_q6k<B>(W, rows, cols, xc, yc, ldy)
+#define CALL_Q80(B) gemv_q80<B>(W, S, rows, cols, xc, yc, ldy)
+#define CALL_NVFP4(B) gemv_nvfp4<B, 2, 2>(W, S, rows, cols, xc, yc, ldy)
+#define CALL_F16(B) gemv_float<B>(1, W, rows, cols, xfc, yc, ldy)
+#define CALL_BF16(B) gemv_float<B>(30, W, rows, cols, xfc, yc, ldy)
+#define CALL_F32(B) gemv_float<B>(0, W, rows, cols, xfc, yc, ldy)
+SEQ_ENTRY(gemv_q6k_bn, CALL_Q6K)
+SEQ_ENTRY(gemv_q80_bn, CALL_Q80)
+SEQ_ENTRY(gemv_nvfp4_bn, CALL_NVFP4)
+SEQ_ENTRY(gemv_f16_bn, CALL_F16)
+SEQ_ENTRY(gemv_bf16_bn, CALL_BF16)
+SEQ_ENTRY(gemv_f32_bn, CALL_F32)
 
 // NVFP4 GEMV shapes (rows per warp, chunks in flight), for batches 1-4: A/B runs (nv=RxU).
 #define NVFP4_SHAPE(R, U, B)                                                                                \

@@ -149,8 +149,10 @@ pub fn repack(ty: WType, rows: usize, cols: usize, pieces: &[&[u8]]) -> Option<(
     }
 }
 
-/// Largest batch the decode GEMV kernels are instantiated for.
-pub const MAX_GEMV_BATCH: usize = 8;
+/// Largest batch the decode GEMV kernels take: batches up to [`Q4K_SHAPE_MAX_BATCH`] have a
+/// kernel per batch size, larger ones the batched kernels ([`seq_gemv`]), which take the batch
+/// as an argument. The fused path decodes up to this many sequences per step.
+pub const MAX_GEMV_BATCH: usize = 64;
 
 /// Q4_K GEMV shapes instantiated in kernels.cu (`Q4K_CFGS(w, u)`): (warps per row, unroll),
 /// each for batches 1..=[`Q4K_SHAPE_MAX_BATCH`] and load hints 0 and 1.
@@ -172,9 +174,16 @@ pub const Q4K_SHAPE_MAX_BATCH: usize = 4;
 /// The shape that covers a row of `nsb` super-blocks in the fewest passes (a warp takes 4
 /// super-blocks per unroll step), then with the fewest idle lanes, then the deepest unroll.
 pub fn q4k_shape(nsb: usize) -> (u32, u32) {
+    best_q4k_shape(nsb, None)
+}
+
+/// The Q4_K shape among the instantiated ones with `wpr` warps per row (any when `None`) that
+/// covers a row of `nsb` super-blocks in the fewest passes (a warp takes 4 super-blocks per
+/// unroll step), then with the fewest idle lanes, then the deepest unroll.
+fn best_q4k_shape(nsb: usize, wpr: Option<u32>) -> (u32, u32) {
     let mut best = Q4K_SHAPES[0];
     let mut best_key = (usize::MAX, usize::MAX, 0u32);
-    for &(w, u) in &Q4K_SHAPES {
+    for &(w, u) in Q4K_SHAPES.iter().filter(|s| wpr.is_none_or(|w| s.0 == w)) {
         let cover = 4 * (w * u) as usize;
         let passes = nsb.div_ceil(cover).max(1);
         let key = (passes, passes * cover - nsb, u32::MAX - u);
@@ -184,6 +193,42 @@ pub fn q4k_shape(nsb: usize) -> (u32, u32) {
         }
     }
     best
+}
+
+/// Warps per row of the first Q4_K GEMV (`gemv_q4k_b<batch>`, `Q4kShape::Legacy`).
+pub fn q4k_legacy_wpr(nsb: usize) -> u32 {
+    if nsb >= 48 {
+        4
+    } else {
+        2
+    }
+}
+
+/// Sequences the batched kernels take per pass over their registers (`SEQ_CHUNK` in
+/// kernels.cu).
+pub const SEQ_CHUNK: usize = 4;
+
+/// Rows per warp of the batched Q4_K GEMV (`Q4K_SEQ_RPW` in kernels.cu).
+pub const Q4K_SEQ_ROWS_PER_WARP: usize = 2;
+
+/// The batched GEMV (`gemv_*_bn`, for batches above [`Q4K_SHAPE_MAX_BATCH`]) of a `ty` matrix
+/// of `cols` columns and its rows per 128-thread block. `q4k_wpr`: the warps per row of the
+/// matrix's one-sequence Q4_K GEMV; the batched kernel splits rows the same way, so that each
+/// sequence's sums run in the one-sequence order (kernels.cu), with the unroll that covers the
+/// row in the fewest passes (the passes after the first re-read their weights per chunk).
+pub fn seq_gemv(ty: WType, cols: usize, q4k_wpr: u32) -> (String, usize) {
+    match ty {
+        WType::Q4K => {
+            let (w, u) = best_q4k_shape(cols / 256, Some(q4k_wpr));
+            (
+                format!("gemv_q4k_w{w}u{u}_bn"),
+                4 / w as usize * Q4K_SEQ_ROWS_PER_WARP,
+            )
+        }
+        // gemv_nvfp4<B, 2, 2>: two rows per warp; the others one.
+        WType::NvFp4 => ("gemv_nvfp4_bn".to_string(), 8),
+        _ => (format!("gemv_{}_bn", ty.kernel()), 4),
+    }
 }
 
 /// Name of a shaped Q4_K GEMV kernel.
@@ -295,9 +340,15 @@ pub fn kernel_names() -> Vec<String> {
         WType::BF16,
         WType::F32,
     ] {
-        for b in 1..=MAX_GEMV_BATCH {
+        for b in 1..=Q4K_SHAPE_MAX_BATCH {
             names.push(format!("gemv_{}_b{b}", t.kernel()));
         }
+        if t != WType::Q4K {
+            names.push(seq_gemv(t, 256, 1).0);
+        }
+    }
+    for (w, u) in Q4K_SHAPES {
+        names.push(format!("gemv_q4k_w{w}u{u}_bn"));
     }
     for (r, u) in NVFP4_SHAPES {
         for b in 1..=Q4K_SHAPE_MAX_BATCH {
@@ -542,6 +593,48 @@ mod tests {
         assert_eq!(q4k_shape_r4(78), (4, 5));
     }
 
+    /// The batched GEMVs split a row over as many warps as the one-sequence GEMV of the
+    /// matrix (the condition for equal sums, kernels.cu), cover Muse Glimmer's rows in one pass
+    /// (their weights then stay in registers across the sequence chunks) and exist for every
+    /// type; the constants match the source.
+    #[test]
+    fn batched_gemvs_keep_the_one_sequence_row_split() {
+        let src = include_str!("kernels.cu");
+        assert!(src.contains(&format!("#define SEQ_CHUNK {SEQ_CHUNK}\n")));
+        assert!(src.contains(&format!("#define Q4K_SEQ_RPW {Q4K_SEQ_ROWS_PER_WARP}\n")));
+        let names = kernel_names();
+        for nsb in 1..200 {
+            for wpr in [q4k_shape(nsb).0, q4k_legacy_wpr(nsb), 1, 2, 4] {
+                let (name, rpb) = seq_gemv(WType::Q4K, 256 * nsb, wpr);
+                assert!(
+                    name.starts_with(&format!("gemv_q4k_w{wpr}u")),
+                    "{nsb}: {name}"
+                );
+                assert_eq!(rpb, 4 / wpr as usize * Q4K_SEQ_ROWS_PER_WARP);
+                assert!(names.contains(&name), "{name}");
+            }
+        }
+        // n_embd 6656, n_ff 19968 and 8192-wide attention output: one pass each.
+        for (cols, want) in [
+            (6656, "gemv_q4k_w1u7_bn"),
+            (19968, "gemv_q4k_w4u5_bn"),
+            (8192, "gemv_q4k_w2u4_bn"),
+        ] {
+            let wpr = q4k_shape(cols / 256).0;
+            assert_eq!(seq_gemv(WType::Q4K, cols, wpr).0, want, "{cols}");
+        }
+        for ty in ALL {
+            let (name, rpb) = seq_gemv(ty, 4096, 2);
+            assert!(names.contains(&name), "{ty:?}: {name}");
+            assert!(rpb > 0);
+        }
+        assert_eq!(
+            seq_gemv(WType::Q6K, 6656, 1),
+            ("gemv_q6k_bn".to_string(), 4)
+        );
+        assert_eq!(seq_gemv(WType::NvFp4, 6656, 1).1, 8);
+    }
+
     /// Muse Glimmer's widths get one-pass shapes: 26 super-blocks (n_embd 6656) one warp
     /// unrolled 7, 16 (4096) one warp unrolled 4, 78 (19968) four warps unrolled 5.
     #[test]
@@ -727,8 +820,14 @@ mod tests {
                 .and_then(|r| r.rsplit_once("_b"))
                 .and_then(|(s, _)| s.split_once('u'))
                 .is_some_and(|(r, u)| src.contains(&format!("NVFP4_SHAPES({r}, {u})")));
+            let seq = name.strip_suffix("_bn").is_some_and(|n| {
+                src.contains(&format!("SEQ_ENTRY({name},"))
+                    || n.strip_prefix("gemv_q4k_w")
+                        .and_then(|r| r.split_once('u'))
+                        .is_some_and(|(w, u)| src.contains(&format!("Q4K_SEQS({w}, {u})\n")))
+            });
             assert!(
-                src.contains(&plain) || gemv || shaped || r4 || attn || nv,
+                src.contains(&plain) || gemv || shaped || r4 || attn || nv || seq,
                 "kernel {name} not found in kernels.cu"
             );
         }

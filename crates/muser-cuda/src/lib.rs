@@ -10,11 +10,19 @@
 //! - [`runtime::Gpu`]: device, stream, kernels, buffers, cuBLAS.
 //! - [`weights::DevWeight`]: a quantized matrix on the device (Q4_K, Q6_K, Q8_0, NVFP4, F16,
 //!   BF16, F32) with its decode GEMV, its bf16 dequantization for prefill, and row lookup.
+//!   Decode GEMVs take 1 to [`layout::MAX_GEMV_BATCH`] (64) sequences: up to 4 through a kernel
+//!   per batch size (Q4_K in the shapes of [`layout::Q4K_SHAPES`]), above through one batched
+//!   kernel per type and Q4_K shape ([`layout::seq_gemv`], `gemv_*_bn`), whose Q4_K version
+//!   loads a row's weights into registers once and loops over the sequences four at a time.
+//!   Every batch size gives each sequence the sums of its one-sequence GEMV, bit for bit: the
+//!   batched kernels keep the one-sequence kernel's warps per row, lane-to-super-block mapping
+//!   and summation order (the argument is in `src/kernels.cu` above `SEQ_CHUNK`).
 //! - [`backend::CudaBackend`]: muser-model's `Backend` trait on the GPU (per-op kernels in
 //!   `src/ops.cu`), so `Model::load_with(path, CudaBackend::new(0)?)` runs any architecture
 //!   with its KV cache in device memory.
-//! - [`glimmer::CudaGlimmer`]: the muse-glimmer forward pass (decode as one CUDA graph,
-//!   chunked prefill through cuBLAS), with its F16 KV cache.
+//! - [`glimmer::CudaGlimmer`]: the muse-glimmer forward pass (decode of up to 64 sequences at
+//!   mixed positions as one CUDA graph per batch size, chunked prefill through cuBLAS), with
+//!   its F16 KV cache.
 //!
 //! Without the feature only [`CudaError`], [`layout`] (weight layouts and kernel names, tested
 //! everywhere), the GPU-free parts of [`backend`] and [`probe`] exist, and `probe` says how to get the backend.

@@ -2,8 +2,8 @@
 
 pub use crate::layout::WType;
 use crate::layout::{
-    nvfp4_kernel, q4k_kernel, q4k_kernel_r2, q4k_kernel_r4, q4k_shape, q4k_shape_r4, repack,
-    Q4K_SHAPE_MAX_BATCH,
+    nvfp4_kernel, q4k_kernel, q4k_kernel_r2, q4k_kernel_r4, q4k_legacy_wpr, q4k_shape,
+    q4k_shape_r4, repack, seq_gemv, Q4K_SHAPE_MAX_BATCH,
 };
 use crate::runtime::{Arg, DevBuf, Gpu, Q4kShape, MAX_GEMV_BATCH};
 use crate::CudaError;
@@ -115,8 +115,35 @@ impl DevWeight {
                 "GEMV batch {batch} (1..={MAX_GEMV_BATCH})"
             )));
         }
-        let mut name = format!("gemv_{}_b{batch}", self.ty.kernel());
         let t = gpu.tuning();
+        let args = [
+            Arg::P(self.buf.ptr()),
+            Arg::P(self.aux()),
+            Arg::L(self.rows as i64),
+            Arg::L(self.cols as i64),
+            Arg::P(qa.q),
+            Arg::P(qa.d),
+            Arg::P(qa.s),
+            Arg::P(xf),
+            Arg::P(y),
+            Arg::L(ldy as i64),
+            Arg::I(batch as i32),
+        ];
+        if batch > Q4K_SHAPE_MAX_BATCH {
+            // The batched kernels split a Q4_K row over as many warps as the one-sequence
+            // GEMV below does for this matrix, so each sequence gets its one-sequence sums.
+            let nsb = self.cols / 256;
+            let wpr = match t.q4k {
+                Q4kShape::Legacy => q4k_legacy_wpr(nsb),
+                Q4kShape::Tuned => q4k_shape(nsb).0,
+                Q4kShape::Fixed(w, u) if gpu.has_kernel(&q4k_kernel(w, u, 0, 1)) => w,
+                Q4kShape::Fixed(..) => q4k_legacy_wpr(nsb),
+            };
+            let (name, rows_per_block) = seq_gemv(self.ty, self.cols, wpr);
+            let grid = self.rows.div_ceil(rows_per_block) as u32;
+            return gpu.launch(&name, (grid, 1, 1), 128, &args);
+        }
+        let mut name = format!("gemv_{}_b{batch}", self.ty.kernel());
         // Rows per 4-warp block (kernels.cu: Q4_K splits a row over 1, 2 or 4 warps).
         let mut rows_per_block = match self.ty {
             WType::Q4K if self.cols / 256 >= 48 => 1,
@@ -125,7 +152,7 @@ impl DevWeight {
             WType::NvFp4 => 8,
             _ => 4,
         };
-        if self.ty == WType::Q4K && batch <= Q4K_SHAPE_MAX_BATCH {
+        if self.ty == WType::Q4K {
             let shape = match t.q4k {
                 Q4kShape::Legacy => None,
                 Q4kShape::Tuned => Some(q4k_shape(self.cols / 256)),
@@ -144,7 +171,9 @@ impl DevWeight {
                     (_, _, 0) => 2,
                     (_, _, r) => r,
                 };
-                if rpw == 4 && gpu.has_kernel(&n4) {
+                // (A fixed shape keeps its own warps per row: the four-row kernel only when its
+                // shape splits rows the same way.)
+                if rpw == 4 && w4 == w && gpu.has_kernel(&n4) {
                     name = n4;
                     rows_per_block = 4 * 4 / w4 as usize;
                 } else if rpw >= 2 && gpu.has_kernel(&n2) {
@@ -158,29 +187,13 @@ impl DevWeight {
         }
         if let (WType::NvFp4, Some((r, u))) = (self.ty, t.nvfp4) {
             let n = nvfp4_kernel(r, u, batch);
-            if batch <= Q4K_SHAPE_MAX_BATCH && gpu.has_kernel(&n) {
+            if gpu.has_kernel(&n) {
                 name = n;
                 rows_per_block = 4 * r as usize;
             }
         }
         let grid = self.rows.div_ceil(rows_per_block) as u32;
-        gpu.launch(
-            &name,
-            (grid, 1, 1),
-            128,
-            &[
-                Arg::P(self.buf.ptr()),
-                Arg::P(self.aux()),
-                Arg::L(self.rows as i64),
-                Arg::L(self.cols as i64),
-                Arg::P(qa.q),
-                Arg::P(qa.d),
-                Arg::P(qa.s),
-                Arg::P(xf),
-                Arg::P(y),
-                Arg::L(ldy as i64),
-            ],
-        )
+        gpu.launch(&name, (grid, 1, 1), 128, &args[..args.len() - 1])
     }
 
     /// Dequantizes the whole matrix to bf16 `[rows][cols]` at `out`.

@@ -4,7 +4,7 @@
 //! machine:
 //!
 //!   muser-fused-check MODEL.gguf [--prompt-len N] [--tokens N] [--chunk N] [--n-ctx N]
-//!                     [--json OUT]
+//!                     [--batches 1,2,4,8,16,32,64] [--json OUT]
 //!
 //! Checks (one line each; exit 1 when any fails; errors are reported, never a panic):
 //! - `direct`: one sequence, the prompt in `--chunk`-token batches then `--tokens` greedy
@@ -21,6 +21,10 @@
 //! - `kvpack`: a sequence's K/V exported from the device cache and imported into another slot
 //!   continues as the original does.
 //! - `embeddings`: the final-norm hidden state of the prompt's last token against the CPU's.
+//! - `batch N` (one per `--batches` size): N sequences of mixed prompt lengths (5 to 200
+//!   tokens: mixed depths, and past the sliding-window ring for some) decode
+//!   [`BATCH_TOKENS`] greedy steps together, every step one decode of all N (every other one
+//!   answered by the device argmax): each sequence's tokens against its run alone.
 //!
 //! With the default sizes the sliding-window ring of the small synthetic models wraps, so
 //! the positional cells are exercised past the ring.
@@ -29,6 +33,7 @@ use std::path::PathBuf;
 
 use muser_cuda::compare::{argmax, prefill_chunks, rel_err};
 use muser_cuda::glimmer::{CudaGlimmer, FusedGlimmer, GpuOptions};
+use muser_cuda::layout::MAX_GEMV_BATCH;
 use muser_cuda::runtime::Gpu;
 use muser_gguf::GgufFile;
 use muser_model::synth::random_tokens;
@@ -42,12 +47,16 @@ type Error = Box<dyn std::error::Error>;
 /// `muser-backend-check`'s fast precision).
 const REL_MAX_CPU: f64 = 1e-1;
 
+/// Greedy steps of the `batch N` checks.
+const BATCH_TOKENS: usize = 24;
+
 struct Args {
     model: PathBuf,
     prompt_len: usize,
     tokens: usize,
     chunk: usize,
     n_ctx: usize,
+    batches: Vec<usize>,
     json: Option<PathBuf>,
 }
 
@@ -62,6 +71,7 @@ fn parse() -> Result<Args, Error> {
         tokens: 200,
         chunk: 64,
         n_ctx: 1024,
+        batches: Vec::new(),
         json: None,
     };
     while let Some(k) = it.next() {
@@ -71,9 +81,18 @@ fn parse() -> Result<Args, Error> {
             "--tokens" => a.tokens = v()?.parse()?,
             "--chunk" => a.chunk = v()?.parse()?,
             "--n-ctx" => a.n_ctx = v()?.parse()?,
+            "--batches" => {
+                a.batches = v()?
+                    .split(',')
+                    .map(|n| n.trim().parse::<usize>())
+                    .collect::<Result<_, _>>()?
+            }
             "--json" => a.json = Some(v()?.into()),
             _ => return Err(format!("unknown option {k}").into()),
         }
+    }
+    if a.batches.iter().any(|&n| n == 0 || n > MAX_GEMV_BATCH) {
+        return Err(format!("--batches: sizes 1..={MAX_GEMV_BATCH}").into());
     }
     if a.prompt_len < 2 || a.tokens < 16 || a.chunk == 0 || a.prompt_len + a.tokens + 1 > a.n_ctx {
         return Err(
@@ -103,6 +122,63 @@ fn greedy(
 
 fn same_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// The `batch N` checks: the first N of `prompts` decoded together, each sequence's tokens
+/// against `solo`, its run alone.
+fn batches(
+    m: &Model,
+    a: &Args,
+    prompts: &[Vec<u32>],
+    solo: &[Vec<u32>],
+    results: &mut Vec<Value>,
+) -> Result<bool, Error> {
+    let n_vocab = m.info().n_vocab;
+    let mut ok = true;
+    for &n in &a.batches {
+        let mut kv = m.new_kv_ubatch(a.n_ctx, n, KvType::F16, a.chunk.max(4) as u32)?;
+        let mut next = Vec::with_capacity(n);
+        for (s, p) in prompts[..n].iter().enumerate() {
+            next.push(argmax(&prefill_chunks(m, &mut kv, s as u32, p, a.chunk)?));
+        }
+        let mut got: Vec<Vec<u32>> = vec![Vec::new(); n];
+        for _ in 0..BATCH_TOKENS {
+            let mut b = Batch::default();
+            for (s, &t) in next.iter().enumerate() {
+                let pos = kv.seq_len(s as u32);
+                match s % 2 {
+                    0 => b.push(t, pos, s as u32, true),
+                    _ => b.push_argmax(t, pos, s as u32),
+                }
+                got[s].push(t);
+            }
+            let o = m.forward(&mut kv, &b)?;
+            for (r, &i) in o.rows.iter().enumerate() {
+                next[i] = argmax(o.row(r, n_vocab));
+            }
+            for &(i, t) in &o.argmax {
+                next[i] = t;
+            }
+        }
+        let agree: Vec<usize> = (0..n).map(|s| same_prefix(&got[s], &solo[s])).collect();
+        let worst = agree.iter().copied().min().unwrap_or(0);
+        ok &= report(
+            results,
+            &format!("batch {n}"),
+            worst == BATCH_TOKENS,
+            format!(
+                "{n} sequences at depths {}..{}, {BATCH_TOKENS} steps together: fewest tokens equal to a sequence alone {worst}",
+                prompts[..n].iter().map(Vec::len).min().unwrap_or(0),
+                prompts[..n].iter().map(Vec::len).max().unwrap_or(0),
+            ),
+        );
+    }
+    Ok(ok)
+}
+
+/// Prompt lengths of the `batch N` checks: 5 to 200 tokens, spread.
+fn batch_prompt_len(s: usize) -> usize {
+    5 + (s * 53) % 196
 }
 
 fn report(results: &mut Vec<Value>, name: &str, pass: bool, detail: String) -> bool {
@@ -342,6 +418,22 @@ fn run(a: &Args, results: &mut Vec<Value>) -> Result<bool, Error> {
             a1 == a2
         ),
     );
+
+    // batch N: solo references (one cache of one sequence, cleared between), then the sizes.
+    if let Some(&most) = a.batches.iter().max() {
+        let prompts: Vec<Vec<u32>> = (0..most)
+            .map(|s| random_tokens(batch_prompt_len(s), info.n_vocab, 500 + s as u64))
+            .collect();
+        let mut kv = m.new_kv_ubatch(a.n_ctx, 1, KvType::F16, a.chunk.max(4) as u32)?;
+        let mut solo = Vec::with_capacity(most);
+        for p in &prompts {
+            kv.clear(0);
+            let l = prefill_chunks(&m, &mut kv, 0, p, a.chunk)?;
+            solo.push(greedy(&m, &mut kv, 0, l, BATCH_TOKENS)?);
+        }
+        drop(kv);
+        ok &= batches(&m, a, &prompts, &solo, results)?;
+    }
     Ok(ok)
 }
 

@@ -3,8 +3,9 @@
 
 use std::path::PathBuf;
 
+use muser_cuda::layout::MAX_GEMV_BATCH;
 use muser_cuda::runtime::{Arg, Gpu};
-use muser_cuda::weights::{DevWeight, QActBufs, WType};
+use muser_cuda::weights::{DevWeight, QAct, QActBufs, WType};
 use muser_cuda::CudaError;
 use muser_gguf::GgmlType;
 use serde_json::{json, Value};
@@ -49,7 +50,7 @@ fn check_type(
         .map_err(|e| CudaError::Model(format!("dequantize {ty:?}: {e}")))?;
     }
     let w = DevWeight::upload(gpu, ty, cols, &[&wq])?;
-    let bmax = 8;
+    let bmax = MAX_GEMV_BATCH;
     let x: Vec<f32> = (0..bmax * cols).map(|_| rng.normal()).collect();
     let want = |b: usize, r: usize| -> f64 {
         let wr = &wf[r * cols..(r + 1) * cols];
@@ -62,11 +63,36 @@ fn check_type(
     let qa = qbufs.act();
     let y = gpu.alloc(4 * bmax * rows)?;
     let mut ok = true;
-    for batch in [1usize, 3, 8] {
+    // Each activation row alone (batch 1): the sums every batch size must give, bit for bit.
+    let mut single = vec![0f32; bmax * rows];
+    for b in 0..bmax {
+        let g = cols / 16;
+        let qb = QAct {
+            q: qa.q + (b * cols) as u64,
+            d: qa.d + (4 * b * g) as u64,
+            s: qa.s + (4 * b * g) as u64,
+        };
+        w.gemv(gpu, 1, qb, xd.ptr() + (4 * b * cols) as u64, y.ptr(), rows)?;
+        gpu.download(y.ptr(), &mut single[b * rows..(b + 1) * rows])?;
+    }
+    for batch in [1usize, 3, 8, 21, bmax] {
         gpu.memset(y.ptr(), 0xff, 4 * bmax * rows)?; // NaN poison: every output must be written
         w.gemv(gpu, batch, qa, xd.ptr(), y.ptr(), rows)?;
         let mut got = vec![0f32; batch * rows];
         gpu.download(y.ptr(), &mut got)?;
+        let differ = got
+            .iter()
+            .zip(&single)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        let pass = differ == 0;
+        ok &= pass;
+        println!(
+            "check gemv   {:<6} B={batch} {rows}x{cols}  {differ} outputs differ from batch 1  {}",
+            format!("{ty:?}"),
+            if pass { "ok" } else { "FAIL" }
+        );
+        out.push(json!({"check": "gemv_equals_batch_1", "type": format!("{ty:?}"), "batch": batch, "rows": rows, "cols": cols, "differ": differ, "pass": pass}));
         let reference: Vec<f64> = (0..batch)
             .flat_map(|b| (0..rows).map(move |r| (b, r)))
             .map(|(b, r)| want(b, r))
@@ -100,7 +126,8 @@ fn check_type(
         json!({"check": "dequant_bf16", "type": format!("{ty:?}"), "rel_err": err, "pass": pass}),
     );
     // cuBLAS bf16 GEMM: y[n][rows] = x[n][cols] · Wᵀ, n = 8 (x rounded to bf16 on the host).
-    let xb: Vec<u16> = x
+    let bmax = 8;
+    let xb: Vec<u16> = x[..bmax * cols]
         .iter()
         .map(|v| half::bf16::from_f32(*v).to_bits())
         .collect();

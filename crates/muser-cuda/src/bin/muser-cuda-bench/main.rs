@@ -2,7 +2,8 @@
 //!
 //!   muser-cuda-bench check [--json OUT]
 //!       kernel checks on random data against the CPU reference (muser-quant dequantization,
-//!       f64 sums): decode GEMV per weight type and batch, bf16 dequantization, cuBLAS GEMM,
+//!       f64 sums): decode GEMV per weight type and batch (1 to 64, each batch's outputs also
+//!       bit for bit against each row's batch-1 GEMV), bf16 dequantization, cuBLAS GEMM,
 //!       embedding rows, the decode SwiGLU and norms (their int8 activations bit for bit
 //!       against the host's statement of the quantization), the greedy argmax over split rows. Exit status 1 if any check fails.
 //!   muser-cuda-bench model MODEL.gguf [--n-ctx N] [--chunk N] [--pp 512,2048] [--tg 128]
@@ -18,7 +19,7 @@
 //!       only the GPU sampler's checks (part of `check`).
 //!   muser-cuda-bench gemv [--tunes ...] [--json OUT]
 //!       Q4_K decode GEMVs alone on Muse Glimmer's shapes (random valid blocks, copies past the
-//!       L2 size), per tuning: microseconds and TB/s.
+//!       L2 size), per tuning and batch (1 to 64 sequences): microseconds and TB/s of weights.
 //!
 //! Prints a table; with --json writes a receipt.
 
@@ -28,6 +29,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use muser_cuda::glimmer::{CudaGlimmer, GpuOptions};
+use muser_cuda::layout::MAX_GEMV_BATCH;
 use muser_cuda::runtime::{Arg, Gpu, Tuning};
 use muser_cuda::weights::{DevWeight, QActBufs, WType};
 use muser_cuda::CudaError;
@@ -624,7 +626,7 @@ fn cmd_gemv(tunes: Vec<(String, String)>, json_out: Option<PathBuf>) -> Result<b
         mats.push((name, rows, cols, host.len(), ws));
     }
     let maxc = 19968;
-    let bmax = 4;
+    let bmax = MAX_GEMV_BATCH;
     let x: Vec<f32> = (0..bmax * maxc).map(|_| rng.normal()).collect();
     let xd = gpu.alloc(4 * x.len())?;
     gpu.upload(&xd, 0, &x)?;
@@ -638,7 +640,7 @@ fn cmd_gemv(tunes: Vec<(String, String)>, json_out: Option<PathBuf>) -> Result<b
     for (tname, spec) in &tunes {
         let tu = base.parse(spec)?;
         gpu.set_tuning(tu);
-        for batch in [1usize, 4] {
+        for batch in [1usize, 4, 8, 16, 32, bmax] {
             for (name, _rows, _cols, bytes, ws) in &mats {
                 let per = time_per_matrix(&gpu, ws, |w| {
                     w.gemv(&gpu, batch, qa, xd.ptr(), y.ptr(), w.rows)

@@ -327,6 +327,43 @@ __device__ __forceinline__ void q4k_lane_term(uint4 hd, uint4 qv, const int4* xa
     q4k_terms<B>(q4k_scales(hd, sh, clo), qv, xa, xb, d0, d2, s0v, s2v, acc);
 }
 
+// The end of every Q4_K GEMV: each lane's partial sums of RPW rows x NB sequences summed over
+// its warp, then (WPR > 1) over the row's WPR warps in warp order, written to
+// y[(b0 + b) * ldy + row + r] for b0 + b < nb. One statement of the reduction, so a batched
+// step sums each sequence exactly as the one-sequence kernel does. Every thread of the block
+// calls it (it holds the block's barriers when WPR > 1).
+template <int WPR, int RPW, int NB>
+__device__ __forceinline__ void q4k_store(const float (&acc)[RPW][NB], float (*red)[RPW * NB], int warp, int lane,
+                                          bool valid, long row, long rows, int b0, int nb, float* __restrict__ y,
+                                          long ldy) {
+    if constexpr (WPR == 1) {
+#pragma unroll
+        for (int r = 0; r < RPW; r++)
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                const float v = warp_sum(acc[r][b]);
+                if (row + r < rows && b0 + b < nb && lane == 0) y[(b0 + b) * ldy + row + r] = v;
+            }
+    } else {
+#pragma unroll
+        for (int r = 0; r < RPW; r++)
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                const float v = warp_sum(acc[r][b]);
+                if (lane == 0) red[warp][r * NB + b] = v;
+            }
+        __syncthreads();
+        if (valid && warp % WPR == 0 && lane < RPW * NB) {
+            const int r = lane / NB, b = lane % NB;
+            float v = 0.f;
+#pragma unroll
+            for (int k = 0; k < WPR; k++) v += red[warp + k][lane];
+            if (row + r < rows && b0 + b < nb) y[(b0 + b) * ldy + row + r] = v;
+        }
+        __syncthreads();
+    }
+}
+
 // Q4_K GEMV. A group of 8 lanes works on one super-block (lane j: 16 bytes of quants, chunk
 // c = j/2, half h = j%2); a row is shared by WPR warps of the 4-warp block; each lane keeps
 // Q4K_UNROLL super-blocks of loads in flight. Strides are compile-time constants so the loads
@@ -410,32 +447,7 @@ __device__ void gemv_q4k(const u8* __restrict__ W, long rows, long cols, Act x, 
             xd += STEP * U * 16;
             xs += STEP * U * 16;
         }
-        if constexpr (WPR == 1) {
-#pragma unroll
-            for (int r = 0; r < RPW; r++)
-#pragma unroll
-                for (int b = 0; b < B; b++) {
-                    const float v = warp_sum(acc[r][b]);
-                    if (row + r < rows && lane == 0) y[b * ldy + row + r] = v;
-                }
-        } else {
-#pragma unroll
-            for (int r = 0; r < RPW; r++)
-#pragma unroll
-                for (int b = 0; b < B; b++) {
-                    const float v = warp_sum(acc[r][b]);
-                    if (lane == 0) red[warp][r * B + b] = v;
-                }
-            __syncthreads();
-            if (valid && warp % WPR == 0 && lane < RPW * B) {
-                const int r = lane / B, b = lane % B;
-                float v = 0.f;
-#pragma unroll
-                for (int k = 0; k < WPR; k++) v += red[warp + k][lane];
-                if (row + r < rows) y[b * ldy + row + r] = v;
-            }
-            __syncthreads();
-        }
+        q4k_store<WPR, RPW, B>(acc, red, warp, lane, valid, row, rows, 0, B, y, ldy);
     }
 }
 
@@ -840,32 +852,7 @@ __device__ void gemv_q4k_seqs(const u8* __restrict__ W, long rows, long cols, Ac
                 }
                 q4k_seq_terms<RPW>(k1, q1, xq0 + s * 256, xd0 + s * 16, xs0 + s * 16, xn, gn, b0, nb, acc);
             }
-            if constexpr (WPR == 1) {
-#pragma unroll
-                for (int r = 0; r < RPW; r++)
-#pragma unroll
-                    for (int b = 0; b < SEQ_CHUNK; b++) {
-                        const float v = warp_sum(acc[r][b]);
-                        if (row + r < rows && b0 + b < nb && lane == 0) y[(b0 + b) * ldy + row + r] = v;
-                    }
-            } else {
-#pragma unroll
-                for (int r = 0; r < RPW; r++)
-#pragma unroll
-                    for (int b = 0; b < SEQ_CHUNK; b++) {
-                        const float v = warp_sum(acc[r][b]);
-                        if (lane == 0) red[warp][r * SEQ_CHUNK + b] = v;
-                    }
-                __syncthreads();
-                if (valid && warp % WPR == 0 && lane < RPW * SEQ_CHUNK) {
-                    const int r = lane / SEQ_CHUNK, b = lane % SEQ_CHUNK;
-                    float v = 0.f;
-#pragma unroll
-                    for (int k = 0; k < WPR; k++) v += red[warp + k][lane];
-                    if (row + r < rows && b0 + b < nb) y[(b0 + b) * ldy + row + r] = v;
-                }
-                __syncthreads();
-            }
+            q4k_store<WPR, RPW, SEQ_CHUNK>(acc, red, warp, lane, valid, row, rows, b0, nb, y, ldy);
         }
     }
 }

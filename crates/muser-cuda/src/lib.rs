@@ -39,6 +39,8 @@ pub mod glimmer;
 #[cfg(feature = "cuda")]
 pub mod runtime;
 #[cfg(feature = "cuda")]
+mod staging;
+#[cfg(feature = "cuda")]
 pub mod weights;
 
 /// Opens device 0 and describes it, or says why the backend is unavailable.

@@ -767,35 +767,8 @@ fn guided_argmax(cands: &Candidates, g: &mut Guide) -> u32 {
     pick.map_or(best, |c| c.id)
 }
 
-/// The id of the highest logit; the first (lowest id) on a tie.
-/// The id of the highest logit of a raw row, as [`argmax`] over its candidates gives it: NaN
-/// counts as -inf and a tie goes to the lowest id (0 for an empty or all -inf/NaN row). Two
-/// passes the compiler vectorizes: the maximum (`f32::max` skips NaN), then its first index.
-pub fn argmax_logits(logits: &[f32]) -> u32 {
-    // 16 running maxima (a comparison, so NaN never wins), merged at the end.
-    let mut lanes = [f32::NEG_INFINITY; 16];
-    let mut chunks = logits.chunks_exact(16);
-    for c in &mut chunks {
-        for (m, &v) in lanes.iter_mut().zip(c) {
-            *m = if v > *m { v } else { *m };
-        }
-    }
-    let m = chunks
-        .remainder()
-        .iter()
-        .chain(&lanes)
-        .fold(f32::NEG_INFINITY, |a, &v| if v > a { v } else { a });
-    if m == f32::NEG_INFINITY {
-        return 0;
-    }
-    // The first 16-value chunk holding it (a branch-free test per chunk), then its index.
-    let at = logits
-        .chunks(16)
-        .position(|c| c.iter().fold(false, |a, &v| a | (v == m)))
-        .unwrap_or(0);
-    let c = &logits[16 * at..];
-    (16 * at + c.iter().position(|&v| v == m).unwrap_or(0)) as u32
-}
+/// The id of the highest logit of a raw row (muser-model's, the rule of every greedy pick).
+pub use muser_model::argmax_logits;
 
 fn argmax(data: &[Candidate]) -> u32 {
     let mut best = 0;

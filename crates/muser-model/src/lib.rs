@@ -18,6 +18,7 @@ pub mod cpu;
 mod error;
 mod info;
 pub mod kv;
+mod logits;
 pub mod models;
 pub mod synth;
 
@@ -27,6 +28,7 @@ pub use cpu::CpuBackend;
 pub use error::ModelError;
 pub use info::{Arch, ModelInfo};
 pub use kv::{HostKv, KvCache, KvLayout, KvMark, KvSnapshot, KvStore, KvType, LayerKv, Placement};
+pub use logits::argmax_logits;
 
 use models::{llama::Llama, muse_glimmer::MuseGlimmer, Capture, Prepared, Tensors};
 use muser_gguf::{GgmlType, GgufFile};

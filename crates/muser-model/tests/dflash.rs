@@ -13,26 +13,8 @@ mod common;
 use muser_gguf::{GgmlType, GgufFile, Value as Meta};
 use muser_model::models::dflash::Dflash;
 use muser_model::synth::dflash::{preset, write_drafter};
-use muser_model::{Batch, KvType, LoadOptions, Model};
+use muser_model::{argmax_logits, Batch, KvType, LoadOptions, Model};
 use serde_json::Value;
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = (0, f32::NEG_INFINITY);
-    for (t, &x) in row.iter().enumerate() {
-        if x > best.1 {
-            best = (t, x);
-        }
-    }
-    best.0 as u32
-}
 
 #[test]
 fn drafts_equal_llama_cpp_draft_dflash() {
@@ -65,10 +47,10 @@ fn drafts_equal_llama_cpp_draft_dflash() {
     let v = target.info().n_vocab;
     let mut steps = 0;
     for case in golden["cases"].as_array().unwrap() {
-        let prompt = ids(&case["prompt_ids"]);
-        let want_out = ids(&case["output_ids"]);
+        let prompt = common::ids(&case["prompt_ids"]);
+        let want_out = common::ids(&case["output_ids"]);
         let want_drafts: Vec<Vec<u32>> =
-            case["drafts"].as_array().unwrap().iter().map(ids).collect();
+            case["drafts"].as_array().unwrap().iter().map(common::ids).collect();
         let mut kv = target.new_kv(1024, 1, KvType::F16).unwrap();
         let mut ctx = drafter.new_context();
         let mut batch = Batch::single(0, &prompt, 0, true);
@@ -77,7 +59,7 @@ fn drafts_equal_llama_cpp_draft_dflash() {
         drafter
             .inject(&mut ctx, &batch.pos, &out.layer_inp)
             .unwrap();
-        let mut got_out = vec![argmax(out.row(0, v))];
+        let mut got_out = vec![argmax_logits(out.row(0, v))];
         let mut got_drafts = Vec::new();
         while got_out.len() < n_predict {
             let id_last = *got_out.last().unwrap();
@@ -100,7 +82,7 @@ fn drafts_equal_llama_cpp_draft_dflash() {
                 .unwrap();
             let mut accepted = 0;
             for r in 0..tokens.len() {
-                let t = argmax(out.row(r, v));
+                let t = argmax_logits(out.row(r, v));
                 got_out.push(t);
                 if tokens.get(r + 1) != Some(&t) {
                     break;

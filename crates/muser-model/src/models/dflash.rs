@@ -471,7 +471,7 @@ impl Dflash {
             let y = linear(be, og, &out, None, out_scale, &x)?;
             be.download(&y)
         })?;
-        Ok(logits.chunks(i.n_vocab).map(argmax).collect())
+        Ok(logits.chunks(i.n_vocab).map(crate::argmax_logits).collect())
     }
 
     /// Non-causal attention of the block's rows over the context's cells and the block's own
@@ -537,18 +537,6 @@ impl Dflash {
         }
         out
     }
-}
-
-/// The highest logit's token: the lowest id on a tie, NaN counted as -inf (the rule of every
-/// argmax in the system).
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = (0, f32::NEG_INFINITY);
-    for (t, &x) in row.iter().enumerate() {
-        if x > best.1 {
-            best = (t, x);
-        }
-    }
-    best.0 as u32
 }
 
 /// One sequence's draft cache: the K/V of the target positions injected so far.

@@ -23,7 +23,7 @@ pub struct Golden {
     pub cases: Vec<Case>,
 }
 
-fn ids(v: &Value) -> Vec<u32> {
+pub fn ids(v: &Value) -> Vec<u32> {
     v.as_array()
         .unwrap()
         .iter()

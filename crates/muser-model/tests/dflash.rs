@@ -49,8 +49,12 @@ fn drafts_equal_llama_cpp_draft_dflash() {
     for case in golden["cases"].as_array().unwrap() {
         let prompt = common::ids(&case["prompt_ids"]);
         let want_out = common::ids(&case["output_ids"]);
-        let want_drafts: Vec<Vec<u32>> =
-            case["drafts"].as_array().unwrap().iter().map(common::ids).collect();
+        let want_drafts: Vec<Vec<u32>> = case["drafts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(common::ids)
+            .collect();
         let mut kv = target.new_kv(1024, 1, KvType::F16).unwrap();
         let mut ctx = drafter.new_context();
         let mut batch = Batch::single(0, &prompt, 0, true);

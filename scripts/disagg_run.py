@@ -115,6 +115,10 @@ def main():
                         "body": h["body_ms"],
                         # the verifier's busy time within the body (SHA-256, copies, checks)
                         "verify": h["verify_ms"],
+                        # the last piece's seal (its head to its first byte)
+                        "last_seal": h.get("last_seal_ms"),
+                        # after the last byte: joining the pieces into one state
+                        "join": h.get("join_ms"),
                     },
                     # bytes over the time the body took to arrive and verify
                     "body_gb_s": h["kv_bytes"] / max(h["body_ms"], 1e-9) / 1e6,

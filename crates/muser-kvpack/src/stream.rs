@@ -16,6 +16,7 @@ use crate::keys::Keys;
 use crate::pack::{open_parts, Header, Manifest, ReadLimits, HEADER_BYTES, SEAL_BYTES};
 use crate::restore::{Expect, Restored};
 use crate::state::KvState;
+use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
@@ -84,8 +85,12 @@ fn first_failure(failed: &AtomicU64) -> Result<()> {
 }
 
 enum Piece {
-    Bytes(Vec<u8>),
-    End { index: u32, sha256: [u8; 32] },
+    /// A slice of a received chunk, shared with the receiver rather than copied.
+    Bytes(Bytes),
+    End {
+        index: u32,
+        sha256: [u8; 32],
+    },
 }
 
 impl Pool {
@@ -202,6 +207,13 @@ impl<'a> StreamRestore<'a> {
     /// Takes the next bytes of the pack. The first failed check is returned, and every later
     /// call fails too.
     pub fn push(&mut self, data: &[u8]) -> Result<()> {
+        self.push_bytes(Bytes::copy_from_slice(data))
+    }
+
+    /// [`push`](Self::push) for a chunk the caller owns as [`Bytes`] (a network body's
+    /// frames): hashing workers get slices of it, so each byte is copied once, into the
+    /// staging state.
+    pub fn push_bytes(&mut self, data: Bytes) -> Result<()> {
         let r = self.take(data);
         if r.is_err() {
             self.phase = Phase::Failed;
@@ -209,7 +221,7 @@ impl<'a> StreamRestore<'a> {
         r
     }
 
-    fn take(&mut self, mut data: &[u8]) -> Result<()> {
+    fn take(&mut self, mut data: Bytes) -> Result<()> {
         while !data.is_empty() {
             let n = match &mut self.phase {
                 Phase::Failed => return Err(KvpackError::Cancelled),
@@ -225,10 +237,10 @@ impl<'a> StreamRestore<'a> {
                     }
                     n
                 }
-                Phase::Body(b) => b.take(data, self.received)?,
+                Phase::Body(b) => b.take(&data, self.received)?,
             };
             self.received += n as u64;
-            data = &data[n..];
+            let _ = data.split_to(n);
         }
         Ok(())
     }
@@ -313,7 +325,7 @@ impl<'a> StreamRestore<'a> {
 impl Body {
     /// Copies what of `data` belongs to the current part into the staging state; returns
     /// the bytes taken.
-    fn take(&mut self, data: &[u8], received: u64) -> Result<usize> {
+    fn take(&mut self, data: &Bytes, received: u64) -> Result<usize> {
         let Some(s) = self.manifest.segments.get(self.seg) else {
             return Err(KvpackError::LengthMismatch {
                 declared: self.file_len,
@@ -330,7 +342,7 @@ impl Body {
         rows[from..from + n].copy_from_slice(&data[..n]);
         match &mut self.hashing {
             Hashing::Inline(h) => h.update(&data[..n]),
-            Hashing::Pool(pool) => pool.send(self.seg, Piece::Bytes(data[..n].to_vec()))?,
+            Hashing::Pool(pool) => pool.send(self.seg, Piece::Bytes(data.slice(..n)))?,
         }
         self.at += n;
         if self.at == part_len {

@@ -333,6 +333,8 @@ impl Lane {
                         "head_ms": l.phases.head_ms,
                         "body_ms": l.phases.body_ms,
                         "verify_ms": l.phases.verify_ms,
+                        "last_seal_ms": l.phases.last_seal_ms,
+                        "join_ms": l.phases.join_ms,
                         "pieces": l.phases.pieces,
                         "gb_per_s": if l.ms > 0.0 { l.bytes as f64 / l.ms / 1e6 } else { 0.0 },
                     })),
@@ -654,27 +656,8 @@ impl Lane {
             pieces: ends.len(),
             ..Phases::default()
         };
-        let mut state: Option<KvState> = None;
-        let mut engine_abi: Option<String> = None;
-        let mut join = |r: Restored, state: &mut Option<KvState>| -> Result<(), String> {
-            let abi = &r.manifest.identity.engine_abi;
-            if engine_abi.get_or_insert_with(|| abi.clone()) != abi {
-                return Err(
-                    "pack refused: the pieces of one prefill name different engine ABIs".into(),
-                );
-            }
-            match state {
-                None => {
-                    let mut s = r.state;
-                    s.reserve_until(tokens.len() as u32);
-                    *state = Some(s);
-                }
-                Some(s) => s
-                    .extend(&r.state)
-                    .map_err(|e| format!("pack refused: {e}"))?,
-            }
-            Ok(())
-        };
+        // the pieces joined so far, on a blocking thread while the producer prefills the next
+        let mut joined: Option<Joining> = None;
         let mut in_flight: Option<Piece> = None;
         let mut from = base;
         let mut base_abi = own_abi.clone();
@@ -686,31 +669,39 @@ impl Lane {
                     .collect(),
                 None => Vec::new(),
             };
-            let piece = self
-                .request(p, &tokens[..end], from, held_ids, base_abi, deadline)
-                .await?;
+            let ask = self.request(p, &tokens[..end], from, held_ids, base_abi, deadline);
+            // the request goes out first; the previous piece's last bytes are taken meanwhile
+            let piece = match in_flight.take() {
+                None => ask.await?,
+                Some(prev) => {
+                    let (piece, r) = tokio::join!(ask, self.receive(p, prev));
+                    let r = r?;
+                    phases.add_received(&r);
+                    joined = Some(join_piece(joined.take(), r.restored, tokens.len()));
+                    piece?
+                }
+            };
             // the next piece builds on this one, computed under the producer's ABI
             base_abi = chain
                 .as_ref()
                 .map_or_else(String::new, |(abi, _)| abi.clone());
             phases.add_producer(&piece.phases);
             phases.head_ms = started.elapsed().as_secs_f64() * 1e3;
-            if let Some(prev) = in_flight.replace(piece) {
-                let r = self.receive(p, prev).await?;
-                phases.add_received(&r);
-                join(r.restored, &mut state)?;
-            }
+            in_flight = Some(piece);
             from = end;
         }
         let t_body = Instant::now();
         let last = in_flight.ok_or("no piece was asked for")?;
         let r = self.receive(p, last).await?;
         phases.add_received(&r);
-        join(r.restored, &mut state)?;
+        let t_join = Instant::now();
+        let (state, engine_abi) = join_piece(joined, r.restored, tokens.len())
+            .await
+            .map_err(|e| format!("joining the pieces: {e}"))??;
+        phases.join_ms = t_join.elapsed().as_secs_f64() * 1e3;
         phases.body_ms = t_body.elapsed().as_secs_f64() * 1e3;
-        let state = state.ok_or("no piece arrived")?;
         let pf = Prefilled {
-            foreign_abi: engine_abi.as_deref() != Some(self.ctx.identity.engine_abi.as_str()),
+            foreign_abi: engine_abi != self.ctx.identity.engine_abi,
             state,
             producer: Arc::from(p.ep.name.as_str()),
             took: started.elapsed(),
@@ -846,6 +837,41 @@ impl Lane {
     }
 }
 
+/// The state of the pieces verified so far and the engine ABI they name, being joined.
+type Joining = tokio::task::JoinHandle<Result<(KvState, String), String>>;
+
+/// Joins piece `r` onto the pieces `before` (none: it is the first; its state is given room
+/// for all `n` tokens) on a blocking thread, so the copy overlaps the producer's prefill of
+/// the next piece. Pieces of one prefill must name one engine ABI.
+fn join_piece(before: Option<Joining>, r: Restored, n: usize) -> Joining {
+    tokio::spawn(async move {
+        let before = match before {
+            Some(h) => Some(h.await.map_err(|e| format!("joining the pieces: {e}"))??),
+            None => None,
+        };
+        tokio::task::spawn_blocking(move || {
+            let abi = r.manifest.identity.engine_abi;
+            match before {
+                None => {
+                    let mut s = r.state;
+                    s.reserve_until(n as u32);
+                    Ok((s, abi))
+                }
+                Some((_, first)) if first != abi => {
+                    Err("pack refused: the pieces of one prefill name different engine ABIs".into())
+                }
+                Some((mut s, first)) => {
+                    s.extend(&r.state)
+                        .map_err(|e| format!("pack refused: {e}"))?;
+                    Ok((s, first))
+                }
+            }
+        })
+        .await
+        .map_err(|e| format!("joining the pieces: {e}"))?
+    })
+}
+
 /// A piece whose head has arrived; its body is received and verified by `task`.
 struct Piece {
     generation: u64,
@@ -892,6 +918,10 @@ pub struct Phases {
     pub head_ms: f64,
     pub body_ms: f64,
     pub verify_ms: f64,
+    /// The last piece's wait from head to first byte (its seal), and the wait, once its last
+    /// byte was verified, for the pieces' join.
+    pub last_seal_ms: f64,
+    pub join_ms: f64,
     pub pieces: usize,
 }
 
@@ -903,6 +933,7 @@ impl Phases {
 
     fn add_received(&mut self, r: &Received) {
         self.producer_seal_ms += r.first_byte.as_secs_f64() * 1e3;
+        self.last_seal_ms = r.first_byte.as_secs_f64() * 1e3;
         self.verify_ms += r.busy.as_secs_f64() * 1e3;
     }
 }
@@ -943,7 +974,8 @@ impl Ask {
         let mut busy = Duration::ZERO;
         while let Some(chunk) = rx.blocking_recv() {
             let t = Instant::now();
-            sr.push(&chunk).map_err(|e| format!("pack refused: {e}"))?;
+            sr.push_bytes(chunk)
+                .map_err(|e| format!("pack refused: {e}"))?;
             if !checked {
                 if let Some(m) = sr.manifest() {
                     self.check_manifest(m)?;

@@ -669,36 +669,33 @@ impl Lane {
                     .collect(),
                 None => Vec::new(),
             };
-            let ask = self.request(p, &tokens[..end], from, held_ids, base_abi, deadline);
-            // the request goes out first; the previous piece's last bytes are taken meanwhile
-            let piece = match in_flight.take() {
-                None => ask.await?,
-                Some(prev) => {
-                    let (piece, r) = tokio::join!(ask, self.receive(p, prev));
-                    let r = r?;
-                    phases.add_received(&r);
-                    joined = Some(join_piece(joined.take(), r.restored, tokens.len()));
-                    piece?
-                }
-            };
+            let piece = self
+                .request(p, &tokens[..end], from, held_ids, base_abi, deadline)
+                .await?;
             // the next piece builds on this one, computed under the producer's ABI
             base_abi = chain
                 .as_ref()
                 .map_or_else(String::new, |(abi, _)| abi.clone());
             phases.add_producer(&piece.phases);
             phases.head_ms = started.elapsed().as_secs_f64() * 1e3;
-            in_flight = Some(piece);
+            // the previous piece is recorded and joined as soon as its last byte is verified,
+            // while this one is prefilled and the next asked for
+            if let Some(prev) = in_flight.replace(piece) {
+                joined = Some(self.join_piece(p, joined.take(), prev, tokens.len()));
+            }
             from = end;
         }
         let t_body = Instant::now();
         let last = in_flight.ok_or("no piece was asked for")?;
-        let r = self.receive(p, last).await?;
-        phases.add_received(&r);
-        let t_join = Instant::now();
-        let (state, engine_abi) = join_piece(joined, r.restored, tokens.len())
+        let mut joining = self.join_piece(p, joined, last, tokens.len());
+        let done = (&mut joining.0)
             .await
             .map_err(|e| format!("joining the pieces: {e}"))??;
-        phases.join_ms = t_join.elapsed().as_secs_f64() * 1e3;
+        for r in &done.received {
+            phases.add_received(r);
+        }
+        phases.join_ms = done.join_wait.as_secs_f64() * 1e3;
+        let (state, engine_abi) = (done.state, done.engine_abi);
         phases.body_ms = t_body.elapsed().as_secs_f64() * 1e3;
         let pf = Prefilled {
             foreign_abi: engine_abi != self.ctx.identity.engine_abi,
@@ -814,8 +811,10 @@ impl Lane {
                 .map_err(|e| format!("verifying the pack: {e}"))??;
             Ok(Received {
                 restored: r,
-                busy,
-                first_byte: first_byte.unwrap_or_default(),
+                times: PieceTimes {
+                    busy,
+                    first_byte: first_byte.unwrap_or_default(),
+                },
             })
         });
         Ok(Piece {
@@ -825,51 +824,76 @@ impl Lane {
         })
     }
 
-    /// Waits for a piece's verified state and records its generation in the ledger.
-    async fn receive(&self, p: &Producer, mut piece: Piece) -> Result<Received, String> {
-        let r = (&mut piece.task.0)
+    /// Joins `piece` onto the pieces `before` (none: it is the first; its state is given room
+    /// for all `n` tokens) on a task of its own, so the copy overlaps the producer's work on
+    /// the next pieces: the pieces before first, then this piece's verified state and its
+    /// ledger record (generations are recorded in the order they were asked for), then the
+    /// copy on a blocking thread. Pieces of one prefill must name one engine ABI.
+    fn join_piece(&self, p: &Producer, before: Option<Joining>, piece: Piece, n: usize) -> Joining {
+        let (ledger, stream) = (self.ledger.clone(), p.stream);
+        AbortOnDrop(tokio::spawn(async move {
+            let before = match before {
+                Some(mut h) => Some(
+                    (&mut h.0)
+                        .await
+                        .map_err(|e| format!("joining the pieces: {e}"))??,
+                ),
+                None => None,
+            };
+            let Piece {
+                generation,
+                mut task,
+                ..
+            } = piece;
+            let r = (&mut task.0)
+                .await
+                .map_err(|e| format!("receiving the pack: {e}"))??;
+            lock(&ledger)
+                .record(stream, generation)
+                .map_err(|e| format!("pack refused: {e}"))?;
+            let verified = Instant::now();
+            let Received { restored, times } = r;
+            let abi = restored.manifest.identity.engine_abi;
+            tokio::task::spawn_blocking(move || match before {
+                None => {
+                    let mut state = restored.state;
+                    state.reserve_until(n as u32);
+                    Ok(Joined {
+                        state,
+                        engine_abi: abi,
+                        received: vec![times],
+                        join_wait: verified.elapsed(),
+                    })
+                }
+                Some(j) if j.engine_abi != abi => {
+                    Err("pack refused: the pieces of one prefill name different engine ABIs".into())
+                }
+                Some(mut j) => {
+                    j.state
+                        .extend(&restored.state)
+                        .map_err(|e| format!("pack refused: {e}"))?;
+                    j.received.push(times);
+                    j.join_wait = verified.elapsed();
+                    Ok(j)
+                }
+            })
             .await
-            .map_err(|e| format!("receiving the pack: {e}"))??;
-        lock(&self.ledger)
-            .record(p.stream, piece.generation)
-            .map_err(|e| format!("pack refused: {e}"))?;
-        Ok(r)
+            .map_err(|e| format!("joining the pieces: {e}"))?
+        }))
     }
 }
 
-/// The state of the pieces verified so far and the engine ABI they name, being joined.
-type Joining = tokio::task::JoinHandle<Result<(KvState, String), String>>;
+/// The pieces verified and joined so far, being joined on a task of their own (stopped, with
+/// the pieces it waits for, when the handoff fails).
+type Joining = AbortOnDrop<Result<Joined, String>>;
 
-/// Joins piece `r` onto the pieces `before` (none: it is the first; its state is given room
-/// for all `n` tokens) on a blocking thread, so the copy overlaps the producer's prefill of
-/// the next piece. Pieces of one prefill must name one engine ABI.
-fn join_piece(before: Option<Joining>, r: Restored, n: usize) -> Joining {
-    tokio::spawn(async move {
-        let before = match before {
-            Some(h) => Some(h.await.map_err(|e| format!("joining the pieces: {e}"))??),
-            None => None,
-        };
-        tokio::task::spawn_blocking(move || {
-            let abi = r.manifest.identity.engine_abi;
-            match before {
-                None => {
-                    let mut s = r.state;
-                    s.reserve_until(n as u32);
-                    Ok((s, abi))
-                }
-                Some((_, first)) if first != abi => {
-                    Err("pack refused: the pieces of one prefill name different engine ABIs".into())
-                }
-                Some((mut s, first)) => {
-                    s.extend(&r.state)
-                        .map_err(|e| format!("pack refused: {e}"))?;
-                    Ok((s, first))
-                }
-            }
-        })
-        .await
-        .map_err(|e| format!("joining the pieces: {e}"))?
-    })
+/// One state for the pieces received so far, the engine ABI they name, each piece's receipt
+/// in order, and how long the last piece's join waited after its last byte was verified.
+struct Joined {
+    state: KvState,
+    engine_abi: String,
+    received: Vec<PieceTimes>,
+    join_wait: Duration,
 }
 
 /// A piece whose head has arrived; its body is received and verified by `task`.
@@ -883,6 +907,12 @@ struct Piece {
 /// to its first byte (the producer hashing and sealing the pack).
 struct Received {
     restored: Restored,
+    times: PieceTimes,
+}
+
+/// A piece's verifier busy time and the wait from its answer's head to its first byte.
+#[derive(Clone, Copy)]
+struct PieceTimes {
     busy: Duration,
     first_byte: Duration,
 }
@@ -931,7 +961,7 @@ impl Phases {
         self.producer_export_ms += piece.producer_export_ms;
     }
 
-    fn add_received(&mut self, r: &Received) {
+    fn add_received(&mut self, r: &PieceTimes) {
         self.producer_seal_ms += r.first_byte.as_secs_f64() * 1e3;
         self.last_seal_ms = r.first_byte.as_secs_f64() * 1e3;
         self.verify_ms += r.busy.as_secs_f64() * 1e3;

@@ -11,7 +11,7 @@ pub struct ApiError {
     pub message: String,
     pub retry_after_s: Option<u64>,
     /// Fields beside `type`, `message` and `code` in the error object.
-    pub details: serde_json::Map<String, serde_json::Value>,
+    pub details: Vec<(&'static str, serde_json::Value)>,
 }
 
 impl ApiError {
@@ -21,7 +21,7 @@ impl ApiError {
             kind,
             message: message.into(),
             retry_after_s: None,
-            details: serde_json::Map::new(),
+            details: Vec::new(),
         }
     }
     /// 400 `exceed_context_size_error`, with the prompt's tokens and the slot's context as
@@ -34,9 +34,10 @@ impl ApiError {
                 "the prompt has {n_prompt_tokens} tokens; the context per slot is {n_ctx} tokens (start the server with a larger -c)"
             ),
         );
-        e.details
-            .insert("n_prompt_tokens".into(), n_prompt_tokens.into());
-        e.details.insert("n_ctx".into(), n_ctx.into());
+        e.details = vec![
+            ("n_prompt_tokens", n_prompt_tokens.into()),
+            ("n_ctx", n_ctx.into()),
+        ];
         e
     }
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -90,7 +91,11 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }
     pub fn body(&self) -> serde_json::Value {
-        let mut error = self.details.clone();
+        let mut error: serde_json::Map<String, serde_json::Value> = self
+            .details
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
         error.insert("type".into(), self.kind.into());
         error.insert("message".into(), self.message.clone().into());
         error.insert("code".into(), self.status.as_u16().into());

@@ -244,7 +244,10 @@ async fn limits_are_400_with_the_limit_named() {
     let mut b = chat_body();
     b["messages"][0]["content"] =
         json!([{ "type": "image_url", "image_url": { "url": "data:," } }]);
-    // an image without a projector is the server's setup: 500, as llama-server answers
+    // a malformed image is the request's fault; a good one without a projector is the
+    // server's setup: 500, as llama-server answers
+    expect_400("/v1/chat/completions", b.clone(), "base64").await;
+    b["messages"][0]["content"][0]["image_url"]["url"] = json!("data:image/png;base64,AAAA");
     let (status, v) = send_json(app(), post_json("/v1/chat/completions", &b)).await;
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{v}");
     assert!(error_message(&v).contains("--mmproj"), "{v}");

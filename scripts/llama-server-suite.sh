@@ -80,7 +80,7 @@ tail -n 3 "$log" >&2
 
 commit=$(git rev-parse HEAD)
 # a selection gets its own receipt, named after it, beside the whole run's
-slug=$(printf '%s' "$*" | tr -cs 'A-Za-z0-9_' '-' | sed 's/-*$//')
+slug=$(printf '%s' "$*" | tr -cs 'A-Za-z0-9_' '-' | sed 's/-*$//' | cut -c1-120)
 receipt="docs/receipts/llama-server-suite-$target${slug:+-$slug}.json"
 "$venv/bin/python" - "$work/junit.xml" "$receipt" "$target" "$commit" "$*" "${EXCLUDED[@]}" <<'PY'
 import json, platform, os, sys, xml.etree.ElementTree as ET

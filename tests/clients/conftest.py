@@ -36,8 +36,8 @@ def server_pid():
 
 @contextlib.contextmanager
 def spawn_muser(*args, env_extra=None):
-    """A second `muser up` (SmolLM2, one slot, a free port) with extra arguments (and extra
-    environment variables); yields its URL and stops it on exit."""
+    """A second `muser up` (SmolLM2, one slot, a free port, `/metrics` on) with extra arguments
+    (and extra environment variables); yields its URL and stops it on exit."""
     env = {**os.environ, **(env_extra or {})}
     for var in ["MUSER_BIN", "MUSER_MODEL"]:
         if not env.get(var):
@@ -45,7 +45,7 @@ def spawn_muser(*args, env_extra=None):
     log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: the server never blocks on it
     proc = subprocess.Popen(
         [env["MUSER_BIN"], "up", "--model", env["MUSER_MODEL"], "--port", "0", "--slots", "1",
-         "-c", "2048", "--threads", "1", *args],
+         "-c", "2048", "--threads", "1", "--metrics", *args],
         stdout=subprocess.PIPE, stderr=log, text=True, env=env,
     )
     try:

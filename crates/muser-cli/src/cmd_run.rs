@@ -181,7 +181,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     while let Some(ev) = rx.blocking_recv() {
         match ev {
             Event::Token { id, text, .. } => out.token(id, &text)?,
-            Event::Embedding(_) => {}
+            Event::Embedding(_) | Event::Progress(_) => {}
             Event::Done {
                 reason,
                 n_prompt,

@@ -91,10 +91,10 @@ pub struct LlamaArgs {
     /// Turns off `GET /slots` (501).
     #[arg(long)]
     no_slots: bool,
-    /// `GET /metrics` (always on here unless --no-metrics).
+    /// Serve `GET /metrics` (Prometheus text; 501 without, as llama-server answers).
     #[arg(long)]
     metrics: bool,
-    /// Turns off `GET /metrics` (501).
+    /// `GET /metrics` off (the default).
     #[arg(long, conflicts_with = "metrics")]
     no_metrics: bool,
     /// The embedding routes (always on here).
@@ -103,7 +103,8 @@ pub struct LlamaArgs {
     /// Serve `/rerank` and `/v1/rerank` (scores by embedding similarity).
     #[arg(long, alias = "reranking")]
     rerank: bool,
-    /// Pooling of the embedding routes: only `last` (Muser's) is implemented.
+    /// Pooling of the embedding routes: `last` (the default; `rank` too), `mean` or `none`
+    /// (every token's vector, on /embedding only).
     #[arg(long, value_name = "TYPE")]
     pooling: Option<String>,
     /// KV cache types: only f16 (Muser's) is implemented.
@@ -155,6 +156,8 @@ pub struct LlamaArgs {
     no_mmproj: bool,
     #[arg(short = 'v', long, hide = true)]
     verbose: bool,
+    #[arg(long = "backend_sampling", alias = "backend-sampling", hide = true)]
+    backend_sampling: bool,
 }
 
 impl LlamaArgs {
@@ -199,7 +202,7 @@ impl LlamaArgs {
             muser_engine::constraint::gbnf::compile(src)?;
         }
         cfg.slots_endpoint = !self.no_slots;
-        cfg.metrics_endpoint = !self.no_metrics;
+        cfg.metrics_endpoint = self.metrics;
         cfg.rerank_endpoint = self.rerank;
         if let Some(spec) = &self.cors_origins {
             cfg.cors.origins =
@@ -212,13 +215,14 @@ impl LlamaArgs {
             cfg.cors.headers = h.clone();
         }
         cfg.cors.credentials = self.cors_credentials || !self.no_cors_credentials;
-        if let Some(p) = self
-            .pooling
-            .as_deref()
-            .filter(|p| !["last", "rank"].contains(p))
-        {
-            anyhow::bail!("--pooling {p}: Muser pools the last token (--pooling last; rank: the /rerank route)");
-        }
+        cfg.pooling = match self.pooling.as_deref() {
+            None | Some("last" | "rank") => muser_engine::Pooling::Last,
+            Some("mean") => muser_engine::Pooling::Mean,
+            Some("none") => muser_engine::Pooling::None,
+            Some(p) => anyhow::bail!(
+                "--pooling {p}: Muser pools last (also for rank: /rerank scores by similarity), mean or none"
+            ),
+        };
         for (flag, ty) in [
             ("--cache-type-k", &self.cache_type_k),
             ("--cache-type-v", &self.cache_type_v),
@@ -289,13 +293,20 @@ impl LlamaArgs {
             self.embedding,
             "--embedding (the embedding routes are always on)",
         );
-        note(self.metrics, "--metrics (always on)");
+        note(
+            self.no_metrics,
+            "--no-metrics (/metrics is off unless --metrics)",
+        );
         note(self.no_webui, "--no-webui (the dashboard stays at /)");
         note(
             self.offline,
             "--offline (nothing is downloaded with --model)",
         );
         note(self.verbose, "--verbose (set RUST_LOG=debug)");
+        note(
+            self.backend_sampling,
+            "--backend_sampling (sampling runs on the CPU, with the same probabilities)",
+        );
         out
     }
 }
@@ -334,6 +345,43 @@ mod tests {
 
     fn os(v: &[&str]) -> Vec<OsString> {
         v.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn metrics_are_off_unless_asked_and_pooling_maps_onto_the_engine() {
+        let applied = |args: LlamaArgs| {
+            let mut cfg = ServeConfig::new(PathBuf::from("m.gguf"));
+            args.apply(&mut cfg).map(|()| cfg)
+        };
+        let cfg = applied(LlamaArgs::default()).unwrap();
+        assert!(!cfg.metrics_endpoint);
+        assert_eq!(cfg.pooling, muser_engine::Pooling::Last);
+        let cfg = applied(LlamaArgs {
+            metrics: true,
+            pooling: Some("mean".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(cfg.metrics_endpoint);
+        assert_eq!(cfg.pooling, muser_engine::Pooling::Mean);
+        for (p, want) in [
+            ("none", muser_engine::Pooling::None),
+            ("rank", muser_engine::Pooling::Last),
+        ] {
+            let args = LlamaArgs {
+                pooling: Some(p.into()),
+                ..Default::default()
+            };
+            assert_eq!(applied(args).unwrap().pooling, want);
+        }
+        let cls = LlamaArgs {
+            pooling: Some("cls".into()),
+            ..Default::default()
+        };
+        assert!(applied(cls)
+            .unwrap_err()
+            .to_string()
+            .contains("--pooling cls"));
     }
 
     #[test]

@@ -42,6 +42,22 @@ pub struct EngineConfig {
     pub spec: Option<muser_spec::SpecConfig>,
     /// The DFlash drafter `SpecMode::Dflash` drafts with (`--dflash FILE`).
     pub dflash: Option<Arc<muser_model::models::dflash::Dflash>>,
+    /// How an embedding request's rows become its [`Event::Embedding`].
+    pub pooling: Pooling,
+}
+
+/// How an embedding request's final-norm hidden states become its embedding (llama-server's
+/// `--pooling`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Pooling {
+    /// The last prompt row's, L2-normalized.
+    #[default]
+    Last,
+    /// The mean of every prompt row's, L2-normalized. Needs every row computed: the prompt
+    /// reuses no cached prefix.
+    Mean,
+    /// Every prompt row's, row after row (`n_prompt × n_embd`), as computed.
+    None,
 }
 
 impl Default for EngineConfig {
@@ -56,6 +72,7 @@ impl Default for EngineConfig {
             prompt_cache: None,
             spec: None,
             dflash: None,
+            pooling: Pooling::Last,
         }
     }
 }
@@ -187,6 +204,20 @@ pub enum Event {
         timings: Timings,
     },
     Error(String),
+    /// The prompt's progress, for a request submitted with
+    /// [`Engine::submit_reporting_progress`]: once when its prefill starts, then after each
+    /// prefill chunk, always before its first token.
+    Progress(Progress),
+}
+
+/// How far a prompt's prefill is: `processed` of its `total` tokens are in the slot's cache,
+/// `cache` of them reused (the slot's cache, the prompt cache or a producer) rather than
+/// computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Progress {
+    pub total: usize,
+    pub cache: usize,
+    pub processed: usize,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -299,6 +330,8 @@ pub(crate) struct Job {
     pub req: GenerateRequest,
     pub tx: UnboundedSender<Event>,
     pub enqueued: Instant,
+    /// Send [`Event::Progress`] while the prompt is prefilled.
+    pub progress: bool,
 }
 
 /// What the handle and the scheduler share.
@@ -439,14 +472,32 @@ impl Engine {
     }
 
     /// Queues a request; its events arrive on the returned receiver.
-    pub fn submit(
+    pub fn submit(&self, req: GenerateRequest) -> Result<UnboundedReceiver<Event>, SubmitError> {
+        self.enqueue(req, false)
+    }
+
+    /// [`Engine::submit`], with [`Event::Progress`] reports while the prompt is prefilled
+    /// (llama-server's `return_progress`).
+    pub fn submit_reporting_progress(
+        &self,
+        req: GenerateRequest,
+    ) -> Result<UnboundedReceiver<Event>, SubmitError> {
+        self.enqueue(req, true)
+    }
+
+    fn enqueue(
         &self,
         mut req: GenerateRequest,
+        progress: bool,
     ) -> Result<UnboundedReceiver<Event>, SubmitError> {
         self.check(&req)?;
         for img in &req.images {
             let ids = image_ids(&self.image_key, &img.digest, img.n_tokens);
             req.prompt[img.span()].copy_from_slice(&ids);
+        }
+        // pooling over every row computes every row
+        if req.embeddings && self.cfg.pooling != Pooling::Last {
+            req.cache_prompt = false;
         }
         let mut st = self.shared.lock();
         if st.stopped || st.shutdown {
@@ -462,6 +513,7 @@ impl Engine {
             req,
             tx,
             enqueued: Instant::now(),
+            progress,
         });
         st.stats.queue_depth = st.queue.len();
         drop(st);

@@ -27,8 +27,8 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::detok::Detok;
 use crate::engine::{
-    contained, EngineConfig, EngineStats, Event, FinishReason, GenerateRequest, Job, Shared,
-    SharedState, SlotInfo, SlotKv, Timings,
+    contained, EngineConfig, EngineStats, Event, FinishReason, GenerateRequest, Job, Pooling,
+    Progress, Shared, SharedState, SlotInfo, SlotKv, Timings,
 };
 use crate::kvpack_bridge::{snapshot_to_state, state_to_snapshot};
 use crate::prompt_cache::{Lookup, Resume};
@@ -94,6 +94,24 @@ struct Task<'t> {
     /// Draft tokens verified and accepted.
     draft_n: usize,
     draft_n_accepted: usize,
+    /// Report the prompt's progress ([`Event::Progress`]).
+    progress: bool,
+    /// An embedding request pooling every row: their hidden states so far (summed for
+    /// [`Pooling::Mean`], one after another for [`Pooling::None`]).
+    pooled: Vec<f32>,
+}
+
+impl Task<'_> {
+    /// Reports the prompt's progress when the request asked for it.
+    fn report_progress(&self, processed: usize) {
+        if self.progress {
+            let _ = self.tx.send(Event::Progress(Progress {
+                total: self.req.prompt.len(),
+                cache: self.n_cached,
+                processed,
+            }));
+        }
+    }
 }
 
 /// Which slot a batch row belongs to and whether it samples.
@@ -322,6 +340,7 @@ impl<'t> Scheduler<'t> {
             mut req,
             tx,
             enqueued,
+            progress,
         } = job;
         let mut sampler = match Sampler::new(&req.params, self.cfg.n_ctx) {
             Ok(s) => s,
@@ -392,7 +411,12 @@ impl<'t> Scheduler<'t> {
             drafting,
             draft_n: 0,
             draft_n_accepted: 0,
+            progress,
+            pooled: Vec::new(),
         });
+        if let Some(t) = &s.task {
+            t.report_progress(keep);
+        }
         self.stats.requests_total += 1;
     }
 
@@ -738,15 +762,17 @@ impl<'t> Scheduler<'t> {
                     batch.input_embd.values.extend_from_slice(&img.values[rows]);
                 }
             }
+            // pooling over every row needs every row's hidden state
+            let every_row = t.req.embeddings && self.cfg.pooling != Pooling::Last;
             for (k, &id) in t.req.prompt[done..end].iter().enumerate() {
                 let last = done + k + 1 == t.req.prompt.len();
-                batch.push(id, (done + k) as u32, i as u32, last);
+                batch.push(id, (done + k) as u32, i as u32, last || every_row);
                 rows.push(Row {
                     slot: i,
                     samples: last,
                     draft: false,
                 });
-                batch.embeddings |= last && t.req.embeddings;
+                batch.embeddings |= (last || every_row) && t.req.embeddings;
             }
         }
         (batch, rows, verifies)
@@ -802,6 +828,17 @@ impl<'t> Scheduler<'t> {
         for (b, row) in rows.iter().enumerate().filter(|(_, r)| !r.draft) {
             self.slots[row.slot].tokens.push(batch.tokens[b]);
         }
+        // the prefill's chunk is in: its progress goes out before its first token
+        if let Some(&Row { slot, .. }) = rows.last() {
+            let s = &self.slots[slot];
+            if let Some(t) = s
+                .task
+                .as_ref()
+                .filter(|t| matches!(t.phase, Phase::Prefill))
+            {
+                t.report_progress(s.tokens.len());
+            }
+        }
         self.offer_prefixes(rows);
         let n_vocab = self.model.info().n_vocab;
         let n_embd = self.model.info().n_embd;
@@ -812,6 +849,9 @@ impl<'t> Scheduler<'t> {
         // rows answered with their argmax (plain greedy decode steps on a fused device)
         for &(b, id) in &out.argmax {
             answers[b] = Some(Answer::Token(id));
+        }
+        if self.cfg.pooling != Pooling::Last && !out.embeddings.is_empty() {
+            self.pool_rows(out, rows, n_embd);
         }
         let mut verifies = verifies.into_iter().peekable();
         for (b, &row) in rows.iter().enumerate() {
@@ -919,13 +959,43 @@ impl<'t> Scheduler<'t> {
         }
     }
 
-    fn embed(&mut self, slot: usize, hidden: &[f32]) {
-        let norm = hidden.iter().map(|x| x * x).sum::<f32>().sqrt();
-        let scale = if norm > 0.0 { 1.0 / norm } else { 0.0 };
-        let v = hidden.iter().map(|x| x * scale).collect();
-        if let Some(t) = &self.slots[slot].task {
-            let _ = t.tx.send(Event::Embedding(v));
+    /// Adds the hidden states of an embedding request's rows in this pass to its pool.
+    fn pool_rows(&mut self, out: &Output, rows: &[Row], n_embd: usize) {
+        for (r, &b) in out.rows.iter().enumerate() {
+            let (Some(row), Some(h)) = (
+                rows.get(b),
+                out.embeddings.get(r * n_embd..(r + 1) * n_embd),
+            ) else {
+                continue;
+            };
+            let Some(t) = self.slots[row.slot]
+                .task
+                .as_mut()
+                .filter(|t| t.req.embeddings)
+            else {
+                continue;
+            };
+            match self.cfg.pooling {
+                Pooling::Mean if t.pooled.is_empty() => t.pooled.extend_from_slice(h),
+                Pooling::Mean => t.pooled.iter_mut().zip(h).for_each(|(p, x)| *p += x),
+                Pooling::None => t.pooled.extend_from_slice(h),
+                Pooling::Last => {}
+            }
         }
+    }
+
+    /// Sends an embedding request's embedding (see [`Pooling`]) from its last row's hidden
+    /// state and its pool, and ends it.
+    fn embed(&mut self, slot: usize, hidden: &[f32]) {
+        let Some(t) = self.slots[slot].task.as_mut() else {
+            return;
+        };
+        let v = match self.cfg.pooling {
+            Pooling::Last => normalized(hidden),
+            Pooling::Mean => normalized(&t.pooled),
+            Pooling::None => std::mem::take(&mut t.pooled),
+        };
+        let _ = t.tx.send(Event::Embedding(v));
         self.finish(slot, FinishReason::Stop);
     }
 
@@ -1086,6 +1156,13 @@ impl Task<'_> {
         }
         (text, released.stopped)
     }
+}
+
+/// `v` scaled to unit length (all zeros stays zeros).
+fn normalized(v: &[f32]) -> Vec<f32> {
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let scale = if norm > 0.0 { 1.0 / norm } else { 0.0 };
+    v.iter().map(|x| x * scale).collect()
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {

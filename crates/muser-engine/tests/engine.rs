@@ -7,7 +7,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use muser_engine::{
-    Engine, EngineConfig, Event, FinishReason, GenerateRequest, SamplingParams, SubmitError,
+    Engine, EngineConfig, Event, FinishReason, GenerateRequest, Progress, SamplingParams,
+    SubmitError,
 };
 use muser_model::{LoadOptions, Model};
 use muser_text::Tokenizer;
@@ -68,6 +69,8 @@ struct Outcome {
     n_cached: usize,
     n_gen: usize,
     embedding: Option<Vec<f32>>,
+    /// Each progress report with the tokens received before it.
+    progress: Vec<(Progress, usize)>,
 }
 
 fn collect(mut rx: UnboundedReceiver<Event>) -> Outcome {
@@ -93,6 +96,7 @@ fn collect(mut rx: UnboundedReceiver<Event>) -> Outcome {
                 break;
             }
             Event::Error(e) => panic!("engine error: {e}"),
+            Event::Progress(p) => o.progress.push((p, o.ids.len())),
         }
     }
     assert!(o.reason.is_some(), "the stream ended without Done");
@@ -473,4 +477,37 @@ fn a_panic_on_the_engine_thread_fails_one_job_not_the_engine() {
     let after = collect(e.submit(greedy(prompt("Name three colors."), 5)).unwrap());
     assert_eq!(after.ids, before);
     assert_eq!(after.n_cached, 0);
+}
+
+/// A request submitted reporting progress hears where its prefill stands: first what the
+/// caches gave, then after each prefill chunk, the last at the whole prompt, all before its
+/// first token. A repeated prompt starts from the prefix its slot kept; a plain submission
+/// hears nothing.
+#[test]
+fn progress_is_reported_per_prefill_chunk_before_the_first_token() {
+    let e = engine(1, 4);
+    let p = prompt(&"This is a test. ".repeat(12));
+    let n = p.len();
+    assert!(n > 64, "{n} tokens: at least three chunks of 32");
+    let run = || collect(e.submit_reporting_progress(greedy(p.clone(), 2)).unwrap());
+    let first = run();
+    let processed: Vec<usize> = first.progress.iter().map(|(q, _)| q.processed).collect();
+    let chunks = (1..=n.div_ceil(32)).map(|k| (k * 32).min(n));
+    assert_eq!(
+        processed,
+        std::iter::once(0).chain(chunks).collect::<Vec<_>>()
+    );
+    assert!(first
+        .progress
+        .iter()
+        .all(|&(q, before)| q.total == n && q.cache == 0 && before == 0));
+    let again = run();
+    let (start, _) = again.progress[0];
+    assert!(
+        start.cache > 0 && start.processed == start.cache,
+        "{start:?}"
+    );
+    assert_eq!(again.progress.last().unwrap().0.processed, n);
+    assert_eq!(again.ids, first.ids);
+    assert!(collect(e.submit(greedy(p, 2)).unwrap()).progress.is_empty());
 }

@@ -86,6 +86,13 @@ pub fn chat_images(state: &AppState, messages: &[ChatMessage]) -> ApiResult<Vec<
             ContentPart::Text { .. } => None,
         })
         .collect();
+    if state.vision.is_none() {
+        // an image the request cannot carry is its own fault (400) before the server's
+        // missing projector (500); with a projector the count is checked before any decoding
+        for url in &urls {
+            WireImage::from_url(url)?;
+        }
+    }
     state.check_image_count(urls.len())?;
     urls.into_iter().map(WireImage::from_url).collect()
 }

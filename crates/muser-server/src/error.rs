@@ -10,6 +10,8 @@ pub struct ApiError {
     pub kind: &'static str,
     pub message: String,
     pub retry_after_s: Option<u64>,
+    /// Fields beside `type`, `message` and `code` in the error object.
+    pub details: Vec<(&'static str, serde_json::Value)>,
 }
 
 impl ApiError {
@@ -19,7 +21,24 @@ impl ApiError {
             kind,
             message: message.into(),
             retry_after_s: None,
+            details: Vec::new(),
         }
+    }
+    /// 400 `exceed_context_size_error`, with the prompt's tokens and the slot's context as
+    /// llama-server reports them.
+    pub fn exceed_context(n_prompt_tokens: usize, n_ctx: usize) -> Self {
+        let mut e = Self::new(
+            StatusCode::BAD_REQUEST,
+            "exceed_context_size_error",
+            format!(
+                "the prompt has {n_prompt_tokens} tokens; the context per slot is {n_ctx} tokens (start the server with a larger -c)"
+            ),
+        );
+        e.details = vec![
+            ("n_prompt_tokens", n_prompt_tokens.into()),
+            ("n_ctx", n_ctx.into()),
+        ];
+        e
     }
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
@@ -72,9 +91,15 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }
     pub fn body(&self) -> serde_json::Value {
-        serde_json::json!({
-            "error": { "type": self.kind, "message": self.message, "code": self.status.as_u16() }
-        })
+        let mut error: serde_json::Map<String, serde_json::Value> = self
+            .details
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        error.insert("type".into(), self.kind.into());
+        error.insert("message".into(), self.message.clone().into());
+        error.insert("code".into(), self.status.as_u16().into());
+        serde_json::json!({ "error": error })
     }
 }
 

@@ -8,8 +8,8 @@ use crate::state::AppState;
 use crate::wire::SpecFields;
 use axum::body::Body;
 use muser_engine::{
-    Event, FinishReason, GenerateRequest, SamplingParams, SpecOverride, SubmitError, TokenLogprobs,
-    DRAFT_MAX_LIMIT,
+    Event, FinishReason, GenerateRequest, Progress, SamplingParams, SpecOverride, SubmitError,
+    TokenLogprobs, DRAFT_MAX_LIMIT,
 };
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -260,6 +260,8 @@ pub enum Step {
     },
     Embedding(Vec<f32>),
     Done(Finished),
+    /// The prompt's prefill progress (requests submitted with `progress`).
+    Progress(Progress),
 }
 
 /// Submits a request, mapping engine refusals to HTTP errors (429 with Retry-After, 400).
@@ -268,7 +270,18 @@ pub enum Step {
 pub async fn submit(
     state: &AppState,
     log: &RequestLog,
+    req: GenerateRequest,
+) -> ApiResult<mpsc::UnboundedReceiver<Event>> {
+    submit_with(state, log, req, false).await
+}
+
+/// [`submit`]; with `progress`, the stream also reports the prompt's prefill
+/// ([`Step::Progress`], llama-server's `return_progress`).
+pub async fn submit_with(
+    state: &AppState,
+    log: &RequestLog,
     mut req: GenerateRequest,
+    progress: bool,
 ) -> ApiResult<mpsc::UnboundedReceiver<Event>> {
     state.check_prompt_len(req.prompt.len())?;
     limits::check_stop(&req.stop)?;
@@ -288,14 +301,16 @@ pub async fn submit(
             log.set_remote();
         }
     }
-    state.engine.submit(req).map_err(|e| match e {
+    let submitted = match progress {
+        true => state.engine.submit_reporting_progress(req),
+        false => state.engine.submit(req),
+    };
+    submitted.map_err(|e| match e {
         SubmitError::QueueFull { retry_after_s } => {
             state.metrics.record_busy();
             ApiError::busy(retry_after_s)
         }
-        SubmitError::PromptTooLong { n_prompt, n_ctx } => ApiError::bad_request(format!(
-            "the prompt has {n_prompt} tokens; the context per slot is {n_ctx} tokens"
-        )),
+        SubmitError::PromptTooLong { n_prompt, n_ctx } => ApiError::exceed_context(n_prompt, n_ctx),
         SubmitError::Stopped => ApiError::new(
             axum::http::StatusCode::SERVICE_UNAVAILABLE,
             "engine_unavailable",
@@ -352,6 +367,7 @@ pub async fn next_step(
             Ok(Step::Token { id, text, logprobs })
         }
         Some(Event::Embedding(v)) => Ok(Step::Embedding(v)),
+        Some(Event::Progress(p)) => Ok(Step::Progress(p)),
         Some(Event::Done {
             reason,
             n_prompt,
@@ -416,6 +432,7 @@ pub async fn collect(
                 logprobs.extend(lp);
             }
             Step::Embedding(v) => embedding = Some(v),
+            Step::Progress(_) => {}
             Step::Done(done) => {
                 return Ok(Output {
                     text,
@@ -509,20 +526,6 @@ where
             .await
             .map(|frame| (Ok::<_, Infallible>(frame), out))
     }))
-}
-
-/// L2-normalizes a vector in place (an all-zero vector stays zero).
-pub fn l2_normalize(v: &mut [f32]) {
-    let norm = v
-        .iter()
-        .map(|x| f64::from(*x) * f64::from(*x))
-        .sum::<f64>()
-        .sqrt();
-    if norm > 0.0 {
-        for x in v {
-            *x = (f64::from(*x) / norm) as f32;
-        }
-    }
 }
 
 /// Tokens per second, 0 when no time was spent.

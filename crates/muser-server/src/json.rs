@@ -101,8 +101,9 @@ pub fn check_content_type(value: Option<&header::HeaderValue>) -> Result<(), Api
     }
 }
 
-/// Parses a JSON body. Malformed JSON is 415 (the body is not JSON); JSON of the wrong shape
-/// (unknown field, wrong type, missing field) is 400 with the field's path.
+/// Parses a JSON body. Malformed JSON and JSON of the wrong shape (unknown field, wrong type,
+/// missing field, the latter with the field's path) are 400, as llama-server answers them; a
+/// body that is not declared JSON is 415 (`check_content_type`).
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de);
@@ -111,7 +112,7 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         let inner = err.into_inner();
         match inner.classify() {
             serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
-                ApiError::unsupported_media(format!("request body is not valid JSON: {inner}"))
+                ApiError::bad_request(format!("request body is not valid JSON: {inner}"))
             }
             _ if path.is_empty() || path == "." => {
                 ApiError::bad_request(format!("invalid request: {}", strip_position(&inner)))
@@ -123,7 +124,7 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         }
     })?;
     de.end()
-        .map_err(|e| ApiError::unsupported_media(format!("request body is not valid JSON: {e}")))?;
+        .map_err(|e| ApiError::bad_request(format!("request body is not valid JSON: {e}")))?;
     Ok(value)
 }
 
@@ -169,14 +170,14 @@ mod tests {
     }
 
     #[test]
-    fn malformed_json_is_415_and_wrong_type_is_400() {
+    fn malformed_json_and_wrong_type_are_400() {
         assert_eq!(
             parse::<Outer>(b"{\"a\":").unwrap_err().status,
-            StatusCode::UNSUPPORTED_MEDIA_TYPE
+            StatusCode::BAD_REQUEST
         );
         assert_eq!(
             parse::<Outer>(b"hello").unwrap_err().status,
-            StatusCode::UNSUPPORTED_MEDIA_TYPE
+            StatusCode::BAD_REQUEST
         );
         let err = parse::<Outer>(br#"{"a":"x"}"#).unwrap_err();
         assert_eq!(err.status, StatusCode::BAD_REQUEST);

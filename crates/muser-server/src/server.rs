@@ -65,10 +65,12 @@ pub struct ServeConfig {
     pub grammar: Option<String>,
     /// Serve `GET /slots` (llama-server's `--no-slots` turns it off).
     pub slots_endpoint: bool,
-    /// Serve `GET /metrics` (`--no-metrics` turns it off).
+    /// Serve `GET /metrics` (`muser up --metrics`).
     pub metrics_endpoint: bool,
     /// Serve `/rerank` (`--rerank`).
     pub rerank_endpoint: bool,
+    /// How the embedding routes pool a prompt's rows (`--pooling`).
+    pub pooling: muser_engine::Pooling,
     /// The image projector (`--mmproj FILE`); `None`: requests with images are refused.
     pub mmproj: Option<PathBuf>,
     /// Images one request may carry (`--max-images`).
@@ -108,6 +110,7 @@ impl ServeConfig {
             slots_endpoint: true,
             metrics_endpoint: true,
             rerank_endpoint: false,
+            pooling: muser_engine::Pooling::Last,
             mmproj: None,
             max_images: 8,
             cors: crate::cors::Cors::default(),
@@ -295,6 +298,7 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
         prefill_chunk: cfg.prefill_chunk,
         prompt_cache,
         spec: cfg.spec,
+        pooling: cfg.pooling,
         dflash: match &cfg.dflash {
             Some(p) => Some(Arc::new(
                 muser_model::models::dflash::Dflash::load(p, 0)

@@ -165,7 +165,11 @@ impl AppState {
         let max = self.prompt_tokens_max();
         self.tokenizer
             .encode_at_most(text, add_special, true, max)
-            .ok_or_else(|| self.too_many_tokens(max))
+            .ok_or_else(|| {
+                // the whole count for the error (the text is within the body's limit)
+                let n = self.tokenizer.encode(text, add_special, true).len();
+                ApiError::exceed_context(n, self.options.n_ctx)
+            })
     }
 
     fn too_many_tokens(&self, max_tokens: usize) -> ApiError {
@@ -197,10 +201,7 @@ impl AppState {
             return Err(ApiError::bad_request("the prompt is empty"));
         }
         if n_prompt >= self.options.n_ctx {
-            return Err(ApiError::bad_request(format!(
-                "the prompt has {n_prompt} tokens; the context per slot is {} tokens (start the server with a larger -c)",
-                self.options.n_ctx
-            )));
+            return Err(ApiError::exceed_context(n_prompt, self.options.n_ctx));
         }
         Ok(())
     }

@@ -145,11 +145,12 @@ impl WireImage {
 }
 
 impl AppState {
-    /// The projector, or a 400 naming what is missing.
+    /// The projector, or a 500 naming what is missing (the server's setup, not the request, as
+    /// llama-server answers it).
     pub fn vision(&self) -> ApiResult<&Vision> {
         self.vision.as_deref().ok_or_else(|| {
-            ApiError::bad_request(
-                "image input needs a projector; start the server with --mmproj FILE",
+            ApiError::internal(
+                "image input is not supported: this server has no projector (start it with --mmproj FILE)",
             )
         })
     }

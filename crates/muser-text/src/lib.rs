@@ -24,4 +24,4 @@ pub use error::{Result, TextError};
 pub use pretok::PreTokenizer;
 pub use stream::{StreamDecoder, Utf8Buffer};
 pub use template::{unix_from_date, ChatRequest, ChatTemplate, CHATML_TEMPLATE};
-pub use tokenizer::{attr, Tokenizer, TokenizerKind};
+pub use tokenizer::{attr, Fim, Tokenizer, TokenizerKind};

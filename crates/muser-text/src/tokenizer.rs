@@ -57,12 +57,25 @@ pub struct Tokenizer {
     eot: Option<u32>,
     eom: Option<u32>,
     eog: BTreeSet<u32>,
+    fim: Fim,
     add_bos: bool,
     add_eos: bool,
     add_space_prefix: bool,
     clean_spaces: bool,
     /// The most input bytes one token can stand for (its text or piece, whichever is longer).
     max_token_bytes: usize,
+}
+
+/// Fill-in-the-middle tokens (from the GGUF's ids, else found by text as llama.cpp finds
+/// them): prefix, suffix and middle mark the parts of an infill prompt; repo and file
+/// separator, where present, introduce extra files.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Fim {
+    pub pre: Option<u32>,
+    pub suf: Option<u32>,
+    pub mid: Option<u32>,
+    pub rep: Option<u32>,
+    pub sep: Option<u32>,
 }
 
 /// One piece of the input after the special-token partition.
@@ -353,7 +366,6 @@ impl Tokenizer {
         fim_pre = read_id("tokenizer.ggml.prefix_token_id", fim_pre)?;
         fim_suf = read_id("tokenizer.ggml.suffix_token_id", fim_suf)?;
         fim_mid = read_id("tokenizer.ggml.middle_token_id", fim_mid)?;
-        let _ = (fim_pre, fim_suf, fim_mid);
 
         if let Some(v) = meta.bool_opt("tokenizer.ggml.add_bos_token")? {
             add_bos = v;
@@ -465,6 +477,13 @@ impl Tokenizer {
             eot,
             eom,
             eog,
+            fim: Fim {
+                pre: fim_pre,
+                suf: fim_suf,
+                mid: fim_mid,
+                rep: fim_rep,
+                sep: fim_sep,
+            },
             add_bos,
             add_eos,
             add_space_prefix,
@@ -501,6 +520,10 @@ impl Tokenizer {
     }
     pub fn eom(&self) -> Option<u32> {
         self.eom
+    }
+    /// The fill-in-the-middle tokens.
+    pub fn fim(&self) -> Fim {
+        self.fim
     }
     /// Whether BOS is prepended when encoding with `add_special`.
     pub fn add_bos(&self) -> bool {

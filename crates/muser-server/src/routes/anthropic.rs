@@ -60,7 +60,7 @@ pub async fn messages(
                         blocks.piece(p, &mut events);
                     }
                 }
-                Ok(Step::Embedding(_)) => {}
+                Ok(Step::Embedding(_) | Step::Progress(_)) => {}
                 Ok(Step::Done(done)) => {
                     for p in reader.finish() {
                         blocks.piece(p, &mut events);
@@ -143,6 +143,10 @@ fn to_chat(req: MessagesRequest) -> ApiResult<ChatCompletionRequest> {
             Role::Assistant => messages.push(assistant_message(blocks)),
         }
     }
+    // no turn at all is one empty user turn (llama-server answers it too)
+    if messages.iter().all(|m| m["role"] == "system") {
+        messages.push(json!({ "role": "user", "content": "" }));
+    }
     let mut chat = json!({
         "messages": messages,
         "stream": false,
@@ -208,30 +212,35 @@ fn user_messages(blocks: Vec<Block>, out: &mut Vec<Value>) -> ApiResult<()> {
                 ..
             } => {
                 flush(&mut parts, out);
-                let mut text = match content {
-                    None => String::new(),
-                    Some(ToolResultContent::Text(t)) => t,
-                    Some(ToolResultContent::Blocks(blocks)) => {
-                        let mut texts = Vec::new();
-                        for b in blocks {
-                            match part(b)? {
-                                Some(p) if p["type"] == "text" => {
-                                    texts.push(p["text"].as_str().unwrap_or("").to_string())
-                                }
-                                _ => {
-                                    return Err(ApiError::bad_request(
-                                        "images in a tool_result are not supported; send them as image blocks of a user message",
-                                    ))
-                                }
-                            }
-                        }
-                        texts.join("\n")
-                    }
+                let mut blocks = match content {
+                    None => Vec::new(),
+                    Some(ToolResultContent::Text(t)) => vec![json!({ "type": "text", "text": t })],
+                    Some(ToolResultContent::Blocks(blocks)) => blocks
+                        .into_iter()
+                        .filter_map(|b| part(b).transpose())
+                        .collect::<ApiResult<_>>()?,
                 };
                 if is_error == Some(true) {
-                    text = format!("Error: {text}");
+                    match blocks.first_mut() {
+                        Some(b) if b["type"] == "text" => {
+                            b["text"] =
+                                json!(format!("Error: {}", b["text"].as_str().unwrap_or("")))
+                        }
+                        _ => blocks.insert(0, json!({ "type": "text", "text": "Error: " })),
+                    }
                 }
-                out.push(json!({ "role": "tool", "tool_call_id": tool_use_id, "content": text }));
+                // text alone is the tool message's text; with images its parts (the chat
+                // route's images)
+                let content = if blocks.iter().all(|b| b["type"] == "text") {
+                    let texts: Vec<&str> =
+                        blocks.iter().filter_map(|b| b["text"].as_str()).collect();
+                    json!(texts.join("\n"))
+                } else {
+                    json!(blocks)
+                };
+                out.push(
+                    json!({ "role": "tool", "tool_call_id": tool_use_id, "content": content }),
+                );
             }
             b => parts.extend(part(b)?),
         }

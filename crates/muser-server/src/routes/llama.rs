@@ -10,16 +10,18 @@ use crate::state::{AppState, SharedState};
 use crate::structured;
 use crate::vision::{WireImage, MEDIA_MARKER};
 use crate::wire::llama::{
-    valid_slot_filename, CompletionRequest, DetokenizeRequest, EmbeddingRequest, SlotAction,
-    SlotActionRequest, SlotQuery, TokenizeRequest,
+    valid_slot_filename, CompletionRequest, DetokenizeRequest, EmbeddingRequest, InfillChunk,
+    SlotAction, SlotActionRequest, SlotQuery, TokenizeRequest,
 };
 use crate::wire::openai::ChatCompletionRequest;
-use crate::wire::{PromptPiece, Prompts};
+use crate::wire::PromptPiece;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use muser_engine::{FinishReason, GenerateRequest, SamplingParams, TokenLogprobs};
+use muser_engine::{
+    FinishReason, GenerateRequest, PromptImage, SamplingParams, TokenLogprobs, TokenProb,
+};
 use serde_json::{json, Value};
 
 fn stop_type(done: &Finished) -> &'static str {
@@ -31,19 +33,46 @@ fn stop_type(done: &Finished) -> &'static str {
     }
 }
 
-/// `completion_probabilities` entries (llama.cpp's current shape).
+/// `completion_probabilities` entries (llama.cpp's current shape): `logprob`/`top_logprobs`,
+/// or after the sampler chain (`post_sampling_probs`) `prob`/`top_probs`.
 fn probs(state: &AppState, lps: &[TokenLogprobs]) -> Value {
-    let entry = |id: u32, logprob: f32| {
-        let bytes = state.tokenizer.token_to_piece(id, true).to_vec();
-        json!({ "id": id, "token": String::from_utf8_lossy(&bytes), "bytes": bytes, "logprob": logprob })
+    let entry = |t: &TokenProb, post: bool| {
+        let bytes = state.tokenizer.token_to_piece(t.id, true).to_vec();
+        let mut e = json!({ "id": t.id, "token": String::from_utf8_lossy(&bytes), "bytes": bytes });
+        if post {
+            e["prob"] = json!(t.prob);
+        } else {
+            e["logprob"] = json!(t.logprob);
+        }
+        e
     };
     lps.iter()
         .map(|lp| {
-            let mut e = entry(lp.token.id, lp.token.logprob);
-            e["top_logprobs"] = lp.top.iter().map(|t| entry(t.id, t.logprob)).collect();
+            let post = lp.post_sampling;
+            let mut e = entry(&lp.token, post);
+            let top: Vec<Value> = lp.top.iter().map(|t| entry(t, post)).collect();
+            e[if post { "top_probs" } else { "top_logprobs" }] = json!(top);
             e
         })
         .collect()
+}
+
+/// Sampling settings as llama-server reports them (`generation_settings`, and `/props`'s
+/// defaults): a banned token's bias is `null`.
+pub fn settings(p: &SamplingParams, n_predict: Option<u32>) -> Value {
+    let bias: Vec<Value> = p
+        .logit_bias
+        .iter()
+        .map(|&(token, b)| json!({ "token": token, "bias": if b.is_finite() { json!(b) } else { Value::Null } }))
+        .collect();
+    json!({
+        "n_predict": n_predict.map_or(-1, i64::from), "seed": p.seed.map_or(-1, |s| s as i64),
+        "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
+        "typical_p": p.typical_p, "repeat_penalty": p.repeat_penalty, "repeat_last_n": p.repeat_last_n,
+        "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
+        "n_probs": p.n_probs, "min_keep": p.min_keep, "post_sampling_probs": p.post_sampling_probs,
+        "logit_bias": bias,
+    })
 }
 
 pub async fn completion(
@@ -51,10 +80,174 @@ pub async fn completion(
     Log(log): Log,
     StrictJson(mut req): StrictJson<CompletionRequest>,
 ) -> ApiResult<Response> {
-    super::refuse_unsupported(req.return_progress, req.post_sampling_probs)?;
-    let prompts = std::mem::replace(&mut req.prompt, Prompts(Vec::new()));
-    let (schema, grammar) = (req.json_schema.take(), req.grammar.take());
+    if req.input_prefix.is_some() || req.input_suffix.is_some() || req.input_extra.is_some() {
+        return Err(ApiError::bad_request(
+            "input_prefix, input_suffix and input_extra belong to /infill",
+        ));
+    }
+    let prompts = req
+        .prompt
+        .take()
+        .ok_or_else(|| ApiError::bad_request("prompt is required"))?;
     let n_prompts = prompts.0.len();
+    complete(state, log, req, n_prompts, move |st| {
+        let n_images = prompts.0.iter().map(|p| match p.0.as_slice() {
+            [PromptPiece::Multimodal { images, .. }] => images.len(),
+            _ => 0,
+        });
+        st.check_image_count(n_images.sum())?;
+        let max = st.prompt_tokens_max();
+        prompts
+            .0
+            .iter()
+            .map(|prompt| match prompt.0.as_slice() {
+                [PromptPiece::Multimodal { text, images }] => {
+                    let images = images
+                        .iter()
+                        .map(|b| WireImage::from_base64(b))
+                        .collect::<ApiResult<_>>()?;
+                    st.encode_with_images(text, true, MEDIA_MARKER, images)
+                }
+                _ => Ok((st.tokenize_prompt(prompt, true, true, max)?, Vec::new())),
+            })
+            .collect()
+    })
+    .await
+}
+
+/// llama-server's `/infill`: the code before and after the cursor (`input_prefix`,
+/// `input_suffix`) between the model's fill-in-the-middle tokens, after the extra files
+/// (`input_extra`), with `prompt` continuing the prefix (see [`infill_prompt`]); answered as
+/// `/completion` answers. A model without those tokens is a 501.
+pub async fn infill(
+    State(state): State<SharedState>,
+    Log(log): Log,
+    StrictJson(mut req): StrictJson<CompletionRequest>,
+) -> ApiResult<Response> {
+    let fim = state.tokenizer.fim();
+    let (Some(_), Some(_), Some(_)) = (fim.pre, fim.suf, fim.mid) else {
+        return Err(ApiError::new(
+            axum::http::StatusCode::NOT_IMPLEMENTED,
+            "not_supported_error",
+            "infill is not supported by this model: it has no fill-in-the-middle prefix, suffix and middle tokens",
+        ));
+    };
+    let (Some(prefix), Some(suffix)) = (req.input_prefix.take(), req.input_suffix.take()) else {
+        return Err(ApiError::bad_request(
+            "input_prefix and input_suffix are required",
+        ));
+    };
+    let prompt = match req.prompt.take().map(|p| p.0) {
+        None => String::new(),
+        Some(mut p) => match p.pop().map(|p| p.0).as_deref() {
+            Some([PromptPiece::Text(t)]) if p.is_empty() => t.clone(),
+            _ => return Err(ApiError::bad_request("prompt must be a string")),
+        },
+    };
+    let extra = req.input_extra.take().unwrap_or_default();
+    check_count("input_extra", extra.len(), crate::limits::PROMPTS_MAX)?;
+    let n_predict = req.n_predict.unwrap_or(-1);
+    complete(state, log, req, 1, move |st| {
+        let budget = InfillBudget {
+            n_batch: st.engine.config().prefill_chunk,
+            n_ctx: st.options.n_ctx,
+            n_predict,
+        };
+        let parts = InfillParts {
+            prefix: &prefix,
+            suffix: &suffix,
+            prompt: &prompt,
+            extra: &extra,
+        };
+        Ok(vec![(
+            infill_prompt(&st.tokenizer, &parts, &budget),
+            Vec::new(),
+        )])
+    })
+    .await
+}
+
+/// What an infill prompt is made of.
+pub struct InfillParts<'a> {
+    pub prefix: &'a str,
+    pub suffix: &'a str,
+    pub prompt: &'a str,
+    pub extra: &'a [InfillChunk],
+}
+
+/// The sizes an infill prompt is cut to.
+pub struct InfillBudget {
+    pub n_batch: usize,
+    pub n_ctx: usize,
+    /// -1: no limit.
+    pub n_predict: i64,
+}
+
+/// llama-server's infill prompt (`format_prompt_infill`, repo-level FIM): `[REP]myproject\n`
+/// and per extra file `[SEP]filename\n` and its text (without a separator token, a plain-text
+/// snippet marker), then `[SEP]filename\n`; BOS where the model adds it; `[PRE]` the last
+/// 3/4 of a batch of the prefix, the prompt; `[SUF]` the start of the suffix (what is left of
+/// a quarter batch); `[MID]`. The extra files are cut from the front to what the context
+/// leaves besides a batch and twice `n_predict`. Needs the tokenizer's prefix, suffix and
+/// middle tokens.
+pub fn infill_prompt(
+    tok: &muser_text::Tokenizer,
+    parts: &InfillParts,
+    budget: &InfillBudget,
+) -> Vec<u32> {
+    let fim = tok.fim();
+    let text = |s: &str| tok.encode(s, false, false);
+    let mut extra = Vec::new();
+    if let Some(rep) = fim.rep {
+        extra.push(rep);
+        extra.extend(text("myproject\n"));
+    }
+    for chunk in parts.extra {
+        let filename = chunk.filename.as_deref().unwrap_or("tmp");
+        match fim.sep {
+            Some(sep) => {
+                extra.push(sep);
+                extra.extend(text(&format!("{filename}\n")));
+            }
+            None => extra.extend(text("\n\n--- snippet ---\n\n")),
+        }
+        extra.extend(text(&chunk.text));
+    }
+    if let Some(sep) = fim.sep {
+        extra.push(sep);
+        extra.extend(text("filename\n"));
+    }
+    let prefix = text(parts.prefix);
+    let suffix = text(parts.suffix);
+    let prompt = tok.encode(parts.prompt, false, true);
+    let n_batch = budget.n_batch as i64;
+    let n_prefix = prefix.len().min((3 * (n_batch / 4)) as usize);
+    let n_suffix = suffix
+        .len()
+        .min((n_batch / 4 - (2 + prompt.len() as i64)).max(0) as usize);
+    let n_extra =
+        ((budget.n_ctx as i64 - n_batch - 2 * budget.n_predict).max(0) as usize).min(extra.len());
+    let mut out = extra[extra.len() - n_extra..].to_vec();
+    out.extend(tok.bos().filter(|_| tok.add_bos()));
+    out.extend(fim.pre);
+    out.extend_from_slice(&prefix[prefix.len() - n_prefix..]);
+    out.extend(prompt);
+    out.extend(fim.suf);
+    out.extend_from_slice(&suffix[..n_suffix]);
+    out.extend(fim.mid);
+    out
+}
+
+/// `/completion` and `/infill` once their prompts are tokenized (`prompts`, on the work
+/// pool): sampling, structure, one generation per prompt, llama-server's answer.
+async fn complete(
+    state: SharedState,
+    log: super::LogHandle,
+    mut req: CompletionRequest,
+    n_prompts: usize,
+    prompts: impl FnOnce(&AppState) -> ApiResult<Vec<(Vec<u32>, Vec<PromptImage>)>> + Send + 'static,
+) -> ApiResult<Response> {
+    let (schema, grammar) = (req.json_schema.take(), req.grammar.take());
     gen::check_choices(None, n_prompts)?;
     if req.stream {
         gen::check_one_stream(n_prompts)?;
@@ -62,27 +255,7 @@ pub async fn completion(
     let (prompts, constraint) = state
         .cpu(move |st| {
             let constraint = structured::plan_completion(st, schema.as_ref(), grammar.as_deref())?;
-            let n_images = prompts.0.iter().map(|p| match p.0.as_slice() {
-                [PromptPiece::Multimodal { images, .. }] => images.len(),
-                _ => 0,
-            });
-            st.check_image_count(n_images.sum())?;
-            let max = st.prompt_tokens_max();
-            prompts
-                .0
-                .iter()
-                .map(|prompt| match prompt.0.as_slice() {
-                    [PromptPiece::Multimodal { text, images }] => {
-                        let images = images
-                            .iter()
-                            .map(|b| WireImage::from_base64(b))
-                            .collect::<ApiResult<_>>()?;
-                        st.encode_with_images(text, true, MEDIA_MARKER, images)
-                    }
-                    _ => Ok((st.tokenize_prompt(prompt, true, true, max)?, Vec::new())),
-                })
-                .collect::<ApiResult<Vec<_>>>()
-                .map(|prompts| (prompts, constraint))
+            Ok((prompts(st)?, constraint))
         })
         .await?;
     let max_tokens = match req.n_predict {
@@ -121,6 +294,7 @@ pub async fn completion(
         prompt: Vec::new(),
         params: SamplingParams {
             constraint,
+            post_sampling_probs: req.post_sampling_probs,
             ..opts.to_params(&state.options.sampling)?
         },
         max_tokens,
@@ -144,8 +318,10 @@ pub async fn completion(
     let model = state.model.id.clone();
     let id_slot = slot.map_or(-1, |s| s as i64);
     let return_tokens = req.return_tokens;
+    let generation_settings = settings(&base.params, max_tokens.or(state.options.n_predict));
     let final_fields = move |content: &str, tokens: &[u32], done: &Finished| {
         json!({
+            "generation_settings": generation_settings,
             "content": content, "tokens": if return_tokens { json!(tokens) } else { json!([]) },
             "id_slot": id_slot, "stop": true, "model": model,
             "tokens_predicted": done.n_gen, "tokens_evaluated": done.n_prompt,
@@ -155,7 +331,8 @@ pub async fn completion(
         })
     };
     if req.stream {
-        let rx = gen::submit(&state, &log, reqs.remove(0)).await?;
+        let progress = req.return_progress == Some(true);
+        let rx = gen::submit_with(&state, &log, reqs.remove(0), progress).await?;
         let st = state.clone();
         let body = gen::stream_body(rx, log.0.clone(), move |step| match step {
             Ok(Step::Token { id, text, logprobs }) => {
@@ -167,6 +344,11 @@ pub async fn completion(
                 vec![format!("data: {v}\n\n")]
             }
             Ok(Step::Embedding(_)) => Vec::new(),
+            Ok(Step::Progress(p)) => {
+                let v = json!({ "content": "", "stop": false, "id_slot": id_slot, "tokens": [],
+                                "prompt_progress": super::prompt_progress(&p) });
+                vec![format!("data: {v}\n\n")]
+            }
             Ok(Step::Done(done)) => vec![format!("data: {}\n\n", final_fields("", &[], &done))],
             Err(e) => vec![format!("data: {}\n\n", e.body())],
         });
@@ -252,25 +434,25 @@ pub async fn embedding(
     let prompts = req.prompts().map_err(ApiError::bad_request)?;
     let ids = state.cpu(move |st| st.tokenize_prompts(&prompts)).await?;
     let vectors = super::openai::embed(&state, &log, ids).await?;
+    // a pooled vector is one row; `--pooling none` gives every token's
+    let n_embd = state.model.n_embd.max(1);
     Ok(Json(
         vectors
             .into_iter()
             .enumerate()
-            .map(|(index, (v, _))| json!({ "index": index, "embedding": [v] }))
+            .map(|(index, (v, _))| {
+                let rows: Vec<&[f32]> = v.chunks(n_embd).collect();
+                json!({ "index": index, "embedding": rows })
+            })
             .collect(),
     ))
 }
 
+/// The settings of a request that gives none (`muser up`'s sampling flags).
 fn default_settings(state: &AppState) -> Value {
-    let p = muser_engine::SamplingParams::default();
     json!({
         "n_ctx": state.options.n_ctx,
-        "params": {
-            "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
-            "typical_p": p.typical_p, "repeat_penalty": p.repeat_penalty, "repeat_last_n": p.repeat_last_n,
-            "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
-            "n_probs": p.n_probs, "min_keep": p.min_keep,
-        },
+        "params": settings(&state.options.sampling, state.options.n_predict),
     })
 }
 

@@ -44,6 +44,7 @@ const ROUTES: &[&str] = &[
     "/models",
     "/completion",
     "/completions",
+    "/infill",
     "/tokenize",
     "/detokenize",
     "/apply-template",
@@ -105,6 +106,7 @@ pub fn router(state: SharedState) -> Router {
         // llama.cpp
         .route("/completion", post(llama::completion))
         .route("/completions", post(llama::completion))
+        .route("/infill", post(llama::infill))
         .route("/tokenize", post(llama::tokenize))
         .route("/detokenize", post(llama::detokenize))
         .route("/apply-template", post(llama::apply_template))
@@ -340,26 +342,12 @@ pub fn slot_from(id_slot: Option<i64>, state: &AppState) -> ApiResult<Option<usi
     }
 }
 
-/// llama.cpp's `timings` object.
-/// llama.cpp request fields known here but not implemented: a 400 naming each, rather than
-/// a silently different answer.
-pub fn refuse_unsupported(
-    return_progress: Option<bool>,
-    post_sampling_probs: Option<bool>,
-) -> ApiResult<()> {
-    if return_progress == Some(true) {
-        return Err(ApiError::bad_request(
-            "return_progress is not supported: prompt progress is not reported while prefilling",
-        ));
-    }
-    if post_sampling_probs == Some(true) {
-        return Err(ApiError::bad_request(
-            "post_sampling_probs is not supported: n_probs reports the model's log-probabilities before sampling",
-        ));
-    }
-    Ok(())
+/// llama-server's `prompt_progress` of a stream chunk (`return_progress`).
+pub fn prompt_progress(p: &muser_engine::Progress) -> Value {
+    json!({ "total": p.total, "cache": p.cache, "processed": p.processed })
 }
 
+/// llama.cpp's `timings` object.
 pub fn timings(done: &Finished) -> Value {
     let per_token = |ms: f64, n: u32| if n > 0 { ms / f64::from(n) } else { 0.0 };
     let n_prompt_eval = done.n_prompt.saturating_sub(done.n_cached);

@@ -217,7 +217,7 @@ pub async fn generate(
                     json!({ "model": model, "created_at": created_at(), "response": text, "done": false })
                 )]
             }
-            Ok(Step::Embedding(_)) => Vec::new(),
+            Ok(Step::Embedding(_) | Step::Progress(_)) => Vec::new(),
             Ok(Step::Done(done)) => {
                 let mut v = json!({ "model": model, "created_at": created_at(), "response": "", "context": context });
                 final_counts(&mut v, &done, start.elapsed().as_nanos());
@@ -332,7 +332,7 @@ pub async fn chat(
             };
             match step {
                 Ok(Step::Token { text, .. }) => render(parser.push(&text)),
-                Ok(Step::Embedding(_)) => Vec::new(),
+                Ok(Step::Embedding(_) | Step::Progress(_)) => Vec::new(),
                 Ok(Step::Done(done)) => {
                     let mut frames = render(parser.finish());
                     let mut v = json!({ "model": model, "created_at": created_at(),

@@ -10,13 +10,13 @@ use crate::reqlog::RequestLog;
 use crate::state::{AppState, SharedState};
 use crate::structured;
 use crate::wire::openai::{
-    ChatCompletionRequest, CompletionRequest, EmbeddingRequest, EncodingFormat, ToolChoice,
+    ChatCompletionRequest, CompletionRequest, EmbeddingRequest, EncodingFormat, Role, ToolChoice,
 };
 use crate::wire::Prompts;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use muser_engine::{Event, GenerateRequest, SamplingParams, TokenLogprobs};
+use muser_engine::{Event, GenerateRequest, Pooling, SamplingParams, TokenLogprobs};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
@@ -67,11 +67,15 @@ pub struct ChatRun {
     pub reader: chat::ChatReader,
     /// Tokens of the rendered prompt.
     pub n_prompt: usize,
+    /// The rendered prompt.
+    pub prompt: String,
 }
 
 /// A checked, rendered and tokenized chat request, ready to submit once or `n` times.
 pub struct ChatPlan {
     pub greq: GenerateRequest,
+    /// The rendered prompt.
+    pub prompt: String,
     offered_tools: Option<Value>,
     generic_tool_call: bool,
 }
@@ -93,7 +97,6 @@ pub async fn plan_chat(
     state: &SharedState,
     req: ChatCompletionRequest,
 ) -> ApiResult<(ChatCompletionRequest, ChatPlan)> {
-    super::refuse_unsupported(req.return_progress, None)?;
     let max_tokens = match (
         check_max_tokens("max_tokens", req.max_tokens)?,
         check_max_tokens("max_completion_tokens", req.max_completion_tokens)?,
@@ -112,14 +115,14 @@ pub async fn plan_chat(
     };
     // response_format and forced tool choices become a grammar the sampler enforces; it,
     // the template and the tokenizer run on the work pool
-    let (mut req, plan, ids, images) = state
+    let (mut req, plan, ids, images, prompt) = state
         .cpu(move |state| {
             let plan = structured::plan_chat(state, &req)?;
             let images = chat::chat_images(state, &req.messages)?;
             let marker = state.vision.as_ref().map_or("", |v| v.chat_marker());
             let text = render_chat(state, &req)?;
             let (ids, images) = state.encode_with_images(&text, true, marker, images)?;
-            Ok((req, plan, ids, images))
+            Ok((req, plan, ids, images, text))
         })
         .await?;
     let sampling = req.sampling();
@@ -157,6 +160,7 @@ pub async fn plan_chat(
         req,
         ChatPlan {
             greq,
+            prompt,
             offered_tools,
             generic_tool_call: plan.generic_tool_call,
         },
@@ -174,13 +178,15 @@ pub async fn start_chat(
     let (req, plan) = plan_chat(state, req).await?;
     let reader = plan.reader(state);
     let n_prompt = plan.greq.prompt.len();
-    let rx = gen::submit(state, log, plan.greq).await?;
+    let progress = req.stream && req.return_progress == Some(true);
+    let rx = gen::submit_with(state, log, plan.greq, progress).await?;
     Ok((
         req,
         ChatRun {
             rx,
             reader,
             n_prompt,
+            prompt: plan.prompt,
         },
     ))
 }
@@ -254,7 +260,12 @@ pub async fn chat_completions(
         return chat_choices(state, &log, req, n).await;
     }
     let (req, run) = start_chat(&state, &log, req).await?;
-    let ChatRun { rx, mut reader, .. } = run;
+    let ChatRun {
+        rx,
+        mut reader,
+        prompt,
+        ..
+    } = run;
     let logprobs_on = req.logprobs == Some(true);
     let id = next_id("chatcmpl-");
     let created = unix_now();
@@ -319,6 +330,12 @@ pub async fn chat_completions(
                     }
                 }
                 Ok(Step::Embedding(_)) => {}
+                Ok(Step::Progress(p)) => {
+                    let mut c = chunk(json!({}), None, None);
+                    c["choices"] = json!([]);
+                    c["prompt_progress"] = super::prompt_progress(&p);
+                    push(c);
+                }
                 Ok(Step::Done(done)) => {
                     for d in deltas(reader.finish(), &mut tool_index) {
                         push(chunk(d, None, None));
@@ -352,14 +369,20 @@ pub async fn chat_completions(
 
     let out = gen::collect(rx, &log).await?;
     let choice = chat_choice(&state, reader, &out, 0, logprobs_on);
-    Ok(Json(json!({
+    let mut body = json!({
         "id": id, "object": "chat.completion", "created": created, "model": model,
         "system_fingerprint": "muser",
         "choices": [choice],
         "usage": usage([&out.done]),
         "timings": super::timings(&out.done),
-    }))
-    .into_response())
+    });
+    if req.verbose {
+        body["__verbose"] = json!({
+            "prompt": prompt, "content": out.text,
+            "tokens_evaluated": out.done.n_prompt, "tokens_predicted": out.done.n_gen,
+        });
+    }
+    Ok(Json(body).into_response())
 }
 
 /// Tokens of a chat request's rendered prompt (what its generation would start from).
@@ -389,6 +412,13 @@ pub async fn chat_input_tokens(
 /// Renders a chat request's conversation (shared with /apply-template).
 pub fn render_chat(state: &AppState, req: &ChatCompletionRequest) -> ApiResult<String> {
     limits::check_count("messages", req.messages.len(), limits::MESSAGES_MAX)?;
+    if let [.., a, b] = req.messages.as_slice() {
+        if a.role == Role::Assistant && b.role == Role::Assistant {
+            return Err(ApiError::bad_request(
+                "the conversation ends with two assistant messages: at most one continues",
+            ));
+        }
+    }
     limits::check_count(
         "tools",
         req.tools.as_ref().map_or(0, Vec::len),
@@ -532,7 +562,7 @@ pub async fn completions(
                         .map(|lp| completion_logprobs(&[lp]));
                     vec![chunk(&text, None, lp)]
                 }
-                Ok(Step::Embedding(_)) => Vec::new(),
+                Ok(Step::Embedding(_) | Step::Progress(_)) => Vec::new(),
                 Ok(Step::Done(done)) => {
                     let mut frames = vec![chunk("", Some(done.openai_reason()), None)];
                     if include_usage {
@@ -569,8 +599,20 @@ pub async fn completions(
     Ok(Json(body).into_response())
 }
 
-/// Embeds prompts: last-token pooling over the final hidden state, L2-normalized; the
-/// vectors and the finished generations in the prompts' order.
+/// `--pooling none` gives a vector per token, which the OpenAI and rerank shapes cannot carry
+/// (llama-server answers the same 400).
+pub fn one_vector_per_input(state: &AppState) -> ApiResult<()> {
+    match state.engine.config().pooling {
+        Pooling::None => Err(ApiError::bad_request(
+            "the server pools nothing (--pooling none): one vector per token is served by /embedding",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Embeds prompts as the server's pooling says (`--pooling`, [`Pooling`]); the vectors
+/// (with `Pooling::None`, every row's, one after another) and the finished generations in
+/// the prompts' order.
 pub async fn embed(
     state: &AppState,
     log: &crate::reqlog::RequestLog,
@@ -596,10 +638,9 @@ pub async fn embed(
         .await?
         .into_iter()
         .map(|out| {
-            let mut v = out
+            let v = out
                 .embedding
                 .ok_or_else(|| ApiError::internal("the engine returned no embedding"))?;
-            gen::l2_normalize(&mut v);
             Ok((v, out.done))
         })
         .collect()
@@ -610,6 +651,7 @@ pub async fn embeddings(
     Log(log): Log,
     StrictJson(req): StrictJson<EmbeddingRequest>,
 ) -> ApiResult<Response> {
+    one_vector_per_input(&state)?;
     if let Some(d) = req.dimensions {
         if d as usize != state.model.n_embd {
             return Err(ApiError::bad_request(format!(

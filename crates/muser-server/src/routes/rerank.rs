@@ -45,6 +45,7 @@ pub async fn rerank(
                 .collect::<ApiResult<Vec<_>>>()
         })
         .await?;
+    super::openai::one_vector_per_input(&state)?;
     let embedded = super::openai::embed(&state, &log, ids).await?;
     let n_tokens: u32 = embedded.iter().map(|(_, d)| d.n_prompt).sum();
     let vectors: Vec<Vec<f32>> = embedded.into_iter().map(|(v, _)| v).collect();

@@ -94,7 +94,7 @@ pub async fn responses(
         };
         match step {
             Ok(Step::Token { text, .. }) => take(reader.push(&text), &mut msg, &mut emit),
-            Ok(Step::Embedding(_)) => {}
+            Ok(Step::Embedding(_) | Step::Progress(_)) => {}
             Ok(Step::Done(done)) => {
                 take(reader.finish(), &mut msg, &mut emit);
                 emit(with(

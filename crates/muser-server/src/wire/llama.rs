@@ -3,10 +3,31 @@
 use super::{Prompt, Prompts, StopList};
 use serde::Deserialize;
 
+/// One extra file of an /infill request.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InfillChunk {
+    pub text: String,
+    /// `tmp` when absent.
+    #[serde(default)]
+    pub filename: Option<String>,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CompletionRequest {
-    pub prompt: Prompts,
+    /// Required on /completion; on /infill an optional text continuing the prefix.
+    #[serde(default)]
+    pub prompt: Option<Prompts>,
+    /// /infill: the code before the cursor.
+    #[serde(default)]
+    pub input_prefix: Option<String>,
+    /// /infill: the code after the cursor.
+    #[serde(default)]
+    pub input_suffix: Option<String>,
+    /// /infill: other files of the project, before the prefix.
+    #[serde(default)]
+    pub input_extra: Option<Vec<InfillChunk>>,
     /// -1: until the end of the context.
     #[serde(default)]
     pub n_predict: Option<i64>,
@@ -51,12 +72,17 @@ pub struct CompletionRequest {
     /// Timings on the stream's chunks (the final one carries them here).
     #[serde(default)]
     pub timings_per_token: bool,
-    /// Prompt-processing progress chunks: refused (see `routes::refuse_unsupported`).
+    /// Streamed: `prompt_progress` chunks while the prompt is prefilled.
     #[serde(default)]
     pub return_progress: Option<bool>,
-    /// Probabilities after the sampler chain: refused (see `routes::refuse_unsupported`).
+    /// `n_probs` reports probabilities after the sampler chain (`prob`, `top_probs`) instead
+    /// of the model's log-probabilities.
     #[serde(default)]
-    pub post_sampling_probs: Option<bool>,
+    pub post_sampling_probs: bool,
+    /// llama-server's sampling on the accelerator: accepted, changes nothing (Muser samples on
+    /// the CPU, with the same probabilities).
+    #[serde(default)]
+    pub backend_sampling: bool,
     /// A GBNF grammar the completion follows (`structured::plan_completion`).
     #[serde(default)]
     pub grammar: Option<String>,

@@ -120,9 +120,13 @@ pub struct ChatCompletionRequest {
     /// llama.cpp: timings on the stream's chunks (the final one carries them here).
     #[serde(default)]
     pub timings_per_token: bool,
-    /// llama.cpp: refused (see `routes::refuse_unsupported`).
+    /// llama.cpp: streamed, `prompt_progress` chunks while the prompt is prefilled.
     #[serde(default)]
     pub return_progress: Option<bool>,
+    /// llama.cpp: a whole answer carries `__verbose` (the rendered prompt, the generated
+    /// text and the token counts).
+    #[serde(default)]
+    pub verbose: bool,
     /// llama.cpp: a GBNF grammar the reply's content follows (`structured::plan_chat`).
     #[serde(default)]
     pub grammar: Option<String>,

@@ -9,7 +9,7 @@ const PAUSE_MAX: u32 = 1024;
 
 /// Windowed acceptance of one slot's drafts. Closed (no drafts) for [`PAUSE_STEPS`] decode
 /// steps after a window of at least [`WINDOW`] drafted tokens accepted fewer than the
-/// threshold; then open again with a fresh window (the probe). Each further poor window in a
+/// threshold (or than break-even, where the caller knows it); then open again with a fresh window (the probe). Each further poor window in a
 /// row doubles the pause (up to [`PAUSE_MAX`]), so text that never accepts pays one poor
 /// window per ever longer stretch; a good window brings the pause back to [`PAUSE_STEPS`].
 #[derive(Clone, Debug)]

@@ -245,7 +245,7 @@ try:
 except OSError:
     dirty = None
 receipt = {
-    "command": f"ENGINES='{' '.join(engines)}' REPS={reps} "
+    "command": f"ENGINES='{' '.join(engines)}' THREADS={threads} REPS={reps} "
                f"scripts/bench-spec.sh {n_predict} {draft_max}",
     "commit": commit,
     "dirty": dirty,

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Speculative decoding benchmark beside llama-server (llama.cpp b11434), same model
-# (SmolLM2-135M-Instruct Q4_1), same machine, same run: greedy /completion on three code edits (rename a variable, add a
-# parameter, fix a bug; each "return the whole code"), a summary, a RAG-style answer, free text
-# and a translation (the last two copy nothing: the off-switch's cases). Each engine runs two
-# servers at once, one slot each, without speculation and with its n-gram drafter (muser
-# `--spec ngram`, llama-server `--spec-type ngram-simple`); their requests alternate, best of
-# REPS. Chat templates come from each server's /apply-template. Reports generation tokens/s,
+# (SmolLM2-135M-Instruct Q4_1), same machine, same run: greedy /completion on three code edits
+# (rename a variable, add a parameter, fix a bug; each "return the whole code"), a summary, a
+# RAG-style answer, free text and a translation (the last two copy little: the off-switch's
+# cases). Each engine runs a server without speculation and one with its n-gram drafter (muser
+# `--spec ngram`, llama-server `--spec-type ngram-simple`), one slot each, one server at a time
+# (two side by side differed by up to 10% with nothing drafted), alternating REPS times; the
+# best run of each counts. Chat templates come from each server's /apply-template. Reports generation tokens/s,
 # drafted and accepted tokens, and checks that each server's speculative text equals its plain
 # text. Writes $RECEIPT_DIR/cpu-spec-ngram-<UTC time>.json and prints a markdown table.
 # Usage: scripts/bench-spec.sh [N_PREDICT (default 192)] [DRAFT_MAX (default 8)]
@@ -198,37 +199,38 @@ def commands(engine):
 rows = []
 for engine in engines:
     plain_cmd, spec_cmd, env = commands(engine)
-    servers = {"plain": start(f"{engine}-plain", plain_cmd, env),
-               "ngram": start(f"{engine}-ngram", spec_cmd, env)}
-    try:
-        for _, url in servers.values():
-            complete(url, "Say hi.")  # warm-up
-        for name, text in PROMPTS.items():
-            msgs = {"messages": [{"role": "user", "content": text}]}
-            prompt = post(servers["plain"][1], "/apply-template", msgs)["prompt"]
-            best = {}
-            for _ in range(reps):
-                for mode, (_, url) in servers.items():
-                    r = complete(url, prompt)
-                    if mode not in best or r["tokens_per_second"] > best[mode]["tokens_per_second"]:
-                        best[mode] = r
-            p, s = best["plain"], best["ngram"]
-            acc = s["draft_n_accepted"] / s["draft_n"] if s["draft_n"] else None
-            row = {"engine": engine, "prompt": name,
-                   "plain_tps": round(p["tokens_per_second"], 2),
-                   "ngram_tps": round(s["tokens_per_second"], 2),
-                   "speedup": round(s["tokens_per_second"] / p["tokens_per_second"], 3),
-                   "draft_n": s["draft_n"], "draft_n_accepted": s["draft_n_accepted"],
-                   "acceptance": None if acc is None else round(acc, 3),
-                   "generated": s["predicted_n"],
-                   "same_text_as_plain": s["text"] == p["text"]}
-            rows.append(row)
-            print(f"bench-spec: {engine} {name}: {row['speedup']}x "
-                  f"({row['plain_tps']} -> {row['ngram_tps']} t/s, "
-                  f"{row['draft_n_accepted']}/{row['draft_n']} accepted)", file=sys.stderr)
-    finally:
-        for proc, _ in servers.values():
-            proc.terminate(); proc.wait()
+    cmds = {"plain": plain_cmd, "ngram": spec_cmd}
+    best, prompts = {}, {}
+    for _ in range(reps):
+        for mode, cmd in cmds.items():
+            proc, url = start(f"{engine}-{mode}", cmd, env)
+            try:
+                complete(url, "Say hi.")  # warm-up
+                for name, text in PROMPTS.items():
+                    if name not in prompts:
+                        msgs = {"messages": [{"role": "user", "content": text}]}
+                        prompts[name] = post(url, "/apply-template", msgs)["prompt"]
+                    r = complete(url, prompts[name])
+                    b = best.get((mode, name))
+                    if b is None or r["tokens_per_second"] > b["tokens_per_second"]:
+                        best[(mode, name)] = r
+            finally:
+                proc.terminate(); proc.wait()
+    for name in PROMPTS:
+        p, s = best[("plain", name)], best[("ngram", name)]
+        acc = s["draft_n_accepted"] / s["draft_n"] if s["draft_n"] else None
+        row = {"engine": engine, "prompt": name,
+               "plain_tps": round(p["tokens_per_second"], 2),
+               "ngram_tps": round(s["tokens_per_second"], 2),
+               "speedup": round(s["tokens_per_second"] / p["tokens_per_second"], 3),
+               "draft_n": s["draft_n"], "draft_n_accepted": s["draft_n_accepted"],
+               "acceptance": None if acc is None else round(acc, 3),
+               "generated": s["predicted_n"],
+               "same_text_as_plain": s["text"] == p["text"]}
+        rows.append(row)
+        print(f"bench-spec: {engine} {name}: {row['speedup']}x "
+              f"({row['plain_tps']} -> {row['ngram_tps']} t/s, "
+              f"{row['draft_n_accepted']}/{row['draft_n']} accepted)", file=sys.stderr)
 
 print("| engine | prompt | plain t/s | ngram t/s | speedup | drafted | accepted | same text |")
 print("|---|---|---:|---:|---:|---:|---:|---|")

@@ -1,45 +1,56 @@
 #!/usr/bin/env bash
-# Speculative decoding benchmark beside llama-server (llama.cpp b11434), same model, same
-# machine, same run: greedy /completion on code-edit, summarization, RAG-style and free-text
-# prompts, each server without speculation and with its n-gram drafter (muser `--spec ngram`,
-# llama-server `--spec-type ngram-simple`), one slot. Reports generation tokens/s, drafted and
-# accepted tokens, and checks that each server's speculative text equals its plain text.
-# Writes docs/receipts/cpu-spec-ngram-<UTC time>.json and prints a markdown table.
+# Speculative decoding benchmark beside llama-server (llama.cpp b11434), same model
+# (SmolLM2-135M-Instruct Q4_1), same machine, same run: greedy /completion on three code edits
+# (rename a variable, add a parameter, fix a bug; each "return the whole code"), a summary, a
+# RAG-style answer, free text and a translation (the last two copy little: the off-switch's
+# cases). Each engine runs a server without speculation and one with its n-gram drafter (muser
+# `--spec ngram`, llama-server `--spec-type ngram-simple`), one slot each, one server at a time
+# (two side by side differed by up to 10% with nothing drafted), alternating REPS times; the
+# best run of each counts. Chat templates come from each server's /apply-template. Reports generation tokens/s,
+# drafted and accepted tokens, and checks that each server's speculative text equals its plain
+# text. Writes $RECEIPT_DIR/cpu-spec-ngram-<UTC time>.json and prints a markdown table.
 # Usage: scripts/bench-spec.sh [N_PREDICT (default 192)] [DRAFT_MAX (default 8)]
-# Env: ENGINES="muser llama-server" (default both; `muser` alone skips the comparator),
-#      THREADS (default nproc).
+# Env: ENGINES="muser llama-server" (default both; `muser` alone needs no comparator),
+#      MUSER_MODELS (the model's directory), THREADS (default nproc), REPS (default 2), MUSER_BIN (a built muser: nothing is built), LLAMA_BIN (the directory
+#      of llama-server), RECEIPT_DIR (default docs/receipts), COMMIT (where git is absent).
+# Needs python3 alone (standard library).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n_predict="${1:-192}"
 draft_max="${2:-8}"
 cache="${MUSER_CACHE:-$HOME/.cache/muser}"
-models="${MUSER_MODELS:-$(scripts/fetch-models.sh)}"
-model="$models/SmolLM2-135M-Instruct.Q4_1.gguf"
+model="${MUSER_MODELS:-$(scripts/fetch-models.sh)}/SmolLM2-135M-Instruct.Q4_1.gguf"
+engines="${ENGINES:-muser llama-server}"
+libs=""
 llama_bin="${LLAMA_BIN:-$cache/llama.cpp-11434/build-cpu/bin}"
-[ -x "$llama_bin/llama-server" ] || { echo "bench-spec: no llama-server in $llama_bin (scripts/comparator.sh)" >&2; exit 1; }
-libs="$llama_bin"
-if ! grep -qw avx_vnni /proc/cpuinfo && [ -d "$llama_bin/../../build-cpu-novnni/bin" ]; then
-  libs="$(cd "$llama_bin/../../build-cpu-novnni/bin" && pwd):$llama_bin"
+if [[ " $engines " == *" llama-server "* ]]; then
+  [ -x "$llama_bin/llama-server" ] || { echo "bench-spec: no llama-server in $llama_bin (scripts/comparator.sh)" >&2; exit 1; }
+  libs="$llama_bin"
+  if ! grep -qw avx_vnni /proc/cpuinfo && [ -d "$llama_bin/../../build-cpu-novnni/bin" ]; then
+    libs="$(cd "$llama_bin/../../build-cpu-novnni/bin" && pwd):$llama_bin"
+  fi
 fi
-python="$cache/venv-clients/bin/python"
-[ -x "$python" ] || { echo "bench-spec: run scripts/test-clients.sh once to create the client venv" >&2; exit 1; }
-
-cargo build --release --locked -q -p muser-cli >&2
-muser="${CARGO_TARGET_DIR:-target}/release/muser"
-threads="${THREADS:-$(nproc)}"
+muser="${MUSER_BIN:-}"
+if [ -z "$muser" ]; then
+  cargo build --release --locked -q -p muser-cli >&2
+  muser="${CARGO_TARGET_DIR:-target}/release/muser"
+fi
+receipts="${RECEIPT_DIR:-docs/receipts}"
+mkdir -p "$receipts"
+commit="${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-engines="${ENGINES:-muser llama-server}"
-"$python" - "$muser" "$llama_bin/llama-server" "$libs" "$model" "$n_predict" "$draft_max" "$threads" "$work" "$engines" <<'PY'
-import datetime, json, os, platform, socket, subprocess, sys, time
-import requests
+PYTHONUNBUFFERED=1 python3 - "$muser" "$llama_bin/llama-server" "$libs" "$model" "$n_predict" \
+  "$draft_max" "${THREADS:-$(nproc)}" "${REPS:-2}" "$work" "$engines" "$receipts" "$commit" <<'PY'
+import datetime, json, os, platform, socket, subprocess, sys, time, urllib.error, urllib.request
 
-muser, llama, libs, model, n_predict, draft_max, threads, work, engines = sys.argv[1:]
+(muser, llama, libs, model, n_predict, draft_max, threads, reps, work, engines, receipts,
+ commit) = sys.argv[1:]
 engines = engines.split()
-n_predict, draft_max, threads = int(n_predict), int(draft_max), int(threads)
+n_predict, draft_max, threads, reps = int(n_predict), int(draft_max), int(threads), int(reps)
 
-CODE = """def load_users(path):
+USERS = """def load_users(path):
     users = []
     with open(path) as f:
         for line in f:
@@ -62,6 +73,49 @@ def emails(users):
         result.append(user["email"])
     return result
 """
+CONFIG = """pub fn parse_config(text: &str) -> Result<Config, ParseError> {
+    let mut config = Config::default();
+    for (number, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (key, value) = line
+            .split_once('=')
+            .ok_or(ParseError::MissingEquals { line: number + 1 })?;
+        match key.trim() {
+            "name" => config.name = value.trim().to_string(),
+            "port" => {
+                config.port = value
+                    .trim()
+                    .parse()
+                    .map_err(|_| ParseError::BadPort { line: number + 1 })?
+            }
+            other => {
+                return Err(ParseError::UnknownKey {
+                    line: number + 1,
+                    key: other.to_string(),
+                })
+            }
+        }
+    }
+    Ok(config)
+}
+"""
+SEARCH = """def binary_search(items, target):
+    \"\"\"Return the index of target in the sorted list items, or -1.\"\"\"
+    low = 0
+    high = len(items)
+    while low <= high:
+        mid = (low + high) // 2
+        if items[mid] == target:
+            return mid
+        if items[mid] < target:
+            low = mid
+        else:
+            high = mid - 1
+    return -1
+"""
 ARTICLE = """The city council met on Tuesday to discuss the new bicycle lanes on Main Street. The \
 lanes were built last spring after a two-year study found that most accidents on Main Street \
 involved cyclists. Since the lanes opened, the number of accidents involving cyclists has fallen \
@@ -77,17 +131,28 @@ support charging.
 [3] The Orion-7 warranty covers two years of parts and labour; the battery is covered for one \
 year or 500 charge cycles, whichever comes first."""
 PROMPTS = {
-    "code-edit": "Rename the variable `users` to `people` everywhere in this code and return "
-                 "the whole code:\n\n" + CODE,
+    "code-rename": "Rename the variable `users` to `people` everywhere in this code and return "
+                   "the whole code:\n\n" + USERS,
+    "code-param": "Add a parameter `strict: bool` to `parse_config`: when `strict` is false, "
+                  "unknown keys are skipped instead of returning an error. Return the whole "
+                  "function:\n\n" + CONFIG,
+    "code-fix": "This function can loop forever and read past the end of the list. Fix the bugs "
+                "and return the whole corrected function:\n\n" + SEARCH,
     "summarize": "Summarize this article in three sentences, reusing its wording:\n\n" + ARTICLE,
     "rag": "Answer using only the documents, quoting them, and cite each document you use "
            "like [1].\n\n" + DOCS + "\n\nQuestion: How long does the Orion-7 battery last, "
            "how fast does it charge, and what does the warranty cover for the battery?",
     "free-text": "Write a short story about a dragon who learns to bake bread.",
+    "translate": "Translate into French: The morning was cold and grey. Anna took her bicycle, "
+                 "rode to the market by the river and bought apples, bread and a small cheese "
+                 "for her grandmother.",
 }
 
-def chat(text):
-    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+def post(url, path, body, timeout=900):
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
 
 def free_port():
     s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
@@ -98,95 +163,103 @@ def start(name, cmd, env=None):
     log = open(os.path.join(work, name + ".log"), "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(900):
+    for _ in range(1500):
         if proc.poll() is not None:
             sys.exit(f"bench-spec: {name} exited; see its log:\n" + open(log.name).read()[-2000:])
         try:
-            if requests.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except requests.RequestException:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc, url
+        except (urllib.error.URLError, OSError):
             pass
         time.sleep(0.2)
     proc.kill()
     sys.exit(f"bench-spec: {name} not ready")
 
 def complete(url, prompt):
-    body = {"prompt": chat(prompt), "n_predict": n_predict, "temperature": 0.0,
+    body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0,
             "cache_prompt": False, "stream": False}
-    r = requests.post(url + "/completion", json=body, timeout=600)
-    r.raise_for_status()
-    j = r.json()
+    j = post(url, "/completion", body)
     t = j["timings"]
     return {"text": j["content"], "predicted_n": t["predicted_n"],
             "predicted_ms": t["predicted_ms"],
             "tokens_per_second": t["predicted_n"] * 1e3 / max(t["predicted_ms"], 1e-9),
             "draft_n": t.get("draft_n", 0), "draft_n_accepted": t.get("draft_n_accepted", 0)}
 
-common_muser = [muser, "up", "--model", model, "--port", "PORT", "--slots", "1", "-c", "4096",
+def commands(engine):
+    if engine == "muser":
+        base = [muser, "up", "--model", model, "--port", "PORT", "--slots", "1", "-c", "4096",
                 "-t", str(threads)]
-common_llama = [llama, "-m", model, "--host", "127.0.0.1", "--port", "PORT", "-np", "1",
-                "-c", "4096", "-t", str(threads), "--no-repack", "--no-webui"]
-llama_env = dict(os.environ, LD_LIBRARY_PATH=libs)
-configs = [
-    ("muser", "plain", common_muser, None),
-    ("muser", "ngram", common_muser + ["--spec", "ngram", "--draft-max", str(draft_max)], None),
-    ("llama-server", "plain", common_llama, llama_env),
-    ("llama-server", "ngram", common_llama + ["--spec-type", "ngram-simple",
-                                              "--spec-draft-n-max", str(draft_max)], llama_env),
-]
-configs = [c for c in configs if c[0] in engines]
-results = {}
-for engine, mode, cmd, env in configs:
-    proc, url = start(f"{engine}-{mode}", cmd, env)
-    try:
-        complete(url, "Say hi.")  # warm-up
-        for name, prompt in PROMPTS.items():
-            runs = [complete(url, prompt) for _ in range(2)]
-            best = max(runs, key=lambda r: r["tokens_per_second"])
-            results[(engine, mode, name)] = best
-    finally:
-        proc.terminate(); proc.wait()
+        return base, base + ["--spec", "ngram", "--draft-max", str(draft_max)], None
+    base = [llama, "-m", model, "--host", "127.0.0.1", "--port", "PORT", "-np", "1",
+            "-c", "4096", "-t", str(threads), "--no-repack", "--no-webui"]
+    spec = base + ["--spec-type", "ngram-simple", "--spec-draft-n-max", str(draft_max)]
+    return base, spec, dict(os.environ, LD_LIBRARY_PATH=libs)
 
 rows = []
 for engine in engines:
+    plain_cmd, spec_cmd, env = commands(engine)
+    cmds = {"plain": plain_cmd, "ngram": spec_cmd}
+    best, prompts = {}, {}
+    for _ in range(reps):
+        for mode, cmd in cmds.items():
+            proc, url = start(f"{engine}-{mode}", cmd, env)
+            try:
+                complete(url, "Say hi.")  # warm-up
+                for name, text in PROMPTS.items():
+                    if name not in prompts:
+                        msgs = {"messages": [{"role": "user", "content": text}]}
+                        prompts[name] = post(url, "/apply-template", msgs)["prompt"]
+                    r = complete(url, prompts[name])
+                    b = best.get((mode, name))
+                    if b is None or r["tokens_per_second"] > b["tokens_per_second"]:
+                        best[(mode, name)] = r
+            finally:
+                proc.terminate(); proc.wait()
     for name in PROMPTS:
-        plain, spec = results[(engine, "plain", name)], results[(engine, "ngram", name)]
-        acc = spec["draft_n_accepted"] / spec["draft_n"] if spec["draft_n"] else None
-        rows.append({"engine": engine, "prompt": name,
-                     "plain_tps": round(plain["tokens_per_second"], 2),
-                     "ngram_tps": round(spec["tokens_per_second"], 2),
-                     "speedup": round(spec["tokens_per_second"] / plain["tokens_per_second"], 3),
-                     "draft_n": spec["draft_n"], "draft_n_accepted": spec["draft_n_accepted"],
-                     "acceptance": None if acc is None else round(acc, 3),
-                     "generated": spec["predicted_n"],
-                     "same_text_as_plain": spec["text"] == plain["text"]})
+        p, s = best[("plain", name)], best[("ngram", name)]
+        acc = s["draft_n_accepted"] / s["draft_n"] if s["draft_n"] else None
+        row = {"engine": engine, "prompt": name,
+               "plain_tps": round(p["tokens_per_second"], 2),
+               "ngram_tps": round(s["tokens_per_second"], 2),
+               "speedup": round(s["tokens_per_second"] / p["tokens_per_second"], 3),
+               "draft_n": s["draft_n"], "draft_n_accepted": s["draft_n_accepted"],
+               "acceptance": None if acc is None else round(acc, 3),
+               "generated": s["predicted_n"],
+               "same_text_as_plain": s["text"] == p["text"]}
+        rows.append(row)
+        print(f"bench-spec: {engine} {name}: {row['speedup']}x "
+              f"({row['plain_tps']} -> {row['ngram_tps']} t/s, "
+              f"{row['draft_n_accepted']}/{row['draft_n']} accepted)", file=sys.stderr)
 
-print(f"| engine | prompt | plain t/s | ngram t/s | speedup | drafted | accepted | same text |")
-print("|---|---|---|---|---|---|---|---|")
+print("| engine | prompt | plain t/s | ngram t/s | speedup | drafted | accepted | same text |")
+print("|---|---|---:|---:|---:|---:|---:|---|")
 for r in rows:
     print(f"| {r['engine']} | {r['prompt']} | {r['plain_tps']} | {r['ngram_tps']} | "
           f"{r['speedup']}x | {r['draft_n']} | {r['draft_n_accepted']} | {r['same_text_as_plain']} |")
 
-def sh(cmd):
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
-    except Exception:
-        return None
-cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
+           platform.processor())
 stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+try:
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip() != ""
+except OSError:
+    dirty = None
 receipt = {
-    "command": f"ENGINES='{' '.join(engines)}' scripts/bench-spec.sh {n_predict} {draft_max}",
-    "commit": sh(["git", "rev-parse", "HEAD"]),
-    "dirty": bool(sh(["git", "status", "--porcelain", "--untracked-files=no"])),
+    "command": f"ENGINES='{' '.join(engines)}' THREADS={threads} REPS={reps} "
+               f"scripts/bench-spec.sh {n_predict} {draft_max}",
+    "commit": commit,
+    "dirty": dirty,
     "machine": {"cpu": cpu, "threads": threads, "nproc": os.cpu_count()},
     "model": os.path.basename(model),
-    "n_predict": n_predict, "draft_max": draft_max,
+    "n_predict": n_predict, "draft_max": draft_max, "reps": reps,
     "comparator": "llama.cpp b11434 llama-server --spec-type ngram-simple"
                   if "llama-server" in engines else None,
     "load_average": os.getloadavg(),
     "results": rows,
 }
-path = f"docs/receipts/cpu-spec-ngram-{stamp}.json"
+path = os.path.join(receipts, f"cpu-spec-ngram-{stamp}.json")
 with open(path, "w") as f:
     json.dump(receipt, f, indent=1)
 print(f"receipt: {path}")

@@ -191,7 +191,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             } => {
                 out.finish()?;
                 eprintln!();
-                report(n_prompt - n_cached, n_gen, timings);
+                report(
+                    n_prompt - n_cached,
+                    n_gen,
+                    timings,
+                    engine.stats().draft_row_cost,
+                );
                 eprintln!("muser: stopped by {reason:?}");
                 return Ok(());
             }
@@ -301,7 +306,7 @@ fn parse_ids(s: &str) -> anyhow::Result<Vec<u32>> {
 }
 
 /// llama.cpp-style timings on stderr.
-fn report(n_prompt: usize, n_gen: usize, t: Timings) {
+fn report(n_prompt: usize, n_gen: usize, t: Timings, draft_row_cost: f32) {
     let rate = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
     eprintln!(
         "muser: prompt eval {:>8.2} ms / {:>5} tokens ({:>8.2} tokens per second)",
@@ -319,10 +324,11 @@ fn report(n_prompt: usize, n_gen: usize, t: Timings) {
     );
     if t.draft_n > 0 {
         eprintln!(
-            "muser:       draft {:>5} tokens, {:>5} accepted ({:.1}%)",
+            "muser:       draft {:>5} tokens, {:>5} accepted ({:.1}%); a verification row costs {:.2} of a decode step",
             t.draft_n,
             t.draft_n_accepted,
-            100.0 * t.draft_n_accepted as f64 / t.draft_n as f64
+            100.0 * t.draft_n_accepted as f64 / t.draft_n as f64,
+            draft_row_cost
         );
     }
 }

@@ -282,6 +282,9 @@ pub struct EngineStats {
     pub draft_verifications_total: u64,
     pub draft_tokens_total: u64,
     pub draft_accepted_total: u64,
+    /// What one more row adds to a decode step, as a fraction of a one-row step: measured on
+    /// the decode batches, it sets how many drafts pay (`muser_spec::best_len`).
+    pub draft_row_cost: f32,
     /// Tokens whose K/V the slots hold now.
     pub kv_tokens: usize,
 }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use muser_model::{Batch, KvCache, KvMark, Model, ModelError, Output};
-use muser_spec::{DflashDrafter, Drafting, SpecMode};
+use muser_spec::{DflashDrafter, Drafting, RowCost, SpecMode};
 use muser_text::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -50,6 +50,8 @@ pub(crate) struct Scheduler<'t> {
     tick: u64,
     /// The DFlash drafter's caches (speculative mode dflash): fed after every batch.
     dflash: Option<DflashDrafter>,
+    /// Forward times of decode batches: what a draft row costs.
+    row_cost: RowCost,
 }
 
 struct Slot<'t> {
@@ -173,6 +175,7 @@ impl<'t> Scheduler<'t> {
             stats,
             tick: 0,
             dflash,
+            row_cost: RowCost::default(),
         }
     }
 
@@ -604,11 +607,18 @@ impl<'t> Scheduler<'t> {
             batch.capture_layers = d.target_layers().to_vec();
         }
         // a panic in the model fails this batch's requests, not the engine
+        let started = Instant::now();
         let result = contained(|| self.model.forward(&mut self.kv, &batch)).unwrap_or_else(|msg| {
             Err(ModelError::BadBatch(format!(
                 "the forward pass panicked: {msg}"
             )))
         });
+        // decode rows only (each samples): the batches whose time says what a row costs
+        if rows.iter().all(|r| r.samples) {
+            self.row_cost
+                .observe(batch.len(), started.elapsed().as_secs_f64());
+            self.stats.draft_row_cost = self.row_cost.row_ratio();
+        }
         self.stats.forward_total += 1;
         // a batch's rows are grouped by slot
         self.stats.slot_forwards_total +=
@@ -782,6 +792,7 @@ impl<'t> Scheduler<'t> {
     /// context or the request's token budget.
     fn drafts(&mut self, i: usize, id: u32, room: usize) -> Vec<u32> {
         let n_ctx = self.cfg.n_ctx;
+        let row_cost = self.row_cost.row_ratio();
         let Slot { tokens, task, .. } = &mut self.slots[i];
         let (model, dflash) = (&self.model, &mut self.dflash);
         let Some(t) = task else {
@@ -802,7 +813,7 @@ impl<'t> Scheduler<'t> {
         let mut drafts = match (d.mode(), dflash) {
             (SpecMode::Dflash, Some(df)) => {
                 let pos = tokens.len() as u32;
-                d.propose_with(room, |max| {
+                d.propose_with(room, row_cost, |max| {
                     // a failed draft is no draft: the slot decodes plainly this step
                     df.propose(model, i as u32, id, pos, max)
                         .unwrap_or_default()
@@ -810,7 +821,7 @@ impl<'t> Scheduler<'t> {
             }
             _ => {
                 tokens.push(id);
-                let drafts = d.propose(tokens, room);
+                let drafts = d.propose(tokens, room, row_cost);
                 tokens.pop();
                 drafts
             }
@@ -947,12 +958,13 @@ impl<'t> Scheduler<'t> {
         let Some(mark) = mark.take() else {
             return;
         };
+        let row_cost = self.row_cost.row_ratio();
         if let Some(d) = self.slots[slot]
             .task
             .as_mut()
             .and_then(|t| t.drafting.as_mut())
         {
-            d.record(n_drafts, accepted);
+            d.record(n_drafts, accepted, row_cost);
         }
         if let Err(e) = self.kv.rollback(mark, 1 + accepted as u32) {
             self.fail(slot, &format!("speculative rollback failed: {e}"));

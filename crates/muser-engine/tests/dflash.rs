@@ -65,7 +65,11 @@ fn greedy_with_a_dflash_drafter_equals_plain_decoding() {
         n_slots: 2,
         n_ctx: 256,
         prefill_chunk: 64,
-        spec: spec.then(|| SpecConfig::new(SpecMode::Dflash)),
+        // full blocks whatever the random drafter's acceptance
+        spec: spec.then(|| SpecConfig {
+            adaptive: false,
+            ..SpecConfig::new(SpecMode::Dflash)
+        }),
         dflash: spec.then(|| drafter.clone()),
         ..Default::default()
     };

@@ -44,7 +44,11 @@ fn config(n_slots: usize, spec: bool) -> EngineConfig {
         // many rows other slots add to its batch (from 64 rows of one sequence it is tiled):
         // the prompts' K/V, and with them the tokens, do not depend on the batching
         prefill_chunk: 48,
-        spec: spec.then(|| SpecConfig::new(SpecMode::Ngram)),
+        // drafts as long as the drafter finds (not as many as pay): the most rows to verify
+        spec: spec.then(|| SpecConfig {
+            adaptive: false,
+            ..SpecConfig::new(SpecMode::Ngram)
+        }),
         ..Default::default()
     }
 }
@@ -281,15 +285,11 @@ fn greedy_speculation_on_a_sliding_window_model_equals_plain_decoding() {
     // a ring of 256 cells (window 32 + batches of 32, padded), wrapped four times by 100
     // prompt tokens and 960 generated, past 1024 positions and 512 cells in view of the
     // global layers; four slots at once
-    // `None`: plain; else speculation pausing below this acceptance
-    let cfg = |min_acceptance: Option<f32>| EngineConfig {
+    let cfg = |spec: Option<SpecConfig>| EngineConfig {
         n_slots: 4,
         n_ctx: 1088,
         prefill_chunk: 32,
-        spec: min_acceptance.map(|m| SpecConfig {
-            min_acceptance: m,
-            ..SpecConfig::new(SpecMode::Ngram)
-        }),
+        spec,
         ..Default::default()
     };
     let mut periodic = muser_model::synth::random_tokens(20, n_vocab, 5);
@@ -300,7 +300,7 @@ fn greedy_speculation_on_a_sliding_window_model_equals_plain_decoding() {
         muser_model::synth::random_tokens(100, n_vocab, 7),
         muser_model::synth::random_tokens(100, n_vocab, 8),
     ];
-    let run = |spec: Option<f32>| {
+    let run = |spec: Option<SpecConfig>| {
         let e = Engine::start_without_tokenizer(model.clone(), cfg(spec)).unwrap();
         let rxs: Vec<_> = prompts
             .iter()
@@ -313,10 +313,16 @@ fn greedy_speculation_on_a_sliding_window_model_equals_plain_decoding() {
         (out, e.stats())
     };
     let (want, _) = run(None);
-    // drafting whenever the drafter finds a match, and with the default off-switch
-    for min_acceptance in [0.0, 0.25] {
-        let (got, st) = run(Some(min_acceptance));
-        assert_eq!(got, want, "min_acceptance {min_acceptance}");
+    // drafting whenever the drafter finds a match, as long as it finds, and the defaults
+    // (as many as pay, the off-switch)
+    let always = SpecConfig {
+        min_acceptance: 0.0,
+        adaptive: false,
+        ..SpecConfig::new(SpecMode::Ngram)
+    };
+    for spec in [always, SpecConfig::new(SpecMode::Ngram)] {
+        let (got, st) = run(Some(spec));
+        assert_eq!(got, want, "{spec:?}");
         assert!(st.draft_tokens_total > 0, "{st:?}");
     }
 }

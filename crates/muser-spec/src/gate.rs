@@ -9,7 +9,7 @@ const PAUSE_MAX: u32 = 1024;
 
 /// Windowed acceptance of one slot's drafts. Closed (no drafts) for [`PAUSE_STEPS`] decode
 /// steps after a window of at least [`WINDOW`] drafted tokens accepted fewer than the
-/// threshold; then open again with a fresh window (the probe). Each further poor window in a
+/// threshold (or than break-even, where the caller knows it); then open again with a fresh window (the probe). Each further poor window in a
 /// row doubles the pause (up to [`PAUSE_MAX`]), so text that never accepts pays one poor
 /// window per ever longer stretch; a good window brings the pause back to [`PAUSE_STEPS`].
 #[derive(Clone, Debug)]
@@ -45,12 +45,14 @@ impl Gate {
         true
     }
 
-    /// A verification's outcome.
-    pub fn record(&mut self, drafted: usize, accepted: usize) {
+    /// A verification's outcome. A window is poor below the threshold, or below `break_even`
+    /// (the acceptance under which drafting costs more time than it saves) where that is higher.
+    pub fn record(&mut self, drafted: usize, accepted: usize, break_even: f32) {
         self.drafted += drafted;
         self.accepted += accepted.min(drafted);
         if self.drafted >= WINDOW {
-            if (self.accepted as f32) < self.min_acceptance * self.drafted as f32 {
+            let threshold = self.min_acceptance.max(break_even);
+            if (self.accepted as f32) < threshold * self.drafted as f32 {
                 self.paused = self.pause;
                 self.pause = (self.pause * 2).min(PAUSE_MAX);
                 self.pauses += 1;
@@ -82,16 +84,16 @@ mod tests {
         let mut g = Gate::new(0.25);
         assert!(g.step());
         // 16 drafted, 3 accepted (< 25%): closed
-        g.record(8, 2);
+        g.record(8, 2, 0.0);
         assert!(!g.is_paused());
-        g.record(8, 1);
+        g.record(8, 1, 0.0);
         assert!(g.is_paused());
         assert_eq!(g.pauses(), 1);
         let open = (0..PAUSE_STEPS + 1).filter(|_| g.step()).count();
         assert_eq!(open, 1, "closed for exactly the pause");
         // the probe: a good window keeps it open
-        g.record(8, 4);
-        g.record(8, 0);
+        g.record(8, 4, 0.0);
+        g.record(8, 0, 0.0);
         assert!(!g.is_paused());
         assert!(g.step());
         assert_eq!(g.pauses(), 1);
@@ -102,19 +104,29 @@ mod tests {
         let mut g = Gate::new(0.25);
         let closed = |g: &mut Gate| (0..2 * PAUSE_MAX).take_while(|_| !g.step()).count() as u32;
         for want in [64, 128, 256, 512, 1024, 1024] {
-            g.record(16, 0);
+            g.record(16, 0, 0.0);
             assert_eq!(closed(&mut g), want);
         }
-        g.record(16, 8);
-        g.record(16, 0);
+        g.record(16, 8, 0.0);
+        g.record(16, 0, 0.0);
         assert_eq!(closed(&mut g), PAUSE_STEPS);
+    }
+
+    #[test]
+    fn a_window_below_break_even_is_poor_whatever_the_threshold() {
+        let mut g = Gate::new(0.0);
+        g.record(16, 4, 0.3);
+        assert!(g.is_paused());
+        let mut g = Gate::new(0.0);
+        g.record(16, 5, 0.3);
+        assert!(!g.is_paused());
     }
 
     #[test]
     fn threshold_zero_never_closes() {
         let mut g = Gate::new(0.0);
         for _ in 0..100 {
-            g.record(8, 0);
+            g.record(8, 0, 0.0);
             assert!(g.step());
         }
     }

@@ -7,11 +7,15 @@
 //!   GGUF run by muser-model), one draft cache per sequence.
 //! - [`Gate`]: the adaptive off-switch. Per slot, acceptance over a window of drafted tokens;
 //!   below the threshold, drafting pauses for a while and then probes again.
+//! - [`RowCost`], [`best_len`]: how many drafts pay, from what a verification row costs (the
+//!   engine times its decode batches) and how often the slot's drafts are taken.
 
+mod cost;
 mod dflash;
 mod gate;
 mod ngram;
 
+pub use cost::{best_len, Acceptance, RowCost};
 pub use dflash::DflashDrafter;
 pub use gate::Gate;
 pub use ngram::Ngram;
@@ -62,16 +66,21 @@ pub struct SpecConfig {
     pub draft_min: usize,
     /// Acceptance (accepted / drafted, over the gate's window) below which drafting pauses.
     pub min_acceptance: f32,
+    /// Drafts as many as pay ([`best_len`]) and pause where they cost more time than they
+    /// save; false: always up to `draft_max`, pausing only below `min_acceptance`.
+    pub adaptive: bool,
 }
 
 impl SpecConfig {
-    /// `mode` with the defaults: 8 drafts, pause below 25% acceptance.
+    /// `mode` with the defaults: up to 8 drafts, as many as pay; pause below 25% acceptance
+    /// or below break-even.
     pub fn new(mode: SpecMode) -> SpecConfig {
         SpecConfig {
             mode,
             draft_max: 8,
             draft_min: 0,
             min_acceptance: 0.25,
+            adaptive: true,
         }
     }
 
@@ -138,12 +147,13 @@ impl SpecOverride {
     }
 }
 
-/// One slot's drafting: the drafter and its gate.
+/// One slot's drafting: the drafter, its gate and its recent acceptance.
 #[derive(Clone, Debug)]
 pub struct Drafting {
     cfg: SpecConfig,
     ngram: Ngram,
     gate: Gate,
+    acceptance: Acceptance,
 }
 
 impl Drafting {
@@ -152,24 +162,32 @@ impl Drafting {
             cfg,
             ngram: Ngram::default(),
             gate: Gate::new(cfg.min_acceptance),
+            acceptance: Acceptance::default(),
         }
     }
 
     /// Drafts to verify after `history` (every token of the sequence, the one about to be
-    /// decoded last), at most `room` of them; empty when the gate is closed or nothing
-    /// matches. Counts one decode step for the gate.
-    pub fn propose(&mut self, history: &[u32], room: usize) -> Vec<u32> {
-        let Some(max) = self.open(room) else {
+    /// decoded last), at most `room` of them and, when adaptive, as many as pay where a row
+    /// costs `row_cost` of a one-row step; empty when the gate is closed or nothing matches.
+    /// Counts one decode step for the gate.
+    pub fn propose(&mut self, history: &[u32], room: usize, row_cost: f32) -> Vec<u32> {
+        let Some(max) = self.open(room, row_cost) else {
             return Vec::new();
         };
         let drafts = self.ngram.draft(history, max);
         self.at_least_min(drafts)
     }
 
-    /// The drafts `draft(max)` proposes, at most `room` and `--draft-max` of them; empty (and
-    /// `draft` not called) when the gate is closed. Counts one decode step for the gate.
-    pub fn propose_with(&mut self, room: usize, draft: impl FnOnce(usize) -> Vec<u32>) -> Vec<u32> {
-        let drafts = self.open(room).map(draft).unwrap_or_default();
+    /// The drafts `draft(max)` proposes, with `max` as [`Drafting::propose`] bounds them;
+    /// empty (and `draft` not called) when the gate is closed. Counts one decode step for the
+    /// gate.
+    pub fn propose_with(
+        &mut self,
+        room: usize,
+        row_cost: f32,
+        draft: impl FnOnce(usize) -> Vec<u32>,
+    ) -> Vec<u32> {
+        let drafts = self.open(room, row_cost).map(draft).unwrap_or_default();
         self.at_least_min(drafts)
     }
 
@@ -181,18 +199,30 @@ impl Drafting {
         }
     }
 
-    /// How many drafts this step may have, `None` while the gate is closed.
-    fn open(&mut self, room: usize) -> Option<usize> {
-        self.gate.step().then(|| self.cfg.draft_max.min(room))
+    /// How many drafts this step may have, `None` while the gate is closed. Adaptive, at
+    /// least one while the gate is open: that probe measures the acceptance, and the gate
+    /// closes where it stays below break-even.
+    fn open(&mut self, room: usize, row_cost: f32) -> Option<usize> {
+        if !self.gate.step() {
+            return None;
+        }
+        let max = self.cfg.draft_max.min(room);
+        Some(match self.cfg.adaptive {
+            true => best_len(self.acceptance.p(), row_cost, max).max(1).min(max),
+            false => max,
+        })
     }
 
     pub fn mode(&self) -> SpecMode {
         self.cfg.mode
     }
 
-    /// How a verification went: `drafted` proposed, the first `accepted` of them taken.
-    pub fn record(&mut self, drafted: usize, accepted: usize) {
-        self.gate.record(drafted, accepted);
+    /// How a verification went: `drafted` proposed, the first `accepted` of them taken, a
+    /// row costing `row_cost` of a one-row step.
+    pub fn record(&mut self, drafted: usize, accepted: usize, row_cost: f32) {
+        self.acceptance.record(drafted, accepted);
+        let break_even = if self.cfg.adaptive { row_cost } else { 0.0 };
+        self.gate.record(drafted, accepted, break_even);
     }
 
     pub fn gate(&self) -> &Gate {
@@ -247,12 +277,44 @@ mod tests {
     #[test]
     fn a_proposal_shorter_than_draft_min_is_dropped() {
         let history = [1, 2, 3, 4, 1, 2, 3];
-        let mut d = Drafting::new(SpecConfig::new(SpecMode::Ngram));
-        assert_eq!(d.propose(&history, 8), vec![4, 1, 2, 3]);
+        let fixed = SpecConfig {
+            adaptive: false,
+            ..SpecConfig::new(SpecMode::Ngram)
+        };
+        let mut d = Drafting::new(fixed);
+        assert_eq!(d.propose(&history, 8, 0.25), vec![4, 1, 2, 3]);
         let mut d = Drafting::new(SpecConfig {
             draft_min: 5,
-            ..SpecConfig::new(SpecMode::Ngram)
+            ..fixed
         });
-        assert!(d.propose(&history, 8).is_empty());
+        assert!(d.propose(&history, 8, 0.25).is_empty());
+    }
+
+    #[test]
+    fn adaptive_drafts_lengthen_while_taken_shorten_when_refused_and_pause_below_break_even() {
+        let history: Vec<u32> = (0..40).chain(0..20).collect();
+        let mut d = Drafting::new(SpecConfig::new(SpecMode::Ngram));
+        // even odds at first: one draft where a row costs a quarter of a step
+        assert_eq!(d.propose(&history, 8, 0.25).len(), 1);
+        for _ in 0..5 {
+            d.record(8, 8, 0.25);
+        }
+        assert_eq!(d.propose(&history, 8, 0.25).len(), 8);
+        // cheaper rows, longer drafts at the same odds
+        let mut cheap = d.clone();
+        for _ in 0..5 {
+            d.record(4, 1, 0.25);
+            cheap.record(4, 1, 0.05);
+        }
+        let (n, n_cheap) = (
+            d.propose(&history, 8, 0.25).len(),
+            cheap.propose(&history, 8, 0.05).len(),
+        );
+        assert!(1 <= n && n < n_cheap, "{n} {n_cheap}");
+        // below break-even the gate closes, though above the 25% threshold
+        let mut d = Drafting::new(SpecConfig::new(SpecMode::Ngram));
+        d.record(16, 6, 0.5);
+        assert!(d.gate().is_paused());
+        assert!(d.propose(&history, 8, 0.5).is_empty());
     }
 }

@@ -231,6 +231,27 @@ pub fn seq_gemv(ty: WType, cols: usize, q4k_wpr: u32) -> (String, usize) {
     }
 }
 
+/// Smallest batch the Q4_K GEMVs run on int8 tensor cores ([`q4k_tile`]; a tuning override,
+/// `tile=N`, moves it for A/B runs).
+pub const Q4K_TILE_MIN_BATCH: usize = 8;
+
+/// Sequences per block of the tiled Q4_K GEMV (the N of its mma.m16n8k16).
+pub const Q4K_TILE_SEQS: usize = 8;
+
+/// The tiled Q4_K GEMVs instantiated in kernels.cu (`Q4K_TILE(w, m)`): (warps per row of the
+/// one-sequence GEMV, 16-row m-tiles per block). A block has 4 × w warps (warp k of a row's
+/// lane group g takes its super-blocks), each thread 32 × m accumulators: four warps per row
+/// leave room for one m-tile in the 128 registers a 512-thread block allows.
+pub const Q4K_TILES: [(u32, usize); 3] = [(1, 2), (2, 2), (4, 1)];
+
+/// The tiled Q4_K GEMV whose sums equal those of the one-sequence GEMV with `wpr` warps per
+/// row: kernel name, rows per block and threads per block (blocks cover
+/// [`Q4K_TILE_SEQS`] sequences each). `None` for a split no tile kernel takes.
+pub fn q4k_tile(wpr: u32) -> Option<(String, usize, u32)> {
+    let &(w, m) = Q4K_TILES.iter().find(|t| t.0 == wpr)?;
+    Some((format!("gemv_q4k_tile_w{w}"), 16 * m, 128 * w))
+}
+
 /// Name of a shaped Q4_K GEMV kernel.
 pub fn q4k_kernel(w: u32, u: u32, hint: u32, batch: usize) -> String {
     format!("gemv_q4k_w{w}u{u}l{hint}_b{batch}")
@@ -349,6 +370,9 @@ pub fn kernel_names() -> Vec<String> {
     }
     for (w, u) in Q4K_SHAPES {
         names.push(format!("gemv_q4k_w{w}u{u}_bn"));
+    }
+    for (w, _) in Q4K_TILES {
+        names.extend(q4k_tile(w).map(|t| t.0));
     }
     for (r, u) in NVFP4_SHAPES {
         for b in 1..=Q4K_SHAPE_MAX_BATCH {
@@ -826,8 +850,13 @@ mod tests {
                         .and_then(|r| r.split_once('u'))
                         .is_some_and(|(w, u)| src.contains(&format!("Q4K_SEQS({w}, {u})\n")))
             });
+            let tile = name.strip_prefix("gemv_q4k_tile_w").is_some_and(|w| {
+                Q4K_TILES.iter().any(|&(tw, m)| {
+                    tw.to_string() == w && src.contains(&format!("Q4K_TILE({w}, {m})\n"))
+                })
+            });
             assert!(
-                src.contains(&plain) || gemv || shaped || r4 || attn || nv || seq,
+                src.contains(&plain) || gemv || shaped || r4 || attn || nv || seq || tile,
                 "kernel {name} not found in kernels.cu"
             );
         }

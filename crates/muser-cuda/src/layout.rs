@@ -235,21 +235,60 @@ pub fn seq_gemv(ty: WType, cols: usize, q4k_wpr: u32) -> (String, usize) {
 /// `tile=N`, moves it for A/B runs).
 pub const Q4K_TILE_MIN_BATCH: usize = 8;
 
-/// Sequences per block of the tiled Q4_K GEMV (the N of its mma.m16n8k16).
+/// Sequences per warp group of the tiled Q4_K GEMV (the N of its mma.m16n8k16).
 pub const Q4K_TILE_SEQS: usize = 8;
 
-/// The tiled Q4_K GEMVs instantiated in kernels.cu (`Q4K_TILE(w, m)`): (warps per row of the
-/// one-sequence GEMV, 16-row m-tiles per block). A block has 4 × w warps (warp k of a row's
-/// lane group g takes its super-blocks), each thread 32 × m accumulators: four warps per row
-/// leave room for one m-tile in the 128 registers a 512-thread block allows.
-pub const Q4K_TILES: [(u32, usize); 3] = [(1, 2), (2, 2), (4, 1)];
+/// The tiled Q4_K GEMVs instantiated in kernels.cu (`Q4K_TILE(w, m, s)`): (warps per row of the
+/// one-sequence GEMV, 16-row m-tiles, groups of 4 × w warps per block, each over
+/// [`Q4K_TILE_SEQS`] sequences). A thread keeps 32 × m accumulators: a 512-thread block (128
+/// registers) takes one m-tile.
+pub const Q4K_TILES: [(u32, usize, usize); 7] = [
+    (1, 2, 1),
+    (1, 2, 2),
+    (1, 1, 4),
+    (2, 2, 1),
+    (2, 1, 2),
+    (4, 1, 1),
+    (4, 2, 1),
+];
+
+/// The tiled Q4_K GEMV's (m-tiles, sequence groups) for `wpr` warps per row, unless a
+/// benchmark asks for another instantiated shape.
+fn q4k_tile_default(wpr: u32) -> (usize, usize) {
+    match wpr {
+        1 => (2, 2),
+        2 => (2, 1),
+        _ => (1, 1),
+    }
+}
+
+/// A launch of the tiled Q4_K GEMV.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TileLaunch {
+    /// Kernel name (`gemv_q4k_tile_w{w}m{m}s{s}`).
+    pub name: String,
+    /// Rows per block (16 per m-tile): the grid's y.
+    pub rows_per_block: usize,
+    /// Sequences per block: the grid's x.
+    pub seqs_per_block: usize,
+    /// Threads per block.
+    pub threads: u32,
+}
 
 /// The tiled Q4_K GEMV whose sums equal those of the one-sequence GEMV with `wpr` warps per
-/// row: kernel name, rows per block and threads per block (blocks cover
-/// [`Q4K_TILE_SEQS`] sequences each). `None` for a split no tile kernel takes.
-pub fn q4k_tile(wpr: u32) -> Option<(String, usize, u32)> {
-    let &(w, m) = Q4K_TILES.iter().find(|t| t.0 == wpr)?;
-    Some((format!("gemv_q4k_tile_w{w}"), 16 * m, 128 * w))
+/// row, in the shape `shape` (m-tiles, sequence groups) when that one is instantiated, else
+/// the default. `None` for a split no tile kernel takes.
+pub fn q4k_tile(wpr: u32, shape: Option<(usize, usize)>) -> Option<TileLaunch> {
+    let pick = |(m, s): (usize, usize)| Q4K_TILES.iter().find(|t| **t == (wpr, m, s)).copied();
+    let (w, m, s) = shape
+        .and_then(pick)
+        .or_else(|| pick(q4k_tile_default(wpr)))?;
+    Some(TileLaunch {
+        name: format!("gemv_q4k_tile_w{w}m{m}s{s}"),
+        rows_per_block: 16 * m,
+        seqs_per_block: Q4K_TILE_SEQS * s,
+        threads: 128 * w * s as u32,
+    })
 }
 
 /// Name of a shaped Q4_K GEMV kernel.
@@ -371,8 +410,8 @@ pub fn kernel_names() -> Vec<String> {
     for (w, u) in Q4K_SHAPES {
         names.push(format!("gemv_q4k_w{w}u{u}_bn"));
     }
-    for (w, _) in Q4K_TILES {
-        names.extend(q4k_tile(w).map(|t| t.0));
+    for (w, m, s) in Q4K_TILES {
+        names.extend(q4k_tile(w, Some((m, s))).map(|t| t.name));
     }
     for (r, u) in NVFP4_SHAPES {
         for b in 1..=Q4K_SHAPE_MAX_BATCH {
@@ -850,10 +889,9 @@ mod tests {
                         .and_then(|r| r.split_once('u'))
                         .is_some_and(|(w, u)| src.contains(&format!("Q4K_SEQS({w}, {u})\n")))
             });
-            let tile = name.strip_prefix("gemv_q4k_tile_w").is_some_and(|w| {
-                Q4K_TILES.iter().any(|&(tw, m)| {
-                    tw.to_string() == w && src.contains(&format!("Q4K_TILE({w}, {m})\n"))
-                })
+            let tile = Q4K_TILES.iter().any(|&(w, m, s)| {
+                name == format!("gemv_q4k_tile_w{w}m{m}s{s}")
+                    && src.contains(&format!("Q4K_TILE({w}, {m}, {s})\n"))
             });
             assert!(
                 src.contains(&plain) || gemv || shaped || r4 || attn || nv || seq || tile,

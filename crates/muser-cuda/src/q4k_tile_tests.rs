@@ -131,29 +131,31 @@ fn tile_fragments_are_the_ptx_layouts_and_cover_each_element_once() {
 /// them.
 #[test]
 fn tile_sums_every_lane_term_once_in_the_one_sequence_order() {
-    for &(wpr, mt) in &Q4K_TILES {
+    for &(wpr, mt, ns) in &Q4K_TILES {
         let wpr = wpr as usize;
         let nw = 4 * wpr;
         for nsb in [1, 3, 16, 26, 78, 101] {
             // (row, seq, k, g, j) -> super-blocks in the order the thread adds them.
             let mut seen: BTreeMap<(usize, usize, usize, usize, usize), Vec<usize>> =
                 BTreeMap::new();
-            for w in 0..nw {
+            // Warp W of the block: group n = W / nw over sequences 8n.., warp w = W % nw.
+            for warp in 0..ns * nw {
+                let (n, w) = (warp / nw, warp % nw);
                 for lane in 0..32 {
                     for s in (w..nsb).step_by(nw) {
                         for c in 0..4 {
                             for h in 0..2 {
                                 let j = 2 * c + h;
-                                // The low nibbles of lane j's 16 bytes (word t of the chunk at
-                                // 16 + 16j) against group 4c + h; the high ones against 4c + h + 2.
+                                // Lane j's 16 bytes at 16 + 16j of the super-block: word t.
                                 for (r, byte) in a_frag(lane, 0).into_iter().chain(a_frag(lane, 1))
                                 {
-                                    assert!(r < 16 && (16 + 16 * j + byte) < 144);
+                                    assert!(r < 16 && byte < 16);
                                 }
                                 for (kk, _) in b_frag(lane) {
+                                    // gemv_q4k: lane j's low nibbles meet x[16 (4c + h) + e],
+                                    // its high ones x[16 (4c + h + 2) + e].
                                     let (lo, hi) =
                                         (16 * (4 * c + h) + kk, 16 * (4 * c + h + 2) + kk);
-                                    // gemv_q4k: lane j's lo bytes meet x[ga0 * 16 + e], ga0 = 4c + h.
                                     assert_eq!(
                                         (lo, hi),
                                         (64 * c + 16 * h + kk, 64 * c + 32 + 16 * h + kk)
@@ -162,9 +164,9 @@ fn tile_sums_every_lane_term_once_in_the_one_sequence_order() {
                                 for m in 0..mt {
                                     for e in 0..4 {
                                         let (r, q) = c_elem(lane, e);
-                                        seen.entry((16 * m + r, q, w / 4, w % 4, j))
-                                            .or_default()
-                                            .push(s);
+                                        let key =
+                                            (16 * m + r, Q4K_TILE_SEQS * n + q, w / 4, w % 4, j);
+                                        seen.entry(key).or_default().push(s);
                                     }
                                 }
                             }
@@ -173,23 +175,24 @@ fn tile_sums_every_lane_term_once_in_the_one_sequence_order() {
                 }
             }
             for row in 0..16 * mt {
-                for seq in 0..Q4K_TILE_SEQS {
+                for seq in 0..Q4K_TILE_SEQS * ns {
                     for k in 0..wpr {
                         for g in 0..4 {
                             for j in 0..8 {
-                                // gemv_q4k: warp % WPR = k, lane >> 3 = g: s_first = 4k + g, STEP = 4 WPR.
+                                // gemv_q4k: warp % WPR = k, lane >> 3 = g: s_first = 4k + g,
+                                // STEP = 4 WPR.
                                 let want: Vec<usize> = (4 * k + g..nsb).step_by(4 * wpr).collect();
                                 let got = seen.remove(&(row, seq, k, g, j)).unwrap_or_default();
-                                assert_eq!(
-                                    got, want,
-                                    "wpr {wpr} nsb {nsb} row {row} seq {seq} lane {k}.{g}.{j}"
-                                );
+                                assert_eq!(got, want, "{wpr}x{mt}x{ns} nsb {nsb} row {row} seq {seq} lane {k}.{g}.{j}");
                             }
                         }
                     }
                 }
             }
-            assert!(seen.is_empty(), "wpr {wpr} nsb {nsb}: terms of no lane");
+            assert!(
+                seen.is_empty(),
+                "{wpr}x{mt}x{ns} nsb {nsb}: terms of no lane"
+            );
         }
         assert_eq!(tile_sum(wpr), one_sequence_sum(wpr), "wpr {wpr}");
     }
@@ -213,7 +216,8 @@ fn tile_conversions_are_exact_over_the_sums_range() {
 }
 
 /// Batches from Q4K_TILE_MIN_BATCH take a tiled kernel for every row split the GEMV may use,
-/// and those kernels are in the source.
+/// in every instantiated shape a benchmark may ask for (others fall back to the default), and
+/// those kernels are in the source; a 512-thread block keeps one m-tile (128 registers).
 #[test]
 fn tiled_gemv_covers_every_row_split() {
     const { assert!(Q4K_TILE_MIN_BATCH > Q4K_SHAPE_MAX_BATCH && Q4K_TILE_MIN_BATCH <= MAX_GEMV_BATCH) };
@@ -221,12 +225,31 @@ fn tiled_gemv_covers_every_row_split() {
     for nsb in 1..200 {
         let splits = [q4k_shape(nsb).0, q4k_legacy_wpr(nsb)];
         for wpr in splits.into_iter().chain(Q4K_SHAPES.iter().map(|s| s.0)) {
-            let (name, rows, threads) = q4k_tile(wpr).expect("a tile kernel");
-            assert!(names.contains(&name), "{name}");
-            assert_eq!(threads, 128 * wpr);
-            assert!(rows % 16 == 0 && rows > 0);
+            for shape in [None, Some((1, 4)), Some((2, 2)), Some((9, 9))] {
+                let l = q4k_tile(wpr, shape).expect("a tile kernel");
+                assert!(names.contains(&l.name), "{}", l.name);
+                assert_eq!(l.rows_per_block % 16, 0);
+                assert_eq!(l.seqs_per_block % Q4K_TILE_SEQS, 0);
+                let groups = l.seqs_per_block / Q4K_TILE_SEQS;
+                assert_eq!(l.threads, 128 * wpr * groups as u32);
+                assert!(l.threads <= 512);
+                assert!(l.threads < 512 || l.rows_per_block == 16 || wpr == 4);
+            }
         }
     }
-    assert_eq!(q4k_tile(3), None);
-    assert_eq!(q4k_tile(4), Some(("gemv_q4k_tile_w4".to_string(), 16, 512)));
+    assert_eq!(q4k_tile(3, None), None);
+    let l = q4k_tile(1, Some((1, 4))).unwrap();
+    assert_eq!(
+        (
+            l.name.as_str(),
+            l.rows_per_block,
+            l.seqs_per_block,
+            l.threads
+        ),
+        ("gemv_q4k_tile_w1m1s4", 16, 32, 512)
+    );
+    assert_eq!(
+        q4k_tile(4, Some((9, 9))).unwrap().name,
+        "gemv_q4k_tile_w4m1s1"
+    );
 }

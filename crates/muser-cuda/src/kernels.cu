@@ -889,12 +889,10 @@ Q4K_SEQS(4, 5)
 // ---------------------------------------------------------------------------------------------
 // The batched Q4_K GEMV on int8 tensor cores, for batches from Q4K_TILE_MIN_BATCH (layout.rs,
 // q4k_tile). Same sums as gemv_q4k with the same WPR, bit for bit, by construction:
-// - a block has NS groups of 4 * WPR warps over 16 * MT rows; group n takes the 8 sequences
-//   from 8 * (NS * blockIdx.x + n) (sequence blocks vary fastest, so the blocks of one row
-//   tile run together and its weights come from L2 once per step; the groups of a block read
-//   the same weights at the same time, mostly from L1). Warp w of a group takes super-blocks
-//   w, w + 4 * WPR, ... ascending: in gemv_q4k those are the super-blocks of lane group
-//   g = w % 4 of warp k = w / 4 of the row;
+// - a block of 4 * WPR warps takes 16 * MT rows and the 8 sequences from 8 * blockIdx.x
+//   (sequence blocks vary fastest, so the blocks of one row tile run together and its weights
+//   come from HBM once per step). Warp w takes super-blocks w, w + 4 * WPR, ... ascending: in
+//   gemv_q4k those are the super-blocks of lane group g = w % 4 of warp k = w / 4 of the row;
 // - super-block s, lane chunk j (c = j / 2, h = j % 2: the lane's 16 quant bytes, low nibbles
 //   against activation group 4c + h, high ones against group 4c + h + 2): two
 //   mma.m16n8k16.s8 give the integer sums of 16 rows x 8 sequences, A the nibbles as int8
@@ -928,9 +926,9 @@ __device__ __forceinline__ void mma_s8_16x8x16(u32 a0, u32 a1, u32 b, int (&c)[4
         : "r"(a0), "r"(a1), "r"(b), "r"(0));
 }
 
-// The end of the tiled kernel: acc[m][j][e] of every warp of a sequence group summed as
-// q4k_store sums the lanes and warps of a row, written to y[seq * ldy + row]. Every thread of
-// the block calls it. red: the group's 2 * WPR slots of 32 x 32 floats; one m-tile at a time.
+// The end of the tiled kernel: acc[m][j][e] of every warp summed as q4k_store sums the lanes
+// and warps of a row, written to y[seq * ldy + row]. Every thread of the block calls it. red:
+// 2 * WPR slots of 32 x 32 floats, one m-tile at a time.
 template <int WPR, int MT>
 __device__ __forceinline__ void q4k_tile_store(float (&acc)[MT][8][4], float (*red)[32][32], int w, int lane,
                                                long row0, long rows, int b0, int nb, float* __restrict__ y,
@@ -994,16 +992,16 @@ __device__ __forceinline__ void q4k_tile_store(float (&acc)[MT][8][4], float (*r
     }
 }
 
-template <int WPR, int MT, int NS>
+template <int WPR, int MT>
 __device__ void gemv_q4k_tile(const u8* __restrict__ W, long rows, long cols, Act x, int nb, float* __restrict__ y,
                               long ldy) {
     constexpr int NW = 4 * WPR;
-    __shared__ float red[NS][2 * WPR][32][32];
-    const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) % NW, n = (threadIdx.x >> 5) / NW;
+    __shared__ float red[2 * WPR][32][32];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int gid = lane >> 2, t = lane & 3;
     const int nsb = (int)(cols >> 8);
     const long row0 = (long)blockIdx.y * 16 * MT;
-    const int b0 = 8 * (NS * blockIdx.x + n);
+    const int b0 = 8 * blockIdx.x;
     const long gn = x.n / 16;
     // A: rows row0 + 16 m + gid + 8 i (the last row past the end), word t of each lane chunk.
     const u8* wr[MT][2];
@@ -1028,7 +1026,7 @@ __device__ void gemv_q4k_tile(const u8* __restrict__ W, long rows, long cols, Ac
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[m][j][e] = 0.f;
     pdl_wait();
-    for (int s = w; b0 < nb && s < nsb; s += NW) {
+    for (int s = w; s < nsb; s += NW) {
         uint4 hd[MT][2];
 #pragma unroll
         for (int m = 0; m < MT; m++)
@@ -1078,26 +1076,23 @@ __device__ void gemv_q4k_tile(const u8* __restrict__ W, long rows, long cols, Ac
             }
         }
     }
-    q4k_tile_store<WPR, MT>(acc, red[n], w, lane, row0, rows, b0, nb, y, ldy);
+    q4k_tile_store<WPR, MT>(acc, red, w, lane, row0, rows, b0, nb, y, ldy);
 }
 
-// gemv_q4k_tile_w<WPR>m<MT>s<NS>: blocks of NS * 4 * WPR warps over 16 * MT rows and 8 * NS
-// sequences (layout.rs Q4K_TILES).
-#define Q4K_TILE(WPR, MT, NS)                                                                              \
-    extern "C" __global__ void __launch_bounds__(128 * WPR * NS) gemv_q4k_tile_w##WPR##m##MT##s##NS(       \
+// gemv_q4k_tile_w<WPR>: blocks of 4 * WPR warps over 32 rows and 8 sequences (layout.rs
+// q4k_tile; measured on the H200 against 16-row tiles and two or four sequence tiles per block).
+#define Q4K_TILE_MT 2
+#define Q4K_TILE(WPR)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(128 * WPR) gemv_q4k_tile_w##WPR(                           \
         const u8* W, const u8* S, long rows, long cols, const i8* xq, const float* xd, const float* xs,     \
         const float* xf, float* y, long ldy, int nb) {                                                      \
         Act x = {xq, xd, xs, cols};                                                                         \
         pdl_trigger();                                                                                      \
-        gemv_q4k_tile<WPR, MT, NS>(W, rows, cols, x, nb, y, ldy);                                           \
+        gemv_q4k_tile<WPR, Q4K_TILE_MT>(W, rows, cols, x, nb, y, ldy);                                      \
     }
-Q4K_TILE(1, 2, 1)
-Q4K_TILE(1, 2, 2)
-Q4K_TILE(1, 1, 4)
-Q4K_TILE(2, 2, 1)
-Q4K_TILE(2, 1, 2)
-Q4K_TILE(4, 1, 1)
-Q4K_TILE(4, 2, 1)
+Q4K_TILE(1)
+Q4K_TILE(2)
+Q4K_TILE(4)
 
 // The other types: their batch kernels' device functions over chunks of SEQ_CHUNK sequences
 // (the tail with a smaller batch), activations and outputs moved to the chunk's first row.

@@ -235,59 +235,32 @@ pub fn seq_gemv(ty: WType, cols: usize, q4k_wpr: u32) -> (String, usize) {
 /// `tile=N`, moves it for A/B runs).
 pub const Q4K_TILE_MIN_BATCH: usize = 8;
 
-/// Sequences per warp group of the tiled Q4_K GEMV (the N of its mma.m16n8k16).
+/// Sequences per block of the tiled Q4_K GEMV (the N of its mma.m16n8k16).
 pub const Q4K_TILE_SEQS: usize = 8;
 
-/// The tiled Q4_K GEMVs instantiated in kernels.cu (`Q4K_TILE(w, m, s)`): (warps per row of the
-/// one-sequence GEMV, 16-row m-tiles, groups of 4 × w warps per block, each over
-/// [`Q4K_TILE_SEQS`] sequences). A thread keeps 32 × m accumulators: a 512-thread block (128
-/// registers) takes one m-tile.
-pub const Q4K_TILES: [(u32, usize, usize); 7] = [
-    (1, 2, 1),
-    (1, 2, 2),
-    (1, 1, 4),
-    (2, 2, 1),
-    (2, 1, 2),
-    (4, 1, 1),
-    (4, 2, 1),
-];
+/// Rows per block of the tiled Q4_K GEMV (`Q4K_TILE_MT` 16-row m-tiles in kernels.cu).
+pub const Q4K_TILE_ROWS: usize = 32;
 
-/// The tiled Q4_K GEMV's (m-tiles, sequence groups) for `wpr` warps per row, unless a
-/// benchmark asks for another instantiated shape.
-fn q4k_tile_default(wpr: u32) -> (usize, usize) {
-    match wpr {
-        1 => (2, 2),
-        2 => (2, 1),
-        _ => (1, 1),
-    }
-}
+/// Warps per row of the one-sequence GEMVs the tiled Q4_K GEMV is instantiated for
+/// (`Q4K_TILE(w)` in kernels.cu; its blocks have 4 × w warps).
+pub const Q4K_TILES: [u32; 3] = [1, 2, 4];
 
-/// A launch of the tiled Q4_K GEMV.
+/// A launch of the tiled Q4_K GEMV: a grid of ⌈batch / [`Q4K_TILE_SEQS`]⌉ × ⌈rows /
+/// [`Q4K_TILE_ROWS`]⌉ blocks (sequence blocks vary fastest).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TileLaunch {
-    /// Kernel name (`gemv_q4k_tile_w{w}m{m}s{s}`).
+    /// Kernel name (`gemv_q4k_tile_w{w}`).
     pub name: String,
-    /// Rows per block (16 per m-tile): the grid's y.
-    pub rows_per_block: usize,
-    /// Sequences per block: the grid's x.
-    pub seqs_per_block: usize,
     /// Threads per block.
     pub threads: u32,
 }
 
 /// The tiled Q4_K GEMV whose sums equal those of the one-sequence GEMV with `wpr` warps per
-/// row, in the shape `shape` (m-tiles, sequence groups) when that one is instantiated, else
-/// the default. `None` for a split no tile kernel takes.
-pub fn q4k_tile(wpr: u32, shape: Option<(usize, usize)>) -> Option<TileLaunch> {
-    let pick = |(m, s): (usize, usize)| Q4K_TILES.iter().find(|t| **t == (wpr, m, s)).copied();
-    let (w, m, s) = shape
-        .and_then(pick)
-        .or_else(|| pick(q4k_tile_default(wpr)))?;
-    Some(TileLaunch {
-        name: format!("gemv_q4k_tile_w{w}m{m}s{s}"),
-        rows_per_block: 16 * m,
-        seqs_per_block: Q4K_TILE_SEQS * s,
-        threads: 128 * w * s as u32,
+/// row; `None` for a split no tile kernel takes.
+pub fn q4k_tile(wpr: u32) -> Option<TileLaunch> {
+    Q4K_TILES.contains(&wpr).then(|| TileLaunch {
+        name: format!("gemv_q4k_tile_w{wpr}"),
+        threads: 128 * wpr,
     })
 }
 
@@ -410,8 +383,8 @@ pub fn kernel_names() -> Vec<String> {
     for (w, u) in Q4K_SHAPES {
         names.push(format!("gemv_q4k_w{w}u{u}_bn"));
     }
-    for (w, m, s) in Q4K_TILES {
-        names.extend(q4k_tile(w, Some((m, s))).map(|t| t.name));
+    for w in Q4K_TILES {
+        names.extend(q4k_tile(w).map(|t| t.name));
     }
     for (r, u) in NVFP4_SHAPES {
         for b in 1..=Q4K_SHAPE_MAX_BATCH {
@@ -889,9 +862,8 @@ mod tests {
                         .and_then(|r| r.split_once('u'))
                         .is_some_and(|(w, u)| src.contains(&format!("Q4K_SEQS({w}, {u})\n")))
             });
-            let tile = Q4K_TILES.iter().any(|&(w, m, s)| {
-                name == format!("gemv_q4k_tile_w{w}m{m}s{s}")
-                    && src.contains(&format!("Q4K_TILE({w}, {m}, {s})\n"))
+            let tile = Q4K_TILES.iter().any(|&w| {
+                name == format!("gemv_q4k_tile_w{w}") && src.contains(&format!("Q4K_TILE({w})\n"))
             });
             assert!(
                 src.contains(&plain) || gemv || shaped || r4 || attn || nv || seq || tile,

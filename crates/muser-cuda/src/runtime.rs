@@ -215,10 +215,6 @@ pub struct Tuning {
     /// [`crate::layout::Q4K_TILE_MIN_BATCH`]); above it the batch kernels `gemv_q4k_w*u*_bn`
     /// (`tile=65` keeps those at every batch, for A/B runs).
     pub q4k_tile_from: usize,
-    /// The tiled Q4_K GEMV's shape (m-tiles, sequence groups; `tshape=MxS`, for A/B runs):
-    /// `None` or a shape not instantiated for the matrix's split runs `layout::q4k_tile`'s
-    /// default.
-    pub q4k_tile_shape: Option<(usize, usize)>,
     /// Q4_K weight loads ask L2 for 256-byte fetches.
     pub l2_256: bool,
     /// Megabytes of the next matrix each latency-bound kernel asks the copy engine to bring
@@ -340,7 +336,6 @@ impl Default for Tuning {
         Tuning {
             q4k: Q4kShape::Tuned,
             q4k_tile_from: crate::layout::Q4K_TILE_MIN_BATCH,
-            q4k_tile_shape: None,
             l2_256: true,
             prefetch_mb: 0.0,
             attn_prefetch_mb: 0.0,
@@ -396,7 +391,7 @@ impl Tuning {
         self
     }
 
-    /// Applies `key=value` pairs separated by commas: `q4k=legacy|tuned|W,U`, `tile=N`, `tshape=MxS`, `l2=0|1`,
+    /// Applies `key=value` pairs separated by commas: `q4k=legacy|tuned|W,U`, `tile=N`, `l2=0|1`,
     /// `pf=MB`, `apf=MB`, `fattn=0|1`, `splits=N`, `swasplits=N`, `gemvonly=0|1`, `attnonly=0|1`,
     /// `rpw=0|1|2|4`, `kmin=N`, `nsl=N`, `akeys=4|8|16`, `skipnorm=0|1`, `skipswiglu=0|1`, `skipnop=0|1`, `nvpt=8|16`, `amb=N`,
     /// `gqa=POS|off` (full layers), `gqaswa=POS|off`, `gqasplits=N`, `gqamin=N`, `gqaswamin=N`, `gqapass=N`,
@@ -420,11 +415,6 @@ impl Tuning {
                     }
                 }
                 "tile" => self.q4k_tile_from = v.parse::<usize>().map_err(|_| bad())?.max(1),
-                "tshape" => {
-                    let (m, s) = v.split_once('x').ok_or_else(bad)?;
-                    self.q4k_tile_shape =
-                        Some((m.parse().map_err(|_| bad())?, s.parse().map_err(|_| bad())?));
-                }
                 "l2" => self.l2_256 = v == "1",
                 "pf" => self.prefetch_mb = v.parse().map_err(|_| bad())?,
                 "apf" => self.attn_prefetch_mb = v.parse().map_err(|_| bad())?,
@@ -1169,16 +1159,9 @@ mod tests {
             65
         );
         assert_eq!(Tuning::default().parse("tile=0").unwrap().q4k_tile_from, 1);
-        assert_eq!(
-            Tuning::default()
-                .parse("tshape=1x4")
-                .unwrap()
-                .q4k_tile_shape,
-            Some((1, 4))
-        );
         for bad in [
             "kmin", "kmin=x", "nosuch=1", "q4k=1", "akeys=5", "nsl=x", "gqa=-1", "nv=2x2", "nv=2",
-            "carve=x", "gqr=5", "tile=x", "tshape=2",
+            "carve=x", "gqr=5", "tile=x",
         ] {
             assert!(Tuning::default().parse(bad).is_err(), "{bad}");
         }

@@ -3,7 +3,7 @@
 pub use crate::layout::WType;
 use crate::layout::{
     nvfp4_kernel, q4k_kernel, q4k_kernel_r2, q4k_kernel_r4, q4k_legacy_wpr, q4k_shape,
-    q4k_shape_r4, q4k_tile, repack, seq_gemv, Q4K_SHAPE_MAX_BATCH,
+    q4k_shape_r4, q4k_tile, repack, seq_gemv, Q4K_SHAPE_MAX_BATCH, Q4K_TILE_ROWS, Q4K_TILE_SEQS,
 };
 use crate::runtime::{Arg, DevBuf, Gpu, Q4kShape, MAX_GEMV_BATCH};
 use crate::CudaError;
@@ -140,11 +140,11 @@ impl DevWeight {
                 Q4kShape::Fixed(..) => q4k_legacy_wpr(nsb),
             };
             if self.ty == WType::Q4K && batch >= t.q4k_tile_from {
-                if let Some(l) = q4k_tile(wpr, t.q4k_tile_shape) {
+                if let Some(l) = q4k_tile(wpr) {
                     // Sequence blocks vary fastest: a row tile's blocks run together.
                     let grid = (
-                        batch.div_ceil(l.seqs_per_block) as u32,
-                        self.rows.div_ceil(l.rows_per_block) as u32,
+                        batch.div_ceil(Q4K_TILE_SEQS) as u32,
+                        self.rows.div_ceil(Q4K_TILE_ROWS) as u32,
                         1,
                     );
                     return gpu.launch(&l.name, grid, l.threads, &args);

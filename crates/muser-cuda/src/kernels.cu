@@ -307,6 +307,15 @@ __device__ __forceinline__ Q4kScales q4k_scales(uint4 hd, int sh, bool clo) {
     return k;
 }
 
+// One term of a lane for one activation row: fa and fb the integer sums of its two groups
+// times their 6-bit scales, as floats (fb 16x too large, d2 16x too small: see above). Every
+// Q4_K GEMV adds its terms with this one expression, so the float rounding (and the compiler's
+// FMA contraction of it) is the same in each.
+__device__ __forceinline__ void q4k_term(const Q4kScales& k, float fa, float fb, float d0, float d2, float s0v,
+                                         float s2v, float& acc) {
+    acc += k.d * (d0 * fa + d2 * fb) - k.dmin * (k.m1 * s0v + k.m2 * s2v);
+}
+
 // The lane's term for B activation rows, given its scales (q4k_scales) and quants.
 template <int B>
 __device__ __forceinline__ void q4k_terms(const Q4kScales& k, uint4 qv, const int4* xa, const int4* xb,
@@ -316,7 +325,7 @@ __device__ __forceinline__ void q4k_terms(const Q4kScales& k, uint4 qv, const in
 #pragma unroll
     for (int b = 0; b < B; b++) {
         const int sa = dot16(lo, xa[b], 0) * k.sc1, sb = dot16u(hi, xb[b], 0) * k.sc2;
-        acc[b] += k.d * (d0[b] * (float)sa + d2[b] * (float)sb) - k.dmin * (k.m1 * s0v[b] + k.m2 * s2v[b]);
+        q4k_term(k, (float)sa, (float)sb, d0[b], d2[b], s0v[b], s2v[b], acc[b]);
     }
 }
 
@@ -876,6 +885,214 @@ Q4K_SEQS(1, 7)
 Q4K_SEQS(2, 2)
 Q4K_SEQS(2, 4)
 Q4K_SEQS(4, 5)
+
+// ---------------------------------------------------------------------------------------------
+// The batched Q4_K GEMV on int8 tensor cores, for batches from Q4K_TILE_MIN_BATCH (layout.rs,
+// q4k_tile). Same sums as gemv_q4k with the same WPR, bit for bit, by construction:
+// - a block of 4 * WPR warps takes 16 * MT rows and the 8 sequences from 8 * blockIdx.x
+//   (sequence blocks vary fastest, so the blocks of one row tile run together and its weights
+//   come from HBM once per step). Warp w takes super-blocks w, w + 4 * WPR, ... ascending: in
+//   gemv_q4k those are the super-blocks of lane group g = w % 4 of warp k = w / 4 of the row;
+// - super-block s, lane chunk j (c = j / 2, h = j % 2: the lane's 16 quant bytes, low nibbles
+//   against activation group 4c + h, high ones against group 4c + h + 2): two
+//   mma.m16n8k16.s8 give the integer sums of 16 rows x 8 sequences, A the nibbles as int8
+//   0..15 (the high ones shifted down: 16x smaller than dot16u's), B the group's 16 int8
+//   activations. Integer sums are exact in any order, so each equals the lane's dp4a chain;
+//   i2f_exact and i2f16_exact make of them times the 6-bit scales the floats (float)(int)
+//   makes of dot16 * sc1 and dot16u * sc2, and q4k_term adds the term;
+// - a thread's C fragment holds rows gid, gid + 8 and sequences 2t, 2t + 1 (gid = lane / 4,
+//   t = lane % 4): per m-tile it keeps 8 lanes j x 4 (row, sequence) accumulators, each the
+//   one-sequence lane's sum of its terms in ascending super-block order from 0.f;
+// - q4k_tile_store adds them in warp_sum's tree (lane 8g + j: distance 16 and 8 pair the lane
+//   groups, across warps through shared memory; 4, 2, 1 pair the lanes j, in registers), then
+//   the WPR warps of the row in ascending order from 0.f, as q4k_store does.
+// Rows past the matrix and sequences past nb read the last ones' data and store nothing. The
+// activation scales are read four groups at a time (rows of cols / 16 floats: 16-byte aligned).
+// Work per term (one per 32 weights per sequence): two IMADs and two FADDs for the exact
+// conversions and seven float operations for the term; the tensor cores do the dot products.
+
+// (float)v for |v| < 2^22, on the FMA pipe (the conversion unit has a sixteenth of its rate):
+// v lands in the mantissa of 1.5 * 2^23, where one unit is 1.0. Integer sums of 16 nibbles
+// times int8 activations times a 6-bit scale stay below 16 * 15 * 128 * 63 < 2^21.
+__device__ __forceinline__ float i2f_exact(int v) { return __int_as_float(0x4B400000 + v) - 12582912.f; }
+// (float)(16 * v) for |v| < 2^22: v in the mantissa of 1.5 * 2^27, where one unit is 16.0.
+__device__ __forceinline__ float i2f16_exact(int v) { return __int_as_float(0x4D400000 + v) - 201326592.f; }
+
+// c = A (16 x 16 int8, rows gid and gid + 8: bytes 4t..4t+3 in a0, a1) times B (16 x 8 int8,
+// column gid: bytes 4t..4t+3 in b); c[e] is row gid + 8 (e / 2), column 2t + e % 2.
+__device__ __forceinline__ void mma_s8_16x8x16(u32 a0, u32 a1, u32 b, int (&c)[4]) {
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %7, %7, %7};"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b), "r"(0));
+}
+
+// The end of the tiled kernel: acc[m][j][e] of every warp summed as q4k_store sums the lanes
+// and warps of a row, written to y[seq * ldy + row]. Every thread of the block calls it. red:
+// 2 * WPR slots of 32 x 32 floats, one m-tile at a time.
+template <int WPR, int MT>
+__device__ __forceinline__ void q4k_tile_store(float (&acc)[MT][8][4], float (*red)[32][32], int w, int lane,
+                                               long row0, long rows, int b0, int nb, float* __restrict__ y,
+                                               long ldy) {
+    const int k = w >> 2, g = w & 3, gid = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        // warp_sum at distance 16: lane groups g and g + 2.
+        if (g >= 2)
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) red[2 * k + g - 2][j * 4 + e][lane] = acc[m][j][e];
+        __syncthreads();
+        if (g < 2)
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[m][j][e] += red[2 * k + g][j * 4 + e][lane];
+        __syncthreads();
+        // Distance 8: lane groups 0 and 1.
+        if (g == 1)
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) red[2 * k][j * 4 + e][lane] = acc[m][j][e];
+        __syncthreads();
+        float v[4];
+        if (g == 0) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float a[8];
+#pragma unroll
+                for (int j = 0; j < 8; j++) a[j] = acc[m][j][e] + red[2 * k][j * 4 + e][lane];
+                // Distances 4, 2, 1 over the lanes j, as lane 0 of warp_sum adds them.
+                v[e] = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+            }
+        }
+        if constexpr (WPR > 1) {
+            __syncthreads();
+            if (g == 0)
+#pragma unroll
+                for (int e = 0; e < 4; e++) red[k][e][lane] = v[e];
+            __syncthreads();
+            if (w == 0)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    v[e] = 0.f;
+#pragma unroll
+                    for (int kk = 0; kk < WPR; kk++) v[e] += red[kk][e][lane];
+                }
+        }
+        if (w == 0)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const long row = row0 + 16 * m + gid + 8 * (e >> 1);
+                const int seq = b0 + 2 * t + (e & 1);
+                if (row < rows && seq < nb) y[seq * ldy + row] = v[e];
+            }
+        __syncthreads();
+    }
+}
+
+template <int WPR, int MT>
+__device__ void gemv_q4k_tile(const u8* __restrict__ W, long rows, long cols, Act x, int nb, float* __restrict__ y,
+                              long ldy) {
+    constexpr int NW = 4 * WPR;
+    __shared__ float red[2 * WPR][32][32];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int gid = lane >> 2, t = lane & 3;
+    const int nsb = (int)(cols >> 8);
+    const long row0 = (long)blockIdx.y * 16 * MT;
+    const int b0 = 8 * blockIdx.x;
+    const long gn = x.n / 16;
+    // A: rows row0 + 16 m + gid + 8 i (the last row past the end), word t of each lane chunk.
+    const u8* wr[MT][2];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int i = 0; i < 2; i++) wr[m][i] = W + min(row0 + 16 * m + gid + 8 * i, rows - 1) * nsb * 144;
+    // B: sequence b0 + gid, word t of each group; the C fragment's scales: sequences b0 + 2t + q.
+    const i8* xq = x.q + (long)min(b0 + gid, nb - 1) * x.n + 4 * t;
+    const float *xd[2], *xs[2];
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+        const long o = (long)min(b0 + 2 * t + q, nb - 1) * gn;
+        xd[q] = x.d + o;
+        xs[q] = x.s + o;
+    }
+    float acc[MT][8][4];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[m][j][e] = 0.f;
+    pdl_wait();
+    for (int s = w; s < nsb; s += NW) {
+        uint4 hd[MT][2];
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int i = 0; i < 2; i++) hd[m][i] = __ldg((const uint4*)(wr[m][i] + s * 144));
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            Q4kScales ks[MT][2];
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+#pragma unroll
+                for (int i = 0; i < 2; i++) ks[m][i] = q4k_scales(hd[m][i], 16 * (c & 1), c < 2);
+            // Scales of groups 4c .. 4c + 3 (the chunk's two lanes, low and high nibbles).
+            float4 dv[2], sv[2];
+#pragma unroll
+            for (int q = 0; q < 2; q++) {
+                dv[q] = __ldg((const float4*)(xd[q] + 16 * s + 4 * c));
+                sv[q] = __ldg((const float4*)(xs[q] + 16 * s + 4 * c));
+            }
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int j = 2 * c + h, ga = 16 * s + 4 * c + h;
+                const u32 blo = __ldg((const u32*)(xq + 16 * ga)), bhi = __ldg((const u32*)(xq + 16 * ga + 32));
+                float d0[2], d2[2], s0v[2], s2v[2];
+#pragma unroll
+                for (int q = 0; q < 2; q++) {
+                    d0[q] = h ? dv[q].y : dv[q].x;
+                    d2[q] = (h ? dv[q].w : dv[q].z) * 0.0625f;  // q4k_lane_term's high-nibble scale
+                    s0v[q] = h ? sv[q].y : sv[q].x;
+                    s2v[q] = h ? sv[q].w : sv[q].z;
+                }
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    const u32 q0 = __ldg((const u32*)(wr[m][0] + s * 144 + 16 + 16 * j + 4 * t));
+                    const u32 q1 = __ldg((const u32*)(wr[m][1] + s * 144 + 16 + 16 * j + 4 * t));
+                    int lo[4], hi[4];
+                    mma_s8_16x8x16(q0 & 0x0F0F0F0Fu, q1 & 0x0F0F0F0Fu, blo, lo);
+                    mma_s8_16x8x16((q0 >> 4) & 0x0F0F0F0Fu, (q1 >> 4) & 0x0F0F0F0Fu, bhi, hi);
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const Q4kScales& k = ks[m][e >> 1];
+                        const int q = e & 1;
+                        q4k_term(k, i2f_exact(lo[e] * k.sc1), i2f16_exact(hi[e] * k.sc2), d0[q], d2[q], s0v[q], s2v[q],
+                                 acc[m][j][e]);
+                    }
+                }
+            }
+        }
+    }
+    q4k_tile_store<WPR, MT>(acc, red, w, lane, row0, rows, b0, nb, y, ldy);
+}
+
+// gemv_q4k_tile_w<WPR>: blocks of 4 * WPR warps over 32 rows and 8 sequences (layout.rs
+// q4k_tile; measured on the H200 against 16-row tiles and two or four sequence tiles per block).
+#define Q4K_TILE_MT 2
+#define Q4K_TILE(WPR)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(128 * WPR) gemv_q4k_tile_w##WPR(                           \
+        const u8* W, const u8* S, long rows, long cols, const i8* xq, const float* xd, const float* xs,     \
+        const float* xf, float* y, long ldy, int nb) {                                                      \
+        Act x = {xq, xd, xs, cols};                                                                         \
+        pdl_trigger();                                                                                      \
+        gemv_q4k_tile<WPR, Q4K_TILE_MT>(W, rows, cols, x, nb, y, ldy);                                      \
+    }
+Q4K_TILE(1)
+Q4K_TILE(2)
+Q4K_TILE(4)
 
 // The other types: their batch kernels' device functions over chunks of SEQ_CHUNK sequences
 // (the tail with a smaller batch), activations and outputs moved to the chunk's first row.

@@ -231,6 +231,39 @@ pub fn seq_gemv(ty: WType, cols: usize, q4k_wpr: u32) -> (String, usize) {
     }
 }
 
+/// Smallest batch the Q4_K GEMVs run on int8 tensor cores ([`q4k_tile`]; a tuning override,
+/// `tile=N`, moves it for A/B runs).
+pub const Q4K_TILE_MIN_BATCH: usize = 8;
+
+/// Sequences per block of the tiled Q4_K GEMV (the N of its mma.m16n8k16).
+pub const Q4K_TILE_SEQS: usize = 8;
+
+/// Rows per block of the tiled Q4_K GEMV (`Q4K_TILE_MT` 16-row m-tiles in kernels.cu).
+pub const Q4K_TILE_ROWS: usize = 32;
+
+/// Warps per row of the one-sequence GEMVs the tiled Q4_K GEMV is instantiated for
+/// (`Q4K_TILE(w)` in kernels.cu; its blocks have 4 × w warps).
+pub const Q4K_TILES: [u32; 3] = [1, 2, 4];
+
+/// A launch of the tiled Q4_K GEMV: a grid of ⌈batch / [`Q4K_TILE_SEQS`]⌉ × ⌈rows /
+/// [`Q4K_TILE_ROWS`]⌉ blocks (sequence blocks vary fastest).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TileLaunch {
+    /// Kernel name (`gemv_q4k_tile_w{w}`).
+    pub name: String,
+    /// Threads per block.
+    pub threads: u32,
+}
+
+/// The tiled Q4_K GEMV whose sums equal those of the one-sequence GEMV with `wpr` warps per
+/// row; `None` for a split no tile kernel takes.
+pub fn q4k_tile(wpr: u32) -> Option<TileLaunch> {
+    Q4K_TILES.contains(&wpr).then(|| TileLaunch {
+        name: format!("gemv_q4k_tile_w{wpr}"),
+        threads: 128 * wpr,
+    })
+}
+
 /// Name of a shaped Q4_K GEMV kernel.
 pub fn q4k_kernel(w: u32, u: u32, hint: u32, batch: usize) -> String {
     format!("gemv_q4k_w{w}u{u}l{hint}_b{batch}")
@@ -349,6 +382,9 @@ pub fn kernel_names() -> Vec<String> {
     }
     for (w, u) in Q4K_SHAPES {
         names.push(format!("gemv_q4k_w{w}u{u}_bn"));
+    }
+    for w in Q4K_TILES {
+        names.extend(q4k_tile(w).map(|t| t.name));
     }
     for (r, u) in NVFP4_SHAPES {
         for b in 1..=Q4K_SHAPE_MAX_BATCH {
@@ -826,8 +862,11 @@ mod tests {
                         .and_then(|r| r.split_once('u'))
                         .is_some_and(|(w, u)| src.contains(&format!("Q4K_SEQS({w}, {u})\n")))
             });
+            let tile = Q4K_TILES.iter().any(|&w| {
+                name == format!("gemv_q4k_tile_w{w}") && src.contains(&format!("Q4K_TILE({w})\n"))
+            });
             assert!(
-                src.contains(&plain) || gemv || shaped || r4 || attn || nv || seq,
+                src.contains(&plain) || gemv || shaped || r4 || attn || nv || seq || tile,
                 "kernel {name} not found in kernels.cu"
             );
         }

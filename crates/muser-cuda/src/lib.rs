@@ -13,7 +13,10 @@
 //!   Decode GEMVs take 1 to [`layout::MAX_GEMV_BATCH`] (64) sequences: up to 4 through a kernel
 //!   per batch size (Q4_K in the shapes of [`layout::Q4K_SHAPES`]), above through one batched
 //!   kernel per type and Q4_K shape ([`layout::seq_gemv`], `gemv_*_bn`), whose Q4_K version
-//!   loads a row's weights into registers once and loops over the sequences four at a time.
+//!   loads a row's weights into registers once and loops over the sequences four at a time;
+//!   from [`layout::Q4K_TILE_MIN_BATCH`] (8) sequences Q4_K runs on int8 tensor cores over
+//!   tiles of 16 rows x 8 sequences ([`layout::q4k_tile`], `gemv_q4k_tile_w*`), which add
+//!   each (row, sequence)'s float terms in its one-sequence order.
 //!   Every batch size gives each sequence the sums of its one-sequence GEMV, bit for bit: the
 //!   batched kernels keep the one-sequence kernel's warps per row, lane-to-super-block mapping
 //!   and summation order (the argument is in `src/kernels.cu` above `SEQ_CHUNK`).
@@ -32,6 +35,8 @@ pub mod compare;
 mod error;
 mod exact;
 pub mod layout;
+#[cfg(test)]
+mod q4k_tile_tests;
 pub use error::CudaError;
 
 #[cfg(feature = "cuda")]

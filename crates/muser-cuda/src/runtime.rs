@@ -211,6 +211,10 @@ pub enum Q4kShape {
 pub struct Tuning {
     /// Q4_K GEMV shape.
     pub q4k: Q4kShape,
+    /// Smallest batch the Q4_K GEMVs run on tensor cores (`gemv_q4k_tile_w*`; default
+    /// [`crate::layout::Q4K_TILE_MIN_BATCH`]); above it the batch kernels `gemv_q4k_w*u*_bn`
+    /// (`tile=65` keeps those at every batch, for A/B runs).
+    pub q4k_tile_from: usize,
     /// Q4_K weight loads ask L2 for 256-byte fetches.
     pub l2_256: bool,
     /// Megabytes of the next matrix each latency-bound kernel asks the copy engine to bring
@@ -331,6 +335,7 @@ impl Default for Tuning {
     fn default() -> Self {
         Tuning {
             q4k: Q4kShape::Tuned,
+            q4k_tile_from: crate::layout::Q4K_TILE_MIN_BATCH,
             l2_256: true,
             prefetch_mb: 0.0,
             attn_prefetch_mb: 0.0,
@@ -386,7 +391,7 @@ impl Tuning {
         self
     }
 
-    /// Applies `key=value` pairs separated by commas: `q4k=legacy|tuned|W,U`, `l2=0|1`,
+    /// Applies `key=value` pairs separated by commas: `q4k=legacy|tuned|W,U`, `tile=N`, `l2=0|1`,
     /// `pf=MB`, `apf=MB`, `fattn=0|1`, `splits=N`, `swasplits=N`, `gemvonly=0|1`, `attnonly=0|1`,
     /// `rpw=0|1|2|4`, `kmin=N`, `nsl=N`, `akeys=4|8|16`, `skipnorm=0|1`, `skipswiglu=0|1`, `skipnop=0|1`, `nvpt=8|16`, `amb=N`,
     /// `gqa=POS|off` (full layers), `gqaswa=POS|off`, `gqasplits=N`, `gqamin=N`, `gqaswamin=N`, `gqapass=N`,
@@ -409,6 +414,7 @@ impl Tuning {
                         }
                     }
                 }
+                "tile" => self.q4k_tile_from = v.parse::<usize>().map_err(|_| bad())?.max(1),
                 "l2" => self.l2_256 = v == "1",
                 "pf" => self.prefetch_mb = v.parse().map_err(|_| bad())?,
                 "apf" => self.attn_prefetch_mb = v.parse().map_err(|_| bad())?,
@@ -1148,9 +1154,14 @@ mod tests {
         assert_eq!(swa.gqa_swa_reg, 1);
         assert!(!Tuning::default().parse("fa=0").unwrap().flash_prefill);
         assert!(Tuning::default().parse("fa=2").is_err());
+        assert_eq!(
+            Tuning::default().parse("tile=65").unwrap().q4k_tile_from,
+            65
+        );
+        assert_eq!(Tuning::default().parse("tile=0").unwrap().q4k_tile_from, 1);
         for bad in [
             "kmin", "kmin=x", "nosuch=1", "q4k=1", "akeys=5", "nsl=x", "gqa=-1", "nv=2x2", "nv=2",
-            "carve=x", "gqr=5",
+            "carve=x", "gqr=5", "tile=x",
         ] {
             assert!(Tuning::default().parse(bad).is_err(), "{bad}");
         }

@@ -3,7 +3,7 @@
 pub use crate::layout::WType;
 use crate::layout::{
     nvfp4_kernel, q4k_kernel, q4k_kernel_r2, q4k_kernel_r4, q4k_legacy_wpr, q4k_shape,
-    q4k_shape_r4, repack, seq_gemv, Q4K_SHAPE_MAX_BATCH,
+    q4k_shape_r4, q4k_tile, repack, seq_gemv, Q4K_SHAPE_MAX_BATCH, Q4K_TILE_ROWS, Q4K_TILE_SEQS,
 };
 use crate::runtime::{Arg, DevBuf, Gpu, Q4kShape, MAX_GEMV_BATCH};
 use crate::CudaError;
@@ -139,6 +139,17 @@ impl DevWeight {
                 Q4kShape::Fixed(w, u) if gpu.has_kernel(&q4k_kernel(w, u, 0, 1)) => w,
                 Q4kShape::Fixed(..) => q4k_legacy_wpr(nsb),
             };
+            if self.ty == WType::Q4K && batch >= t.q4k_tile_from {
+                if let Some(l) = q4k_tile(wpr) {
+                    // Sequence blocks vary fastest: a row tile's blocks run together.
+                    let grid = (
+                        batch.div_ceil(Q4K_TILE_SEQS) as u32,
+                        self.rows.div_ceil(Q4K_TILE_ROWS) as u32,
+                        1,
+                    );
+                    return gpu.launch(&l.name, grid, l.threads, &args);
+                }
+            }
             let (name, rows_per_block) = seq_gemv(self.ty, self.cols, wpr);
             let grid = self.rows.div_ceil(rows_per_block) as u32;
             return gpu.launch(&name, (grid, 1, 1), 128, &args);

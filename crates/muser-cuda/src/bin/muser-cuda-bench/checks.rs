@@ -75,7 +75,8 @@ fn check_type(
         w.gemv(gpu, 1, qb, xd.ptr() + (4 * b * cols) as u64, y.ptr(), rows)?;
         gpu.download(y.ptr(), &mut single[b * rows..(b + 1) * rows])?;
     }
-    for batch in [1usize, 3, 8, 21, bmax] {
+    // Below, at and past the tiled Q4_K kernel's first batch, whole and partial 8-sequence tiles.
+    for batch in [1usize, 3, 5, 8, 13, 16, 21, 32, bmax] {
         gpu.memset(y.ptr(), 0xff, 4 * bmax * rows)?; // NaN poison: every output must be written
         w.gemv(gpu, batch, qa, xd.ptr(), y.ptr(), rows)?;
         let mut got = vec![0f32; batch * rows];
@@ -87,8 +88,22 @@ fn check_type(
             .count();
         let pass = differ == 0;
         ok &= pass;
+        let first = got
+            .iter()
+            .zip(&single)
+            .position(|(a, b)| a.to_bits() != b.to_bits())
+            .map(|i| {
+                format!(
+                    " (first: sequence {} row {}: {:e}, alone {:e})",
+                    i / rows,
+                    i % rows,
+                    got[i],
+                    single[i]
+                )
+            })
+            .unwrap_or_default();
         println!(
-            "check gemv   {:<6} B={batch} {rows}x{cols}  {differ} outputs differ from batch 1  {}",
+            "check gemv   {:<6} B={batch} {rows}x{cols}  {differ} outputs differ from batch 1{first}  {}",
             format!("{ty:?}"),
             if pass { "ok" } else { "FAIL" }
         );
@@ -184,8 +199,12 @@ pub(super) fn cmd_check(json_out: Option<PathBuf>) -> Result<bool, CudaError> {
     println!("device: {:?}", gpu.info());
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut results = Vec::new();
-    // What the decode attention kernels cost in registers, spills and shared memory.
+    // What the decode attention kernels and the tiled Q4_K GEMVs cost in registers, spills
+    // and shared memory.
     for name in [
+        "gemv_q4k_tile_w1",
+        "gemv_q4k_tile_w2",
+        "gemv_q4k_tile_w4",
         "attn_decode_fused_k8",
         "attn_decode_gqa",
         "attn_decode_gqr",
@@ -230,6 +249,9 @@ pub(super) fn cmd_check(json_out: Option<PathBuf>) -> Result<bool, CudaError> {
         "rpw=2,q4k=4x5",
         "rpw=2,q4k=1x4",
         "rpw=4",
+        // The batch kernels the tiled ones replace from batch 8, at every batch.
+        "tile=65",
+        "tile=65,q4k=legacy",
     ] {
         println!("Q4_K GEMV shape {spec}:");
         gpu.set_tuning(base.parse(spec)?);

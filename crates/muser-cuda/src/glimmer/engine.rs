@@ -6,9 +6,11 @@
 //! position, so the kernels' row addressing (position p in row p, or p % ring on a sliding
 //! layer) holds for every cell the cache hands out, and kvpack export/import read and write
 //! the same rows. A batch runs as:
-//! - each sequence with two or more tokens: prefill chunks (`enqueue_prefill_seq`) with its
-//!   output rows' logits computed from the chunk's final residual;
-//! - the sequences with one token: decode steps of up to `MAX_GEMV_BATCH` rows, each a
+//! - each sequence with two or more tokens, or with a row given as an embedding (an image's
+//!   row, `Batch::input_embd`): prefill chunks (`enqueue_prefill_seq`, the embedding rows
+//!   copied over the gathered token rows) with its output rows' logits computed from the
+//!   chunk's final residual;
+//! - the other sequences with one token: decode steps of up to `MAX_GEMV_BATCH` rows, each a
 //!   replay of a graph captured (once per row count) over a slot table in device memory. The
 //!   graph ends with each row's argmax (`logits_argmax`), so a row the batch marks
 //!   `argmax_only` comes back as that token (4 bytes) instead of its logits.
@@ -16,7 +18,9 @@
 use std::sync::{Arc, Mutex};
 
 use muser_gguf::GgufFile;
-use muser_model::{Batch, FusedForward, FusedOutput, KvCache, KvLayout, KvStore, ModelError};
+use muser_model::{
+    Batch, FusedForward, FusedOutput, InputEmbd, KvCache, KvLayout, KvStore, ModelError,
+};
 
 use super::{CudaGlimmer, DecodeGraph, GpuOptions, HEAD_DIM};
 use crate::backend::CudaKv;
@@ -157,11 +161,21 @@ impl State {
         out: &mut Outputs,
     ) -> Result<(), ModelError> {
         let max_rows = self.m.opts.n_seq;
+        let (e, ie) = (self.m.info.n_embd, &batch.input_embd);
         for chunk in idx.chunks(self.m.opts.max_chunk) {
             let tokens: Vec<u32> = chunk.iter().map(|&i| batch.tokens[i]).collect();
             let p0 = batch.pos[chunk[0]] as usize;
+            // the chunk's embedding rows, chunk-relative
+            let mut embd = InputEmbd::default();
+            for (k, &i) in chunk.iter().enumerate() {
+                if let Ok(j) = ie.rows.binary_search(&i) {
+                    embd.rows.push(k);
+                    embd.values
+                        .extend_from_slice(&ie.values[j * e..(j + 1) * e]);
+                }
+            }
             self.m
-                .enqueue_prefill_seq(&tokens, p0, seq as usize, false)?;
+                .enqueue_prefill_seq(&tokens, p0, seq as usize, false, &embd)?;
             // Runs of consecutive wanted rows, at most `max_rows` at once.
             let wanted: Vec<usize> = (0..chunk.len())
                 .filter(|&k| batch.logits[chunk[k]])
@@ -259,10 +273,15 @@ impl FusedForward for FusedGlimmer {
         let (vocab, embd) = (st.m.info.n_vocab, st.m.info.n_embd);
         // Decode rows that want only their argmax, when the graph's last kernel takes it.
         let greedy_graph = !st.m.samples();
+        // a sequence's lone row is a decode step unless it is given as an embedding
+        let decodes = |i: usize| batch.input_embd.rows.binary_search(&i).is_err();
         let mut by_argmax: Vec<usize> = groups
             .iter()
             .filter_map(|(_, idx)| match idx[..] {
-                [i] if greedy_graph && batch.argmax_only.get(i).copied().unwrap_or(false) => {
+                [i] if greedy_graph
+                    && decodes(i)
+                    && batch.argmax_only.get(i).copied().unwrap_or(false) =>
+                {
                     Some(i)
                 }
                 _ => None,
@@ -292,7 +311,7 @@ impl FusedForward for FusedGlimmer {
         let mut single = Vec::new();
         for (seq, idx) in groups {
             match idx[..] {
-                [i] => single.push((i, *seq)),
+                [i] if decodes(i) => single.push((i, *seq)),
                 _ => st.prefill(batch, *seq, idx, &mut out)?,
             }
         }
@@ -315,6 +334,10 @@ impl FusedForward for FusedGlimmer {
 
     fn accepts(&self, kv: &KvCache) -> Result<(), ModelError> {
         cuda_kv(kv).map(drop)
+    }
+
+    fn takes_input_embd(&self) -> bool {
+        true
     }
 
     fn new_kv_store(

@@ -1,6 +1,10 @@
 //! Prefill of the fused forward: chunks of prompt tokens through bf16 cuBLAS GEMMs, writing
 //! the KV cache as decode reads it. Attention: two GEMMs around a masked softmax over scores in
-//! memory, or with `Tuning::flash_prefill` the flash kernel `attn_prefill_flash`.
+//! memory, or with `Tuning::flash_prefill` the flash kernel `attn_prefill_flash`. A chunk's
+//! rows given as embeddings (an image's rows, `InputEmbd`) are copied over the gathered token
+//! rows before the first norm, so from there they are computed as any token row.
+
+use muser_model::InputEmbd;
 
 use super::{CudaGlimmer, Result, HEAD_DIM};
 use crate::layout::{FA_SMEM_BYTES, FA_WARPS};
@@ -33,7 +37,7 @@ impl CudaGlimmer {
         self.check_pos(pos, tokens.len())?;
         let mut p = pos;
         for chunk in tokens.chunks(self.opts.max_chunk) {
-            self.enqueue_prefill_seq(chunk, p, seq, true)?;
+            self.enqueue_prefill_seq(chunk, p, seq, true, &InputEmbd::default())?;
             p += chunk.len();
         }
         self.read_logits()
@@ -41,18 +45,21 @@ impl CudaGlimmer {
 
     /// Enqueues a prefill chunk (used by `prefill` and timed by the bench).
     pub fn enqueue_prefill_chunk(&self, tokens: &[u32], p0: usize) -> Result<()> {
-        self.enqueue_prefill_seq(tokens, p0, 0, true)
+        self.enqueue_prefill_seq(tokens, p0, 0, true, &InputEmbd::default())
     }
 
     /// Enqueues a prefill chunk of sequence `seq` at positions `p0..`; with `last_logits` the
     /// last token's logits (and greedy token) land in row 0 of the logits, else the chunk's
-    /// final residual rows stay in the scratch for [`Self::chunk_outputs`].
+    /// final residual rows stay in the scratch for [`Self::chunk_outputs`]. The rows of
+    /// `embd` (chunk-relative) take its values in place of their token's embedding; their
+    /// token ids are not read.
     pub(super) fn enqueue_prefill_seq(
         &self,
         tokens: &[u32],
         p0: usize,
         seq: usize,
         last_logits: bool,
+        embd: &InputEmbd,
     ) -> Result<()> {
         let i = &self.info;
         let g = &self.gpu;
@@ -68,11 +75,33 @@ impl CudaGlimmer {
         let (nq, nkv) = (i.n_head, i.n_head_kv);
         let qw = nq * HEAD_DIM;
         let ld = 2 * qw + 2 * nkv * HEAD_DIM;
-        let ids: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
+        let e = i.n_embd;
+        if embd.rows.windows(2).any(|w| w[0] >= w[1])
+            || embd.rows.last().is_some_and(|&r| r >= t)
+            || embd.values.len() != embd.rows.len() * e
+        {
+            return Err(CudaError::Shape(format!(
+                "embedding rows of a {t}-token chunk must ascend within it and hold {e} values each"
+            )));
+        }
+        // an embedding row gathers token 0's row (its id may lie past the table), then is
+        // overwritten
+        let ids: Vec<i32> = tokens
+            .iter()
+            .enumerate()
+            .map(|(k, &x)| match embd.rows.binary_search(&k) {
+                Ok(_) => 0,
+                Err(_) => x as i32,
+            })
+            .collect();
         let poss: Vec<i32> = (0..t).map(|k| (p0 + k) as i32).collect();
         g.upload(&s.tokens, 0, &ids)?;
         g.upload(&s.pos, 0, &poss)?;
         self.tok_embd.get_rows(g, s.tokens.ptr(), t, s.x.ptr())?;
+        let pairs = embd.rows.iter().enumerate().map(|(j, &r)| (r, j));
+        for (r, j, n) in muser_model::kv::runs(pairs) {
+            g.upload(&s.x, 4 * r * e, &embd.values[j * e..(j + n) * e])?;
+        }
         self.norm(t, s.x.ptr(), (0, 1), None, 0, s.x.ptr(), 0, false, (0, 0))?;
         self.norm(
             t,
@@ -165,6 +194,27 @@ impl CudaGlimmer {
             self.chunk_outputs(t - 1..t)?;
         }
         Ok(())
+    }
+
+    /// The token embedding rows of `tokens` as the prefill gathers them (f32, `n_embd` values
+    /// each): what a row given as an embedding holds to be computed as that token.
+    pub fn embedding_rows(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let (g, s, e, t) = (&self.gpu, &self.s, self.info.n_embd, tokens.len());
+        if t == 0
+            || t > self.opts.max_chunk
+            || tokens.iter().any(|&x| x as usize >= self.info.n_vocab)
+        {
+            return Err(CudaError::Shape(format!(
+                "{t} tokens (at most {}, each below {})",
+                self.opts.max_chunk, self.info.n_vocab
+            )));
+        }
+        let ids: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
+        g.upload(&s.tokens, 0, &ids)?;
+        self.tok_embd.get_rows(g, s.tokens.ptr(), t, s.x.ptr())?;
+        let mut rows = vec![0f32; t * e];
+        g.download(s.x.ptr(), &mut rows)?;
+        Ok(rows)
     }
 
     /// The chunk's attention through bf16 GEMMs: scores `[nkv][group * t][nk]` in memory, the

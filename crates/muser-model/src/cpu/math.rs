@@ -264,6 +264,78 @@ fn tinyblas_lanes<const W: usize, T: Copy + Into<f32>>(x: &[T], y: &[T]) -> f32 
     reduce_halves(&acc)
 }
 
+/// Weight rows and activation rows of one [`tinyblas_tile`].
+pub const TILE_ROWS: usize = 4;
+pub const TILE_TOKENS: usize = 4;
+
+/// [`tinyblas_dot`] of each of `TILE_ROWS` weight rows `w` with each of `TILE_TOKENS`
+/// activation rows `x` (all `n` long, `n` a multiple of `order.lanes()`): `out[i][j]` has the
+/// bits of `tinyblas_dot(order, w[i], x[j])`. Every dot keeps its own lanes, each summing its
+/// elements with FMA in order as the one-dot kernel does; the tile only loads each value once
+/// for the dots that share it (llamafile's `tinyBLAS::gemm` tiles the same way).
+#[inline(always)]
+pub fn tinyblas_tile(
+    order: Order,
+    w: [&[f32]; TILE_ROWS],
+    x: [&[f32]; TILE_TOKENS],
+    out: &mut [[f32; TILE_TOKENS]; TILE_ROWS],
+) {
+    let n = w[0].len();
+    assert!(
+        n.is_multiple_of(order.lanes()) && w.iter().chain(&x).all(|r| r.len() == n),
+        "tinyblas_tile: rows of one length, a multiple of the lanes"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        if order == Order::GgmlAvx512 && has_avx512() {
+            // SAFETY: AVX512F/DQ detected; the rows' lengths were checked above.
+            return unsafe { x86::tinyblas_tile(w, x, out) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: AVX2 and FMA detected; the rows' lengths were checked above.
+            return unsafe {
+                match order {
+                    Order::GgmlAvx512 => x86_avx2::tinyblas_tile::<16>(w, x, out),
+                    Order::GgmlAvx2 => x86_avx2::tinyblas_tile::<8>(w, x, out),
+                }
+            };
+        }
+    }
+    match order {
+        Order::GgmlAvx512 => tinyblas_tile_lanes::<16>(w, x, out),
+        Order::GgmlAvx2 => tinyblas_tile_lanes::<8>(w, x, out),
+    }
+}
+
+#[inline(always)]
+fn tinyblas_tile_lanes<const W: usize>(
+    w: [&[f32]; TILE_ROWS],
+    x: [&[f32]; TILE_TOKENS],
+    out: &mut [[f32; TILE_TOKENS]; TILE_ROWS],
+) {
+    let n = w[0].len();
+    let mut acc = [[[0f32; W]; TILE_TOKENS]; TILE_ROWS];
+    for k in (0..n).step_by(W) {
+        let wk: [&[f32; W]; TILE_ROWS] =
+            std::array::from_fn(|i| w[i][k..k + W].try_into().expect("W values"));
+        let xk: [&[f32; W]; TILE_TOKENS] =
+            std::array::from_fn(|j| x[j][k..k + W].try_into().expect("W values"));
+        for (acc_i, wi) in acc.iter_mut().zip(wk) {
+            for (a, xj) in acc_i.iter_mut().zip(xk) {
+                for l in 0..W {
+                    a[l] = wi[l].mul_add(xj[l], a[l]);
+                }
+            }
+        }
+    }
+    for (o_i, acc_i) in out.iter_mut().zip(&acc) {
+        for (o, a) in o_i.iter_mut().zip(acc_i) {
+            *o = reduce_halves(a);
+        }
+    }
+}
+
 /// ggml's RMS norm scale for one row: the sum of squares (each square rounded to f32) in f64,
 /// the mean cast to f32, then `1/sqrtf(mean + eps)`.
 #[inline(always)]
@@ -318,7 +390,7 @@ fn swiglu_scalar(order: Order, g: &mut [f32], u: &[f32]) {
 /// the scalar models above bit for bit (tests below compare them).
 #[cfg(target_arch = "x86_64")]
 pub mod x86 {
-    use super::LANES;
+    use super::{LANES, TILE_ROWS, TILE_TOKENS};
     use std::arch::x86_64::*;
 
     #[inline(always)]
@@ -376,6 +448,38 @@ pub mod x86 {
         _mm_cvtss_f32(_mm_add_ss(t2, _mm_movehdup_ps(t2)))
     }
 
+    /// [`super::tinyblas_tile`] in the AVX512 order: one register of 16 lanes per dot (16
+    /// accumulators and the tile's 4 activation registers: 21 of 32).
+    /// Every row is `n` long, `n` a multiple of 16.
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub unsafe fn tinyblas_tile(
+        w: [&[f32]; TILE_ROWS],
+        x: [&[f32]; TILE_TOKENS],
+        out: &mut [[f32; TILE_TOKENS]; TILE_ROWS],
+    ) {
+        let n = w[0].len();
+        let mut acc = [[_mm512_setzero_ps(); TILE_TOKENS]; TILE_ROWS];
+        let mut xv = [_mm512_setzero_ps(); TILE_TOKENS];
+        let mut k = 0;
+        while k < n {
+            for j in 0..TILE_TOKENS {
+                xv[j] = _mm512_loadu_ps(x[j].as_ptr().add(k));
+            }
+            for i in 0..TILE_ROWS {
+                let wv = _mm512_loadu_ps(w[i].as_ptr().add(k));
+                for j in 0..TILE_TOKENS {
+                    acc[i][j] = _mm512_fmadd_ps(wv, xv[j], acc[i][j]);
+                }
+            }
+            k += LANES;
+        }
+        for i in 0..TILE_ROWS {
+            for j in 0..TILE_TOKENS {
+                out[i][j] = reduce_add(acc[i][j]);
+            }
+        }
+    }
+
     /// [`super::swiglu`] in place on `g`; `u` at least as long.
     #[target_feature(enable = "avx512f,avx512dq")]
     pub unsafe fn swiglu(g: &mut [f32], u: &[f32]) {
@@ -422,12 +526,58 @@ pub mod x86 {
 /// above bit for bit, and with them ggml's AVX512 build.
 #[cfg(target_arch = "x86_64")]
 pub mod x86_avx2 {
-    use super::Order;
+    use super::{reduce_halves, Order, TILE_ROWS, TILE_TOKENS};
     use std::arch::x86_64::*;
 
     #[inline(always)]
     unsafe fn c(bits: u32) -> __m256 {
         _mm256_set1_ps(f32::from_bits(bits))
+    }
+
+    /// [`super::tinyblas_tile`] in `W` lanes (16: the AVX512 order, two registers per dot;
+    /// 8: the AVX2 order, one), each lane as the scalar model's. Every row is `n` long, `n`
+    /// a multiple of `W`.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn tinyblas_tile<const W: usize>(
+        w: [&[f32]; TILE_ROWS],
+        x: [&[f32]; TILE_TOKENS],
+        out: &mut [[f32; TILE_TOKENS]; TILE_ROWS],
+    ) {
+        // 2×2 dots at a time: with two registers a dot, more would not stay in 16 registers
+        const S: usize = 2;
+        let (n, regs) = (w[0].len(), W / 8);
+        let mut lanes = [0f32; 16];
+        for i0 in (0..TILE_ROWS).step_by(S) {
+            for j0 in (0..TILE_TOKENS).step_by(S) {
+                let mut acc = [[[_mm256_setzero_ps(); 2]; S]; S];
+                let mut xv = [[_mm256_setzero_ps(); 2]; S];
+                let mut k = 0;
+                while k < n {
+                    for j in 0..S {
+                        for h in 0..regs {
+                            xv[j][h] = _mm256_loadu_ps(x[j0 + j].as_ptr().add(k + 8 * h));
+                        }
+                    }
+                    for i in 0..S {
+                        for h in 0..regs {
+                            let wv = _mm256_loadu_ps(w[i0 + i].as_ptr().add(k + 8 * h));
+                            for j in 0..S {
+                                acc[i][j][h] = _mm256_fmadd_ps(wv, xv[j][h], acc[i][j][h]);
+                            }
+                        }
+                    }
+                    k += W;
+                }
+                for i in 0..S {
+                    for j in 0..S {
+                        for h in 0..regs {
+                            _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * h), acc[i][j][h]);
+                        }
+                        out[i0 + i][j0 + j] = reduce_halves(&lanes[..W]);
+                    }
+                }
+            }
+        }
     }
 
     /// `j · 2^n` for integral `n` with one rounding, as `_mm512_scalef_ps` (see
@@ -617,6 +767,62 @@ mod tests {
     use super::*;
 
     const ORDERS: [Order; 2] = [Order::GgmlAvx512, Order::GgmlAvx2];
+
+    /// Every tile kernel this CPU runs (scalar, AVX2 in 16 and 8 lanes, AVX512) gives each dot
+    /// the bits of [`tinyblas_dot`].
+    #[test]
+    fn tinyblas_tile_kernels_equal_one_dot_each() {
+        let n = 160;
+        let v = |seed: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| (((i * 7919 + seed * 104_729) % 2003) as f32 / 1001.0 - 1.0) * 1.3)
+                .collect()
+        };
+        let (wv, xv): (Vec<Vec<f32>>, Vec<Vec<f32>>) = (
+            (0..TILE_ROWS).map(v).collect(),
+            (0..TILE_TOKENS).map(|j| v(TILE_ROWS + j)).collect(),
+        );
+        let w: [&[f32]; TILE_ROWS] = std::array::from_fn(|i| &wv[i][..]);
+        let x: [&[f32]; TILE_TOKENS] = std::array::from_fn(|j| &xv[j][..]);
+        for order in ORDERS {
+            let want: Vec<f32> = w
+                .iter()
+                .flat_map(|wi| x.iter().map(move |xj| tinyblas_dot(order, wi, xj)))
+                .collect();
+            let mut runs: Vec<(&str, [[f32; TILE_TOKENS]; TILE_ROWS])> = Vec::new();
+            let mut out = [[0f32; TILE_TOKENS]; TILE_ROWS];
+            match order {
+                Order::GgmlAvx512 => tinyblas_tile_lanes::<16>(w, x, &mut out),
+                Order::GgmlAvx2 => tinyblas_tile_lanes::<8>(w, x, &mut out),
+            }
+            runs.push(("scalar", out));
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    // SAFETY: AVX2 and FMA detected; rows of one length, a multiple of 16.
+                    unsafe {
+                        match order {
+                            Order::GgmlAvx512 => x86_avx2::tinyblas_tile::<16>(w, x, &mut out),
+                            Order::GgmlAvx2 => x86_avx2::tinyblas_tile::<8>(w, x, &mut out),
+                        }
+                    }
+                    runs.push(("avx2", out));
+                }
+                if order == Order::GgmlAvx512 && has_avx512() {
+                    // SAFETY: AVX512F/DQ detected; rows as above.
+                    unsafe { x86::tinyblas_tile(w, x, &mut out) };
+                    runs.push(("avx512", out));
+                }
+            }
+            for (name, got) in runs {
+                let got: Vec<u32> = got.iter().flatten().map(|v| v.to_bits()).collect();
+                let want: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got, want, "{name} {order:?}");
+            }
+        }
+    }
 
     #[test]
     fn v_expf_is_close_to_exp_and_saturates() {

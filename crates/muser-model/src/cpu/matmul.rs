@@ -15,10 +15,14 @@
 //! batch: `vec_dot` in the one-row order, the weights still read once for all rows.
 //!
 //! Work is split over output rows in blocks; each block of weight rows is read once and dotted
-//! with every activation row while it is hot in cache.
+//! with every activation row while it is hot in cache. F32 and F16 weights against two or
+//! more rows (tinyBLAS's case) go through the activations in blocks of [`TOKEN_BLOCK`] rows
+//! that stay in the L2 cache, [`TILE_ROWS`] weight rows by [`TILE_TOKENS`] activation rows at
+//! a time ([`tinyblas_tile`]); each output is still one tinyBLAS dot in its own lanes, so the
+//! result has the bits of the untiled loop.
 
 use super::kquant;
-use super::math::{fma_fn, tinyblas_dot, vec_dot};
+use super::math::{fma_fn, tinyblas_dot, tinyblas_tile, vec_dot, TILE_ROWS, TILE_TOKENS};
 use super::numerics::Order;
 use crate::backend::Weight;
 use crate::error::ModelError;
@@ -28,6 +32,9 @@ use rayon::prelude::*;
 
 /// Output rows per work item.
 const ROW_BLOCK: usize = 16;
+/// Activation rows an F32/F16 matmul dots with a task's weight rows before the next ones (a
+/// block of 32 rows of 1536 values is 192 KiB: the L2 cache holds it).
+const TOKEN_BLOCK: usize = 32;
 /// Batches of at most this many tokens split a quantized matmul by weight rows, not tokens.
 const FEW_TOKENS: usize = 16;
 
@@ -165,10 +172,18 @@ pub fn matmul(
             return;
         }
         let mut out = vec![0f32; (r1 - r0) * n_rows];
-        for r in r0..r1 {
-            let wrow = &w.data[r * rb..(r + 1) * rb];
-            let o = &mut out[(r - r0) * n_rows..(r - r0 + 1) * n_rows];
-            dot_row(order, w.ty, n_in, wrow, &acts, alone, o);
+        match &acts {
+            Acts::F32(x) if alone.is_empty() && n_in.is_multiple_of(order.lanes()) => {
+                let wf = widen(w.ty, &w.data[r0 * rb..r1 * rb]);
+                dot_tiles(order, n_in, &wf, x, &mut out);
+            }
+            _ => {
+                for r in r0..r1 {
+                    let wrow = &w.data[r * rb..(r + 1) * rb];
+                    let o = &mut out[(r - r0) * n_rows..(r - r0 + 1) * n_rows];
+                    dot_row(order, w.ty, n_in, wrow, &acts, alone, o);
+                }
+            }
         }
         // Transpose [row][token] into y's [token][row], 16 rows at a time so that every
         // token's write is one contiguous run.
@@ -286,16 +301,7 @@ fn dot_row(order: Order, ty: GgmlType, n_in: usize, wrow: &[u8], acts: &Acts, al
     let batched = |t: usize| n_rows >= 2 && n_in.is_multiple_of(order.lanes()) && !alone.get(t).copied().unwrap_or(false);
     match acts {
         Acts::F32(x) => {
-            // the weight row widened once (exactly, for F16), not in every product
-            let wf: Vec<f32> = if ty == GgmlType::F16 {
-                wrow.chunks_exact(2)
-                    .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
-                    .collect()
-            } else {
-                wrow.chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                    .collect()
-            };
+            let wf = widen(ty, wrow);
             for (t, o) in out.iter_mut().enumerate() {
                 let a = &x[t * n_in..(t + 1) * n_in];
                 *o = if batched(t) {
@@ -315,9 +321,120 @@ fn dot_row(order: Order, ty: GgmlType, n_in: usize, wrow: &[u8], acts: &Acts, al
 }
 }
 
+/// F32 or F16 weight rows as f32 values (exactly), widened once, not in every product.
+fn widen(ty: GgmlType, rows: &[u8]) -> Vec<f32> {
+    if ty == GgmlType::F16 {
+        rows.chunks_exact(2)
+            .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
+            .collect()
+    } else {
+        rows.chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    }
+}
+
+fma_fn! {
+/// tinyBLAS dots of the weight rows `wf` (`n_in` values each) with every activation row of
+/// `x` into `out` (`[weight row][activation row]`): blocks of [`TOKEN_BLOCK`] activation rows,
+/// each gone through by tiles of [`TILE_ROWS`] × [`TILE_TOKENS`] dots; the rows left over at
+/// the edges take the one-dot kernel. `n_in` is a multiple of `order.lanes()`.
+fn dot_tiles(order: Order, n_in: usize, wf: &[f32], x: &[f32], out: &mut [f32]) {
+    let (n_w, n_x) = (wf.len() / n_in, x.len() / n_in);
+    let wrow = |r: usize| &wf[r * n_in..(r + 1) * n_in];
+    let xrow = |t: usize| &x[t * n_in..(t + 1) * n_in];
+    let (w_tiled, mut tile) = (n_w - n_w % TILE_ROWS, [[0f32; TILE_TOKENS]; TILE_ROWS]);
+    for t0 in (0..n_x).step_by(TOKEN_BLOCK) {
+        let t1 = (t0 + TOKEN_BLOCK).min(n_x);
+        let x_tiled = t1 - (t1 - t0) % TILE_TOKENS;
+        for r in (0..w_tiled).step_by(TILE_ROWS) {
+            for t in (t0..x_tiled).step_by(TILE_TOKENS) {
+                tinyblas_tile(
+                    order,
+                    std::array::from_fn(|i| wrow(r + i)),
+                    std::array::from_fn(|j| xrow(t + j)),
+                    &mut tile,
+                );
+                for (i, row) in tile.iter().enumerate() {
+                    out[(r + i) * n_x + t..(r + i) * n_x + t + TILE_TOKENS].copy_from_slice(row);
+                }
+            }
+            for t in x_tiled..t1 {
+                for i in 0..TILE_ROWS {
+                    out[(r + i) * n_x + t] = tinyblas_dot(order, wrow(r + i), xrow(t));
+                }
+            }
+        }
+        for r in w_tiled..n_w {
+            for t in t0..t1 {
+                out[r * n_x + t] = tinyblas_dot(order, wrow(r), xrow(t));
+            }
+        }
+    }
+}
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// F32 and F16 weights against two or more rows, tiled and blocked over the activations,
+    /// give each output the bits of one tinyBLAS dot of its weight row and activation row (the
+    /// untiled loop), in both orders, with rows left over at every edge.
+    #[test]
+    fn tiled_f32_f16_equal_one_tinyblas_dot_per_output() {
+        let mut seed = 11u64;
+        let mut rnd = move || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let (n_in, n_out) = (96, 37);
+        for ty in [GgmlType::F32, GgmlType::F16] {
+            let vals: Vec<f32> = (0..n_in * n_out).map(|_| rnd()).collect();
+            let data: Vec<u8> = match ty {
+                GgmlType::F16 => vals
+                    .iter()
+                    .flat_map(|&v| f16::from_f32(v).to_bits().to_le_bytes())
+                    .collect(),
+                _ => vals.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            };
+            let w = Weight {
+                name: "w",
+                ty,
+                n_in,
+                n_out,
+                data: &data,
+            };
+            let wf = widen(ty, &data);
+            for order in [Order::GgmlAvx512, Order::GgmlAvx2] {
+                for n_rows in [2, 3, TOKEN_BLOCK + 1, 2 * TOKEN_BLOCK + 3] {
+                    let x: Vec<f32> = (0..n_rows * n_in).map(|_| rnd()).collect();
+                    let y = pool.install(|| matmul(order, &w, &x, n_rows, &[])).unwrap();
+                    for t in 0..n_rows {
+                        let a: Vec<f32> = x[t * n_in..(t + 1) * n_in]
+                            .iter()
+                            .map(|&v| match ty {
+                                GgmlType::F16 => f16::from_f32(v).to_f32(),
+                                _ => v,
+                            })
+                            .collect();
+                        for r in 0..n_out {
+                            let want = tinyblas_dot(order, &wf[r * n_in..(r + 1) * n_in], &a);
+                            assert_eq!(
+                                y[t * n_out + r].to_bits(),
+                                want.to_bits(),
+                                "{ty:?} {order:?} rows {n_rows} t {t} r {r}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     /// Every batch size, whichever way it is split over the pool, gives each output the bits
     /// of one `vec_dot` of its weight row and activation row.

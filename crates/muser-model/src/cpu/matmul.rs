@@ -378,20 +378,27 @@ fn dot_tiles(order: Order, n_in: usize, wf: &[f32], x: &[f32], out: &mut [f32]) 
 mod tests {
     use super::*;
 
+    /// Values uniform in [-1, 1) from a fixed seed.
+    fn uniform(mut seed: u64) -> impl FnMut() -> f32 {
+        move || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        }
+    }
+
+    fn two_threads() -> rayon::ThreadPool {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap()
+    }
+
     /// F32 and F16 weights against two or more rows, tiled and blocked over the activations,
     /// give each output the bits of one tinyBLAS dot of its weight row and activation row (the
     /// untiled loop), in both orders, with rows left over at every edge.
     #[test]
     fn tiled_f32_f16_equal_one_tinyblas_dot_per_output() {
-        let mut seed = 11u64;
-        let mut rnd = move || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
-            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
+        let (mut rnd, pool) = (uniform(11), two_threads());
         let (n_in, n_out) = (96, 37);
         for ty in [GgmlType::F32, GgmlType::F16] {
             let vals: Vec<f32> = (0..n_in * n_out).map(|_| rnd()).collect();
@@ -441,15 +448,7 @@ mod tests {
     #[test]
     fn every_split_equals_vec_dot_per_output() {
         let (n_in, n_out) = (256, 72);
-        let mut seed = 7u64;
-        let mut rnd = move || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
-            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
+        let (mut rnd, pool) = (uniform(7), two_threads());
         for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0] {
             let rb = muser_quant::row_size(ty, n_in).unwrap();
             let mut data = vec![0u8; rb * n_out];

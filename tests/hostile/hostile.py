@@ -275,7 +275,7 @@ INVALID = [
     ("POST", "/completion", {"prompt": "x", "nonsense": 1}, 400),
     ("POST", "/completion", {"prompt": [[[1]]]}, 400),
     ("POST", "/v1/completions", {"prompt": "x", "temperature": "hot"}, 400),
-    ("POST", "/tokenize", b"{not json", 415),
+    ("POST", "/tokenize", b"{not json", 400),  # malformed JSON: 400, as llama-server answers
     ("POST", "/completion", b'{"prompt":"\xff"}', None),
     ("GET", "/no/such/route", None, 404),
     ("POST", "/slots/99?action=erase", {}, 400),

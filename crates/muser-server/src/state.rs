@@ -83,6 +83,11 @@ pub struct AppState {
 
 pub type SharedState = Arc<AppState>;
 
+/// Bytes of prompt text per token of the context up to which an over-long prompt is still
+/// tokenized whole, to report its exact count (`exceed_context_size_error`); a longer text is
+/// refused without that work.
+const COUNT_BYTES_PER_TOKEN: usize = 16;
+
 impl AppState {
     /// Ollama's routes: accepts an absent model name or one of the served model's names (also
     /// with an Ollama `:tag`). The OpenAI and llama.cpp routes answer to any name, as
@@ -161,14 +166,22 @@ impl AppState {
     }
 
     /// Tokenizes a rendered prompt (BOS added, special tokens parsed) within the context.
+    /// A prompt over it is counted whole for the error only up to [`COUNT_BYTES_PER_TOKEN`]
+    /// bytes per token of the context.
     pub fn encode_prompt(&self, text: &str, add_special: bool) -> ApiResult<Vec<u32>> {
         let max = self.prompt_tokens_max();
         self.tokenizer
             .encode_at_most(text, add_special, true, max)
             .ok_or_else(|| {
-                // the whole count for the error (the text is within the body's limit)
-                let n = self.tokenizer.encode(text, add_special, true).len();
-                ApiError::exceed_context(n, self.options.n_ctx)
+                // the whole count for the error when counting is bounded work (a text of a
+                // few bytes per token of the context); past that, refused without tokenizing
+                // it all, with the bound it passed
+                if text.len() <= COUNT_BYTES_PER_TOKEN * self.options.n_ctx {
+                    let n = self.tokenizer.encode(text, add_special, true).len();
+                    ApiError::exceed_context(n, self.options.n_ctx)
+                } else {
+                    self.too_many_tokens(max)
+                }
             })
     }
 

@@ -207,22 +207,29 @@ impl<'a> StreamRestore<'a> {
     /// Takes the next bytes of the pack. The first failed check is returned, and every later
     /// call fails too.
     pub fn push(&mut self, data: &[u8]) -> Result<()> {
-        self.push_bytes(Bytes::copy_from_slice(data))
+        self.push_from(data, None)
     }
 
     /// [`push`](Self::push) for a chunk the caller owns as [`Bytes`] (a network body's
     /// frames): hashing workers get slices of it, so each byte is copied once, into the
     /// staging state.
     pub fn push_bytes(&mut self, data: Bytes) -> Result<()> {
-        let r = self.take(data);
+        self.push_from(&data, Some(&data))
+    }
+
+    /// `data`, which is `shared`'s bytes when the caller owns them as [`Bytes`].
+    fn push_from(&mut self, data: &[u8], shared: Option<&Bytes>) -> Result<()> {
+        let r = self.take(data, shared);
         if r.is_err() {
             self.phase = Phase::Failed;
         }
         r
     }
 
-    fn take(&mut self, mut data: Bytes) -> Result<()> {
-        while !data.is_empty() {
+    fn take(&mut self, all: &[u8], shared: Option<&Bytes>) -> Result<()> {
+        let mut off = 0;
+        while off < all.len() {
+            let data = &all[off..];
             let n = match &mut self.phase {
                 Phase::Failed => return Err(KvpackError::Cancelled),
                 Phase::Head { buf, header } => {
@@ -237,10 +244,10 @@ impl<'a> StreamRestore<'a> {
                     }
                     n
                 }
-                Phase::Body(b) => b.take(&data, self.received)?,
+                Phase::Body(b) => b.take(data, shared.map(|s| s.slice(off..)), self.received)?,
             };
             self.received += n as u64;
-            let _ = data.split_to(n);
+            off += n;
         }
         Ok(())
     }
@@ -324,8 +331,9 @@ impl<'a> StreamRestore<'a> {
 
 impl Body {
     /// Copies what of `data` belongs to the current part into the staging state; returns
-    /// the bytes taken.
-    fn take(&mut self, data: &Bytes, received: u64) -> Result<usize> {
+    /// the bytes taken. Hashing workers get a slice of `shared` (the same bytes, owned) or,
+    /// without it, a copy.
+    fn take(&mut self, data: &[u8], shared: Option<Bytes>, received: u64) -> Result<usize> {
         let Some(s) = self.manifest.segments.get(self.seg) else {
             return Err(KvpackError::LengthMismatch {
                 declared: self.file_len,
@@ -342,7 +350,11 @@ impl Body {
         rows[from..from + n].copy_from_slice(&data[..n]);
         match &mut self.hashing {
             Hashing::Inline(h) => h.update(&data[..n]),
-            Hashing::Pool(pool) => pool.send(self.seg, Piece::Bytes(data.slice(..n)))?,
+            Hashing::Pool(pool) => {
+                let piece =
+                    shared.map_or_else(|| Bytes::copy_from_slice(&data[..n]), |s| s.slice(..n));
+                pool.send(self.seg, Piece::Bytes(piece))?
+            }
         }
         self.at += n;
         if self.at == part_len {

@@ -46,4 +46,4 @@ pub use radix::{BlockRows, ResidentBlock, ResidentCache, ResidentHit};
 pub use restore::{apply_delta, restore, verify_pack, Expect, RestoreControl, Restored};
 pub use state::{KvState, LayerKv};
 pub use store::{PackStore, PackTicket, RecoveryReport, StagedPack, Stager, StoreConfig, StoreHit};
-pub use stream::StreamRestore;
+pub use stream::{Assembly, StreamRestore};

@@ -4,6 +4,11 @@ use crate::error::{KvpackError, Result};
 use crate::identity::KvLayoutAbi;
 use std::ops::Range;
 
+/// The smallest page size of the platforms we run on: one write per page maps it.
+const PAGE_BYTES: usize = 4096;
+/// Bytes per task when pages are written on several threads.
+const TOUCH_CHUNK: usize = 4 << 20;
+
 /// K and V rows of one layer for the positions [`KvLayoutAbi::layer_range`] gives.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct LayerKv {
@@ -90,6 +95,27 @@ impl KvState {
                 v: vec![0; s.layer_bytes(l)],
             })
             .collect();
+        s
+    }
+
+    /// [`KvState::zeroed`] with every page of its buffers written on `threads` threads, so
+    /// that copies into it run at memory speed. The first write to fresh memory costs a page
+    /// fault per page, several times the copy itself; a state made ahead of the bytes that
+    /// fill it (while a producer prefills them) takes the faults off the transfer's path.
+    pub fn prefaulted(layout: KvLayoutAbi, positions: Range<u32>, threads: usize) -> KvState {
+        let mut s = KvState::zeroed(layout, positions);
+        let pieces: Vec<&mut [u8]> = s
+            .layers
+            .iter_mut()
+            .flat_map(|l| [&mut l.k, &mut l.v])
+            .flat_map(|b| b.chunks_mut(TOUCH_CHUNK))
+            .collect();
+        crate::par::par_map(pieces, threads, |_, piece| {
+            for i in (0..piece.len()).step_by(PAGE_BYTES) {
+                // an opaque zero: the store must happen, and the page it falls in is mapped
+                piece[i] = std::hint::black_box(0);
+            }
+        });
         s
     }
 

@@ -18,6 +18,7 @@ use crate::restore::{Expect, Restored};
 use crate::state::KvState;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::Arc;
@@ -34,7 +35,65 @@ pub struct StreamRestore<'a> {
     max_bytes: u64,
     received: u64,
     hash_threads: usize,
+    /// Where the rows go, when the caller gave one ([`StreamRestore::into_assembly`]).
+    assembly: Option<Assembly>,
     phase: Phase,
+}
+
+/// A state assembled in place from packs that continue one another (the pieces of one long
+/// handoff, each a delta past the one before). Rows of positions below
+/// [`filled`](Assembly::filled) are written; a pack writes its rows from there on, and
+/// drops the sliding-window rows that fall before the assembly's window, so each received
+/// row is copied once and a row written is never moved again.
+#[derive(Debug)]
+pub struct Assembly {
+    state: KvState,
+    filled: u32,
+}
+
+impl Assembly {
+    /// An assembly of `state`'s positions with none written yet (`state` is zero-filled,
+    /// e.g. [`KvState::prefaulted`]).
+    pub fn new(state: KvState) -> Assembly {
+        let filled = state.positions.start;
+        Assembly { state, filled }
+    }
+
+    /// The positions the finished state holds.
+    pub fn positions(&self) -> Range<u32> {
+        self.state.positions.clone()
+    }
+
+    /// Positions below this are written.
+    pub fn filled(&self) -> u32 {
+        self.filled
+    }
+
+    /// The state, once every position is written.
+    pub fn into_state(self) -> Result<KvState> {
+        if self.filled != self.state.positions.end {
+            return Err(KvpackError::DeltaBase(
+                "the pieces do not reach the end of the state",
+            ));
+        }
+        Ok(self.state)
+    }
+
+    /// Checks that a pack of `positions` continues what is written and fits: it starts at or
+    /// before [`filled`](Self::filled), not before the assembly, and ends inside it.
+    fn admit(&self, positions: &Range<u32>) -> Result<()> {
+        let mine = &self.state.positions;
+        if positions.start < mine.start
+            || positions.start > self.filled
+            || positions.end < self.filled
+            || positions.end > mine.end
+        {
+            return Err(KvpackError::DeltaBase(
+                "the pack does not continue the pieces before it",
+            ));
+        }
+        Ok(())
+    }
 }
 
 enum Phase {
@@ -51,14 +110,13 @@ enum Phase {
 struct Body {
     manifest: Manifest,
     file_len: u64,
-    staging: KvState,
+    /// Where the rows go: a staging state of exactly the pack's positions, or the caller's.
+    staging: Assembly,
     row_bytes: usize,
     /// Segment being read, its part (per layer K then V), bytes of that part so far.
     seg: usize,
     part: usize,
     at: usize,
-    /// Per layer, the bytes of K (equally V) filled by earlier segments.
-    fill: Vec<usize>,
     hashing: Hashing,
 }
 
@@ -178,6 +236,7 @@ impl<'a> StreamRestore<'a> {
             max_bytes,
             received: 0,
             hash_threads: 1,
+            assembly: None,
             phase: Phase::Head {
                 buf: Vec::with_capacity(HEADER_BYTES),
                 header: None,
@@ -188,6 +247,15 @@ impl<'a> StreamRestore<'a> {
     /// Hashes segments on `threads` worker threads (1, the default: on the caller's).
     pub fn hash_threads(mut self, threads: usize) -> Self {
         self.hash_threads = threads.max(1);
+        self
+    }
+
+    /// Writes the pack's rows into `assembly` (which it must continue: see [`Assembly`])
+    /// instead of a staging state of its own; [`finish_assembly`](Self::finish_assembly)
+    /// gives it back. An assembly with nothing written is made anew, zero-filled, when the
+    /// pack starts before it (a delta on fewer blocks than the caller expected).
+    pub fn into_assembly(mut self, assembly: Assembly) -> Self {
+        self.assembly = Some(assembly);
         self
     }
 
@@ -280,10 +348,36 @@ impl<'a> StreamRestore<'a> {
                 budget: self.max_bytes,
             });
         }
-        let staging = KvState::zeroed(m.identity.layout.clone(), m.positions());
+        let layout = &m.identity.layout;
+        let p = m.positions();
+        let staging = match self.assembly.take() {
+            None => Assembly::new(KvState::zeroed(layout.clone(), p)),
+            Some(a) if a.state.layout != *layout => {
+                return Err(KvpackError::DeltaBase("layouts differ"));
+            }
+            Some(a) if a.filled == a.state.positions.start && p.start < a.filled => {
+                let end = a.state.positions.end.max(p.end);
+                let wider = KvState {
+                    layout: layout.clone(),
+                    positions: p.start..end,
+                    layers: Vec::new(),
+                };
+                let needed = (0..layout.n_layer as usize)
+                    .map(|l| 2 * wider.layer_bytes(l) as u64)
+                    .sum::<u64>();
+                if needed > self.max_bytes {
+                    return Err(KvpackError::OverBudget {
+                        needed,
+                        budget: self.max_bytes,
+                    });
+                }
+                Assembly::new(KvState::zeroed(layout.clone(), p.start..end))
+            }
+            Some(a) => a,
+        };
+        staging.admit(&m.positions())?;
         self.phase = Phase::Body(Box::new(Body {
             row_bytes: m.identity.layout.row_bytes(),
-            fill: vec![0; m.identity.layout.n_layer as usize],
             file_len: h.file_len,
             manifest: m,
             staging,
@@ -299,16 +393,27 @@ impl<'a> StreamRestore<'a> {
     }
 
     /// The verified state, when every declared byte arrived and every segment checked out.
+    /// After [`into_assembly`](Self::into_assembly), the assembly must be complete with this
+    /// pack; else use [`finish_assembly`](Self::finish_assembly).
     pub fn finish(self) -> Result<Restored> {
+        let (manifest, staging) = self.finish_assembly()?;
+        Ok(Restored {
+            manifest,
+            state: staging.into_state()?,
+        })
+    }
+
+    /// The verified manifest and the assembly with this pack's positions written, when every
+    /// declared byte arrived and every segment checked out.
+    pub fn finish_assembly(self) -> Result<(Manifest, Assembly)> {
         match self.phase {
             Phase::Body(b) if b.seg == b.manifest.segments.len() => {
                 if let Hashing::Pool(pool) = b.hashing {
                     pool.join()?;
                 }
-                Ok(Restored {
-                    manifest: b.manifest,
-                    state: b.staging,
-                })
+                let mut staging = b.staging;
+                staging.filled = b.manifest.positions().end;
+                Ok((b.manifest, staging))
             }
             Phase::Body(b) => Err(KvpackError::Truncated {
                 region: Region::Segments,
@@ -330,9 +435,9 @@ impl<'a> StreamRestore<'a> {
 }
 
 impl Body {
-    /// Copies what of `data` belongs to the current part into the staging state; returns
-    /// the bytes taken. Hashing workers get a slice of `shared` (the same bytes, owned) or,
-    /// without it, a copy.
+    /// Copies what of `data` belongs to the current part into the staging state (the rows
+    /// it does not hold yet and keeps); returns the bytes taken. Hashing workers get a slice
+    /// of `shared` (the same bytes, owned) or, without it, a copy.
     fn take(&mut self, data: &[u8], shared: Option<Bytes>, received: u64) -> Result<usize> {
         let Some(s) = self.manifest.segments.get(self.seg) else {
             return Err(KvpackError::LengthMismatch {
@@ -340,14 +445,29 @@ impl Body {
                 actual: received + data.len() as u64,
             });
         };
-        let part_len = s.positions.len() * self.row_bytes;
+        let rb = self.row_bytes;
+        let part_len = s.positions.len() * rb;
         let layer = (s.layer_first + self.part as u32 / 2) as usize;
-        let kv = &mut self.staging.layers[layer];
         let is_v = self.part % 2 == 1;
-        let rows = if is_v { &mut kv.v } else { &mut kv.k };
-        let from = self.fill[layer] + self.at;
         let n = (part_len - self.at).min(data.len());
-        rows[from..from + n].copy_from_slice(&data[..n]);
+        // the part's rows from `keep` on are written: not written before, and in the layer's
+        // range (a sliding-window layer keeps only the assembly's last window); the tiling
+        // check put every segment inside the pack's range, which the assembly admitted
+        let kept = self.staging.state.layer_range(layer);
+        let keep = s
+            .positions
+            .start
+            .max(self.staging.filled)
+            .max(kept.start)
+            .min(s.positions.end);
+        let lo = self.at.max((keep - s.positions.start) as usize * rb);
+        let hi = self.at + n;
+        if lo < hi {
+            let kv = &mut self.staging.state.layers[layer];
+            let rows = if is_v { &mut kv.v } else { &mut kv.k };
+            let to = s.positions.start as usize * rb + lo - kept.start as usize * rb;
+            rows[to..to + hi - lo].copy_from_slice(&data[lo - self.at..hi - self.at]);
+        }
         match &mut self.hashing {
             Hashing::Inline(h) => h.update(&data[..n]),
             Hashing::Pool(pool) => {
@@ -359,9 +479,6 @@ impl Body {
         self.at += n;
         if self.at == part_len {
             self.at = 0;
-            if is_v {
-                self.fill[layer] += part_len;
-            }
             self.part += 1;
             if self.part == 2 * s.layer_count as usize {
                 let index = self.seg as u32;

@@ -125,3 +125,85 @@ fn the_budget_is_checked_before_any_kv_is_allocated() {
         Err(KvpackError::OverBudget { .. })
     ));
 }
+
+/// The delta pack of `st`'s positions `base..end` (a full pack for base 0), generation `gen`.
+fn piece(keys: &Keys, id: &KvIdentity, toks: &[u32], base: u32, end: u32) -> Vec<u8> {
+    let hasher = PrefixHasher::new(keys, &id.digest(keys));
+    let chain = hasher.chain(&toks[..end as usize]);
+    let st = state(&id.layout, 0..end);
+    let spec = PackSpec {
+        identity: id,
+        chain: &chain,
+        generation: 1,
+        stream: None,
+        base_tokens: base,
+        plan: small_plan(),
+        threads: 2,
+    };
+    PackPlan::new(&st, keys, &spec).unwrap().to_bytes()
+}
+
+/// Streams `bytes` into `asm` in `chunk`-byte pieces, hashing on two workers.
+fn into(asm: Assembly, bytes: &[u8], id: &KvIdentity, chunk: usize) -> Result<Assembly> {
+    let keys = keys();
+    let limits = ReadLimits::default();
+    let mut s = StreamRestore::new(&keys, expect(id), &limits, 1 << 30)
+        .hash_threads(2)
+        .into_assembly(asm);
+    for c in bytes.chunks(chunk) {
+        s.push(c)?;
+    }
+    Ok(s.finish_assembly()?.1)
+}
+
+#[test]
+fn pieces_assembled_in_place_equal_one_whole_restore() {
+    let keys = keys();
+    let id = identity(swa_layout());
+    let toks = tokens(1700, 9);
+    let whole = state(&id.layout, 0..1700);
+    // pieces longer and shorter than the 300-row window, ending on and off block boundaries
+    for ends in [
+        vec![1700],
+        vec![768, 1536, 1700],
+        vec![256, 512, 1024, 1280, 1700],
+    ] {
+        for chunk in [997, 1 << 16] {
+            let mut asm = Assembly::new(KvState::prefaulted(id.layout.clone(), 0..1700, 2));
+            let mut from = 0;
+            for &end in &ends {
+                let bytes = piece(&keys, &id, &toks, from, end);
+                asm = into(asm, &bytes, &id, chunk).unwrap();
+                assert_eq!(asm.filled(), end);
+                from = end;
+            }
+            assert_eq!(asm.into_state().unwrap(), whole, "pieces {ends:?}");
+        }
+    }
+    // an assembly with nothing written is widened for a pack that starts before it
+    let asm = Assembly::new(KvState::prefaulted(id.layout.clone(), 768..1700, 1));
+    let asm = into(asm, &piece(&keys, &id, &toks, 0, 1536), &id, 4096).unwrap();
+    assert_eq!(asm.positions(), 0..1700);
+    let asm = into(asm, &piece(&keys, &id, &toks, 1536, 1700), &id, 4096).unwrap();
+    assert_eq!(asm.into_state().unwrap(), whole);
+}
+
+#[test]
+fn an_assembly_refuses_a_gap_a_piece_past_its_end_and_an_early_finish() {
+    let keys = keys();
+    let id = identity(swa_layout());
+    let toks = tokens(1700, 9);
+    let fresh = || Assembly::new(KvState::prefaulted(id.layout.clone(), 0..1536, 1));
+    let first = into(fresh(), &piece(&keys, &id, &toks, 0, 512), &id, 4096).unwrap();
+    // a delta from 768 leaves 512..768 unwritten
+    let gap = into(first, &piece(&keys, &id, &toks, 768, 1024), &id, 4096);
+    assert!(matches!(gap, Err(KvpackError::DeltaBase(_))), "{gap:?}");
+    // 1700 positions do not fit an assembly of 1536
+    let past = into(fresh(), &piece(&keys, &id, &toks, 0, 1700), &id, 4096);
+    assert!(matches!(past, Err(KvpackError::DeltaBase(_))), "{past:?}");
+    // finishing as a whole state before the last piece
+    let limits = ReadLimits::default();
+    let mut s = StreamRestore::new(&keys, expect(&id), &limits, 1 << 30).into_assembly(fresh());
+    s.push(&piece(&keys, &id, &toks, 0, 512)).unwrap();
+    assert!(matches!(s.finish(), Err(KvpackError::DeltaBase(_))));
+}

@@ -31,8 +31,8 @@ use muser_cluster::transport::next_chunk;
 use muser_cluster::{Endpoint, LaneClient, NodeCreds};
 use muser_engine::{Engine, KvPackContext, Prefilled};
 use muser_kvpack::{
-    field_digest, BlockId, Digest32, Expect, KvState, Ledger, Manifest, PackKind, PrefixHasher,
-    ReadLimits, Restored, StreamRestore, BLOCK_TOKENS,
+    field_digest, Assembly, BlockId, Digest32, Expect, KvState, Ledger, Manifest, PackKind,
+    PrefixHasher, ReadLimits, StreamRestore, BLOCK_TOKENS,
 };
 use tokio::sync::mpsc;
 
@@ -622,8 +622,10 @@ impl Lane {
     /// is verified while the producer prefills the next piece. Only the last, smallest
     /// piece's transfer stays on the time to first token. The pieces end on multiples of
     /// this engine's prefill chunk, so the producer computes exactly the chunks one request
-    /// would have; their states are joined in order, and nothing is installed unless every
-    /// piece passed.
+    /// would have. Every piece is written, as it is verified, into one state for the whole
+    /// prompt ([`Assembly`]) whose pages are mapped while the producer prefills the first
+    /// piece, so each received row is copied once, into memory that is ready; nothing is
+    /// installed unless every piece passed.
     async fn fetch(
         &self,
         p: &Producer,
@@ -656,9 +658,21 @@ impl Lane {
             pieces: ends.len(),
             ..Phases::default()
         };
-        // the pieces joined so far, on a blocking thread while the producer prefills the next
-        let mut joined: Option<Joining> = None;
-        let mut in_flight: Option<Piece> = None;
+        // the state the pieces are written into, made (every page mapped) on blocking threads
+        // while the producer prefills the first piece; each piece's verifier takes it from
+        // the one before
+        let layout = self.ctx.identity.layout.clone();
+        let positions = base as u32..tokens.len() as u32;
+        let mut joined: Joining = AbortOnDrop(tokio::spawn(async move {
+            tokio::task::spawn_blocking(move || Joined {
+                asm: Assembly::new(KvState::prefaulted(layout, positions, prefault_threads())),
+                engine_abi: None,
+                received: Vec::new(),
+                join_wait: Duration::ZERO,
+            })
+            .await
+            .map_err(|e| format!("preparing the state: {e}"))
+        }));
         let mut from = base;
         let mut base_abi = own_abi.clone();
         for end in ends {
@@ -670,7 +684,15 @@ impl Lane {
                 None => Vec::new(),
             };
             let piece = self
-                .request(p, &tokens[..end], from, held_ids, base_abi, deadline)
+                .request(
+                    p,
+                    &tokens[..end],
+                    from,
+                    held_ids,
+                    base_abi,
+                    deadline,
+                    joined,
+                )
                 .await?;
             // the next piece builds on this one, computed under the producer's ABI
             base_abi = chain
@@ -678,24 +700,24 @@ impl Lane {
                 .map_or_else(String::new, |(abi, _)| abi.clone());
             phases.add_producer(&piece.phases);
             phases.head_ms = started.elapsed().as_secs_f64() * 1e3;
-            // the previous piece is recorded and joined as soon as its last byte is verified,
-            // while this one is prefilled and the next asked for
-            if let Some(prev) = in_flight.replace(piece) {
-                joined = Some(self.join_piece(p, joined.take(), prev, tokens.len()));
-            }
+            // this piece is verified into the state once the pieces before it are, while the
+            // producer prefills the next one
+            joined = piece.task;
             from = end;
         }
         let t_body = Instant::now();
-        let last = in_flight.ok_or("no piece was asked for")?;
-        let mut joining = self.join_piece(p, joined, last, tokens.len());
-        let done = (&mut joining.0)
+        let done = (&mut joined.0)
             .await
-            .map_err(|e| format!("joining the pieces: {e}"))??;
+            .map_err(|e| format!("receiving the pieces: {e}"))??;
         for r in &done.received {
             phases.add_received(r);
         }
         phases.join_ms = done.join_wait.as_secs_f64() * 1e3;
-        let (state, engine_abi) = (done.state, done.engine_abi);
+        let engine_abi = done.engine_abi.ok_or("no piece was asked for")?;
+        let state = done
+            .asm
+            .into_state()
+            .map_err(|e| format!("pack refused: {e}"))?;
         phases.body_ms = t_body.elapsed().as_secs_f64() * 1e3;
         let pf = Prefilled {
             foreign_abi: engine_abi != self.ctx.identity.engine_abi,
@@ -707,8 +729,9 @@ impl Lane {
     }
 
     /// Asks `p` for the pack of `tokens` past the `base` tokens whose blocks `held_ids` name,
-    /// and returns once its head has arrived, with its body being received and verified on
-    /// a task of its own.
+    /// and returns once its head has arrived, with its body being received and verified, into
+    /// the state the pieces `before` leave, on a task of its own.
+    #[allow(clippy::too_many_arguments)]
     async fn request(
         &self,
         p: &Producer,
@@ -717,6 +740,7 @@ impl Lane {
         held_ids: Vec<String>,
         base_abi: String,
         deadline: Instant,
+        before: Joining,
     ) -> Result<Piece, String> {
         let ctx = &self.ctx;
         let generation = p.generation.fetch_add(1, Ordering::Relaxed) + 1;
@@ -783,11 +807,20 @@ impl Lane {
             self.deadline.as_millis()
         );
         // the transport receives while a blocking thread verifies what arrived (copying into
-        // the staging state, the segments' SHA-256 on workers): TLS, HTTP/2 and hashing run
-        // side by side, VERIFY_AHEAD_CHUNKS apart at most
+        // the state, the segments' SHA-256 on workers): TLS, HTTP/2 and hashing run side by
+        // side, VERIFY_AHEAD_CHUNKS apart at most. The verifier starts once the pieces before
+        // this one are verified and recorded (their state is this piece's destination).
         let task = tokio::spawn(async move {
             let (tx, rx) = mpsc::channel::<Bytes>(VERIFY_AHEAD_CHUNKS);
-            let worker = tokio::task::spawn_blocking(move || ask.verify(&limits, max_kv, rx));
+            let mut before = before;
+            let worker = AbortOnDrop(tokio::spawn(async move {
+                let before = (&mut before.0)
+                    .await
+                    .map_err(|e| format!("receiving the pieces: {e}"))??;
+                tokio::task::spawn_blocking(move || ask.verify(&limits, max_kv, rx, before))
+                    .await
+                    .map_err(|e| format!("verifying the pack: {e}"))?
+            }));
             let head = Instant::now();
             let mut first_byte = None;
             loop {
@@ -805,109 +838,44 @@ impl Lane {
                 }
             }
             drop(tx);
-            let (r, busy) = tokio::time::timeout_at(deadline.into(), worker)
+            let last_byte = Instant::now();
+            let mut worker = worker;
+            let (mut joined, busy) = tokio::time::timeout_at(deadline.into(), &mut worker.0)
                 .await
                 .map_err(|_| late)?
                 .map_err(|e| format!("verifying the pack: {e}"))??;
-            Ok(Received {
-                restored: r,
-                times: PieceTimes {
-                    busy,
-                    first_byte: first_byte.unwrap_or_default(),
-                },
-            })
+            joined.received.push(PieceTimes {
+                busy,
+                first_byte: first_byte.unwrap_or_default(),
+            });
+            joined.join_wait = last_byte.elapsed();
+            Ok(joined)
         });
         Ok(Piece {
-            generation,
             phases,
             task: AbortOnDrop(task),
         })
     }
-
-    /// Joins `piece` onto the pieces `before` (none: it is the first; its state is given room
-    /// for all `n` tokens) on a task of its own, so the copy overlaps the producer's work on
-    /// the next pieces: the pieces before first, then this piece's verified state and its
-    /// ledger record (generations are recorded in the order they were asked for), then the
-    /// copy on a blocking thread. Pieces of one prefill must name one engine ABI.
-    fn join_piece(&self, p: &Producer, before: Option<Joining>, piece: Piece, n: usize) -> Joining {
-        let (ledger, stream) = (self.ledger.clone(), p.stream);
-        AbortOnDrop(tokio::spawn(async move {
-            let before = match before {
-                Some(mut h) => Some(
-                    (&mut h.0)
-                        .await
-                        .map_err(|e| format!("joining the pieces: {e}"))??,
-                ),
-                None => None,
-            };
-            let Piece {
-                generation,
-                mut task,
-                ..
-            } = piece;
-            let r = (&mut task.0)
-                .await
-                .map_err(|e| format!("receiving the pack: {e}"))??;
-            lock(&ledger)
-                .record(stream, generation)
-                .map_err(|e| format!("pack refused: {e}"))?;
-            let verified = Instant::now();
-            let Received { restored, times } = r;
-            let abi = restored.manifest.identity.engine_abi;
-            tokio::task::spawn_blocking(move || match before {
-                None => {
-                    let mut state = restored.state;
-                    state.reserve_until(n as u32);
-                    Ok(Joined {
-                        state,
-                        engine_abi: abi,
-                        received: vec![times],
-                        join_wait: verified.elapsed(),
-                    })
-                }
-                Some(j) if j.engine_abi != abi => {
-                    Err("pack refused: the pieces of one prefill name different engine ABIs".into())
-                }
-                Some(mut j) => {
-                    j.state
-                        .extend(&restored.state)
-                        .map_err(|e| format!("pack refused: {e}"))?;
-                    j.received.push(times);
-                    j.join_wait = verified.elapsed();
-                    Ok(j)
-                }
-            })
-            .await
-            .map_err(|e| format!("joining the pieces: {e}"))?
-        }))
-    }
 }
 
-/// The pieces verified and joined so far, being joined on a task of their own (stopped, with
-/// the pieces it waits for, when the handoff fails).
+/// The pieces verified so far, being received on tasks of their own (stopped, with the
+/// pieces each waits for, when the handoff fails).
 type Joining = AbortOnDrop<Result<Joined, String>>;
 
-/// One state for the pieces received so far, the engine ABI they name, each piece's receipt
-/// in order, and how long the last piece's join waited after its last byte was verified.
+/// The state the pieces received so far are written into, the engine ABI they name (none
+/// before the first), each piece's receipt in order, and how long the last piece's
+/// verification ran on after its last byte arrived.
 struct Joined {
-    state: KvState,
-    engine_abi: String,
+    asm: Assembly,
+    engine_abi: Option<String>,
     received: Vec<PieceTimes>,
     join_wait: Duration,
 }
 
 /// A piece whose head has arrived; its body is received and verified by `task`.
 struct Piece {
-    generation: u64,
     phases: Phases,
-    task: AbortOnDrop<Result<Received, String>>,
-}
-
-/// A piece's verified state, the verifier's busy time, and the wait from the answer's head
-/// to its first byte (the producer hashing and sealing the pack).
-struct Received {
-    restored: Restored,
-    times: PieceTimes,
+    task: Joining,
 }
 
 /// A piece's verifier busy time and the wait from its answer's head to its first byte.
@@ -933,6 +901,12 @@ const VERIFY_AHEAD_CHUNKS: usize = 16;
 /// thread only copies into the staging state).
 fn verify_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
+}
+
+/// Threads mapping the pages of a handoff's state while the producer prefills: the cores, up
+/// to 4 (this engine may be decoding meanwhile).
+fn prefault_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
 }
 
 /// Where a handoff's time went: the producer's prefill and export (as it reported them) and
@@ -984,22 +958,30 @@ struct Ask {
 }
 
 impl Ask {
-    /// Verifies the pack whose chunks arrive on `rx` into a staging state; the state and the
-    /// time spent verifying. The manifest is checked as soon as it is complete, before any
-    /// K/V byte is accepted.
+    /// Verifies the pack whose chunks arrive on `rx` into the state of the pieces `before`,
+    /// and records its generation; that state and the time spent verifying. The manifest is
+    /// checked as soon as it is complete, before any K/V byte is accepted.
     fn verify(
         &self,
         limits: &ReadLimits,
         max_kv: u64,
         mut rx: mpsc::Receiver<Bytes>,
-    ) -> Result<(Restored, Duration), String> {
+        before: Joined,
+    ) -> Result<(Joined, Duration), String> {
         let expect = Expect {
             identity: &self.ctx.identity,
             cut: None,
             other_abis: &self.accept_abis,
         };
+        let Joined {
+            asm,
+            engine_abi,
+            received,
+            ..
+        } = before;
         let mut sr = StreamRestore::new(&self.ctx.keys, expect, limits, max_kv)
-            .hash_threads(verify_threads());
+            .hash_threads(verify_threads())
+            .into_assembly(asm);
         let mut checked = false;
         let mut busy = Duration::ZERO;
         while let Some(chunk) = rx.blocking_recv() {
@@ -1014,11 +996,30 @@ impl Ask {
             }
             busy += t.elapsed();
         }
-        let r = sr.finish().map_err(|e| format!("pack refused: {e}"))?;
+        let (manifest, asm) = sr
+            .finish_assembly()
+            .map_err(|e| format!("pack refused: {e}"))?;
         if !checked {
-            self.check_manifest(&r.manifest)?;
+            self.check_manifest(&manifest)?;
         }
-        Ok((r, busy))
+        let abi = manifest.identity.engine_abi;
+        if engine_abi.as_ref().is_some_and(|a| *a != abi) {
+            return Err(
+                "pack refused: the pieces of one prefill name different engine ABIs".into(),
+            );
+        }
+        // generations are recorded in the order they were asked for: this piece's verifier
+        // started after the one before it finished
+        lock(&self.ledger)
+            .record(self.stream, self.generation)
+            .map_err(|e| format!("pack refused: {e}"))?;
+        let joined = Joined {
+            asm,
+            engine_abi: Some(abi),
+            received,
+            join_wait: Duration::ZERO,
+        };
+        Ok((joined, busy))
     }
 
     /// What the manifest must say for this request: our stream and generation, above the

@@ -303,6 +303,18 @@ fn a_sliding_window_model_whose_ring_wraps_hands_off_exactly_in_pieces() {
     assert!(last["pieces"].as_u64().unwrap() >= 2, "{last}");
     assert_eq!(last["from_token"], 0, "{last}");
 
+    // a shorter prompt: the producer's slot holds the whole one, its ring long past the cut,
+    // so it computes the prompt again rather than resume from rows the ring dropped
+    let text = prompt();
+    let short = &text[..text.len() * 5 / 6];
+    let (s, want) = complete(local.port, short);
+    assert_eq!(s, 200, "{want}");
+    http(c.port, "POST", "/slots/0?action=erase", &json!({}));
+    let (s, got) = complete(c.port, short);
+    assert_eq!(s, 200, "{got}");
+    assert_eq!(got["timings"]["prefill_lane"], "remote", "{got}");
+    assert_eq!(got["tokens"], want["tokens"]);
+
     // a consumer cutting prompts into other chunks would not get a local prefill's K/V from
     // this producer: it is refused, naming both sizes
     drop(c);

@@ -482,17 +482,9 @@ impl<'t> Scheduler<'t> {
         }
     }
 
-    /// Whether a token at position `at` finds every row it attends to in the slot, which
-    /// holds at least `at` tokens: always without sliding-window layers; with them, the
-    /// window before `at` must still be in the ring.
+    /// Whether a token at position `at` finds every row it attends to in the slot.
     fn holds_window(&self, seq: u32, at: usize) -> bool {
-        let layout = self.kv.layout();
-        if layout.n_swa == 0 || !layout.is_swa.iter().any(|&s| s) {
-            return true;
-        }
-        // The token at `at` attends to positions `at - n_swa + 1 ..`.
-        let from = (at as u32).saturating_sub(layout.n_swa);
-        self.kv.holds(seq, from..at as u32)
+        self.kv.holds_window(seq, at as u32)
     }
 
     /// Imports a prefix of `prompt` resumed from the prompt cache into the slot when it is

@@ -413,7 +413,9 @@ async fn export(
 /// Cuts the slot's cache back to the longest shared prefix that is a whole number of blocks
 /// and leaves at least one block to compute. The kernels a CPU forward takes depend on the
 /// batch's rows; computing whole blocks (as a consumer's own chunked prefill does) keeps
-/// every row's K/V equal to what the consumer would have computed.
+/// every row's K/V equal to what the consumer would have computed. A sliding-window ring
+/// that no longer holds the window before the cut (the slot went on past it) cannot resume
+/// there: the slot is cleared and the prompt computed from its start.
 async fn align_slot(p: &Arc<Producer>, slot: usize, tokens: &[u32]) -> Result<(), ApiError> {
     let block = BLOCK_TOKENS as usize;
     let tokens = tokens.to_vec();
@@ -426,7 +428,10 @@ async fn align_slot(p: &Arc<Producer>, slot: usize, tokens: &[u32]) -> Result<()
                 .zip(&tokens)
                 .take_while(|(a, b)| a == b)
                 .count();
-            let keep = shared.min(tokens.len().saturating_sub(block)) / block * block;
+            let mut keep = shared.min(tokens.len().saturating_sub(block)) / block * block;
+            if keep < s.tokens.len() && !s.kv.holds_window(s.seq, keep as u32) {
+                keep = 0;
+            }
             if keep < s.tokens.len() {
                 if keep == 0 {
                     s.kv.clear(s.seq);

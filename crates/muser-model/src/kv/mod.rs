@@ -537,6 +537,18 @@ impl KvCache {
         })
     }
 
+    /// Whether a token at position `at` finds every row it attends to in `seq`, which holds
+    /// at least `at` positions: always without sliding-window layers; with them, the window
+    /// before `at` must still be in the ring (a cache cut back to `at` can resume there only
+    /// then).
+    pub fn holds_window(&self, seq: u32, at: u32) -> bool {
+        if self.layout.n_swa == 0 || !self.layout.is_swa.iter().any(|&s| s) {
+            return true;
+        }
+        // the token at `at` attends to positions `at - n_swa + 1 ..`
+        self.holds(seq, at.saturating_sub(self.layout.n_swa)..at)
+    }
+
     /// Copy out `seq`'s K/V for `positions` (see [`KvSnapshot`] for what each layer holds).
     pub fn export(&self, seq: u32, positions: Range<u32>) -> Result<KvSnapshot, ModelError> {
         self.check_seq(seq)?;

@@ -303,13 +303,20 @@ fn a_sliding_window_model_whose_ring_wraps_hands_off_exactly_in_pieces() {
     assert!(last["pieces"].as_u64().unwrap() >= 2, "{last}");
     assert_eq!(last["from_token"], 0, "{last}");
 
-    // a shorter prompt: the producer's slot holds the whole one, its ring long past the cut,
-    // so it computes the prompt again rather than resume from rows the ring dropped
+    // a prompt that shares the first 5/6 of that one and goes on longer: the producer's slot
+    // holds the first prompt, its ring long past the block its first piece would be cut back
+    // to, so it computes the prompt again rather than resume from rows the ring dropped
     let text = prompt();
-    let short = &text[..text.len() * 5 / 6];
+    let more: String = (0..20)
+        .map(|i| format!("Later {i}: the mill sent {} crates back. ", i * 7 + 2))
+        .collect();
+    let short = &format!("{}{more}", &text[..text.len() * 5 / 6]);
+    // both from empty slots: a slot's history changes the chunks a prompt is computed in
+    for port in [local.port, c.port] {
+        http(port, "POST", "/slots/0?action=erase", &json!({}));
+    }
     let (s, want) = complete(local.port, short);
     assert_eq!(s, 200, "{want}");
-    http(c.port, "POST", "/slots/0?action=erase", &json!({}));
     let (s, got) = complete(c.port, short);
     assert_eq!(s, 200, "{got}");
     assert_eq!(got["timings"]["prefill_lane"], "remote", "{got}");

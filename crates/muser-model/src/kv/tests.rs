@@ -363,3 +363,22 @@ fn snapshot_moves_between_stores() {
         host.export(0, 6..10).unwrap()
     );
 }
+
+#[test]
+fn a_cut_resumes_only_where_the_ring_still_holds_the_window_before_it() {
+    // window 4, ring of 256 cells: after 700 positions the ring holds about the last 256
+    let mut kv = KvCache::new(layout(), 1024, 1, 8).unwrap();
+    fill(&mut kv, 0, 0..700, 8);
+    assert!(kv.holds_window(0, 700));
+    assert!(kv.holds_window(0, 600));
+    // the window before 256 left the ring long ago: a slot cut back there cannot resume
+    assert!(!kv.holds_window(0, 256));
+    // no sliding layer: any cut resumes
+    let full = KvLayout {
+        is_swa: vec![false, false],
+        ..layout()
+    };
+    let mut kv = KvCache::new(full, 1024, 1, 8).unwrap();
+    fill(&mut kv, 0, 0..700, 8);
+    assert!(kv.holds_window(0, 256));
+}

@@ -12,11 +12,15 @@ use std::sync::Arc;
 /// Facts about the served model, read once at start-up.
 #[derive(Debug, Clone)]
 pub struct ModelMeta {
-    /// The id the server reports (`--alias`, else the file name without `.gguf`).
+    /// The id the server reports: the first `--alias` in sorted order (llama-server keeps its
+    /// aliases in a sorted set), else the file name without `.gguf`.
     pub id: String,
-    /// Every name the model answers to besides `id`: the file name without `.gguf` and the
-    /// other `--alias` names.
+    /// The `--alias` names, sorted and unique (`id` among them), or `[id]` without any.
     pub aliases: Vec<String>,
+    /// The file name without `.gguf`: the model answers to it too.
+    pub file_id: String,
+    /// Informational `--tags`, sorted and unique.
+    pub tags: Vec<String>,
     pub path: PathBuf,
     pub arch: String,
     pub is_muse: bool,
@@ -93,7 +97,7 @@ impl AppState {
     /// with an Ollama `:tag`). The OpenAI and llama.cpp routes answer to any name, as
     /// llama-server does with one model loaded.
     pub fn check_model(&self, name: Option<&str>) -> ApiResult<()> {
-        let known = |n: &str| n == self.model.id || self.model.aliases.iter().any(|a| a == n);
+        let known = |n: &str| n == self.model.file_id || self.model.aliases.iter().any(|a| a == n);
         match name {
             None => Ok(()),
             Some(n) if n.is_empty() || known(n) || n.split(':').next().is_some_and(known) => Ok(()),

@@ -464,6 +464,7 @@ pub async fn props(State(state): State<SharedState>) -> Json<Value> {
     Json(json!({
         "default_generation_settings": default_settings(&state),
         "total_slots": state.options.n_slots,
+        "is_sleeping": state.engine.is_sleeping(),
         "model_path": state.model.path.display().to_string(),
         "model_alias": state.model.id,
         "chat_template": state.model.chat_template.clone().unwrap_or_default(),

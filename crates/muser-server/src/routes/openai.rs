@@ -692,7 +692,8 @@ pub async fn models(State(state): State<SharedState>) -> Json<Value> {
     Json(json!({
         "object": "list",
         "data": [{
-            "id": m.id, "object": "model", "created": state.started_unix_s, "owned_by": "muser",
+            "id": m.id, "aliases": m.aliases, "tags": m.tags, "object": "model",
+            "created": state.started_unix_s, "owned_by": "muser",
             "meta": {
                 "arch": m.arch, "n_vocab": m.n_vocab, "n_ctx": state.options.n_ctx,
                 "n_ctx_train": m.n_ctx_train, "n_embd": m.n_embd, "n_params": m.n_params,

@@ -40,6 +40,8 @@ const ROUTES: &[&str] = &[
     "/v1/messages/count_tokens",
     "/v1/responses",
     "/responses",
+    "/v1/responses/input_tokens",
+    "/responses/input_tokens",
     "/v1/models",
     "/models",
     "/completion",
@@ -102,6 +104,11 @@ pub fn router(state: SharedState) -> Router {
         // OpenAI Responses
         .route("/v1/responses", post(responses::responses))
         .route("/responses", post(responses::responses))
+        .route(
+            "/v1/responses/input_tokens",
+            post(responses::input_tokens),
+        )
+        .route("/responses/input_tokens", post(responses::input_tokens))
         .route("/models", get(openai::models))
         // llama.cpp
         .route("/completion", post(llama::completion))

@@ -406,7 +406,9 @@ pub async fn chat_input_tokens(
     StrictJson(req): StrictJson<ChatCompletionRequest>,
 ) -> ApiResult<Json<Value>> {
     let n = count_chat_tokens(&state, req).await?;
-    Ok(Json(json!({ "input_tokens": n })))
+    Ok(Json(
+        json!({ "object": "response.input_tokens", "input_tokens": n }),
+    ))
 }
 
 /// Renders a chat request's conversation (shared with /apply-template).

@@ -399,7 +399,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // a producer serves enrolled nodes over mutual TLS only; the API's bind rules are for the API
     if producer.is_none() {
         for &host in &args.host {
-            auth::check_bind(host, api_key.as_deref(), tls.is_some(), args.insecure_public)?;
+            auth::check_bind(
+                host,
+                api_key.as_deref(),
+                tls.is_some(),
+                args.insecure_public,
+            )?;
         }
     }
     // the first address is the one printed, and the one a lane listener and a producer use

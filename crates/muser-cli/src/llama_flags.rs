@@ -206,7 +206,10 @@ impl LlamaArgs {
             cfg.mmproj = None;
         }
         let list = |names: &Option<String>| -> Vec<String> {
-            names.iter().flat_map(|n| n.split(',')).map(str::trim)
+            names
+                .iter()
+                .flat_map(|n| n.split(','))
+                .map(str::trim)
                 .filter(|n| !n.is_empty())
                 .map(str::to_string)
                 .collect()

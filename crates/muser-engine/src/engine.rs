@@ -494,7 +494,13 @@ impl Engine {
                         let Some((model, kv)) = loaded.take() else {
                             break;
                         };
-                        let scheduler = Scheduler::new(model, tok, kv, thread_cfg.clone(), thread_shared.clone());
+                        let scheduler = Scheduler::new(
+                            model,
+                            tok,
+                            kv,
+                            thread_cfg.clone(),
+                            thread_shared.clone(),
+                        );
                         if scheduler.run() == Exit::Shutdown {
                             break;
                         }
@@ -726,7 +732,10 @@ fn wake(shared: &Shared, cfg: &EngineConfig) -> Option<(Arc<Model>, KvCache)> {
     let sleep = cfg.sleep.as_ref()?;
     let mut st = shared.lock();
     st.sleeping = !st.has_work();
-    tracing::info!("idle for {:?}: the model is unloaded until the next request", sleep.idle);
+    tracing::info!(
+        "idle for {:?}: the model is unloaded until the next request",
+        sleep.idle
+    );
     loop {
         while !st.shutdown && st.sleeping && !st.has_work() {
             st = shared.wake.wait(st).unwrap_or_else(|e| e.into_inner());

@@ -27,8 +27,8 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::detok::Detok;
 use crate::engine::{
-    contained, EngineConfig, EngineStats, Event, Exit, FinishReason, GenerateRequest, Job,
-    Pooling, Progress, Shared, SharedState, SlotInfo, SlotKv, Timings,
+    contained, EngineConfig, EngineStats, Event, Exit, FinishReason, GenerateRequest, Job, Pooling,
+    Progress, Shared, SharedState, SlotInfo, SlotKv, Timings,
 };
 use crate::kvpack_bridge::{snapshot_to_state, state_to_snapshot};
 use crate::prompt_cache::{Lookup, Resume};

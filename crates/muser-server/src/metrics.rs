@@ -756,25 +756,28 @@ mod tests {
             },
         );
         m.lane(Lane::Local).ttft_s.observe(0.02);
-        let text = m.scrape(&Gauges {
-            engine: EngineStats {
-                busy_slots: 1,
-                queue_depth: 2,
-                kv_tokens: 100,
-                draft_verifications_total: 7,
-                draft_tokens_total: 40,
-                draft_accepted_total: 25,
-                ..Default::default()
+        let text = m.scrape(
+            &Gauges {
+                engine: EngineStats {
+                    busy_slots: 1,
+                    queue_depth: 2,
+                    kv_tokens: 100,
+                    draft_verifications_total: 7,
+                    draft_tokens_total: 40,
+                    draft_accepted_total: 25,
+                    ..Default::default()
+                },
+                n_slots: 4,
+                kv_capacity_tokens: 4096,
+                prompt_cache: None,
+                producers: vec![(
+                    "prod".into(),
+                    muser_cluster::supervise::NodeHealth::Degraded,
+                    1,
+                )],
             },
-            n_slots: 4,
-            kv_capacity_tokens: 4096,
-            prompt_cache: None,
-            producers: vec![(
-                "prod".into(),
-                muser_cluster::supervise::NodeHealth::Degraded,
-                1,
-            )],
-        }, false);
+            false,
+        );
         assert!(text.contains("muser_lane_producer_health{producer=\"prod\"} 1"));
         assert!(text.contains("muser_lane_producer_health_changes_total{producer=\"prod\"} 1"));
         assert!(text.contains("muser_draft_verifications_total 7"));

@@ -104,10 +104,7 @@ pub fn router(state: SharedState) -> Router {
         // OpenAI Responses
         .route("/v1/responses", post(responses::responses))
         .route("/responses", post(responses::responses))
-        .route(
-            "/v1/responses/input_tokens",
-            post(responses::input_tokens),
-        )
+        .route("/v1/responses/input_tokens", post(responses::input_tokens))
         .route("/responses/input_tokens", post(responses::input_tokens))
         .route("/models", get(openai::models))
         // llama.cpp

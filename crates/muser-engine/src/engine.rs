@@ -489,19 +489,12 @@ impl Engine {
             .spawn(move || {
                 let tok = tokenizer.as_deref();
                 let run = std::panic::AssertUnwindSafe(|| {
+                    // a run ends on shutdown, or asleep: its model and K/V are dropped
+                    // with it, and `wake` gives them back when work arrives
                     let mut loaded = Some((model, kv));
-                    loop {
-                        let Some((model, kv)) = loaded.take() else {
-                            break;
-                        };
-                        let scheduler = Scheduler::new(
-                            model,
-                            tok,
-                            kv,
-                            thread_cfg.clone(),
-                            thread_shared.clone(),
-                        );
-                        if scheduler.run() == Exit::Shutdown {
+                    while let Some((model, kv)) = loaded.take() {
+                        let (cfg, shared) = (thread_cfg.clone(), thread_shared.clone());
+                        if Scheduler::new(model, tok, kv, cfg, shared).run() == Exit::Shutdown {
                             break;
                         }
                         loaded = wake(&thread_shared, &thread_cfg);

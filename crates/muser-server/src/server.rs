@@ -56,7 +56,7 @@ pub struct ServeConfig {
     /// Informational tags listed with the model (`--tags`, comma-separated).
     pub tags: Vec<String>,
     /// Unload the model after this long without requests, load it again on the next one
-    /// (`--sleep-idle-seconds`; needs a loader: [`load`] or [`load_from`]).
+    /// (`--sleep-idle-seconds`), with the loader given to [`load_from`].
     pub sleep_idle: Option<std::time::Duration>,
     /// A chat template (Jinja source) used instead of the model's (`--chat-template`,
     /// `--chat-template-file`).
@@ -187,32 +187,10 @@ pub fn load_from(cfg: &ServeConfig, loader: ModelLoader) -> Result<SharedState, 
         path: cfg.model_path.clone(),
         message,
     })?;
-    assemble(cfg, model, Some(loader))
-}
-
-/// [`load`] around a model already loaded from `cfg.model_path` (on any backend); such a
-/// server cannot sleep.
-pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartError> {
-    assemble(cfg, Arc::new(model), None)
-}
-
-fn assemble(
-    cfg: &ServeConfig,
-    model: Arc<Model>,
-    loader: Option<ModelLoader>,
-) -> Result<SharedState, StartError> {
-    if !(1..=256).contains(&cfg.n_slots) {
-        return Err(StartError::Slots(cfg.n_slots));
-    }
-    let sleep = match (cfg.sleep_idle, loader) {
-        (None, _) => None,
-        (Some(idle), Some(reload)) => Some(muser_engine::SleepConfig { idle, reload }),
-        (Some(_), None) => {
-            return Err(StartError::Engine(
-                "--sleep-idle-seconds needs a model the server can load again".into(),
-            ))
-        }
-    };
+    let sleep = cfg.sleep_idle.map(|idle| muser_engine::SleepConfig {
+        idle,
+        reload: loader,
+    });
     let gguf = model.gguf();
     let tokenizer =
         Arc::new(Tokenizer::from_gguf(gguf).map_err(|e| StartError::Tokenizer(e.to_string()))?);

@@ -12,7 +12,9 @@
 # Writes docs/receipts/llama-server-suite-$SUITE_SERVER.json (pass/fail/skip per test file and
 # the failing tests, seconds per file; a selection writes ...-$SUITE_SERVER-SELECTION.json
 # instead, SUITE_RECEIPT=PATH writes PATH) and prints `N passed, M failed, K skipped`; pytest's log goes to
-# target/llama-server-suite-$SUITE_SERVER.log. Not part of CI (several minutes).
+# target/llama-server-suite-$SUITE_SERVER.log. The whole run takes 25-40 minutes; CI runs its
+# comparable part through scripts/test-llama-suite.sh. SUITE_DESELECT=FILE leaves out the tests
+# named in FILE, one exact node id a line (scripts/llama_suite_plugin.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)

@@ -29,7 +29,7 @@ ctx=2048
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 p_muser=$(free_port); p_llama=$(free_port)
 work=$(mktemp -d)
-"$muser" up --model "$model" --port "$p_muser" --slots "$slots" -c "$ctx" -t "$threads" >"$work/muser.out" 2>"$work/muser.err" &
+"$muser" up --model "$model" --port "$p_muser" --slots "$slots" -c $((slots * ctx)) -t "$threads" >"$work/muser.out" 2>"$work/muser.err" &
 pid_muser=$!
 LD_LIBRARY_PATH="$libs" "$llama_bin/llama-server" -m "$model" --host 127.0.0.1 --port "$p_llama" \
   -np "$slots" -c $((slots * ctx)) -t "$threads" --no-repack --no-webui >"$work/llama.out" 2>"$work/llama.err" &

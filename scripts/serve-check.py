@@ -75,7 +75,7 @@ def main():
     a = ap.parse_args()
     log = open("serve-check.log", "w")
     cmd = [a.muser, "up", "-m", a.model, "--device", a.device, "--slots", str(a.slots), "--port", str(a.port),
-           "-c", "4096"]
+           "-c", str(4096 * a.slots)]
     results, ok = [], True
 
     def report(name, passed, detail):

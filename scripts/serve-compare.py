@@ -60,7 +60,7 @@ def main():
     with open("serve-compare.log", "w") as log:
         p = free_port()
         res["muser"] = measure("muser", [a.muser, "up", "-m", a.model, "--device", a.device, "--slots",
-                                         str(a.slots), "-c", str(a.ctx), "--port", str(p)], p, a.tokens, log)
+                                         str(a.slots), "-c", str(a.slots * a.ctx), "--port", str(p)], p, a.tokens, log)
         p = free_port()
         res["llama-server"] = measure("llama-server", [a.llama_server, "-m", a.model, "-ngl", "99", "-np",
                                                        str(a.slots), "-c", str(a.slots * a.ctx), "--port",

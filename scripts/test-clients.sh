@@ -36,7 +36,7 @@ work=$(mktemp -d)
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$work/kv.key"
 # its own configuration directory: an empty node registry, whatever this machine enrolled
 MUSER_CONFIG_DIR="$work/config" \
-"$bin" up --model "$model" --port 0 --slots 4 -c 2048 --metrics --slot-save-path "$work/slots" \
+"$bin" up --model "$model" --port 0 --slots 4 -c 8192 --metrics --slot-save-path "$work/slots" \
   --kv-key-file "$work/kv.key" --session-dir "$work/sessions" \
   > "$work/stdout" 2> "$work/stderr" &
 pid=$!

@@ -38,7 +38,7 @@ start() {
   echo "test-hostile: $name not ready after 120 s" >&2; exit 1
 }
 
-start plain --slots 4 -c 2048 --slot-save-path "$work/slots"
+start plain --slots 4 -c 8192 --slot-save-path "$work/slots"
 MUSER_URL="$url" MUSER_PID="$pid" timeout 240 python3 tests/hostile/hostile.py || {
   echo "test-hostile: last server log lines:" >&2; tail -n 20 "$work/plain.err" >&2; exit 1; }
 

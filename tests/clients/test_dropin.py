@@ -115,15 +115,19 @@ def test_responses_forced_function_call_and_its_output(oai):
 
 
 def test_llama_server_flag_spellings():
-    with spawn_muser("--alias", "tinyllama-2,other", "--no-slots", "--n-predict", "3", "-ngl", "99",
-                     "--temp", "0", "--rerank", "--chat-template", "chatml", "-fa", "on", "--jinja") as url:
-        assert requests.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"] == "tinyllama-2"
+    with spawn_muser("--alias", "zeta,tinyllama-2", "--tags", "small,chat", "--no-slots", "--n-predict", "3",
+                     "-ngl", "99", "--temp", "0", "--rerank", "--chat-template", "llama3", "-fa", "on",
+                     "--jinja") as url:
+        model = requests.get(f"{url}/v1/models", timeout=30).json()["data"][0]
+        # the id is the first alias in sorted order, as llama-server keeps them in a sorted set
+        assert (model["id"], model["aliases"], model["tags"]) == ("tinyllama-2", ["tinyllama-2", "zeta"],
+                                                                  ["chat", "small"])
         assert requests.get(f"{url}/slots", timeout=30).status_code == 501
         r = requests.post(f"{url}/completion", json={"prompt": "Once upon a time"}, timeout=60).json()
         assert r["tokens_predicted"] == 3  # --n-predict is the default limit
         assert r["model"] == "tinyllama-2"
-        assert "<|im_start|>" in requests.get(f"{url}/props", timeout=30).json()["chat_template"]
-        r = requests.post(f"{url}/api/generate", json={"model": "other", "prompt": "Hi", "stream": False},
+        assert "<|start_header_id|>" in requests.get(f"{url}/props", timeout=30).json()["chat_template"]
+        r = requests.post(f"{url}/api/generate", json={"model": "zeta", "prompt": "Hi", "stream": False},
                           timeout=60)
         assert r.status_code == 200
         docs = ["Paris is the capital of France.", "Cats sleep a lot."]

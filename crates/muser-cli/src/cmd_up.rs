@@ -23,22 +23,24 @@ pub struct Args {
     /// GGUF model to serve (default: SmolLM2-135M-Instruct Q4_1, fetched into the model store).
     #[arg(short, long)]
     model: Option<PathBuf>,
-    /// Address to listen on. A non-loopback address needs an API key and TLS (or
-    /// --insecure-public).
-    #[arg(long, default_value = "127.0.0.1")]
-    host: IpAddr,
+    /// Addresses to listen on, comma-separated (one server on each, as llama-server's
+    /// `--host A,B`). A non-loopback address needs an API key and TLS (or --insecure-public).
+    #[arg(long, value_delimiter = ',', default_value = "127.0.0.1", num_args = 1..)]
+    host: Vec<IpAddr>,
     #[arg(long, default_value_t = 4949)]
     port: u16,
-    /// Concurrent generations, each with its own KV cache of --ctx-size tokens (default 4;
+    /// Concurrent generations, each with its own KV cache, a share of --ctx-size (default 4;
     /// llama-server's `-np/--parallel N` too). A bare `--slots` (llama-server's switch for
     /// `GET /slots`, on by default here) changes nothing.
     #[arg(long, value_name = "N", num_args = 0..=1)]
     slots: Option<Option<usize>>,
     #[arg(long, value_name = "N", hide = true)]
     parallel: Option<usize>,
-    /// Context per slot, in tokens.
-    #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
-    ctx_size: usize,
+    /// Context of all slots together, in tokens, as llama-server's `-c`: each of the N slots
+    /// gets -c/N, rounded up to a multiple of 256 as llama.cpp rounds (`--kv-unified`: each
+    /// slot may use the whole -c). Default: 4096 per slot.
+    #[arg(short = 'c', long = "ctx-size", value_name = "N")]
+    ctx_size: Option<usize>,
     /// Most prompt tokens one forward pass carries (1 to 8192). The chunks a prompt is cut
     /// into are part of the numerics: a producer and its consumers use the same value.
     #[arg(long, value_name = "N", default_value_t = 512,
@@ -396,13 +398,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     // a producer serves enrolled nodes over mutual TLS only; the API's bind rules are for the API
     if producer.is_none() {
-        auth::check_bind(
-            args.host,
-            api_key.as_deref(),
-            tls.is_some(),
-            args.insecure_public,
-        )?;
+        for &host in &args.host {
+            auth::check_bind(
+                host,
+                api_key.as_deref(),
+                tls.is_some(),
+                args.insecure_public,
+            )?;
+        }
     }
+    // the first address is the one printed, and the one a lane listener and a producer use
+    let host0 = args.host[0];
     let model_path = match args.model {
         Some(path) => path,
         None => {
@@ -419,16 +425,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         (a, b) => a.or(b).unwrap_or(cfg.n_slots),
     };
+    cfg.n_ctx = args.llama.slot_ctx(args.ctx_size, cfg.n_slots);
+    cfg.api_key = api_key;
     args.llama.apply(&mut cfg)?;
-    cfg.n_ctx = args.ctx_size;
     cfg.prefill_chunk = args.prefill_chunk as usize;
     cfg.queue_max = args.queue;
     cfg.spec = args.spec.config(args.device)?;
     cfg.dflash = args.spec.dflash_path().map(Into::into);
-    cfg.api_key = api_key;
     cfg.allowed_hosts = args.allow_host;
-    if !args.host.is_unspecified() {
-        cfg.allowed_hosts.push(args.host.to_string());
+    for host in args.host.iter().filter(|h| !h.is_unspecified()) {
+        cfg.allowed_hosts.push(host.to_string());
     }
     cfg.slot_save_path = args.slot_save_path;
     cfg.slot_save_quota_bytes = args.slot_save_quota_mib << 20;
@@ -459,9 +465,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let state = match args.device {
             Device::Cpu => server::load(&cfg)?,
             device => {
-                let model =
-                    device::load(&model_path, device, LoadOptions::default().threads, None)?;
-                server::load_with(&cfg, model)?
+                let path = model_path.clone();
+                let threads = LoadOptions::default().threads;
+                server::load_from(
+                    &cfg,
+                    Arc::new(move || {
+                        device::load(&path, device, threads, None)
+                            .map(Arc::new)
+                            .map_err(|e| format!("{e:#}"))
+                    }),
+                )?
             }
         };
         anyhow::Ok(state)
@@ -473,7 +486,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     http::raise_fd_limit();
     runtime.block_on(async move {
-        let addr = SocketAddr::new(args.host, args.port);
+        let addr = SocketAddr::new(host0, args.port);
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
@@ -499,6 +512,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             server::serve_producer(state, &setup, listener, shutdown_signal()).await?;
             return anyhow::Ok(());
         }
+        // the other addresses take the first one's port (the same one when --port is 0)
+        let mut listeners = vec![listener];
+        for &host in &args.host[1..] {
+            let addr = SocketAddr::new(host, local.port());
+            listeners.push(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("cannot listen on {addr}"))?,
+            );
+        }
         let scheme = if tls.is_some() { "https" } else { "http" };
         println!(
             "muser ready: {scheme}://{host}:{} (model {}, {} slots x {} tokens)",
@@ -510,7 +533,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         std::io::stdout().flush()?;
         eprintln!("muser: dashboard at {scheme}://{host}:{}/", local.port());
         if let Some((setup, listen)) = lane.as_ref().and_then(|l| Some((l, l.listen.as_ref()?))) {
-            let addr = SocketAddr::new(args.host, listen.port);
+            let addr = SocketAddr::new(host0, listen.port);
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("cannot listen on {addr} (--lane-port)"))?;
@@ -532,7 +555,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             });
         }
         server::start_lane_refresh(&state).await;
-        http::serve(state, listener, tls, shutdown_signal()).await?;
+        http::serve(state, listeners, tls, shutdown_signal()).await?;
         anyhow::Ok(())
     })
 }

@@ -45,11 +45,15 @@ pub fn normalize(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
 /// The flags of llama-server that `muser up` takes besides its own.
 #[derive(clap::Args, Default)]
 pub struct LlamaArgs {
-    /// Names the model is reported as and answers to, comma-separated (the first becomes its
-    /// id); any name is accepted on the OpenAI and llama.cpp routes anyway.
+    /// Names the model is reported as and answers to, comma-separated (the first in sorted
+    /// order becomes its id); any name is accepted on the OpenAI and llama.cpp routes anyway.
     #[arg(long, value_name = "NAMES")]
     alias: Option<String>,
-    /// A chat template instead of the model's: `chatml`, or Jinja source.
+    /// Informational tags listed with the model in `/v1/models`, comma-separated.
+    #[arg(long, value_name = "TAGS")]
+    tags: Option<String>,
+    /// A chat template instead of the model's: a built-in name (`chatml`, `llama3`,
+    /// `command-r`), or Jinja source.
     #[arg(long, value_name = "TEMPLATE")]
     chat_template: Option<String>,
     /// A chat template (Jinja) read from a file instead of the model's.
@@ -88,6 +92,10 @@ pub struct LlamaArgs {
     /// Default repeat penalty of requests that give none.
     #[arg(long, value_name = "X")]
     repeat_penalty: Option<f32>,
+    /// Unload the model (weights and K/V) after N seconds without requests; the next request
+    /// loads it again and waits for it (-1: never, the default). `/props` says `is_sleeping`.
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    sleep_idle_seconds: Option<i64>,
     /// Turns off `GET /slots` (501).
     #[arg(long)]
     no_slots: bool,
@@ -112,8 +120,9 @@ pub struct LlamaArgs {
     cache_type_k: Option<String>,
     #[arg(long, value_name = "TYPE")]
     cache_type_v: Option<String>,
-    /// Browser origins allowed to call the server: `localhost` (the default: pages served
-    /// from this machine), `*` (any site), or a comma-separated list of origins.
+    /// Browser origins allowed to call the server: `localhost` (pages served from this
+    /// machine), `*` (any site), or a comma-separated list of origins. Default: `localhost`,
+    /// or `*` with an API key (llama-server's default; the key protects the server).
     #[arg(long, value_name = "ORIGINS")]
     cors_origins: Option<String>,
     /// `Access-Control-Allow-Methods` of a CORS preflight.
@@ -137,7 +146,9 @@ pub struct LlamaArgs {
     ubatch_size: Option<usize>,
     #[arg(long, hide = true)]
     cont_batching: bool,
-    #[arg(long, hide = true)]
+    /// Every slot may use the whole --ctx-size (llama-server shares one cache among the
+    /// slots; Muser gives each slot a cache of that size).
+    #[arg(long)]
     kv_unified: bool,
     #[arg(long, hide = true)]
     swa_full: bool,
@@ -158,29 +169,66 @@ pub struct LlamaArgs {
     verbose: bool,
     #[arg(long = "backend_sampling", alias = "backend-sampling", hide = true)]
     backend_sampling: bool,
+    #[arg(long, value_name = "MIB", hide = true)]
+    cache_ram: Option<String>,
+    #[arg(long, hide = true)]
+    no_cache_idle_slots: bool,
 }
 
+/// Each slot's context when no -c is given.
+const SLOT_CTX_DEFAULT: usize = 4096;
+
+/// llama.cpp's unit of context sizes: `-c` and each slot's share are rounded up to it.
+const CTX_PAD: usize = 256;
+
 impl LlamaArgs {
-    /// Applies the flags that have a meaning here to `cfg`; prints the ones that do not, and
-    /// refuses values Muser does not implement.
+    /// Each slot's context from `-c` (the total, llama-server's meaning) and the slot count,
+    /// as llama.cpp sizes it: the total rounded up to a multiple of 256, divided among the
+    /// slots, the share rounded up to a multiple of 256 again; with `--kv-unified` the whole
+    /// rounded total. No -c: [`SLOT_CTX_DEFAULT`] per slot.
+    pub fn slot_ctx(&self, total: Option<usize>, n_slots: usize) -> usize {
+        let Some(total) = total else {
+            return SLOT_CTX_DEFAULT;
+        };
+        let total = total.next_multiple_of(CTX_PAD);
+        if self.kv_unified {
+            total
+        } else {
+            (total / n_slots.max(1)).next_multiple_of(CTX_PAD)
+        }
+    }
+
+    /// Applies the flags that have a meaning here to `cfg` (after its API key is set: the
+    /// default CORS origins depend on it); prints the ones that do not, and refuses values
+    /// Muser does not implement.
     pub fn apply(self, cfg: &mut ServeConfig) -> anyhow::Result<()> {
         if self.no_mmproj {
             cfg.mmproj = None;
         }
-        if let Some(names) = &self.alias {
-            cfg.aliases = names
-                .split(',')
+        let list = |names: &Option<String>| -> Vec<String> {
+            names
+                .iter()
+                .flat_map(|n| n.split(','))
                 .map(str::trim)
                 .filter(|n| !n.is_empty())
                 .map(str::to_string)
-                .collect();
-        }
+                .collect()
+        };
+        cfg.aliases = list(&self.alias);
+        cfg.tags = list(&self.tags);
         cfg.chat_template = match (&self.chat_template, &self.chat_template_file) {
-            (Some(name), _) if name == "chatml" => Some(muser_text::CHATML_TEMPLATE.to_string()),
             (Some(src), _) if src.contains("{%") || src.contains("{{") => Some(src.clone()),
-            (Some(name), _) => anyhow::bail!(
-                "--chat-template {name}: Muser knows the built-in template `chatml`; give any other as Jinja source or with --chat-template-file"
-            ),
+            (Some(name), _) => match muser_text::builtin_template(name) {
+                Some(src) => Some(src.to_string()),
+                None => anyhow::bail!(
+                    "--chat-template {name}: Muser's built-in templates are {}; give any other as Jinja source or with --chat-template-file",
+                    muser_text::BUILTIN_TEMPLATES
+                        .iter()
+                        .map(|(n, _)| format!("`{n}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            },
             (None, Some(path)) => Some(read_template(path)?),
             (None, None) => None,
         };
@@ -201,13 +249,18 @@ impl LlamaArgs {
         if let Some(src) = &cfg.grammar {
             muser_engine::constraint::gbnf::compile(src)?;
         }
+        cfg.sleep_idle = match self.sleep_idle_seconds {
+            None | Some(-1) => None,
+            Some(n) if n >= 1 => Some(std::time::Duration::from_secs(n as u64)),
+            Some(n) => anyhow::bail!("--sleep-idle-seconds {n}: give seconds (at least 1) or -1"),
+        };
         cfg.slots_endpoint = !self.no_slots;
         cfg.metrics_endpoint = self.metrics;
         cfg.rerank_endpoint = self.rerank;
-        if let Some(spec) = &self.cors_origins {
-            cfg.cors.origins =
-                muser_server::cors::Origins::parse(spec).map_err(anyhow::Error::msg)?;
-        }
+        cfg.cors.origins = match &self.cors_origins {
+            Some(spec) => muser_server::cors::Origins::parse(spec).map_err(anyhow::Error::msg)?,
+            None => muser_server::cors::Origins::default_for(cfg.api_key.is_some()),
+        };
         if let Some(m) = &self.cors_methods {
             cfg.cors.methods = m.clone();
         }
@@ -274,10 +327,6 @@ impl LlamaArgs {
         );
         note(self.cont_batching, "--cont-batching (always on)");
         note(
-            self.kv_unified,
-            "--kv-unified (each slot has its own context)",
-        );
-        note(
             self.swa_full,
             "--swa-full (no sliding-window cache to size)",
         );
@@ -306,6 +355,10 @@ impl LlamaArgs {
         note(
             self.backend_sampling,
             "--backend_sampling (sampling runs on the CPU, with the same probabilities)",
+        );
+        note(
+            self.cache_ram.is_some() || self.no_cache_idle_slots,
+            "--cache-ram/--no-cache-idle-slots (an idle slot keeps its K/V; prompts across slots and restarts: --prompt-cache DIR with --prompt-cache-ram-mib)",
         );
         out
     }
@@ -382,6 +435,41 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("--pooling cls"));
+    }
+
+    #[test]
+    fn ctx_size_is_shared_among_slots_as_llama_server_shares_it() {
+        let args = LlamaArgs::default();
+        assert_eq!(args.slot_ctx(None, 4), SLOT_CTX_DEFAULT);
+        assert_eq!(args.slot_ctx(Some(512), 2), 256);
+        assert_eq!(args.slot_ctx(Some(4096), 4), 1024);
+        assert_eq!(args.slot_ctx(Some(2048), 1), 2048);
+        // rounded up to 256 twice, as llama_context rounds n_ctx and n_ctx_seq
+        assert_eq!(args.slot_ctx(Some(1000), 1), 1024);
+        assert_eq!(args.slot_ctx(Some(8192), 3), 2816);
+        assert_eq!(args.slot_ctx(Some(100), 4), 256);
+        let unified = LlamaArgs {
+            kv_unified: true,
+            ..Default::default()
+        };
+        assert_eq!(unified.slot_ctx(Some(1000), 4), 1024);
+    }
+
+    #[test]
+    fn an_api_key_opens_cors_to_any_origin_unless_origins_are_given() {
+        use muser_server::cors::Origins;
+        let applied = |args: LlamaArgs, key: bool| {
+            let mut cfg = ServeConfig::new(PathBuf::from("m.gguf"));
+            cfg.api_key = key.then(|| "k".to_string());
+            args.apply(&mut cfg).map(|()| cfg.cors.origins).unwrap()
+        };
+        assert_eq!(applied(LlamaArgs::default(), false), Origins::Localhost);
+        assert_eq!(applied(LlamaArgs::default(), true), Origins::Any);
+        let local = || LlamaArgs {
+            cors_origins: Some("localhost".into()),
+            ..Default::default()
+        };
+        assert_eq!(applied(local(), true), Origins::Localhost);
     }
 
     #[test]

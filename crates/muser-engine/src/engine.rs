@@ -44,6 +44,29 @@ pub struct EngineConfig {
     pub dflash: Option<Arc<muser_model::models::dflash::Dflash>>,
     /// How an embedding request's rows become its [`Event::Embedding`].
     pub pooling: Pooling,
+    /// Unload the model (weights and K/V) after this long without work, and load it again
+    /// for the next (llama-server's `--sleep-idle-seconds`); `None`: stay loaded.
+    pub sleep: Option<SleepConfig>,
+}
+
+/// Loads the engine's model again after a sleep (from the same file, on the same device).
+pub type ModelLoader = Arc<dyn Fn() -> Result<Arc<Model>, String> + Send + Sync>;
+
+/// When the engine sleeps and how it wakes.
+#[derive(Clone)]
+pub struct SleepConfig {
+    /// Time without a request or a running generation before the model is dropped.
+    pub idle: Duration,
+    /// Gives the model back on the first request after a sleep.
+    pub reload: ModelLoader,
+}
+
+impl std::fmt::Debug for SleepConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SleepConfig")
+            .field("idle", &self.idle)
+            .finish_non_exhaustive()
+    }
 }
 
 /// How an embedding request's final-norm hidden states become its embedding (llama-server's
@@ -73,6 +96,7 @@ impl Default for EngineConfig {
             spec: None,
             dflash: None,
             pooling: Pooling::Last,
+            sleep: None,
         }
     }
 }
@@ -353,6 +377,24 @@ pub(crate) struct SharedState {
     pub mean_request_s: f64,
     pub shutdown: bool,
     pub stopped: bool,
+    /// The model is unloaded and nothing has asked for it since.
+    pub sleeping: bool,
+    /// The last request, slot job, [`Engine::touch`] or generation step: the idle clock of
+    /// [`EngineConfig::sleep`].
+    pub last_active: Option<Instant>,
+}
+
+impl SharedState {
+    /// Marks activity; ends a sleep (the engine thread reloads the model).
+    pub fn touch(&mut self) {
+        self.last_active = Some(Instant::now());
+        self.sleeping = false;
+    }
+
+    /// Whether work is waiting for the engine thread.
+    fn has_work(&self) -> bool {
+        !self.queue.is_empty() || !self.slot_jobs.is_empty()
+    }
 }
 
 impl Shared {
@@ -439,6 +481,7 @@ impl Engine {
                 }
             }));
         }
+        shared.lock().touch();
         let thread_shared = shared.clone();
         let thread_cfg = cfg.clone();
         let thread = std::thread::Builder::new()
@@ -446,7 +489,16 @@ impl Engine {
             .spawn(move || {
                 let tok = tokenizer.as_deref();
                 let run = std::panic::AssertUnwindSafe(|| {
-                    Scheduler::new(model, tok, kv, thread_cfg, thread_shared.clone()).run()
+                    // a run ends on shutdown, or asleep: its model and K/V are dropped
+                    // with it, and `wake` gives them back when work arrives
+                    let mut loaded = Some((model, kv));
+                    while let Some((model, kv)) = loaded.take() {
+                        let (cfg, shared) = (thread_cfg.clone(), thread_shared.clone());
+                        if Scheduler::new(model, tok, kv, cfg, shared).run() == Exit::Shutdown {
+                            break;
+                        }
+                        loaded = wake(&thread_shared, &thread_cfg);
+                    }
                 });
                 let failed = std::panic::catch_unwind(run).is_err();
                 let mut st = thread_shared.lock();
@@ -472,6 +524,19 @@ impl Engine {
 
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
+    }
+
+    /// Counts as activity for [`EngineConfig::sleep`]: restarts the idle clock, and wakes a
+    /// sleeping engine (which loads its model again) without waiting for it. A server calls
+    /// it for every request that is not read-only.
+    pub fn touch(&self) {
+        self.shared.lock().touch();
+        self.shared.wake.notify_all();
+    }
+
+    /// True while the model is unloaded and no request has woken the engine.
+    pub fn is_sleeping(&self) -> bool {
+        self.shared.lock().sleeping
     }
 
     /// Queues a request; its events arrive on the returned receiver.
@@ -511,6 +576,7 @@ impl Engine {
             let retry_after_s = (st.mean_request_s * waves).ceil().clamp(1.0, 60.0) as u64;
             return Err(SubmitError::QueueFull { retry_after_s });
         }
+        st.touch();
         let (tx, rx) = unbounded_channel();
         st.queue.push_back(Job {
             req,
@@ -616,6 +682,7 @@ impl Engine {
                 return Err(EngineError::Stopped);
             }
             st.slot_jobs.push((slot, job));
+            st.touch();
         }
         self.shared.wake.notify_all();
         // the scheduler drops the job unrun when the slot is busy
@@ -640,6 +707,60 @@ impl Engine {
             s.kv.clear(s.seq);
             s.tokens.clear();
         })
+    }
+}
+
+/// How the scheduler's run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Exit {
+    Shutdown,
+    /// Idle for [`SleepConfig::idle`]: nothing was running, queued or asked for.
+    Sleep,
+}
+
+/// Sleeps with the model dropped until work arrives, then loads it again with a fresh K/V
+/// cache. `None` on shutdown. A failed load fails the requests that waited for it, each with
+/// the loader's message, and sleeps again.
+fn wake(shared: &Shared, cfg: &EngineConfig) -> Option<(Arc<Model>, KvCache)> {
+    let sleep = cfg.sleep.as_ref()?;
+    let mut st = shared.lock();
+    st.sleeping = !st.has_work();
+    tracing::info!(
+        "idle for {:?}: the model is unloaded until the next request",
+        sleep.idle
+    );
+    loop {
+        while !st.shutdown && st.sleeping && !st.has_work() {
+            st = shared.wake.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        if st.shutdown {
+            return None;
+        }
+        drop(st);
+        let loaded = (sleep.reload)().and_then(|model| {
+            let n_ubatch = cfg.prefill_chunk.max(cfg.n_slots);
+            let kv = model
+                .new_kv_ubatch(cfg.n_ctx, cfg.n_slots, cfg.kv_type, n_ubatch as u32)
+                .map_err(|e| e.to_string())?;
+            Ok((model, kv))
+        });
+        st = shared.lock();
+        match loaded {
+            Ok(loaded) => {
+                st.touch();
+                tracing::info!("the model is loaded again");
+                return Some(loaded);
+            }
+            Err(e) => {
+                let msg = format!("loading the model after a sleep: {e}");
+                tracing::error!("{msg}");
+                for job in st.queue.drain(..) {
+                    let _ = job.tx.send(Event::Error(msg.clone()));
+                }
+                st.slot_jobs.clear(); // their callers see the slot as busy
+                st.sleeping = true;
+            }
+        }
     }
 }
 

@@ -16,8 +16,8 @@ pub mod stop;
 
 pub use constraint::{Constraint, Expr, Grammar, JsonKind, Matcher, Member, Vocab};
 pub use engine::{
-    Engine, EngineConfig, EngineError, EngineStats, Event, FinishReason, GenerateRequest, Pooling,
-    Prefilled, Progress, SlotInfo, SlotKv, SubmitError, Timings,
+    Engine, EngineConfig, EngineError, EngineStats, Event, FinishReason, GenerateRequest,
+    ModelLoader, Pooling, Prefilled, Progress, SleepConfig, SlotInfo, SlotKv, SubmitError, Timings,
 };
 pub use image::{place_images, MediaMarkers, PlaceError, PromptImage, IMAGE_ID_BASE};
 pub use kvpack_bridge::{KvPackContext, PackError, SlotExport};

@@ -27,7 +27,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::detok::Detok;
 use crate::engine::{
-    contained, EngineConfig, EngineStats, Event, FinishReason, GenerateRequest, Job, Pooling,
+    contained, EngineConfig, EngineStats, Event, Exit, FinishReason, GenerateRequest, Job, Pooling,
     Progress, Shared, SharedState, SlotInfo, SlotKv, Timings,
 };
 use crate::kvpack_bridge::{snapshot_to_state, state_to_snapshot};
@@ -179,26 +179,32 @@ impl<'t> Scheduler<'t> {
         }
     }
 
-    pub fn run(&mut self) {
-        while self.take_work() {
-            self.step();
-        }
+    /// Runs requests until the engine shuts down or, with [`EngineConfig::sleep`], has been
+    /// idle long enough to unload its model.
+    pub fn run(mut self) -> Exit {
+        let exit = loop {
+            match self.take_work() {
+                Some(exit) => break exit,
+                None => self.step(),
+            }
+        };
         for s in 0..self.slots.len() {
             self.finish(s, FinishReason::Cancelled);
         }
         self.publish();
+        exit
     }
 
     // ---- admission -------------------------------------------------------------------------
 
     /// Runs slot jobs, drops dead queue entries and admits requests to idle slots; blocks while
-    /// there is nothing to run. False once the engine shuts down.
-    fn take_work(&mut self) -> bool {
+    /// there is nothing to run. `None`: a step to take; else why the run ends.
+    fn take_work(&mut self) -> Option<Exit> {
         let shared = self.shared.clone();
         let mut st = shared.lock();
         loop {
             if st.shutdown {
-                return false;
+                return Some(Exit::Shutdown);
             }
             let jobs = std::mem::take(&mut st.slot_jobs);
             if !jobs.is_empty() {
@@ -214,11 +220,20 @@ impl<'t> Scheduler<'t> {
             self.admit(&mut st);
             self.publish_into(&mut st);
             if self.slots.iter().any(|s| s.task.is_some()) {
-                return true;
+                st.last_active = Some(Instant::now());
+                return None;
             }
+            let idle = st.last_active.map_or(Duration::ZERO, |t| t.elapsed());
+            let wait = match &self.cfg.sleep {
+                Some(sleep) if st.queue.is_empty() && idle >= sleep.idle => {
+                    return Some(Exit::Sleep)
+                }
+                Some(sleep) => IDLE_POLL.min(sleep.idle - idle.min(sleep.idle)),
+                None => IDLE_POLL,
+            };
             st = shared
                 .wake
-                .wait_timeout(st, IDLE_POLL)
+                .wait_timeout(st, wait.max(Duration::from_millis(1)))
                 .map_or_else(|e| e.into_inner().0, |(g, _)| g);
         }
     }

@@ -511,3 +511,74 @@ fn progress_is_reported_per_prefill_chunk_before_the_first_token() {
     assert_eq!(again.ids, first.ids);
     assert!(collect(e.submit(greedy(p, 2)).unwrap()).progress.is_empty());
 }
+
+#[test]
+fn an_idle_engine_drops_its_model_and_the_next_requests_load_it_again() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::{Mutex, Weak};
+    let (_, tok) = loaded();
+    let loads = Arc::new(AtomicUsize::new(0));
+    let failing = Arc::new(AtomicBool::new(false));
+    let last: Arc<Mutex<Weak<Model>>> = Arc::default();
+    let reload: muser_engine::ModelLoader = {
+        let (loads, failing, last) = (loads.clone(), failing.clone(), last.clone());
+        Arc::new(move || {
+            if failing.load(Ordering::SeqCst) {
+                return Err("the file is gone".into());
+            }
+            loads.fetch_add(1, Ordering::SeqCst);
+            let opts = LoadOptions {
+                threads: 2,
+                ..Default::default()
+            };
+            let model =
+                Arc::new(Model::load(&common::smollm_path(), &opts).map_err(|e| e.to_string())?);
+            *last.lock().unwrap() = Arc::downgrade(&model);
+            Ok(model)
+        })
+    };
+    let cfg = EngineConfig {
+        n_slots: 2,
+        n_ctx: 160,
+        prefill_chunk: 32,
+        sleep: Some(muser_engine::SleepConfig {
+            idle: Duration::from_millis(200),
+            reload: reload.clone(),
+        }),
+        ..Default::default()
+    };
+    let e = Engine::start(reload().unwrap(), tok, cfg).unwrap();
+    let want = collect(e.submit(greedy(prompt("What is 2 + 2?"), 6)).unwrap()).ids;
+    wait_until("the engine to sleep", || e.is_sleeping());
+    // the weights are gone, not only idle
+    wait_until("the model to be dropped", || {
+        last.lock().unwrap().upgrade().is_none()
+    });
+    // requests that arrive asleep wait for the load, then run as before
+    let rxs: Vec<_> = (0..2)
+        .map(|_| e.submit(greedy(prompt("What is 2 + 2?"), 6)).unwrap())
+        .collect();
+    assert!(!e.is_sleeping());
+    for rx in rxs {
+        assert_eq!(collect(rx).ids, want);
+    }
+    assert_eq!(loads.load(Ordering::SeqCst), 2);
+    // a load that fails fails the waiting request with its reason, and the engine sleeps on
+    wait_until("the engine to sleep", || e.is_sleeping());
+    failing.store(true, Ordering::SeqCst);
+    let mut rx = e.submit(greedy(prompt("Hi"), 2)).unwrap();
+    match rx.blocking_recv() {
+        Some(Event::Error(msg)) => assert!(msg.contains("the file is gone"), "{msg}"),
+        other => panic!("expected the load's error, got {other:?}"),
+    }
+    wait_until("the engine to sleep again", || e.is_sleeping());
+    failing.store(false, Ordering::SeqCst);
+    // touching wakes it without a request
+    e.touch();
+    wait_until("the reload", || loads.load(Ordering::SeqCst) == 3);
+    assert_eq!(
+        collect(e.submit(greedy(prompt("What is 2 + 2?"), 6)).unwrap()).ids,
+        want
+    );
+    assert!(e.is_running());
+}

@@ -1,8 +1,11 @@
 //! Cross-origin requests from browsers (llama-server's `--cors-*` flags). A preflight
 //! (`OPTIONS`) is answered before authentication, as browsers send no credentials with it; an
 //! origin the rule does not allow gets no `Access-Control-Allow-Origin`, so the browser keeps
-//! the page from sending the request or reading the answer. The default allows pages served
-//! from this machine only (`localhost`), not any site the user happens to visit.
+//! the page from sending the request or reading the answer. Without an API key the default
+//! allows pages served from this machine only (`localhost`), not any site the user happens to
+//! visit: nothing else stands between such a page and the server. With a key any origin is
+//! reflected, as llama-server does: a page must then hold the key, and the key is what
+//! protects the server (`Origins::default_for`).
 
 use axum::http::{header, HeaderMap, HeaderValue};
 
@@ -18,6 +21,17 @@ pub enum Origins {
 }
 
 impl Origins {
+    /// The origins allowed when `--cors-origins` is not given: any with an API key (the key
+    /// guards every route but the public ones, whoever's page sends the request), only this
+    /// machine's pages without one.
+    pub fn default_for(api_key: bool) -> Origins {
+        if api_key {
+            Origins::Any
+        } else {
+            Origins::Localhost
+        }
+    }
+
     /// `--cors-origins`: `*`, `localhost`, or a comma-separated list of origins.
     pub fn parse(spec: &str) -> Result<Origins, String> {
         match spec.trim() {

@@ -74,10 +74,12 @@ pub enum ServeError {
     EngineStopped,
 }
 
-/// Serves the router on `listener` until `shutdown` resolves (Ok) or the engine stops (Err).
+/// Serves the router on every one of `listeners` (llama-server's `--host A,B`: one server on
+/// several addresses, one connection cap) until `shutdown` resolves (Ok) or the engine stops
+/// (Err).
 pub async fn serve(
     state: SharedState,
-    listener: TcpListener,
+    listeners: Vec<TcpListener>,
     tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
@@ -99,11 +101,15 @@ pub async fn serve(
         }
     };
     tokio::pin!(shutdown, engine_stopped);
+    if listeners.is_empty() {
+        return Ok(()); // nothing to accept on
+    }
     let result = loop {
+        let accepted = futures::future::select_all(listeners.iter().map(|l| Box::pin(l.accept())));
         let (tcp, _) = tokio::select! {
             () = &mut shutdown => break Ok(()),
             () = &mut engine_stopped => break Err(ServeError::EngineStopped),
-            accepted = listener.accept() => match accepted {
+            (accepted, _, _) = accepted => match accepted {
                 Ok(c) => c,
                 Err(e) => {
                     // out of descriptors or a connection reset while queued: pause, go on
@@ -140,7 +146,7 @@ pub async fn serve(
             drop(permit);
         });
     };
-    drop(listener);
+    drop(listeners);
     let _ = tokio::time::timeout(DRAIN, graceful.shutdown()).await;
     result
 }

@@ -212,6 +212,35 @@ pub struct Metrics {
     context_tokens_max: AtomicU64,
     /// Tokens streamed per second since start: (second, tokens), the last few seconds.
     token_seconds: Mutex<VecDeque<(u64, u64)>>,
+    /// The generations finished since the last scrape (llama-server's throughput gauges).
+    window: Mutex<Window>,
+    /// The last scrape's text and the token count it saw: what a sleeping server answers.
+    last_scrape: Mutex<Option<(u64, String)>>,
+}
+
+/// Prompt and generated tokens, and the time spent on them, of the generations finished in
+/// a window between two scrapes: llama-server's `prompt_tokens_seconds` and
+/// `predicted_tokens_seconds` are averaged over that window, not since start.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Window {
+    prompt_tokens: u64,
+    prompt_us: u64,
+    gen_tokens: u64,
+    gen_us: u64,
+}
+
+impl Window {
+    /// Prompt and generation tokens per second (0 for an empty window).
+    fn rates(&self) -> (f64, f64) {
+        let per_s = |n: u64, us: u64| match us {
+            0 => 0.0,
+            us => n as f64 * 1e6 / us as f64,
+        };
+        (
+            per_s(self.prompt_tokens, self.prompt_us),
+            per_s(self.gen_tokens, self.gen_us),
+        )
+    }
 }
 
 impl Metrics {
@@ -229,6 +258,8 @@ impl Metrics {
             rejected_busy: AtomicU64::new(0),
             context_tokens_max: AtomicU64::new(0),
             token_seconds: Mutex::default(),
+            window: Mutex::default(),
+            last_scrape: Mutex::default(),
         }
     }
 
@@ -258,6 +289,13 @@ impl Metrics {
         self.prompt_us
             .fetch_add((g.prompt_ms * 1e3) as u64, Relaxed);
         self.gen_us.fetch_add((g.gen_ms * 1e3) as u64, Relaxed);
+        {
+            let mut w = self.window.lock().unwrap_or_else(|e| e.into_inner());
+            w.prompt_tokens += g.prompt_tokens;
+            w.prompt_us += (g.prompt_ms * 1e3) as u64;
+            w.gen_tokens += g.generated_tokens;
+            w.gen_us += (g.gen_ms * 1e3) as u64;
+        }
         let l = self.lane(lane);
         l.queue_wait_s.observe(g.queue_ms / 1e3);
         if g.prompt_tokens > 0 && g.prompt_ms > 0.0 {
@@ -317,7 +355,7 @@ impl Metrics {
 
     /// llama-server's metrics under its own names (`llamacpp:`), from the same counters, so
     /// that its dashboards and alerts work unchanged.
-    fn render_llamacpp(&self, out: &mut String, g: &Gauges) {
+    fn render_llamacpp(&self, out: &mut String, g: &Gauges, window: &Window) {
         let mut metric = |kind: &str, name: &str, help: &str, value: f64| {
             let _ = writeln!(
                 out,
@@ -329,7 +367,7 @@ impl Metrics {
             self.prompt_us.load(Relaxed) as f64 / 1e6,
             self.gen_us.load(Relaxed) as f64 / 1e6,
         );
-        let rate = |n: u64, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
+        let (prompt_rate, predicted_rate) = window.rates();
         let e = &g.engine;
         for (name, help, value) in [
             (
@@ -389,13 +427,13 @@ impl Metrics {
         for (name, help, value) in [
             (
                 "prompt_tokens_seconds",
-                "Average prompt throughput in tokens/s.",
-                rate(prompt, prompt_s),
+                "Average prompt throughput in tokens/s since the last scrape.",
+                prompt_rate,
             ),
             (
                 "predicted_tokens_seconds",
-                "Average generation throughput in tokens/s.",
-                rate(generated, gen_s),
+                "Average generation throughput in tokens/s since the last scrape.",
+                predicted_rate,
             ),
             (
                 "requests_processing",
@@ -417,7 +455,25 @@ impl Metrics {
         }
     }
 
-    pub fn render(&self, g: &Gauges) -> String {
+    /// A scrape of `/metrics`: the text, with llama-server's throughput gauges over the
+    /// generations since the previous scrape (which this one closes). While the engine is
+    /// `asleep` and nothing ran since the previous scrape, its text is answered again with
+    /// only those gauges new: as llama-server serves a sleeping server's metrics from the
+    /// snapshot taken when it fell asleep, so that polling a sleeping server (its /props and
+    /// /metrics requests are counted too) reads the same numbers.
+    pub fn scrape(&self, g: &Gauges, asleep: bool) -> String {
+        let window = std::mem::take(&mut *self.window.lock().unwrap_or_else(|e| e.into_inner()));
+        let tokens = self.prompt_tokens() + self.generated_tokens();
+        let mut last = self.last_scrape.lock().unwrap_or_else(|e| e.into_inner());
+        let text = match last.as_ref() {
+            Some((seen, text)) if asleep && *seen == tokens => with_rates(text, window.rates()),
+            _ => self.render(g, &window),
+        };
+        *last = Some((tokens, text.clone()));
+        text
+    }
+
+    fn render(&self, g: &Gauges, window: &Window) -> String {
         let mut out = String::new();
         let counter = |out: &mut String, name: &str, help: &str, value: u64| {
             let _ = writeln!(
@@ -547,7 +603,7 @@ impl Metrics {
             );
         }
 
-        self.render_llamacpp(&mut out, g);
+        self.render_llamacpp(&mut out, g, window);
 
         let _ = writeln!(out, "# HELP muser_requests_total HTTP requests by route and status.\n# TYPE muser_requests_total counter");
         for ((route, status), n) in self
@@ -606,6 +662,26 @@ impl Metrics {
     }
 }
 
+/// `text` with the values of llama-server's two throughput gauges replaced by `rates`.
+fn with_rates(text: &str, (prompt, predicted): (f64, f64)) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        match line.split_once(' ') {
+            Some((name @ "llamacpp:prompt_tokens_seconds", _)) => {
+                let _ = writeln!(out, "{name} {prompt}");
+            }
+            Some((name @ "llamacpp:predicted_tokens_seconds", _)) => {
+                let _ = writeln!(out, "{name} {predicted}");
+            }
+            _ => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
 /// One generation's counts and timings, as the engine reports them.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GenerationTimes {
@@ -624,6 +700,46 @@ mod tests {
     use super::*;
 
     #[test]
+    fn throughput_gauges_cover_the_window_since_the_last_scrape() {
+        let m = Metrics::new("cpu");
+        let g = Gauges {
+            engine: EngineStats::default(),
+            n_slots: 1,
+            kv_capacity_tokens: 256,
+            prompt_cache: None,
+            producers: Vec::new(),
+        };
+        let generation = GenerationTimes {
+            prompt_tokens: 10,
+            generated_tokens: 5,
+            prompt_ms: 20.0,
+            gen_ms: 50.0,
+            ..Default::default()
+        };
+        m.record_generation(Lane::Local, &generation);
+        let first = m.scrape(&g, false);
+        assert!(first.contains("\nllamacpp:prompt_tokens_seconds 500\n"));
+        assert!(first.contains("\nllamacpp:predicted_tokens_seconds 100\n"));
+        let second = m.scrape(&g, false);
+        assert!(second.contains("\nllamacpp:predicted_tokens_seconds 0\n"));
+        assert!(second.contains("\nllamacpp:tokens_predicted_total 5\n"));
+        // asleep with nothing run since: the last scrape again, though requests were counted
+        m.record_request("/props", 200, 0.001);
+        assert_eq!(m.scrape(&g, true), second);
+        assert_ne!(m.scrape(&g, false), second);
+        // a generation since the last scrape: rendered afresh, its window reported once
+        m.record_generation(Lane::Local, &generation);
+        let asleep = m.scrape(&g, true);
+        assert!(asleep.contains("\nllamacpp:predicted_tokens_seconds 100\n"));
+        assert_eq!(
+            m.scrape(&g, true),
+            asleep
+                .replace("seconds 500\n", "seconds 0\n")
+                .replace("seconds 100\n", "seconds 0\n")
+        );
+    }
+
+    #[test]
     fn renders_counters_and_cumulative_histograms() {
         let m = Metrics::new("cpu");
         m.record_request("/v1/completions", 200, 0.03);
@@ -640,25 +756,28 @@ mod tests {
             },
         );
         m.lane(Lane::Local).ttft_s.observe(0.02);
-        let text = m.render(&Gauges {
-            engine: EngineStats {
-                busy_slots: 1,
-                queue_depth: 2,
-                kv_tokens: 100,
-                draft_verifications_total: 7,
-                draft_tokens_total: 40,
-                draft_accepted_total: 25,
-                ..Default::default()
+        let text = m.scrape(
+            &Gauges {
+                engine: EngineStats {
+                    busy_slots: 1,
+                    queue_depth: 2,
+                    kv_tokens: 100,
+                    draft_verifications_total: 7,
+                    draft_tokens_total: 40,
+                    draft_accepted_total: 25,
+                    ..Default::default()
+                },
+                n_slots: 4,
+                kv_capacity_tokens: 4096,
+                prompt_cache: None,
+                producers: vec![(
+                    "prod".into(),
+                    muser_cluster::supervise::NodeHealth::Degraded,
+                    1,
+                )],
             },
-            n_slots: 4,
-            kv_capacity_tokens: 4096,
-            prompt_cache: None,
-            producers: vec![(
-                "prod".into(),
-                muser_cluster::supervise::NodeHealth::Degraded,
-                1,
-            )],
-        });
+            false,
+        );
         assert!(text.contains("muser_lane_producer_health{producer=\"prod\"} 1"));
         assert!(text.contains("muser_lane_producer_health_changes_total{producer=\"prod\"} 1"));
         assert!(text.contains("muser_draft_verifications_total 7"));

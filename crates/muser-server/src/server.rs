@@ -2,7 +2,7 @@
 
 use crate::metrics::Metrics;
 use crate::state::{AppState, ModelMeta, ServerOptions, SharedState};
-use muser_engine::{Engine, EngineConfig};
+use muser_engine::{Engine, EngineConfig, ModelLoader};
 use muser_model::{LoadOptions, Model};
 use muser_text::Tokenizer;
 use std::path::{Path, PathBuf};
@@ -51,8 +51,13 @@ pub struct ServeConfig {
     /// The DFlash drafter of speculative mode dflash (`--dflash FILE`).
     pub dflash: Option<PathBuf>,
     /// Names the model is reported as and answers to (`--alias`, comma-separated): the first
-    /// replaces the file name as its id.
+    /// in sorted order replaces the file name as its id.
     pub aliases: Vec<String>,
+    /// Informational tags listed with the model (`--tags`, comma-separated).
+    pub tags: Vec<String>,
+    /// Unload the model after this long without requests, load it again on the next one
+    /// (`--sleep-idle-seconds`), with the loader given to [`load_from`].
+    pub sleep_idle: Option<std::time::Duration>,
     /// A chat template (Jinja source) used instead of the model's (`--chat-template`,
     /// `--chat-template-file`).
     pub chat_template: Option<String>,
@@ -103,6 +108,8 @@ impl ServeConfig {
             node_registry: None,
             node_follow: None,
             aliases: Vec::new(),
+            tags: Vec::new(),
+            sleep_idle: None,
             chat_template: None,
             sampling: muser_engine::SamplingParams::default(),
             n_predict: None,
@@ -134,7 +141,7 @@ pub enum StartError {
         source: std::io::Error,
     },
     #[error(
-        "-c/--ctx-size {n_ctx} must be between 16 and the model's training context {n_ctx_train}"
+        "each slot's context ({n_ctx} tokens: -c/--ctx-size divided among the slots) must be between 16 and the model's training context {n_ctx_train}"
     )]
     Context { n_ctx: usize, n_ctx_train: usize },
     #[error("--slots must be between 1 and 256, got {0}")]
@@ -153,29 +160,37 @@ pub enum StartError {
 
 /// Loads everything a server needs, the model on the CPU backend.
 pub fn load(cfg: &ServeConfig) -> Result<SharedState, StartError> {
-    if !(1..=256).contains(&cfg.n_slots) {
-        return Err(StartError::Slots(cfg.n_slots));
-    }
-    let model = Model::load(
-        &cfg.model_path,
-        &LoadOptions {
+    let (path, opts) = (
+        cfg.model_path.clone(),
+        LoadOptions {
             threads: cfg.threads,
             numerics: cfg.numerics,
         },
+    );
+    load_from(
+        cfg,
+        Arc::new(move || {
+            Model::load(&path, &opts)
+                .map(Arc::new)
+                .map_err(|e| e.to_string())
+        }),
     )
-    .map_err(|e| StartError::Model {
-        path: cfg.model_path.clone(),
-        message: e.to_string(),
-    })?;
-    load_with(cfg, model)
 }
 
-/// [`load`] around a model already loaded from `cfg.model_path` (on any backend).
-pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartError> {
+/// [`load`] with the model from `loader` (any backend), which also loads it again after a
+/// sleep (`ServeConfig::sleep_idle`).
+pub fn load_from(cfg: &ServeConfig, loader: ModelLoader) -> Result<SharedState, StartError> {
     if !(1..=256).contains(&cfg.n_slots) {
         return Err(StartError::Slots(cfg.n_slots));
     }
-    let model = Arc::new(model);
+    let model = loader().map_err(|message| StartError::Model {
+        path: cfg.model_path.clone(),
+        message,
+    })?;
+    let sleep = cfg.sleep_idle.map(|idle| muser_engine::SleepConfig {
+        idle,
+        reload: loader,
+    });
     let gguf = model.gguf();
     let tokenizer =
         Arc::new(Tokenizer::from_gguf(gguf).map_err(|e| StartError::Tokenizer(e.to_string()))?);
@@ -287,10 +302,16 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
     if let Some(source) = &cfg.chat_template {
         meta.chat_template = Some(source.clone());
     }
-    if let Some((first, rest)) = cfg.aliases.split_first() {
-        let file_id = std::mem::replace(&mut meta.id, first.clone());
-        meta.aliases = rest.iter().cloned().chain([file_id]).collect();
+    let sorted = |names: &[String]| {
+        let set: std::collections::BTreeSet<&String> = names.iter().collect();
+        set.into_iter().cloned().collect::<Vec<String>>()
+    };
+    let aliases = sorted(&cfg.aliases);
+    if let Some(first) = aliases.first() {
+        meta.id = first.clone();
+        meta.aliases = aliases;
     }
+    meta.tags = sorted(&cfg.tags);
     let engine_cfg = EngineConfig {
         n_slots: cfg.n_slots,
         n_ctx: cfg.n_ctx,
@@ -299,6 +320,7 @@ pub fn load_with(cfg: &ServeConfig, model: Model) -> Result<SharedState, StartEr
         prompt_cache,
         spec: cfg.spec,
         pooling: cfg.pooling,
+        sleep,
         dflash: match &cfg.dflash {
             Some(p) => Some(Arc::new(
                 muser_model::models::dflash::Dflash::load(p, 0)
@@ -393,8 +415,10 @@ fn model_meta(path: &Path, model: &Model, n_vocab: usize) -> ModelMeta {
         .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_string())
         .unwrap_or_else(|| "model".into());
     ModelMeta {
+        aliases: vec![id.clone()],
+        file_id: id.clone(),
         id,
-        aliases: Vec::new(),
+        tags: Vec::new(),
         path: path.to_path_buf(),
         is_muse: info.arch == muser_model::Arch::MuseGlimmer,
         arch,

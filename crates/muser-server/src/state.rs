@@ -12,11 +12,15 @@ use std::sync::Arc;
 /// Facts about the served model, read once at start-up.
 #[derive(Debug, Clone)]
 pub struct ModelMeta {
-    /// The id the server reports (`--alias`, else the file name without `.gguf`).
+    /// The id the server reports: the first `--alias` in sorted order (llama-server keeps its
+    /// aliases in a sorted set), else the file name without `.gguf`.
     pub id: String,
-    /// Every name the model answers to besides `id`: the file name without `.gguf` and the
-    /// other `--alias` names.
+    /// The `--alias` names, sorted and unique (`id` among them), or `[id]` without any.
     pub aliases: Vec<String>,
+    /// The file name without `.gguf`: the model answers to it too.
+    pub file_id: String,
+    /// Informational `--tags`, sorted and unique.
+    pub tags: Vec<String>,
     pub path: PathBuf,
     pub arch: String,
     pub is_muse: bool,
@@ -88,12 +92,17 @@ pub type SharedState = Arc<AppState>;
 /// refused without that work.
 const COUNT_BYTES_PER_TOKEN: usize = 16;
 
+/// The least text an over-long prompt is still counted whole up to, however small the
+/// context (`-c` is shared among the slots, so a slot's context may be a few hundred tokens):
+/// a few milliseconds of tokenizing.
+const COUNT_BYTES_MIN: usize = 64 << 10;
+
 impl AppState {
     /// Ollama's routes: accepts an absent model name or one of the served model's names (also
     /// with an Ollama `:tag`). The OpenAI and llama.cpp routes answer to any name, as
     /// llama-server does with one model loaded.
     pub fn check_model(&self, name: Option<&str>) -> ApiResult<()> {
-        let known = |n: &str| n == self.model.id || self.model.aliases.iter().any(|a| a == n);
+        let known = |n: &str| n == self.model.file_id || self.model.aliases.iter().any(|a| a == n);
         match name {
             None => Ok(()),
             Some(n) if n.is_empty() || known(n) || n.split(':').next().is_some_and(known) => Ok(()),
@@ -167,7 +176,7 @@ impl AppState {
 
     /// Tokenizes a rendered prompt (BOS added, special tokens parsed) within the context.
     /// A prompt over it is counted whole for the error only up to [`COUNT_BYTES_PER_TOKEN`]
-    /// bytes per token of the context.
+    /// bytes per token of the context (at least [`COUNT_BYTES_MIN`]).
     pub fn encode_prompt(&self, text: &str, add_special: bool) -> ApiResult<Vec<u32>> {
         let max = self.prompt_tokens_max();
         self.tokenizer
@@ -176,7 +185,7 @@ impl AppState {
                 // the whole count for the error when counting is bounded work (a text of a
                 // few bytes per token of the context); past that, refused without tokenizing
                 // it all, with the bound it passed
-                if text.len() <= COUNT_BYTES_PER_TOKEN * self.options.n_ctx {
+                if text.len() <= (COUNT_BYTES_PER_TOKEN * self.options.n_ctx).max(COUNT_BYTES_MIN) {
                     let n = self.tokenizer.encode(text, add_special, true).len();
                     ApiError::exceed_context(n, self.options.n_ctx)
                 } else {

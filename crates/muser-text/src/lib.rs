@@ -23,5 +23,7 @@ mod unicode_tables;
 pub use error::{Result, TextError};
 pub use pretok::PreTokenizer;
 pub use stream::{StreamDecoder, Utf8Buffer};
-pub use template::{unix_from_date, ChatRequest, ChatTemplate, CHATML_TEMPLATE};
+pub use template::{
+    builtin_template, unix_from_date, ChatRequest, ChatTemplate, BUILTIN_TEMPLATES, CHATML_TEMPLATE,
+};
 pub use tokenizer::{attr, Fim, Tokenizer, TokenizerKind};

@@ -14,6 +14,30 @@ use crate::tokenizer::Tokenizer;
 /// llama.cpp's fallback when a model has no template.
 pub const CHATML_TEMPLATE: &str = "{%- for message in messages -%}\n  {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n  {{- '<|im_start|>assistant\\n' -}}\n{%- endif -%}";
 
+/// llama.cpp's built-in Llama 3 format (`--chat-template llama3`): every message under its role
+/// header, its content trimmed, closed by `<|eot_id|>`.
+pub const LLAMA3_TEMPLATE: &str = "{%- for message in messages -%}\n  {{- '<|start_header_id|>' + message.role + '<|end_header_id|>\\n\\n' + (message.content | trim) + '<|eot_id|>' -}}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n  {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}\n{%- endif -%}";
+
+/// llama.cpp's built-in Command R format (`--chat-template command-r`): system, user and
+/// assistant turns with their tokens, contents trimmed; other roles are left out.
+pub const COMMAND_R_TEMPLATE: &str = "{%- set tokens = {'system': '<|SYSTEM_TOKEN|>', 'user': '<|USER_TOKEN|>', 'assistant': '<|CHATBOT_TOKEN|>'} -%}\n{%- for message in messages if message.role in tokens -%}\n  {{- '<|START_OF_TURN_TOKEN|>' + tokens[message.role] + (message.content | trim) + '<|END_OF_TURN_TOKEN|>' -}}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n  {{- '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' -}}\n{%- endif -%}";
+
+/// The template names `--chat-template` takes besides Jinja source, as llama-server names
+/// its built-in formats.
+pub const BUILTIN_TEMPLATES: &[(&str, &str)] = &[
+    ("chatml", CHATML_TEMPLATE),
+    ("llama3", LLAMA3_TEMPLATE),
+    ("command-r", COMMAND_R_TEMPLATE),
+];
+
+/// The source of the built-in template called `name`, if there is one.
+pub fn builtin_template(name: &str) -> Option<&'static str> {
+    BUILTIN_TEMPLATES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, src)| *src)
+}
+
 /// What to render: an OpenAI-style conversation plus template switches.
 #[derive(Clone, Debug, Default)]
 pub struct ChatRequest {
@@ -714,6 +738,55 @@ mod tests {
             "2026-11-30 13:01:01 Mon Nov 334"
         );
         assert_eq!(unix_from_date("1970-01-01"), Some(0));
+    }
+
+    /// The built-ins against renderings written out from llama.cpp's `llm_chat_apply_template`
+    /// (src/llama-chat.cpp, b11434) for the same conversation: contents trimmed, roles as
+    /// given (llama3) or mapped to tokens with other roles left out (command-r).
+    #[test]
+    fn builtin_templates_render_as_llama_cpp_builtins() {
+        let req = ChatRequest {
+            messages: vec![
+                serde_json::json!({"role": "system", "content": " You are a test.\n"}),
+                serde_json::json!({"role": "user", "content": "Hi there"}),
+                serde_json::json!({"role": "assistant", "content": "Hello "}),
+                serde_json::json!({"role": "tool", "content": "42"}),
+                serde_json::json!({"role": "user", "content": "Again"}),
+            ],
+            add_generation_prompt: true,
+            ..Default::default()
+        };
+        let render = |name: &str| {
+            let src = builtin_template(name).unwrap();
+            ChatTemplate::with_tokens(src, "<s>", "</s>", false, false)
+                .unwrap()
+                .render(&req)
+                .unwrap()
+        };
+        assert_eq!(
+            render("llama3"),
+            "<|start_header_id|>system<|end_header_id|>\n\nYou are a test.<|eot_id|>\
+             <|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>\
+             <|start_header_id|>assistant<|end_header_id|>\n\nHello<|eot_id|>\
+             <|start_header_id|>tool<|end_header_id|>\n\n42<|eot_id|>\
+             <|start_header_id|>user<|end_header_id|>\n\nAgain<|eot_id|>\
+             <|start_header_id|>assistant<|end_header_id|>\n\n"
+        );
+        assert_eq!(
+            render("command-r"),
+            "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>You are a test.<|END_OF_TURN_TOKEN|>\
+             <|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hi there<|END_OF_TURN_TOKEN|>\
+             <|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>Hello<|END_OF_TURN_TOKEN|>\
+             <|START_OF_TURN_TOKEN|><|USER_TOKEN|>Again<|END_OF_TURN_TOKEN|>\
+             <|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"
+        );
+        assert_eq!(
+            render("chatml"),
+            "<|im_start|>system\n You are a test.\n<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n\
+             <|im_start|>assistant\nHello <|im_end|>\n<|im_start|>tool\n42<|im_end|>\n\
+             <|im_start|>user\nAgain<|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert_eq!(builtin_template("llama2"), None);
     }
 
     #[test]

@@ -464,6 +464,7 @@ pub async fn props(State(state): State<SharedState>) -> Json<Value> {
     Json(json!({
         "default_generation_settings": default_settings(&state),
         "total_slots": state.options.n_slots,
+        "is_sleeping": state.engine.is_sleeping(),
         "model_path": state.model.path.display().to_string(),
         "model_alias": state.model.id,
         "chat_template": state.model.chat_template.clone().unwrap_or_default(),
@@ -529,10 +530,15 @@ pub async fn slots(State(state): State<SharedState>) -> ApiResult<Json<Value>> {
         .slots()
         .iter()
         .map(|s| {
-            json!({
+            let mut slot = json!({
                 "id": s.id, "n_ctx": state.options.n_ctx, "is_processing": s.busy,
-                "n_cached": s.n_cached, "n_prompt": s.n_prompt, "n_decoded": s.n_gen, "params": settings["params"],
-            })
+                "n_cached": s.n_cached, "n_prompt": s.n_prompt, "n_decoded": s.n_gen,
+            });
+            // as llama-server: the settings of a slot that has served a request
+            if s.busy || s.n_cached > 0 {
+                slot["params"] = settings["params"].clone();
+            }
+            slot
         })
         .collect();
     Ok(Json(Value::Array(slots)))
@@ -626,7 +632,8 @@ pub async fn metrics(State(state): State<SharedState>) -> ApiResult<Response> {
         ));
     }
     let gauges = crate::routes::telemetry::gauges(&state);
-    let mut r = state.metrics.render(&gauges).into_response();
+    let text = state.metrics.scrape(&gauges, state.engine.is_sleeping());
+    let mut r = text.into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4"),

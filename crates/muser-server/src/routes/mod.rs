@@ -19,7 +19,7 @@ use crate::reqlog::RequestLog;
 use crate::state::{AppState, SharedState};
 use axum::body::Body;
 use axum::extract::{FromRequestParts, Request, State};
-use axum::http::{header, request::Parts, HeaderValue, StatusCode};
+use axum::http::{header, request::Parts, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -40,6 +40,8 @@ const ROUTES: &[&str] = &[
     "/v1/messages/count_tokens",
     "/v1/responses",
     "/responses",
+    "/v1/responses/input_tokens",
+    "/responses/input_tokens",
     "/v1/models",
     "/models",
     "/completion",
@@ -102,6 +104,8 @@ pub fn router(state: SharedState) -> Router {
         // OpenAI Responses
         .route("/v1/responses", post(responses::responses))
         .route("/responses", post(responses::responses))
+        .route("/v1/responses/input_tokens", post(responses::input_tokens))
+        .route("/responses/input_tokens", post(responses::input_tokens))
         .route("/models", get(openai::models))
         // llama.cpp
         .route("/completion", post(llama::completion))
@@ -168,7 +172,9 @@ async fn not_found(req: Request) -> ApiError {
 /// The one layer every route (present and future) passes: CORS (preflights answered here,
 /// before anything else), the `Host` allow-list (without
 /// a key), JSON-only POSTs, the API key (`Authorization: Bearer KEY`, or Anthropic's
-/// `x-api-key: KEY`; every route but /health and the dashboard's files, which hold no data), the limit on requests in flight, and the per-request log record.
+/// `x-api-key: KEY`; every route but /health and the dashboard's files, which hold no data),
+/// waking a sleeping engine for any request but a read (GET, HEAD), the limit on requests in
+/// flight, and the per-request log record.
 async fn guard(State(state): State<SharedState>, mut req: Request, next: Next) -> Response {
     let path = req.uri().path();
     let route = route_label(path);
@@ -186,6 +192,11 @@ async fn guard(State(state): State<SharedState>, mut req: Request, next: Next) -
     }
     let open = matches!(path, "/health" | "/v1/health" | "/") || path.starts_with("/assets/");
     let refused = admit(&state, &req, open).err();
+    if refused.is_none() && !matches!(*req.method(), Method::GET | Method::HEAD) {
+        // a request that may need the model wakes a sleeping engine (--sleep-idle-seconds);
+        // reading /health, /props, /models or /metrics does not
+        state.engine.touch();
+    }
     let response = match refused {
         Some(e) => e.into_response(),
         None if open || route == "/metrics" => {

@@ -406,7 +406,9 @@ pub async fn chat_input_tokens(
     StrictJson(req): StrictJson<ChatCompletionRequest>,
 ) -> ApiResult<Json<Value>> {
     let n = count_chat_tokens(&state, req).await?;
-    Ok(Json(json!({ "input_tokens": n })))
+    Ok(Json(
+        json!({ "object": "response.input_tokens", "input_tokens": n }),
+    ))
 }
 
 /// Renders a chat request's conversation (shared with /apply-template).
@@ -692,7 +694,8 @@ pub async fn models(State(state): State<SharedState>) -> Json<Value> {
     Json(json!({
         "object": "list",
         "data": [{
-            "id": m.id, "object": "model", "created": state.started_unix_s, "owned_by": "muser",
+            "id": m.id, "aliases": m.aliases, "tags": m.tags, "object": "model",
+            "created": state.started_unix_s, "owned_by": "muser",
             "meta": {
                 "arch": m.arch, "n_vocab": m.n_vocab, "n_ctx": state.options.n_ctx,
                 "n_ctx_train": m.n_ctx_train, "n_embd": m.n_embd, "n_params": m.n_params,

@@ -4,8 +4,9 @@
 //! messages) and runs the chat route's path; the answer is output items (`reasoning`,
 //! `message`, `function_call`). Streamed, the message's text arrives as
 //! `response.output_text.delta` events; reasoning and function calls as whole items at the end.
+//! `POST /v1/responses/input_tokens` counts the prompt tokens of the same translation.
 
-use super::openai::{start_chat, ChatRun};
+use super::openai::{count_chat_tokens, start_chat, ChatRun};
 use super::{next_id, sse_response, unix_now, Log};
 use crate::chat::{Message, Piece};
 use crate::error::{ApiError, ApiResult};
@@ -185,6 +186,18 @@ impl Head {
             })),
         })
     }
+}
+
+/// `POST /v1/responses/input_tokens` (and `/responses/input_tokens`): how many prompt
+/// tokens the request would take, generating nothing (llama-server's shape).
+pub async fn input_tokens(
+    State(state): State<SharedState>,
+    StrictJson(req): StrictJson<ResponsesRequest>,
+) -> ApiResult<Json<Value>> {
+    let n = count_chat_tokens(&state, to_chat(req)?).await?;
+    Ok(Json(
+        json!({ "object": "response.input_tokens", "input_tokens": n }),
+    ))
 }
 
 fn output_text(text: &str) -> Value {

@@ -799,8 +799,8 @@ fn tile_kind(ty: GgmlType) -> Option<(bool, u8, usize)> {
     })
 }
 
-/// Runs the tile kernels of `isa` over `n_w` weight rows × `n_a` activation rows (4 × 4 at a
-/// time, then the edges), weight rows in chunks that stay in L1/L2 while every token group
+/// Runs the tile kernels of `isa` over `n_w` weight rows × `n_a` activation rows (4 weight rows
+/// × up to 4 tokens at a time, then the rows at the edge), weight rows in chunks that stay in L1/L2 while every token group
 /// passes over them. Returns false when `ty` has no tile kernel (nothing written).
 ///
 /// # Safety
@@ -843,28 +843,38 @@ pub(crate) unsafe fn tile_run(
                 while t < n_a {
                     let at = a.add(t * a_stride);
                     let ot = out.add(t * o_stride);
-                    let full_t = n_a - t >= 4;
+                    // up to 4 tokens a pass: a verification's 2 or 3 rows share each
+                    // unpacked weight block too
+                    let n_t = (n_a - t).min(4);
                     let mut r = c0;
                     while r < c1 {
                         let (wr, or) = (w.add(r * w_stride), ot.add(r));
                         let full_r = c1 - r >= 4;
-                        match (full_r, full_t) {
-                            (true, true) => $m::$f::<{ $k }, 4, 4>(
-                                wr, w_stride, ts, at, a_stride, nb, or, o_stride,
-                            ),
-                            (true, false) => $m::$f::<{ $k }, 4, 1>(
-                                wr, w_stride, ts, at, a_stride, nb, or, o_stride,
-                            ),
-                            (false, true) => $m::$f::<{ $k }, 1, 4>(
-                                wr, w_stride, ts, at, a_stride, nb, or, o_stride,
-                            ),
-                            (false, false) => $m::$f::<{ $k }, 1, 1>(
-                                wr, w_stride, ts, at, a_stride, nb, or, o_stride,
-                            ),
+                        macro_rules! tile {
+                            ($r:literal) => {
+                                match n_t {
+                                    4 => $m::$f::<{ $k }, $r, 4>(
+                                        wr, w_stride, ts, at, a_stride, nb, or, o_stride,
+                                    ),
+                                    3 => $m::$f::<{ $k }, $r, 3>(
+                                        wr, w_stride, ts, at, a_stride, nb, or, o_stride,
+                                    ),
+                                    2 => $m::$f::<{ $k }, $r, 2>(
+                                        wr, w_stride, ts, at, a_stride, nb, or, o_stride,
+                                    ),
+                                    _ => $m::$f::<{ $k }, $r, 1>(
+                                        wr, w_stride, ts, at, a_stride, nb, or, o_stride,
+                                    ),
+                                }
+                            };
+                        }
+                        match full_r {
+                            true => tile!(4),
+                            false => tile!(1),
                         }
                         r += if full_r { 4 } else { 1 };
                     }
-                    t += if full_t { 4 } else { 1 };
+                    t += n_t;
                 }
             }
         }};

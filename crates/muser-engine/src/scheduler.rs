@@ -789,9 +789,9 @@ impl<'t> Scheduler<'t> {
     }
 
     /// Draft tokens to follow slot `i`'s decode token `id`: at most `room`, none past the
-    /// context or the request's token budget.
+    /// context, the request's token budget or an end-of-generation token.
     fn drafts(&mut self, i: usize, id: u32, room: usize) -> Vec<u32> {
-        let n_ctx = self.cfg.n_ctx;
+        let (n_ctx, tok) = (self.cfg.n_ctx, self.tok);
         let row_cost = self.row_cost.row_ratio();
         let Slot { tokens, task, .. } = &mut self.slots[i];
         let (model, dflash) = (&self.model, &mut self.dflash);
@@ -829,6 +829,14 @@ impl<'t> Scheduler<'t> {
         // a draft never names an image row (it lies outside the vocabulary)
         if let Some(i) = drafts.iter().position(|&t| t >= crate::IMAGE_ID_BASE) {
             drafts.truncate(i);
+        }
+        // nothing follows an end of generation: rows after one would be verified for nothing
+        // (the n-gram drafter copies the chat template's turn ends from the prompt)
+        if let Some(i) = drafts
+            .iter()
+            .position(|&t| tok.is_some_and(|tk| tk.is_eog(t)))
+        {
+            drafts.truncate(i + 1);
         }
         drafts
     }

@@ -242,7 +242,7 @@ for engine in engines:
             # muser: verifications, accepted drafts per verification, and the row cost the
             # engine measured (a fraction of a decode step) when the request ended
             v = s["verifications"]
-            row.update(verifications=v, row_cost=s["row_cost"],
+            row.update(verifications=v, row_cost=round(s["row_cost"], 3),
                        accepted_per_verification=round(s["draft_n_accepted"] / v, 2) if v else None)
         rows.append(row)
         print(f"bench-spec: {engine} {name}: {row['speedup']}x "

@@ -7,8 +7,8 @@
 # `--spec ngram`, llama-server `--spec-type ngram-simple`), one slot each, one server at a time
 # (two side by side differed by up to 10% with nothing drafted), alternating REPS times; the
 # best run of each counts. Chat templates come from each server's /apply-template. Reports generation tokens/s,
-# drafted and accepted tokens, and checks that each server's speculative text equals its plain
-# text. Writes $RECEIPT_DIR/cpu-spec-ngram-<UTC time>.json and prints a markdown table.
+# drafted and accepted tokens (for muser also verifications and the row cost from /props), and
+# checks that each server's speculative text equals its plain text. Writes $RECEIPT_DIR/cpu-spec-ngram-<UTC time>.json and prints a markdown table.
 # Usage: scripts/bench-spec.sh [N_PREDICT (default 192)] [DRAFT_MAX (default 8)]
 # Env: ENGINES="muser llama-server" (default both; `muser` alone needs no comparator),
 #      MUSER_MODELS (the model's directory), THREADS (default nproc), REPS (default 2), MUSER_BIN (a built muser: nothing is built), LLAMA_BIN (the directory
@@ -176,15 +176,26 @@ def start(name, cmd, env=None):
     proc.kill()
     sys.exit(f"bench-spec: {name} not ready")
 
+def spec_props(url):
+    """muser's speculative counters and row cost in /props (absent on llama-server)."""
+    with urllib.request.urlopen(url + "/props", timeout=30) as r:
+        return json.loads(r.read()).get("speculative") or {}
+
 def complete(url, prompt):
     body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0,
             "cache_prompt": False, "stream": False}
+    before = spec_props(url)
     j = post(url, "/completion", body)
+    after = spec_props(url)
     t = j["timings"]
-    return {"text": j["content"], "predicted_n": t["predicted_n"],
-            "predicted_ms": t["predicted_ms"],
-            "tokens_per_second": t["predicted_n"] * 1e3 / max(t["predicted_ms"], 1e-9),
-            "draft_n": t.get("draft_n", 0), "draft_n_accepted": t.get("draft_n_accepted", 0)}
+    r = {"text": j["content"], "predicted_n": t["predicted_n"],
+         "predicted_ms": t["predicted_ms"],
+         "tokens_per_second": t["predicted_n"] * 1e3 / max(t["predicted_ms"], 1e-9),
+         "draft_n": t.get("draft_n", 0), "draft_n_accepted": t.get("draft_n_accepted", 0)}
+    if "verifications_total" in after:
+        r["verifications"] = after["verifications_total"] - before["verifications_total"]
+        r["row_cost"] = after.get("row_cost")
+    return r
 
 def commands(engine):
     if engine == "muser":
@@ -227,16 +238,23 @@ for engine in engines:
                "acceptance": None if acc is None else round(acc, 3),
                "generated": s["predicted_n"],
                "same_text_as_plain": s["text"] == p["text"]}
+        if "verifications" in s:
+            # muser: verifications, accepted drafts per verification, and the row cost the
+            # engine measured (a fraction of a decode step) when the request ended
+            v = s["verifications"]
+            row.update(verifications=v, row_cost=round(s["row_cost"], 3),
+                       accepted_per_verification=round(s["draft_n_accepted"] / v, 2) if v else None)
         rows.append(row)
         print(f"bench-spec: {engine} {name}: {row['speedup']}x "
               f"({row['plain_tps']} -> {row['ngram_tps']} t/s, "
               f"{row['draft_n_accepted']}/{row['draft_n']} accepted)", file=sys.stderr)
 
-print("| engine | prompt | plain t/s | ngram t/s | speedup | drafted | accepted | same text |")
-print("|---|---|---:|---:|---:|---:|---:|---|")
+print("| engine | prompt | plain t/s | ngram t/s | speedup | drafted | accepted | verifications | row cost | same text |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
 for r in rows:
     print(f"| {r['engine']} | {r['prompt']} | {r['plain_tps']} | {r['ngram_tps']} | "
-          f"{r['speedup']}x | {r['draft_n']} | {r['draft_n_accepted']} | {r['same_text_as_plain']} |")
+          f"{r['speedup']}x | {r['draft_n']} | {r['draft_n_accepted']} | "
+          f"{r.get('verifications', '')} | {r.get('row_cost') or ''} | {r['same_text_as_plain']} |")
 
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
            platform.processor())

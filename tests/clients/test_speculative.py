@@ -1,6 +1,6 @@
 """Speculative decoding over HTTP: llama-server's per-request `speculative.*` fields, the
-`draft_n`/`draft_n_accepted` timings, and the counters in /props and /metrics (a second
-server started with `--spec ngram`)."""
+`draft_n`/`draft_n_accepted` timings, and the counters, acceptance and row cost in /props and
+/metrics (a second server started with `--spec ngram`)."""
 
 import requests
 
@@ -50,9 +50,16 @@ def test_per_request_speculative_fields_timings_and_counters():
         assert props["draft_n_total"] >= t["draft_n"] + small["timings"]["draft_n"]
         assert 0 < props["draft_n_accepted_total"] <= props["draft_n_total"]
         assert props["verifications_total"] > 0
+        assert props["acceptance"] == props["draft_n_accepted_total"] / props["draft_n_total"]
+        # measured on this server's decode batches (1 row, then verifications of more)
+        assert 0 <= props["row_cost"] <= 1
         metrics = requests.get(f"{url}/metrics", timeout=10).text
         assert f"muser_draft_tokens_total {props['draft_n_total']}" in metrics
         assert f"muser_draft_verifications_total {props['verifications_total']}" in metrics
+        gauges = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
+                  if line.startswith(("muser_draft_row_cost ", "muser_draft_acceptance_ratio "))}
+        assert abs(gauges["muser_draft_acceptance_ratio"] - props["acceptance"]) < 1e-9
+        assert abs(gauges["muser_draft_row_cost"] - props["row_cost"]) < 1e-6
 
 
 def test_a_request_turns_speculation_on_where_the_server_does_not(base_url):

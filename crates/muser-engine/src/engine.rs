@@ -313,6 +313,14 @@ pub struct EngineStats {
     pub kv_tokens: usize,
 }
 
+impl EngineStats {
+    /// Draft tokens accepted per draft token verified since start; `None` before any draft.
+    pub fn draft_acceptance(&self) -> Option<f64> {
+        (self.draft_tokens_total > 0)
+            .then(|| self.draft_accepted_total as f64 / self.draft_tokens_total as f64)
+    }
+}
+
 /// One slot as `/slots` shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SlotInfo {

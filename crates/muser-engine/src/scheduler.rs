@@ -796,9 +796,9 @@ impl<'t> Scheduler<'t> {
     }
 
     /// Draft tokens to follow slot `i`'s decode token `id`: at most `room`, none past the
-    /// context or the request's token budget.
+    /// context or the request's token budget, and none from an end-of-generation token on.
     fn drafts(&mut self, i: usize, id: u32, room: usize) -> Vec<u32> {
-        let n_ctx = self.cfg.n_ctx;
+        let (n_ctx, tok) = (self.cfg.n_ctx, self.tok);
         let row_cost = self.row_cost.row_ratio();
         let Slot { tokens, task, .. } = &mut self.slots[i];
         let (model, dflash) = (&self.model, &mut self.dflash);
@@ -835,6 +835,15 @@ impl<'t> Scheduler<'t> {
         };
         // a draft never names an image row (it lies outside the vocabulary)
         if let Some(i) = drafts.iter().position(|&t| t >= crate::IMAGE_ID_BASE) {
+            drafts.truncate(i);
+        }
+        // no draft is an end of generation: the row before it samples that token itself, and
+        // the rows from it on would be verified for nothing (the n-gram drafter copies the
+        // chat template's turn ends, and the next turn's header, from the prompt)
+        if let Some(i) = drafts
+            .iter()
+            .position(|&t| tok.is_some_and(|tk| tk.is_eog(t)))
+        {
             drafts.truncate(i);
         }
         drafts

@@ -179,6 +179,31 @@ fn greedy_speculation_equals_plain_decoding_with_four_slots_and_stop_strings() {
     assert!(accepted > 10, "drafts were accepted ({accepted})");
 }
 
+/// The drafter copies a previous turn's answer and, after it, the chat template's turn end and
+/// the next turn's header; drafts stop before the end of generation (the row before it samples
+/// it), so every drafted row is taken and none is verified past the answer's end.
+#[test]
+fn drafts_stop_at_an_end_of_generation() {
+    let (_, tok) = smollm();
+    let turn = "<|im_start|>user\nSay exactly: hello world<|im_end|>\n<|im_start|>assistant\n";
+    let prompt = format!("{turn}hello world<|im_end|>\n{turn}");
+    let req = request(
+        tok.encode(&prompt, true, true),
+        SamplingParams::greedy(),
+        16,
+    );
+    let (want, got, _) = both(std::slice::from_ref(&req), 1);
+    assert_eq!(got, want);
+    assert_eq!(got[0].reason, FinishReason::Eog);
+    let (model, tok) = smollm();
+    let spec = Engine::start(model, tok, config(1, true)).unwrap();
+    let (_, (drafted, accepted)) = collect(spec.submit(req).unwrap());
+    assert!(
+        accepted > 0 && drafted == accepted,
+        "{drafted} drafted, {accepted} taken"
+    );
+}
+
 #[test]
 fn a_requests_own_speculative_settings_turn_it_off_on_or_resize_it() {
     let (model, tok) = smollm();

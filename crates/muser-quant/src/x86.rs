@@ -633,7 +633,8 @@ pub(crate) mod $module {
     use super::*;
     use super::$core as core;
     /// Weight rows `w + r·w_stride` (r < R) against activation rows `a + t·a_stride`
-    /// (t < T), `nb` blocks each; writes `out[t·o_stride + r]`.
+    /// (t < T), `nb` blocks each; writes `out[t·o_stride + r]`. `stream`: the weights come
+    /// from memory (prefetch ahead).
     ///
     /// # Safety
     /// AVX2/FMA/F16C/AVX512-VNNI/VL present; every row holds `nb` blocks; the outputs are
@@ -649,6 +650,7 @@ pub(crate) mod $module {
         nb: usize,
         out: *mut f32,
         o_stride: usize,
+        stream: bool,
     ) {
         const { assert!(T <= 4) };
         let mut acc = [[_mm256_setzero_ps(); T]; R];
@@ -676,7 +678,7 @@ pub(crate) mod $module {
             }
             for r in 0..R {
                 let x = w.add(r * w_stride + ts * i);
-                prefetch_ahead::<T>(x);
+                prefetch_if(stream, x);
                 let xv = core::weights::<K>(x);
                 for t in 0..T {
                     let q = _mm256_cvtepi32_ps(core::lanes $($signed)* (yb[t], xv, yq[t]));
@@ -711,6 +713,7 @@ pub(crate) mod $module {
         nb: usize,
         out: *mut f32,
         o_stride: usize,
+        stream: bool,
     ) {
         const { assert!(T <= 4) };
         let mut acc = [[_mm256_setzero_ps(); T]; R];
@@ -739,7 +742,7 @@ pub(crate) mod $module {
             }
             for r in 0..R {
                 let x = w.add(r * w_stride + ts * i);
-                prefetch_ahead::<T>(x);
+                prefetch_if(stream, x);
                 let mx = _mm_set1_ps(h2f(x.add(2)));
                 let xv = core::weights::<K>(x);
                 summs[r] = _mm_fmadd_ps(mx, syv, summs[r]);
@@ -778,11 +781,13 @@ tile_kernels!(
 );
 tile_kernels!(tile_avx2, "avx2,fma,f16c", tile_core_avx2, [::<true>], [::<false>]);
 
-/// With one token (decode) the weights stream from memory once: ask for the bytes
-/// [`PF_AHEAD`] on early. A prefetch never faults, even past the end.
+/// A pass that streams its weights from memory (a chunk's first token group) asks for the
+/// bytes [`PF_AHEAD`] on early: without it the few-token passes of a speculative
+/// verification ran at memory latency, 2-3x slower than the one-token kernel. A prefetch
+/// never faults, even past the end.
 #[inline(always)]
-unsafe fn prefetch_ahead<const T: usize>(x: *const u8) {
-    if T == 1 {
+unsafe fn prefetch_if(stream: bool, x: *const u8) {
+    if stream {
         _mm_prefetch::<_MM_HINT_T0>(x.wrapping_add(PF_AHEAD) as *const i8);
     }
 }
@@ -799,8 +804,8 @@ fn tile_kind(ty: GgmlType) -> Option<(bool, u8, usize)> {
     })
 }
 
-/// Runs the tile kernels of `isa` over `n_w` weight rows × `n_a` activation rows (4 × 4 at a
-/// time, then the edges), weight rows in chunks that stay in L1/L2 while every token group
+/// Runs the tile kernels of `isa` over `n_w` weight rows × `n_a` activation rows (4 weight rows
+/// × up to 4 tokens at a time, then the rows at the edge), weight rows in chunks that stay in L1/L2 while every token group
 /// passes over them. Returns false when `ty` has no tile kernel (nothing written).
 ///
 /// # Safety
@@ -843,28 +848,70 @@ pub(crate) unsafe fn tile_run(
                 while t < n_a {
                     let at = a.add(t * a_stride);
                     let ot = out.add(t * o_stride);
-                    let full_t = n_a - t >= 4;
+                    // up to 4 tokens a pass: a verification's 2 or 3 rows share each
+                    // unpacked weight block too
+                    let n_t = (n_a - t).min(4);
                     let mut r = c0;
                     while r < c1 {
                         let (wr, or) = (w.add(r * w_stride), ot.add(r));
                         let full_r = c1 - r >= 4;
-                        match (full_r, full_t) {
-                            (true, true) => $m::$f::<{ $k }, 4, 4>(
-                                wr, w_stride, ts, at, a_stride, nb, or, o_stride,
-                            ),
-                            (true, false) => $m::$f::<{ $k }, 4, 1>(
-                                wr, w_stride, ts, at, a_stride, nb, or, o_stride,
-                            ),
-                            (false, true) => $m::$f::<{ $k }, 1, 4>(
-                                wr, w_stride, ts, at, a_stride, nb, or, o_stride,
-                            ),
-                            (false, false) => $m::$f::<{ $k }, 1, 1>(
-                                wr, w_stride, ts, at, a_stride, nb, or, o_stride,
-                            ),
+                        macro_rules! tile {
+                            ($r:literal) => {
+                                match n_t {
+                                    4 => $m::$f::<{ $k }, $r, 4>(
+                                        wr,
+                                        w_stride,
+                                        ts,
+                                        at,
+                                        a_stride,
+                                        nb,
+                                        or,
+                                        o_stride,
+                                        t == 0,
+                                    ),
+                                    3 => $m::$f::<{ $k }, $r, 3>(
+                                        wr,
+                                        w_stride,
+                                        ts,
+                                        at,
+                                        a_stride,
+                                        nb,
+                                        or,
+                                        o_stride,
+                                        t == 0,
+                                    ),
+                                    2 => $m::$f::<{ $k }, $r, 2>(
+                                        wr,
+                                        w_stride,
+                                        ts,
+                                        at,
+                                        a_stride,
+                                        nb,
+                                        or,
+                                        o_stride,
+                                        t == 0,
+                                    ),
+                                    _ => $m::$f::<{ $k }, $r, 1>(
+                                        wr,
+                                        w_stride,
+                                        ts,
+                                        at,
+                                        a_stride,
+                                        nb,
+                                        or,
+                                        o_stride,
+                                        t == 0,
+                                    ),
+                                }
+                            };
+                        }
+                        match full_r {
+                            true => tile!(4),
+                            false => tile!(1),
                         }
                         r += if full_r { 4 } else { 1 };
                     }
-                    t += if full_t { 4 } else { 1 };
+                    t += n_t;
                 }
             }
         }};

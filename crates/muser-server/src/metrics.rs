@@ -583,6 +583,18 @@ impl Metrics {
             "Speculative draft tokens accepted.",
             g.engine.draft_accepted_total,
         );
+        gauge(
+            &mut out,
+            "muser_draft_acceptance_ratio",
+            "Speculative draft tokens accepted per draft token verified (0 before any).",
+            g.engine.draft_acceptance().unwrap_or(0.0),
+        );
+        gauge(
+            &mut out,
+            "muser_draft_row_cost",
+            "What one more verification row adds to a decode step, as a fraction of a one-row step (measured; sizes the drafts).",
+            f64::from(g.engine.draft_row_cost),
+        );
         if let Some(pc) = &g.prompt_cache {
             let name = "muser_prompt_cache_hits_total";
             let _ = writeln!(out, "# HELP {name} Requests that resumed a prefix from the prompt cache, by tier.\n# TYPE {name} counter");
@@ -765,6 +777,7 @@ mod tests {
                     draft_verifications_total: 7,
                     draft_tokens_total: 40,
                     draft_accepted_total: 25,
+                    draft_row_cost: 0.5,
                     ..Default::default()
                 },
                 n_slots: 4,
@@ -783,6 +796,8 @@ mod tests {
         assert!(text.contains("muser_draft_verifications_total 7"));
         assert!(text.contains("muser_draft_tokens_total 40"));
         assert!(text.contains("muser_draft_accepted_tokens_total 25"));
+        assert!(text.contains("muser_draft_acceptance_ratio 0.625"));
+        assert!(text.contains("muser_draft_row_cost 0.5"));
         assert!(text.contains("muser_prompt_tokens_total 10"));
         assert!(text.contains(
             "# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total 10\n"

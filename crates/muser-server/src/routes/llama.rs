@@ -481,8 +481,9 @@ pub async fn props(State(state): State<SharedState>) -> Json<Value> {
     }))
 }
 
-/// The server's speculative decoding (`--spec`, `--draft-max`; null without) and its
-/// counters since start.
+/// The server's speculative decoding (`--spec`, `--draft-max`; null without), its counters
+/// since start, the acceptance (null before any draft) and what a verification row costs
+/// now (a fraction of a decode step; it sizes the drafts).
 fn speculative_props(state: &AppState) -> Value {
     let st = state.engine.stats();
     let cfg = state
@@ -495,6 +496,8 @@ fn speculative_props(state: &AppState) -> Value {
         "verifications_total": st.draft_verifications_total,
         "draft_n_total": st.draft_tokens_total,
         "draft_n_accepted_total": st.draft_accepted_total,
+        "acceptance": st.draft_acceptance(),
+        "row_cost": st.draft_row_cost,
     })
 }
 

@@ -152,14 +152,11 @@ pub fn snapshot(state: &SharedState) -> Value {
         "prompt_cache": cache,
     });
     // speculative decoding's acceptance, once something was drafted
-    if e.draft_tokens_total > 0 {
+    if let Some(acceptance) = e.draft_acceptance() {
         out["speculative"] = json!({
             "drafted_total": measured(e.draft_tokens_total, "tokens"),
             "accepted_total": measured(e.draft_accepted_total, "tokens"),
-            "acceptance": measured(
-                e.draft_accepted_total as f64 / e.draft_tokens_total as f64,
-                "ratio"
-            ),
+            "acceptance": measured(acceptance, "ratio"),
         });
     }
     if let Some(n) = crate::routes::sessions::count(state) {

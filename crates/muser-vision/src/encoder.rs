@@ -147,22 +147,24 @@ impl Projector {
         for (il, layer) in self.layers.iter().enumerate() {
             let mut cur = x.clone();
             layer_norm(&mut cur, &layer.ln1, e, hp.eps);
-            let mut q = self.linear(backend, &layer.q, cur.clone(), n)?;
-            let mut kk = self.linear(backend, &layer.k, cur.clone(), n)?;
-            let v = self.linear(backend, &layer.v, cur, n)?;
+            // one upload for the three projections
+            let cur = backend.upload(n, e, cur)?;
+            let mut q = self.linear(backend, &layer.q, &cur)?;
+            let mut kk = self.linear(backend, &layer.k, &cur)?;
+            let v = self.linear(backend, &layer.v, &cur)?;
             rope_2d(&mut q, &lay.pos, hp.n_head, hp.head_dim, hp.rope_theta);
             rope_2d(&mut kk, &lay.pos, hp.n_head, hp.head_dim, hp.rope_theta);
             let global = hp.is_global(il);
             let a = attention(&q, &kk, &v, &lay.window, global, hp.n_head, hp.head_dim);
-            let a = self.linear(backend, &layer.o, a, n)?;
-            x.iter_mut().zip(&a).for_each(|(r, v)| *r += v);
+            let a = self.linear(backend, &layer.o, &backend.upload(n, e, a)?)?;
+            add_all(&mut x, &a);
 
             let mut cur = x.clone();
             layer_norm(&mut cur, &layer.ln2, e, hp.eps);
-            let mut f = self.linear(backend, &layer.up, cur, n)?;
+            let mut f = self.linear(backend, &layer.up, &backend.upload(n, e, cur)?)?;
             gelu_all(&mut f);
-            let f = self.linear(backend, &layer.down, f, n)?;
-            x.iter_mut().zip(&f).for_each(|(r, v)| *r += v);
+            let f = self.linear(backend, &layer.down, &backend.upload(n, hp.n_ff, f)?)?;
+            add_all(&mut x, &f);
         }
         if let Some(norm) = &self.post_ln {
             layer_norm(&mut x, norm, e, hp.eps);
@@ -207,14 +209,14 @@ impl Projector {
         })
     }
 
+    /// `x · Wᵀ + b` of an uploaded `x`, downloaded.
     fn linear<B: Backend>(
         &self,
         backend: &B,
         l: &Linear,
-        x: Vec<f32>,
-        rows: usize,
+        x: &B::Act,
     ) -> Result<Vec<f32>, VisionError> {
-        let mut y = matmul(backend, self.weight(&l.w), x, rows)?;
+        let mut y = backend.download(&backend.matmul(&self.weight(&l.w), x)?)?;
         if let Some(b) = &l.b {
             add_bias(&mut y, b);
         }
@@ -275,9 +277,15 @@ fn matmul<B: Backend>(
 }
 
 fn add_bias(x: &mut [f32], b: &[f32]) {
-    for row in x.chunks_exact_mut(b.len()) {
-        row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
-    }
+    x.par_chunks_exact_mut(b.len())
+        .for_each(|row| row.iter_mut().zip(b).for_each(|(v, b)| *v += b));
+}
+
+/// `x += y`, in parallel pieces.
+fn add_all(x: &mut [f32], y: &[f32]) {
+    x.par_chunks_mut(1 << 14)
+        .zip(y.par_chunks(1 << 14))
+        .for_each(|(x, y)| x.iter_mut().zip(y).for_each(|(a, b)| *a += b));
 }
 
 fn gather(x: &[f32], idx: &[usize], e: usize) -> Vec<f32> {

@@ -401,7 +401,8 @@ fn attention(
     hd: usize,
 ) -> Vec<f32> {
     let (n, e) = (window.len(), n_head * hd);
-    let (kt, vt) = (transpose(k, n, e), transpose(v, n, e));
+    // K's rows padded by a block of keys, so that every block reads 16 values
+    let (kt, vt) = (transpose(k, n, e, n + KEYS), transpose(v, n, e, n));
     let heads = Heads {
         q,
         kt: &kt,
@@ -420,15 +421,17 @@ fn attention(
     out
 }
 
-/// `n` rows of `e` values as `e` rows of `n` (per head, v so is the rows
-/// `ggml_cont(ggml_permute(v))` holds).
-fn transpose(x: &[f32], n: usize, e: usize) -> Vec<f32> {
-    let mut t = vec![0f32; n * e];
-    t.par_chunks_exact_mut(n).enumerate().for_each(|(c, row)| {
-        for (j, y) in row.iter_mut().enumerate() {
-            *y = x[j * e + c];
-        }
-    });
+/// `n` rows of `e` values as `e` rows of `n`, each `stride >= n` long (zeros after the `n`);
+/// per head, v so is the rows `ggml_cont(ggml_permute(v))` holds.
+fn transpose(x: &[f32], n: usize, e: usize, stride: usize) -> Vec<f32> {
+    let mut t = vec![0f32; stride * e];
+    t.par_chunks_exact_mut(stride)
+        .enumerate()
+        .for_each(|(c, row)| {
+            for (j, y) in row[..n].iter_mut().enumerate() {
+                *y = x[j * e + c];
+            }
+        });
     t
 }
 
@@ -477,13 +480,14 @@ fn attend_row_in(h: &Heads, i: usize, (lo, hi): (usize, usize), orow: &mut [f32]
     let mut p = vec![0f32; n];
     for head in 0..h.n_head {
         let qh = &h.q[i * e + head * hd..i * e + (head + 1) * hd];
-        let kt = &h.kt[head * hd * n..(head + 1) * hd * n];
+        let stride = n + KEYS;
+        let kt = &h.kt[head * hd * stride..(head + 1) * hd * stride];
         p[a..lo].fill(f32::NEG_INFINITY);
         p[hi..b].fill(f32::NEG_INFINITY);
         let mut j = lo;
         while j < hi {
             let keys = (hi - j).min(KEYS);
-            let dots = key_dots(kt, n, qh, j, keys);
+            let dots = key_dots(kt, stride, qh, j);
             for (s, d) in p[j..j + keys].iter_mut().zip(dots) {
                 *s = d * scale;
             }
@@ -510,19 +514,20 @@ const LANES: usize = 16;
 /// Keys whose dots with one query [`key_dots`] computes together.
 const KEYS: usize = 16;
 
-/// [`vec_dot_f32`] of `q` with each of the `keys` (at most [`KEYS`]) keys from `j0`, given as
-/// the head's channels of K transposed (`kt[t·n + j]`): the same operations on every key, each
-/// key in a lane of its own (the keys' dots are independent chains, so they run side by side
-/// where one dot's unfused tail would wait on itself). Lanes past `keys` hold nothing.
+/// [`vec_dot_f32`] of `q` with each of the [`KEYS`] keys from `j0`, given as the head's
+/// channels of K transposed (`kt[t·stride + j]`, `j0 + KEYS <= stride`): the same operations
+/// on every key, each key in a lane of its own (the keys' dots are independent chains, so they
+/// run side by side where one dot's unfused tail would wait on itself). A caller with fewer
+/// keys left ignores the other lanes.
 #[allow(clippy::needless_range_loop)] // lane loops mirror the SIMD lanes
 #[inline(always)]
-fn key_dots(kt: &[f32], n: usize, q: &[f32], j0: usize, keys: usize) -> [f32; KEYS] {
+fn key_dots(kt: &[f32], stride: usize, q: &[f32], j0: usize) -> [f32; KEYS] {
     let hd = q.len();
     let np = hd - hd % (4 * LANES);
-    let row = |t: usize| {
-        let mut r = [0f32; KEYS];
-        r[..keys].copy_from_slice(&kt[t * n + j0..t * n + j0 + keys]);
-        r
+    // a fixed-size view: loads, not a copy call per row
+    let row = |t: usize| -> &[f32; KEYS] {
+        let at = t * stride + j0;
+        kt[at..at + KEYS].try_into().expect("KEYS values")
     };
     // accumulator `slot` of `ggml_vec_dot_f32` (vector slot / 16, lane slot % 16), per key
     let mut acc = [[0f32; KEYS]; 4 * LANES];

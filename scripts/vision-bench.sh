@@ -24,7 +24,9 @@
 # synthesized from SmolLM2 in $MUSER_MODELS). LLAMA_RESULT: the JSON line of an earlier libmtmd
 # run of the same projector, image, threads and device (its embeddings in $VISION_BENCH_DIR/
 # llama.f32), taken instead of running libmtmd again (the comparator's side does not change
-# between Muser commits; on two shared cores it takes tens of minutes at 1024).
+# between Muser commits; on two shared cores it takes tens of minutes at 1024). MUSER_RESULT:
+# the same for Muser's encode (`encode ... --out $VISION_BENCH_DIR/muser.f32`'s JSON line), so
+# that on two shared cores both engines can run at the same time under the same load.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 device="${DEVICE:-cpu}"
@@ -68,7 +70,7 @@ img="$work/bench-$side.png"
 python3 "$root/scripts/vision/images.py" --bench "$img" "$side"
 
 gpu=0; [ "$device" = cuda ] && gpu=1
-load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+load_before=${LOAD_BEFORE:-$(cut -d' ' -f1-3 /proc/loadavg)}  # LOAD_*: those of the *_RESULT runs
 if [ -n "${LLAMA_RESULT:-}" ]; then
   llama=$(cat "$LLAMA_RESULT")
 else
@@ -76,14 +78,18 @@ else
     "$img" "$work/llama.f32" --threads "$threads" --n-predict 0 --repeat "$repeat" \
     --vocab-only 1 --width "$width" --gpu "$gpu")
 fi
-ours=$("$encode" "$work/$preset.gguf" "$img" --threads "$threads" --repeat "$repeat" \
-  --device "$device" --out "$work/muser.f32")
+if [ -n "${MUSER_RESULT:-}" ]; then
+  ours=$(cat "$MUSER_RESULT")
+else
+  ours=$("$encode" "$work/$preset.gguf" "$img" --threads "$threads" --repeat "$repeat" \
+    --device "$device" --out "$work/muser.f32")
+fi
 check="{}"
 if [ "$device" = cuda ] && [ "${CHECK:-1}" = 1 ]; then
   check=$("$encode" "$work/$preset.gguf" "$img" --threads "$threads" --repeat 1 \
     --device cpu --out "$work/muser-cpu.f32")
 fi
-load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+load_after=${LOAD_AFTER:-$(cut -d' ' -f1-3 /proc/loadavg)}
 host=$(hostname -s)
 suffix="${threads}t"; [ "$device" = cuda ] && suffix=cuda
 [ "$side" = 1024 ] || suffix="$suffix-$side"
@@ -110,6 +116,7 @@ if device == "cuda":
                                     capture_output=True, text=True).stdout.strip()
 doc = {
     "command": ("LLAMA_RESULT=$(basename "${LLAMA_RESULT:-}") " if "${LLAMA_RESULT:-}" else "")
+               + ("MUSER_RESULT=$(basename "${MUSER_RESULT:-}") " if "${MUSER_RESULT:-}" else "")
                + f"DEVICE={device} THREADS={threads} REPEAT={repeat} PRESET={preset} SIDE={side} scripts/vision-bench.sh",
     "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
     "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

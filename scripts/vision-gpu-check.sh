@@ -20,10 +20,11 @@
 #   run         `muser run --mmproj --image` greedy on --device cuda, cuda-ops and cpu (the
 #               `vision-310m` projector: the encoder on the GPU for both CUDA devices), and the
 #               same prompt without the image: how far each pair of texts agrees
-#   encode      scripts/vision-bench.sh DEVICE=cuda at SIDES (default "512 1024"): Muser's GPU
+#   encode      scripts/vision-bench.sh DEVICE=cuda at SIDES (default "1024 512"): Muser's GPU
 #               encode beside libmtmd's (CUDA) on the real-geometry synthetic projector, the
-#               GPU's embeddings against Muser's CPU encode (timed too; CHECK=0 skips it)
-# Writes logs, JSON and the receipts to $OUT (default gpu-out/).
+#               GPU's embeddings against Muser's CPU encode (timed too; CHECK=0 skips it). The
+#               projector (3 GB) is synthesized while libmtmd's build finishes.
+# Writes logs (whole), JSON and the receipts to $OUT (default gpu-out/).
 set -uo pipefail
 root=$(pwd)
 carry=${CARRY:-$root/.carry}
@@ -93,17 +94,23 @@ EOF
       done
       ;;
     encode)
-      waited=0  # the build started by mtmd-start (this call or an earlier one on this machine)
-      while [ ! -f "$work/mtmd.done" ] && [ $waited -lt "${WAIT_S:-480}" ]; do sleep 5; waited=$((waited + 5)); done
-      bin=$(tail -n 1 "$work/mtmd.bin" 2>/dev/null)
-      [ -x "$bin/llama-mtmd-cli" ] || { echo "encode: no llama-mtmd-cli"; tail -n 20 "$work/mtmd.log"; continue; }
       vocab=$work/muse-30b-vocab.gguf
       [ -f "$vocab" ] || "$muser" synth --preset muse-glimmer-30b --vocab-only \
         --vocab-from "$carry/muse-vocab.gguf" --seed 7 -o "$vocab" 2>&1 | tail -n 1
-      for side in ${SIDES:-512 1024}; do
-        DEVICE=cuda SIDE=$side REPEAT=${REPEAT:-2} LLAMA_BIN=$bin MUSER_BIN=$muser \
+      mkdir -p "$work/vision"  # the projector vision-bench.sh takes when it is there
+      [ -f "$work/vision/vision-glimmer.gguf" ] || "$muser" synth --preset vision-glimmer \
+        --type f16 --seed 7 -o "$work/vision/vision-glimmer.gguf" 2>&1 | tail -n 1
+      waited=0  # the build started by mtmd-start (this call or an earlier one on this machine)
+      while [ ! -f "$work/mtmd.done" ] && [ $waited -lt "${WAIT_S:-480}" ]; do sleep 5; waited=$((waited + 5)); done
+      cp "$work/mtmd.log" "$out/mtmd-build.log" 2>/dev/null
+      bin=$(tail -n 1 "$work/mtmd.bin" 2>/dev/null)
+      [ -x "$bin/llama-mtmd-cli" ] || { echo "encode: no llama-mtmd-cli"; tail -n 20 "$work/mtmd.log"; continue; }
+      echo "libmtmd's build waited for: $waited s"
+      for side in ${SIDES:-1024 512}; do
+        DEVICE=cuda SIDE=$side REPEAT=${REPEAT:-3} LLAMA_BIN=$bin MUSER_BIN=$muser \
           ENCODE_BIN=$bins/encode VOCAB=$vocab VISION_BENCH_DIR=$work/vision \
-          bash "$root/scripts/vision-bench.sh" 2>&1 | tail -n 3
+          bash "$root/scripts/vision-bench.sh" >"$out/encode-$side.log" 2>&1
+        tail -n 3 "$out/encode-$side.log"
         cp "$root"/docs/receipts/vision-encode-*-cuda*.json "$out"/ 2>/dev/null
       done
       for r in "$out"/vision-encode-*-cuda*.json; do [ -f "$r" ] && { echo "--- $r"; cat "$r"; echo; }; done

@@ -16,8 +16,11 @@
 //! [`crate::glimmer`]. The pieces that need no GPU (kernel names, attention metadata) are
 //! plain functions, tested everywhere.
 
+use muser_gguf::GgmlType;
 use muser_model::backend::AttnInput;
 use muser_model::{KvCache, ModelError};
+
+use crate::layout::WType;
 
 pub use crate::exact::{
     fakequant_block, fakequant_kind, fakequant_reference, fakequant_reference_sums, has_mins,
@@ -25,7 +28,7 @@ pub use crate::exact::{
 };
 
 /// Kernels of `ops.cu`, loaded as a second module when a [`CudaBackend`] starts.
-pub const OPS_KERNELS: [&str; 13] = [
+pub const OPS_KERNELS: [&str; 14] = [
     "op_add",
     "op_add_row",
     "op_mul_sigmoid",
@@ -34,6 +37,7 @@ pub const OPS_KERNELS: [&str; 13] = [
     "op_softcap",
     "op_to_bf16",
     "op_select_rows",
+    "op_pad_cols",
     "op_rms_norm",
     "op_rope",
     "op_kv_store",
@@ -136,11 +140,28 @@ pub use dev::{CudaBackend, CudaKv, DevMat};
 /// Rows up to which a matmul of this backend runs the decode GEMVs (cuBLAS above).
 pub const GEMV_ROWS_MAX: usize = 8;
 
+/// How [`CudaBackend`] holds a weight of type `ty` with `n_in` inputs: its device type and
+/// columns. Fast precision keeps a type that has kernels in its own layout when `n_in` is a
+/// whole number of that layout's columns; every other weight is f32 rows, widened with zero
+/// columns to the f32 kernels' multiple (the vision patch embedding's 14·14·3 = 588 inputs
+/// become 608), and its activations get as many zero columns before the product. Zero times
+/// zero adds exactly 0 to a sum, so each output sums the same products as the narrow matrix
+/// would (in the kernel's order, as at any width).
+pub fn weight_plan(ty: GgmlType, n_in: usize, precision: Precision) -> (WType, usize) {
+    let native = WType::from_ggml(ty.id())
+        .filter(|t| n_in.is_multiple_of(t.col_multiple()))
+        .filter(|_| precision == Precision::Fast);
+    match native {
+        Some(t) => (t, n_in),
+        None => (WType::F32, n_in.next_multiple_of(WType::F32.col_multiple())),
+    }
+}
+
 #[cfg(feature = "cuda")]
 mod dev {
     use super::{
-        attn_meta, grid_1d, has_mins, split_mins, Precision, GEMV_ROWS_MAX, MAX_HEAD_DIM,
-        OPS_KERNELS,
+        attn_meta, grid_1d, has_mins, split_mins, weight_plan, Precision, GEMV_ROWS_MAX,
+        MAX_HEAD_DIM, OPS_KERNELS,
     };
     use crate::runtime::{Arg, DevBuf, GemmIn, Gpu, OPS_CU};
     use crate::weights::{DevWeight, QAct, QActBufs, WType};
@@ -320,13 +341,14 @@ mod dev {
         vecs: Mutex<HashMap<(usize, usize), Arc<DevVec>>>,
     }
 
-    /// Every row of `w` as little-endian f32 bytes.
-    fn dequantize_all(w: &Weight) -> Result<Vec<u8>> {
+    /// Every row of `w` as little-endian f32 bytes, `cols >= w.n_in` values a row (zeros
+    /// after the weight's own).
+    fn dequantize_all(w: &Weight, cols: usize) -> Result<Vec<u8>> {
         let rb = w.row_bytes();
-        let mut row = vec![0f32; w.n_in];
-        let mut out = Vec::with_capacity(4 * w.n_in * w.n_out);
+        let mut row = vec![0f32; cols];
+        let mut out = Vec::with_capacity(4 * cols * w.n_out);
         for r in 0..w.n_out {
-            muser_quant::dequantize_row(w.ty, &w.data[r * rb..(r + 1) * rb], &mut row)
+            muser_quant::dequantize_row(w.ty, &w.data[r * rb..(r + 1) * rb], &mut row[..w.n_in])
                 .map_err(|e| ModelError::Quant(format!("{}: {e}", w.name)))?;
             out.extend(row.iter().flat_map(|v| v.to_le_bytes()));
         }
@@ -408,28 +430,26 @@ mod dev {
                     w.ty.name()
                 )));
             }
-            let native = WType::from_ggml(w.ty.id())
-                .filter(|t| w.n_in.is_multiple_of(t.col_multiple()))
-                .filter(|_| self.precision == Precision::Fast);
-            let uploaded = match native {
-                Some(ty) => DevWeight::upload(&self.gpu, ty, w.n_in, &[w.data]),
+            let (ty, cols) = weight_plan(w.ty, w.n_in, self.precision);
+            // The file's bytes as they are: a kernel's own type at the file's width.
+            let as_stored = WType::from_ggml(w.ty.id()) == Some(ty) && cols == w.n_in;
+            let uploaded = if as_stored {
+                DevWeight::upload(&self.gpu, ty, cols, &[w.data])
+            } else if self.precision == Precision::Exact && has_mins(w.ty) {
                 // Exact mode with mins: the d·q part here, the mins beside it.
-                None if self.precision == Precision::Exact && has_mins(w.ty) => {
-                    let (scaled, mins) = split_mins(w)?;
-                    let buf = self.gpu.alloc(mins.len())?;
-                    self.gpu.upload(&buf, 0, &mins)?;
-                    self.mins
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(key, Arc::new(buf));
-                    DevWeight::upload(&self.gpu, WType::F32, w.n_in, &[&scaled])
-                }
-                // Exact mode, or a type without a CUDA kernel: exact f32 rows from the host
-                // dequantizer (the CPU's own).
-                None => {
-                    let f = dequantize_all(w)?;
-                    DevWeight::upload(&self.gpu, WType::F32, w.n_in, &[&f])
-                }
+                let (scaled, mins) = split_mins(w)?;
+                let buf = self.gpu.alloc(mins.len())?;
+                self.gpu.upload(&buf, 0, &mins)?;
+                self.mins
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(key, Arc::new(buf));
+                DevWeight::upload(&self.gpu, WType::F32, w.n_in, &[&scaled])
+            } else {
+                // Exact mode, a type without a CUDA kernel, or a width its kernels do not
+                // take: exact f32 rows from the host dequantizer (the CPU's own), zero-padded.
+                let f = dequantize_all(w, cols)?;
+                DevWeight::upload(&self.gpu, WType::F32, cols, &[&f])
             };
             let d = Arc::new(uploaded.map_err(|e| ModelError::Device(format!("{}: {e}", w.name)))?);
             self.weights
@@ -485,6 +505,28 @@ mod dev {
             let mut a = args.to_vec();
             a.push(Arg::L(n as i64));
             Ok(self.gpu.launch(name, (grid_1d(n), 1, 1), 256, &a)?)
+        }
+
+        /// `x` with zero columns after its own up to `cols` (for a weight [`weight_plan`]
+        /// widened), or `None` when it has `cols` already.
+        fn widen(&self, x: &DevMat, cols: usize) -> Result<Option<DevMat>> {
+            if x.cols == cols {
+                return Ok(None);
+            }
+            let y = self.alloc_mat(x.rows, cols)?;
+            self.gpu.launch(
+                "op_pad_cols",
+                (grid_1d(y.len()), 1, 1),
+                256,
+                &[
+                    Arg::P(x.ptr()),
+                    Arg::P(y.ptr()),
+                    Arg::L(x.cols as i64),
+                    Arg::L(cols as i64),
+                    Arg::L(y.len() as i64),
+                ],
+            )?;
+            Ok(Some(y))
         }
 
         fn same_dims(&self, what: &str, x: &DevMat, y: &DevMat) -> Result<()> {
@@ -694,6 +736,8 @@ mod dev {
             if x.rows == 0 {
                 return Ok(y);
             }
+            let wide = self.widen(x, dw.cols)?;
+            let x = wide.as_ref().unwrap_or(x);
             if self.precision == Precision::Exact {
                 let key = (w.data.as_ptr() as usize, w.data.len());
                 let mins = self
@@ -1016,6 +1060,38 @@ mod tests {
     use super::*;
     use muser_model::kv::KvPlan;
     use muser_model::{KvLayout, KvSnapshot, KvType, LayerKv};
+
+    /// A width the f32 kernels do not take is widened with zero columns, in both precisions;
+    /// fast precision keeps a kernel's own type at a width it takes.
+    #[test]
+    fn weight_plan_widens_what_the_kernels_do_not_take() {
+        for precision in [Precision::Exact, Precision::Fast] {
+            assert_eq!(
+                weight_plan(GgmlType::F16, 588, precision),
+                (WType::F32, 608)
+            );
+            assert_eq!(
+                weight_plan(GgmlType::F32, 588, precision),
+                (WType::F32, 608)
+            );
+            assert_eq!(
+                weight_plan(GgmlType::F32, 1536, precision),
+                (WType::F32, 1536)
+            );
+        }
+        assert_eq!(
+            weight_plan(GgmlType::Q4_K, 2048, Precision::Exact),
+            (WType::F32, 2048)
+        );
+        assert_eq!(
+            weight_plan(GgmlType::Q4_K, 2048, Precision::Fast),
+            (WType::Q4K, 2048)
+        );
+        assert_eq!(
+            weight_plan(GgmlType::F16, 1536, Precision::Fast),
+            (WType::F16, 1536)
+        );
+    }
 
     /// Seq 1 holds positions 0..3 of a two-layer cache (full, sliding); a fourth token at
     /// position 3 goes to cell 3 of both layers.

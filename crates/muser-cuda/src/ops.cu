@@ -57,6 +57,15 @@ extern "C" __global__ void op_select_rows(const float* x, float* y, const int* r
     }
 }
 
+// Rows of `xcols` widened to `ycols` with zeros (n = rows * ycols values).
+extern "C" __global__ void op_pad_cols(const float* x, float* y, long xcols, long ycols, long n) {
+    pdl_wait();
+    OPS_EACH(i, n) {
+        const long r = i / ycols, c = i - r * ycols;
+        y[i] = c < xcols ? x[r * xcols + c] : 0.f;
+    }
+}
+
 // One block per `group`-wide slice: y = x / sqrt(mean(x^2) + eps) (* w). x may equal y.
 extern "C" __global__ void op_rms_norm(const float* x, float* y, const float* w, int group, float eps) {
     pdl_wait();

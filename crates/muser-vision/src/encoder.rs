@@ -147,22 +147,24 @@ impl Projector {
         for (il, layer) in self.layers.iter().enumerate() {
             let mut cur = x.clone();
             layer_norm(&mut cur, &layer.ln1, e, hp.eps);
-            let mut q = self.linear(backend, &layer.q, cur.clone(), n)?;
-            let mut kk = self.linear(backend, &layer.k, cur.clone(), n)?;
-            let v = self.linear(backend, &layer.v, cur, n)?;
+            // one upload for the three projections
+            let cur = backend.upload(n, e, cur)?;
+            let mut q = self.linear(backend, &layer.q, &cur)?;
+            let mut kk = self.linear(backend, &layer.k, &cur)?;
+            let v = self.linear(backend, &layer.v, &cur)?;
             rope_2d(&mut q, &lay.pos, hp.n_head, hp.head_dim, hp.rope_theta);
             rope_2d(&mut kk, &lay.pos, hp.n_head, hp.head_dim, hp.rope_theta);
             let global = hp.is_global(il);
             let a = attention(&q, &kk, &v, &lay.window, global, hp.n_head, hp.head_dim);
-            let a = self.linear(backend, &layer.o, a, n)?;
-            x.iter_mut().zip(&a).for_each(|(r, v)| *r += v);
+            let a = self.linear(backend, &layer.o, &backend.upload(n, e, a)?)?;
+            add_all(&mut x, &a);
 
             let mut cur = x.clone();
             layer_norm(&mut cur, &layer.ln2, e, hp.eps);
-            let mut f = self.linear(backend, &layer.up, cur, n)?;
+            let mut f = self.linear(backend, &layer.up, &backend.upload(n, e, cur)?)?;
             gelu_all(&mut f);
-            let f = self.linear(backend, &layer.down, f, n)?;
-            x.iter_mut().zip(&f).for_each(|(r, v)| *r += v);
+            let f = self.linear(backend, &layer.down, &backend.upload(n, hp.n_ff, f)?)?;
+            add_all(&mut x, &f);
         }
         if let Some(norm) = &self.post_ln {
             layer_norm(&mut x, norm, e, hp.eps);
@@ -207,14 +209,14 @@ impl Projector {
         })
     }
 
+    /// `x · Wᵀ + b` of an uploaded `x`, downloaded.
     fn linear<B: Backend>(
         &self,
         backend: &B,
         l: &Linear,
-        x: Vec<f32>,
-        rows: usize,
+        x: &B::Act,
     ) -> Result<Vec<f32>, VisionError> {
-        let mut y = matmul(backend, self.weight(&l.w), x, rows)?;
+        let mut y = backend.download(&backend.matmul(&self.weight(&l.w), x)?)?;
         if let Some(b) = &l.b {
             add_bias(&mut y, b);
         }
@@ -275,9 +277,15 @@ fn matmul<B: Backend>(
 }
 
 fn add_bias(x: &mut [f32], b: &[f32]) {
-    for row in x.chunks_exact_mut(b.len()) {
-        row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
-    }
+    x.par_chunks_exact_mut(b.len())
+        .for_each(|row| row.iter_mut().zip(b).for_each(|(v, b)| *v += b));
+}
+
+/// `x += y`, in parallel pieces.
+fn add_all(x: &mut [f32], y: &[f32]) {
+    x.par_chunks_mut(1 << 14)
+        .zip(y.par_chunks(1 << 14))
+        .for_each(|(x, y)| x.iter_mut().zip(y).for_each(|(a, b)| *a += b));
 }
 
 fn gather(x: &[f32], idx: &[usize], e: usize) -> Vec<f32> {
@@ -392,18 +400,12 @@ fn attention(
     n_head: usize,
     hd: usize,
 ) -> Vec<f32> {
-    let e = n_head * hd;
-    let n = window.len();
-    // per head, v transposed: the rows `ggml_cont(ggml_permute(v))` holds
-    let mut vt = vec![0f32; n * e];
-    vt.par_chunks_exact_mut(n).enumerate().for_each(|(c, row)| {
-        for (j, x) in row.iter_mut().enumerate() {
-            *x = v[j * e + c];
-        }
-    });
+    let (n, e) = (window.len(), n_head * hd);
+    // K's rows padded by a block of keys, so that every block reads 16 values
+    let (kt, vt) = (transpose(k, n, e, n + KEYS), transpose(v, n, e, n));
     let heads = Heads {
         q,
-        k,
+        kt: &kt,
         vt: &vt,
         n,
         n_head,
@@ -419,10 +421,24 @@ fn attention(
     out
 }
 
-/// One layer's attention inputs: Q and K rows in window order, V transposed per channel.
+/// `n` rows of `e` values as `e` rows of `n`, each `stride >= n` long (zeros after the `n`);
+/// per head, v so is the rows `ggml_cont(ggml_permute(v))` holds.
+fn transpose(x: &[f32], n: usize, e: usize, stride: usize) -> Vec<f32> {
+    let mut t = vec![0f32; stride * e];
+    t.par_chunks_exact_mut(stride)
+        .enumerate()
+        .for_each(|(c, row)| {
+            for (j, y) in row[..n].iter_mut().enumerate() {
+                *y = x[j * e + c];
+            }
+        });
+    t
+}
+
+/// One layer's attention inputs: Q rows in window order, K and V transposed per channel.
 struct Heads<'a> {
     q: &'a [f32],
-    k: &'a [f32],
+    kt: &'a [f32],
     vt: &'a [f32],
     n: usize,
     n_head: usize,
@@ -464,17 +480,20 @@ fn attend_row_in(h: &Heads, i: usize, (lo, hi): (usize, usize), orow: &mut [f32]
     let mut p = vec![0f32; n];
     for head in 0..h.n_head {
         let qh = &h.q[i * e + head * hd..i * e + (head + 1) * hd];
-        let mut max = f32::NEG_INFINITY;
-        for (j, s) in p[a..b].iter_mut().enumerate() {
-            let j = a + j;
-            *s = if (lo..hi).contains(&j) {
-                let kh = &h.k[j * e + head * hd..j * e + (head + 1) * hd];
-                vec_dot_f32(kh, qh, (0, hd)) * scale
-            } else {
-                f32::NEG_INFINITY
-            };
-            max = max.max(*s);
+        let stride = n + KEYS;
+        let kt = &h.kt[head * hd * stride..(head + 1) * hd * stride];
+        p[a..lo].fill(f32::NEG_INFINITY);
+        p[hi..b].fill(f32::NEG_INFINITY);
+        let mut j = lo;
+        while j < hi {
+            let keys = (hi - j).min(KEYS);
+            let dots = key_dots(kt, stride, qh, j);
+            for (s, d) in p[j..j + keys].iter_mut().zip(dots) {
+                *s = d * scale;
+            }
+            j += keys;
         }
+        let max = p[a..b].iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
         let sum = soft_max_tile(Order::GgmlAvx512, &mut p[a..b], max);
         let inv = (1.0 / sum) as f32;
         p[a..b].iter_mut().for_each(|s| *s *= inv);
@@ -491,6 +510,64 @@ fn attend_row_in(h: &Heads, i: usize, (lo, hi): (usize, usize), orow: &mut [f32]
 
 /// Lanes of ggml's AVX512 f32 vectors.
 const LANES: usize = 16;
+
+/// Keys whose dots with one query [`key_dots`] computes together.
+const KEYS: usize = 16;
+
+/// [`vec_dot_f32`] of `q` with each of the [`KEYS`] keys from `j0`, given as the head's
+/// channels of K transposed (`kt[t·stride + j]`, `j0 + KEYS <= stride`): the same operations
+/// on every key, each key in a lane of its own (the keys' dots are independent chains, so they
+/// run side by side where one dot's unfused tail would wait on itself). A caller with fewer
+/// keys left ignores the other lanes.
+#[allow(clippy::needless_range_loop)] // lane loops mirror the SIMD lanes
+#[inline(always)]
+fn key_dots(kt: &[f32], stride: usize, q: &[f32], j0: usize) -> [f32; KEYS] {
+    let hd = q.len();
+    let np = hd - hd % (4 * LANES);
+    // a fixed-size view: loads, not a copy call per row
+    let row = |t: usize| -> &[f32; KEYS] {
+        let at = t * stride + j0;
+        kt[at..at + KEYS].try_into().expect("KEYS values")
+    };
+    // accumulator `slot` of `ggml_vec_dot_f32` (vector slot / 16, lane slot % 16), per key
+    let mut acc = [[0f32; KEYS]; 4 * LANES];
+    for (slot, a) in acc.iter_mut().enumerate() {
+        for i in (0..np).step_by(4 * LANES) {
+            let (x, y) = (row(i + slot), q[i + slot]);
+            for k in 0..KEYS {
+                a[k] = x[k].mul_add(y, a[k]);
+            }
+        }
+    }
+    let mut s = [[0f32; KEYS]; LANES];
+    for l in 0..LANES {
+        for k in 0..KEYS {
+            s[l][k] =
+                (acc[l][k] + acc[2 * LANES + l][k]) + (acc[LANES + l][k] + acc[3 * LANES + l][k]);
+        }
+    }
+    // `reduce16` in every key's lane
+    let mut w = LANES;
+    while w > 4 {
+        w /= 2;
+        for l in 0..w {
+            for k in 0..KEYS {
+                s[l][k] += s[l + w][k];
+            }
+        }
+    }
+    let mut sum = [0f32; KEYS];
+    for k in 0..KEYS {
+        sum[k] = (s[0][k] + s[2][k]) + (s[1][k] + s[3][k]);
+    }
+    for t in np..hd {
+        let (x, y) = (row(t), q[t]);
+        for k in 0..KEYS {
+            sum[k] += x[k] * y;
+        }
+    }
+    sum
+}
 
 /// `ggml_vec_dot_f32` (AVX512): four 16-lane FMA accumulators over steps of 64, reduced
 /// `(a0 + a2) + (a1 + a3)` then across lanes, the rest added to that sum one by one (not

@@ -231,4 +231,32 @@ mod tests {
         assert_eq!((hp.pos_side, hp.cell(), hp.proj_dim), (4, 16, 256));
         assert!(!hp.is_global(0) && hp.is_global(3) && hp.is_global(4));
     }
+
+    /// Every matrix the encoder multiplies, in every preset and file type, is one the CUDA
+    /// backend holds in either precision: its device columns are whole multiples of its
+    /// kernels' (the real geometry's 588-input patch embedding once was not).
+    #[test]
+    fn every_matrix_fits_the_cuda_backend() {
+        use muser_cuda::backend::{weight_plan, Precision};
+        for p in PRESETS {
+            for matrix in [GgmlType::F16, GgmlType::F32] {
+                for t in tensors(&p, matrix) {
+                    if t.dims.len() < 2 || t.name == "v.position_embd.weight" {
+                        continue;
+                    }
+                    let n_in = t.dims[..t.dims.len() - 1].iter().product::<u64>() as usize;
+                    for precision in [Precision::Exact, Precision::Fast] {
+                        let (ty, cols) = weight_plan(t.ty, n_in, precision);
+                        assert!(
+                            cols.is_multiple_of(ty.col_multiple())
+                                && (n_in..n_in + ty.col_multiple()).contains(&cols),
+                            "{}: {} inputs held as {cols} {ty:?} columns ({precision:?})",
+                            t.name,
+                            n_in
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

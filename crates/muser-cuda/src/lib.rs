@@ -35,6 +35,7 @@ pub mod compare;
 mod error;
 mod exact;
 pub mod layout;
+pub mod plan;
 #[cfg(test)]
 mod q4k_tile_tests;
 pub use error::CudaError;

@@ -216,8 +216,6 @@ pub struct Geometry {
     pub n_head_kv: usize,
     /// Logits per row.
     pub n_vocab: usize,
-    /// Positions the KV cache holds.
-    pub n_ctx: usize,
 }
 
 /// Every choice of a decode step, derived at load ([`DecodePlan::new`]).
@@ -240,7 +238,6 @@ pub struct DecodePlan {
     pub full: LayerAttn,
     /// The sliding-window layers'.
     pub sliding: LayerAttn,
-    geometry: Geometry,
 }
 
 /// The per-head decode attention: `splits` splits of at least 64 keys, eight cached keys per
@@ -341,7 +338,6 @@ impl DecodePlan {
                 per_head: per_head(o.attn_splits),
                 grouped: grouped(LayerKind::Sliding),
             },
-            geometry: g,
         }
     }
 
@@ -358,12 +354,12 @@ impl DecodePlan {
     }
 
     /// The positions from which decode steps change kernels (0 first, ascending, each inside
-    /// the cache): a captured decode graph holds one variant per entry.
-    pub fn variants(&self) -> Vec<usize> {
+    /// a cache of `n_ctx` positions): a captured decode graph holds one variant per entry.
+    pub fn variants(&self, n_ctx: usize) -> Vec<usize> {
         let mut v = vec![0];
         for l in [&self.full, &self.sliding] {
             if let Some((from, _)) = l.grouped {
-                if from < self.geometry.n_ctx {
+                if from < n_ctx {
                     v.push(from);
                 }
             }
@@ -452,7 +448,6 @@ mod tests {
         n_head: 32,
         n_head_kv: 2,
         n_vocab: 202_048,
-        n_ctx: 4096,
     };
 
     fn launch(kernel: &str, grid: (u32, u32, u32), block: u32, takes_batch: bool) -> GemvLaunch {
@@ -636,7 +631,7 @@ mod tests {
         assert_eq!(h.attention(LayerKind::Full, 1023), k8);
         assert_eq!(h.attention(LayerKind::Full, 1024), w8);
         assert_eq!(h.attention(LayerKind::Sliding, 5000), n1);
-        assert_eq!(h.variants(), vec![0, 1024]);
+        assert_eq!(h.variants(4096), vec![0, 1024]);
         // Before sm_90: the register kernel on the full layers from 4096, merged by the combine.
         let a = DecodePlan::new((8, 0), G30B, Overrides::default());
         let gqr = AttnLaunch {
@@ -662,20 +657,8 @@ mod tests {
                 grouped: None
             }
         );
-        assert_eq!(
-            a.variants(),
-            vec![0],
-            "4096 is not inside a 4096-position cache"
-        );
-        let long = DecodePlan::new(
-            (8, 6),
-            Geometry {
-                n_ctx: 10368,
-                ..G30B
-            },
-            Overrides::default(),
-        );
-        assert_eq!(long.variants(), vec![0, 4096]);
+        assert_eq!(a.variants(4096), vec![0], "4096 is not inside the cache");
+        assert_eq!(a.variants(10368), vec![0, 4096]);
         assert_eq!(a.norm, h.norm);
     }
 
@@ -688,7 +671,6 @@ mod tests {
             n_head: 8,
             n_head_kv: 2,
             n_vocab: 8192,
-            n_ctx: 1024,
         };
         let p = DecodePlan::new((9, 0), small, Overrides::default());
         assert_eq!(
@@ -699,17 +681,13 @@ mod tests {
             }
         );
         assert_eq!(p.argmax, (8, 256));
-        assert_eq!(
-            p.variants(),
-            vec![0],
-            "1024 is not inside a 1024-position cache"
-        );
+        assert_eq!(p.variants(1024), vec![0], "1024 is not inside the cache");
+        assert_eq!(p.variants(1025), vec![0, 1024]);
         let wide = Geometry {
             n_embd: 12288,
             n_head: 64,
             n_head_kv: 2,
             n_vocab: 1000,
-            n_ctx: 2048,
         };
         let p = DecodePlan::new((9, 0), wide, Overrides::default());
         assert_eq!(
@@ -721,7 +699,7 @@ mod tests {
         );
         assert_eq!(p.argmax, (1, 1024));
         assert_eq!((p.full.grouped, p.sliding.grouped), (None, None));
-        assert_eq!(p.variants(), vec![0]);
+        assert_eq!(p.variants(8192), vec![0]);
     }
 
     #[test]
@@ -745,7 +723,7 @@ mod tests {
             1
         );
         let p = DecodePlan::new((9, 0), G30B, Overrides::default().parse("gqa=off").unwrap());
-        assert_eq!(p.variants(), vec![0]);
+        assert_eq!(p.variants(8192), vec![0]);
         assert_eq!(
             p.attention(LayerKind::Full, 4000).kernel,
             "attn_decode_fused_k8"

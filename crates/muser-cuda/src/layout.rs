@@ -156,16 +156,7 @@ pub const MAX_GEMV_BATCH: usize = 64;
 
 /// Q4_K GEMV shapes instantiated in kernels.cu: (warps per row, unroll), each with two rows per
 /// warp for one sequence (`Q4K_R2(w, u)`) and as a batched kernel (`Q4K_SEQS(w, u)`).
-pub const Q4K_SHAPES: [(u32, u32); 8] = [
-    (1, 1),
-    (1, 2),
-    (1, 3),
-    (1, 4),
-    (1, 7),
-    (2, 2),
-    (2, 4),
-    (4, 5),
-];
+pub const Q4K_SHAPES: [(u32, u32); 7] = [(1, 1), (1, 2), (1, 3), (1, 4), (1, 7), (2, 4), (4, 5)];
 
 /// Largest batch the GEMVs have a kernel per batch size for (larger batches take the batched
 /// kernels, [`seq_gemv`], or the tiled Q4_K one, [`q4k_tile`]).

@@ -781,4 +781,34 @@ mod tests {
             }
         }
     }
+
+    /// Every GEMV kernel the runtime loads is one a plan launches for some weight type, row
+    /// width (up to 320 super-blocks) and batch, with or without tensor cores.
+    #[test]
+    fn every_loaded_gemv_is_one_some_plan_launches() {
+        let mut seen = std::collections::BTreeSet::new();
+        for ty in [
+            WType::Q4K,
+            WType::Q6K,
+            WType::Q8_0,
+            WType::NvFp4,
+            WType::F16,
+            WType::BF16,
+            WType::F32,
+        ] {
+            for nsb in 1..=320 {
+                for b in 1..=MAX_GEMV_BATCH {
+                    for tile in [Q4K_TILE_MIN_BATCH, MAX_GEMV_BATCH + 1] {
+                        seen.insert(super::gemv(ty, 64, 256 * nsb, b, tile).kernel);
+                    }
+                }
+            }
+        }
+        let loaded = crate::layout::kernel_names();
+        let gemvs: Vec<&String> = loaded.iter().filter(|n| n.starts_with("gemv_")).collect();
+        for n in &gemvs {
+            assert!(seen.contains(*n), "{n} is loaded but no plan launches it");
+        }
+        assert_eq!(seen.len(), gemvs.len(), "every launched GEMV is loaded");
+    }
 }

@@ -743,7 +743,7 @@ Q4K_R4(4, 5)
 //   depend on WPR only, not on U, RPW or B), each term is q4k_terms's expression for one
 //   sequence (q4k_lane_term is q4k_terms of q4k_scales), the warp's lanes are added by warp_sum and the WPR warps in ascending order
 //   starting from 0.f, as in gemv_q4k. The host picks WPR as the one-sequence GEMV does
-//   (weights.rs);
+//   (plan.rs, `gemv`);
 // - the other types loop over the sequences with their own kernels' device functions, whose
 //   per-sequence sums do not depend on the batch template (one accumulator per sequence).
 // The Q4_K kernel loads its row's first pass of super-blocks (U per lane group; one pass

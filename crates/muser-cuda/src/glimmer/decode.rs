@@ -1,260 +1,124 @@
 //! One decode step of the fused forward (every sequence one token), its capture as CUDA graphs
 //! (one per kernel variant) and the generation loops that replay them.
 
-use super::{CudaGlimmer, Result, HEAD_DIM, MAX_ATTN_SPLITS, MAX_GQA_SPLITS};
+use super::{CudaGlimmer, Layer, Result, HEAD_DIM, NO_PREFETCH};
 use crate::runtime::Arg;
 use crate::CudaError;
 
 impl CudaGlimmer {
-    /// Whether decode steps at position `at` run layer `il`'s attention with the grouped
-    /// kernel (`Tuning::gqa_full_from`, `gqa_swa_from`; groups of at most 16 query heads).
-    fn grouped_attn(&self, il: usize, at: usize) -> bool {
-        let t = self.gpu.tuning();
-        let (nq, nkv) = (self.info.n_head, self.info.n_head_kv);
-        let from = if self.info.is_swa[il] {
-            t.gqa_swa_from
-        } else {
-            t.gqa_full_from
-        };
-        t.fused_attn && from != u32::MAX && at >= from as usize && nq % nkv == 0 && nq / nkv <= 16
-    }
-
-    /// The positions from which decode steps change kernels (0 first, ascending): a captured
-    /// decode graph holds one variant per entry.
-    fn decode_variants(&self) -> Vec<usize> {
-        let t = self.gpu.tuning();
-        let mut v = vec![0];
-        for from in [t.gqa_full_from, t.gqa_swa_from] {
-            if from != u32::MAX && (from as usize) < self.opts.n_ctx {
-                v.push(from as usize);
-            }
-        }
-        v.sort_unstable();
-        v.dedup();
-        v
-    }
-
     /// Enqueues one decode step for `nb` sequences: sequence b's token in `tokens[b]` at
     /// `pos[b]`; the greedy next token lands in `tokens[b]`, and when `advance`, `pos[b]`
     /// advances and `history[b][pos]` records it. Reads nothing from the host, so it can be
     /// captured into a graph. `at` (a position at least the latest one's variant threshold)
-    /// picks the kernels; every choice gives the same result up to rounding.
+    /// picks the attention kernels ([`crate::plan::DecodePlan::attention`]); every choice gives
+    /// the same result up to rounding.
+    ///
+    /// The steps of `models/muse_glimmer.rs`, each norm fused with the residual add before it
+    /// and with the int8 quantization of the GEMV after it: the residual stream moves to `x2`
+    /// and back within a layer, so no norm updates it in place and the norms run in slices.
     pub(super) fn enqueue_decode(&self, nb: usize, advance: bool, at: usize) -> Result<()> {
-        let i = &self.info;
-        let g = &self.gpu;
         let s = &self.s;
-        let tune = g.tuning();
-        let pf = tune.prefetch_mb;
-        let (nq, nkv) = (i.n_head, i.n_head_kv);
-        let qw = nq * HEAD_DIM;
-        let ld = 2 * qw + 2 * nkv * HEAD_DIM;
-        self.tok_embd.get_rows(g, s.tokens.ptr(), nb, s.x.ptr())?;
-        // Embedding RMSNorm (no weight), in place.
-        self.norm(nb, s.x.ptr(), (0, 1), None, 0, s.x.ptr(), 0, false, (0, 0))?;
-        self.norm(
-            nb,
-            s.x.ptr(),
-            (0, 1),
-            None,
-            self.layers[0].attn_norm.ptr(),
-            s.hf.ptr(),
-            0,
-            true,
-            self.layers[0].qkvg.prefetch(pf),
-        )?;
+        self.tok_embd
+            .get_rows(&self.gpu, s.tokens.ptr(), nb, s.x.ptr())?;
+        // Embedding RMSNorm (no weight), in place; then layer 0's attention norm.
+        self.norm(nb, s.x.ptr(), (0, 1), None, 0, s.x.ptr(), 0, false)?;
+        let first = self.layers[0].attn_norm.ptr();
+        self.norm(nb, s.x.ptr(), (0, 1), None, first, s.hf.ptr(), 0, true)?;
         for (il, l) in self.layers.iter().enumerate() {
-            if !tune.attn_only {
-                l.qkvg
-                    .gemv(g, nb, self.qact(), s.hf.ptr(), s.y_qkvg.ptr())?;
-            }
-            let qa = self.qact();
-            // What the attention asks the copy engine to bring into L2 while it waits and runs.
-            let pf_wo = if tune.attn_prefetch_mb > 0.0 {
-                l.gate_up.prefetch(tune.attn_prefetch_mb)
-            } else {
-                l.wo.prefetch(pf)
-            };
-            if tune.gemv_only {
-                l.wo.gemv(g, nb, qa, s.hf.ptr(), s.y_o.ptr())?;
-                l.gate_up.gemv(g, nb, qa, s.hf.ptr(), s.y_gu.ptr())?;
-                l.down.gemv(g, nb, qa, s.hf.ptr(), s.y_d.ptr())?;
-                continue;
-            }
-            let grouped = self.grouped_attn(il, at);
-            let splits = match tune.attn_swa_splits {
-                n if n > 0 && i.is_swa[il] => n,
-                _ => tune.attn_splits,
-            };
-            let splits = (splits as usize).clamp(1, MAX_ATTN_SPLITS);
-            if grouped || tune.fused_attn {
-                // One kernel per layer: per query head, or per KV group (then the splits are
-                // merged by attn_combine_gate; the per-head kernel merges its own).
-                // The cluster kernels merge their own splits (no combine, no split records).
-                let greg = match tune.gqa_swa_reg {
-                    r if r != u32::MAX && i.is_swa[il] => r,
-                    _ => tune.gqa_reg,
-                };
-                // Grouped kernel: name, cluster size (0: none) and block size.
-                let (gkernel, cluster, gblock) = match greg {
-                    0 => ("attn_decode_gqa", 0, 128),
-                    1 => ("attn_decode_gqr", 0, 32),
-                    2 => ("attn_decode_gqr2", 0, 32),
-                    3 => match tune.gqc_diag {
-                        1 => ("attn_decode_gqc16n1_d1", 16, 128),
-                        3 => ("attn_decode_gqc16n1_d3", 16, 128),
-                        4 => ("attn_decode_gqc16n1_d4", 16, 128),
-                        8 => ("attn_decode_gqc16n1_d8", 16, 128),
-                        _ => ("attn_decode_gqc16n1", 16, 128),
-                    },
-                    _ => ("attn_decode_gqc16w8", 16, 256),
-                };
-                let cluster = if grouped { cluster } else { 0 };
-                let reg = grouped && greg > 0 && cluster == 0;
-                let (kernel, blocks, splits, kmin) = if grouped {
-                    let gs = match cluster {
-                        0 => (tune.gqa_splits as usize).clamp(1, MAX_GQA_SPLITS),
-                        c => c,
-                    };
-                    let kmin = match tune.gqa_swa_min_keys {
-                        k if k > 0 && i.is_swa[il] => k,
-                        _ => tune.gqa_min_keys,
-                    };
-                    (gkernel, nkv, gs, kmin as usize)
-                } else {
-                    let kernel = match tune.attn_keys_per_step {
-                        16 => "attn_decode_fused_k16",
-                        8 => "attn_decode_fused_k8",
-                        _ => "attn_decode_fused",
-                    };
-                    (kernel, nq, splits, tune.attn_min_keys as usize)
-                };
-                let mut args = vec![
-                    Arg::P(s.y_qkvg.ptr()),
-                    Arg::L(ld as i64),
-                    Arg::I(nq as i32),
-                    Arg::I(nkv as i32),
-                    Arg::P(l.q_norm.ptr()),
-                    Arg::P(l.k_norm.ptr()),
-                    Arg::F(i.rms_eps),
-                    Arg::P(s.pos.ptr()),
-                    Arg::I(i.is_swa[il] as i32),
-                    Arg::F(self.theta_scale()),
-                    Arg::P(l.k_cache),
-                    Arg::P(l.v_cache),
-                    Arg::L(self.slot_stride(l) as i64),
-                    Arg::P(s.slots.ptr()),
-                    Arg::I(self.window(il)),
-                    Arg::F(i.attn_scale),
-                    Arg::P(s.part.ptr()),
-                    Arg::I(splits as i32),
-                    Arg::I(kmin as i32),
-                ];
-                if !grouped {
-                    args.push(Arg::P(s.attn_cnt.ptr()));
-                }
-                if !reg {
-                    // (attn_decode_gqr writes split records only: the combine finishes.)
-                    args.extend([Arg::P(s.hf.ptr()), Arg::P(qa.q), Arg::P(qa.d), Arg::P(qa.s)]);
-                }
-                args.extend([Arg::P(pf_wo.0), Arg::L(pf_wo.1), Arg::I(l.ring as i32)]);
-                let smem = if reg || cluster > 0 {
-                    0
-                } else if grouped {
-                    args.push(Arg::I(tune.gqa_pass_keys as i32));
-                    crate::layout::GQA_SMEM_BYTES
-                } else {
-                    tune.attn_extra_smem
-                };
-                let block = if grouped { gblock } else { 128 };
-                let grid = (blocks as u32, nb as u32, splits as u32);
-                if cluster > 0 {
-                    g.launch_cluster(kernel, grid, block, cluster as u32, &args)?;
-                } else {
-                    g.launch_smem(kernel, grid, block, smem, &args)?;
-                }
-                if grouped && cluster == 0 {
-                    // The register kernel leaves even a single split to the combine.
-                    self.combine_gate(il, nb, splits, kmin, !reg)?;
-                }
-            } else {
-                self.qk_norm_rope(l, il, nb, ld, s.q_f.ptr(), 0, -1, pf_wo)?;
-                g.launch(
-                    "attn_decode",
-                    (nq as u32, nb as u32, splits as u32),
-                    128,
-                    &[
-                        Arg::P(s.q_f.ptr()),
-                        Arg::P(l.k_cache),
-                        Arg::P(l.v_cache),
-                        Arg::P(s.pos.ptr()),
-                        Arg::I(nq as i32),
-                        Arg::I(nkv as i32),
-                        Arg::I(self.window(il)),
-                        Arg::F(i.attn_scale),
-                        Arg::P(s.part.ptr()),
-                        Arg::I(splits as i32),
-                        Arg::I(tune.attn_min_keys as i32),
-                        Arg::L(self.slot_stride(l) as i64),
-                        Arg::P(s.slots.ptr()),
-                        Arg::I(l.ring as i32),
-                    ],
-                )?;
-                self.combine_gate(il, nb, splits, tune.attn_min_keys as usize, false)?;
-            }
-            if tune.attn_only {
-                continue;
-            }
-            l.wo.gemv(g, nb, qa, s.hf.ptr(), s.y_o.ptr())?;
-            // The residual moves to x2 and back within the layer, so the norms may run in slices.
-            let (xa, xb) = (s.x.ptr(), s.x2.ptr());
-            if !tune.skip_norm {
-                self.norm(
-                    nb,
-                    xa,
-                    (xb, tune.norm_slices),
-                    Some((s.y_o.ptr(), l.post_attn_norm.ptr(), 1e-8)),
-                    l.ffn_norm.ptr(),
-                    s.hf.ptr(),
-                    0,
-                    true,
-                    l.gate_up.prefetch(pf),
-                )?;
-            } else if tune.skip_as_nop {
-                g.launch("pdl_nop", (1, 1, 1), 32, &[])?;
-            }
-            l.gate_up.gemv(g, nb, qa, s.hf.ptr(), s.y_gu.ptr())?;
-            let pf_down = l.down.prefetch(pf);
-            if !tune.skip_swiglu {
-                self.swiglu(l, nb, 64, (s.hf.ptr(), 0), Some(qa), pf_down)?;
-            } else if tune.skip_as_nop {
-                g.launch("pdl_nop", (1, 1, 1), 32, &[])?;
-            }
-            l.down.gemv(g, nb, qa, s.hf.ptr(), s.y_d.ptr())?;
-            let (next, pf_next) = match self.layers.get(il + 1) {
-                Some(n) => (n.attn_norm.ptr(), n.qkvg.prefetch(pf)),
-                None => (self.output_norm.ptr(), self.output.prefetch(pf)),
-            };
-            if tune.skip_norm {
-                if tune.skip_as_nop {
-                    g.launch("pdl_nop", (1, 1, 1), 32, &[])?;
-                }
-                continue;
-            }
-            self.norm(
-                nb,
-                xb,
-                (xa, tune.norm_slices),
-                Some((s.y_d.ptr(), l.post_ffw_norm.ptr(), 1e-8)),
-                next,
-                s.hf.ptr(),
-                0,
-                true,
-                pf_next,
-            )?;
+            self.attention_block(il, l, nb, at)?;
+            self.ffn_block(il, l, nb)?;
         }
+        let g = &self.gpu;
         self.output
             .gemv(g, nb, self.qact(), s.hf.ptr(), s.logits.ptr())?;
         self.finish_logits(nb, advance)
+    }
+
+    /// The attention block of layer `il` (its input norm ran before): QKV and gate projection,
+    /// Q/K norm + RoPE + K/V store + attention + gate (one kernel), output projection, then the
+    /// post-attention norm with the residual add and the FFN's input norm.
+    fn attention_block(&self, il: usize, l: &Layer, nb: usize, at: usize) -> Result<()> {
+        let (g, s, qa) = (&self.gpu, &self.s, self.qact());
+        l.qkvg.gemv(g, nb, qa, s.hf.ptr(), s.y_qkvg.ptr())?;
+        self.attention(il, l, nb, at)?;
+        l.wo.gemv(g, nb, qa, s.hf.ptr(), s.y_o.ptr())?;
+        let post = Some((s.y_o.ptr(), l.post_attn_norm.ptr(), 1e-8));
+        let to = (s.x2.ptr(), self.plan.norm_slices);
+        let w = l.ffn_norm.ptr();
+        self.norm(nb, s.x.ptr(), to, post, w, s.hf.ptr(), 0, true)
+    }
+
+    /// The FFN block of layer `il`: gate and up projection, SwiGLU, down projection, then the
+    /// post-FFN norm with the residual add and the next layer's (or the output) norm.
+    fn ffn_block(&self, il: usize, l: &Layer, nb: usize) -> Result<()> {
+        let (g, s, qa) = (&self.gpu, &self.s, self.qact());
+        l.gate_up.gemv(g, nb, qa, s.hf.ptr(), s.y_gu.ptr())?;
+        let block = self.plan.swiglu_block as usize;
+        self.swiglu(l, nb, block, (s.hf.ptr(), 0), Some(qa))?;
+        l.down.gemv(g, nb, qa, s.hf.ptr(), s.y_d.ptr())?;
+        let next = match self.layers.get(il + 1) {
+            Some(n) => n.attn_norm.ptr(),
+            None => self.output_norm.ptr(),
+        };
+        let post = Some((s.y_d.ptr(), l.post_ffw_norm.ptr(), 1e-8));
+        let to = (s.x.ptr(), self.plan.norm_slices);
+        self.norm(nb, s.x2.ptr(), to, post, next, s.hf.ptr(), 0, true)
+    }
+
+    /// Layer `il`'s decode attention as the plan says for position `at`: one kernel that
+    /// normalizes and rotates Q and K, stores K and V, attends and gates the output into the
+    /// output projection's int8 activations (or leaves split records that `attn_combine_gate`
+    /// merges and gates).
+    fn attention(&self, il: usize, l: &Layer, nb: usize, at: usize) -> Result<()> {
+        let (i, s, qa) = (&self.info, &self.s, self.qact());
+        let a = self.plan.attention(self.kind(il), at);
+        let (nq, nkv) = (i.n_head, i.n_head_kv);
+        let ld = 2 * nq * HEAD_DIM + 2 * nkv * HEAD_DIM;
+        let mut args = vec![
+            Arg::P(s.y_qkvg.ptr()),
+            Arg::L(ld as i64),
+            Arg::I(nq as i32),
+            Arg::I(nkv as i32),
+            Arg::P(l.q_norm.ptr()),
+            Arg::P(l.k_norm.ptr()),
+            Arg::F(i.rms_eps),
+            Arg::P(s.pos.ptr()),
+            Arg::I(i.is_swa[il] as i32),
+            Arg::F(self.theta_scale()),
+            Arg::P(l.k_cache),
+            Arg::P(l.v_cache),
+            Arg::L(self.slot_stride(l) as i64),
+            Arg::P(s.slots.ptr()),
+            Arg::I(self.window(il)),
+            Arg::F(i.attn_scale),
+            Arg::P(s.part.ptr()),
+            Arg::I(a.splits as i32),
+            Arg::I(a.min_keys as i32),
+        ];
+        if !a.per_group {
+            // The per-head kernel's split counters (the last split merges).
+            args.push(Arg::P(s.attn_cnt.ptr()));
+        }
+        if !a.combine {
+            args.extend([Arg::P(s.hf.ptr()), Arg::P(qa.q), Arg::P(qa.d), Arg::P(qa.s)]);
+        }
+        args.extend([
+            Arg::P(NO_PREFETCH.0),
+            Arg::L(NO_PREFETCH.1),
+            Arg::I(l.ring as i32),
+        ]);
+        let blocks = if a.per_group { nkv } else { nq };
+        let grid = (blocks as u32, nb as u32, a.splits);
+        if a.cluster > 0 {
+            self.gpu
+                .launch_cluster(a.kernel, grid, a.block, a.cluster, &args)?;
+        } else {
+            self.gpu.launch(a.kernel, grid, a.block, &args)?;
+        }
+        if a.combine {
+            self.combine_gate(il, nb, a.splits as usize, a.min_keys as usize)?;
+        }
+        Ok(())
     }
 
     /// One decode step: `token` at `pos`; returns the logits (after scale and softcap) and the
@@ -297,7 +161,7 @@ impl CudaGlimmer {
         }
         self.gpu.sync()?;
         let mut graphs = Vec::new();
-        for at in self.decode_variants() {
+        for at in self.plan.variants(self.opts.n_ctx) {
             self.gpu.begin_capture()?;
             let r = self.enqueue_decode(nb, advance, at);
             let graph = self.gpu.end_capture();

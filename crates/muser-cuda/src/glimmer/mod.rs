@@ -3,8 +3,9 @@
 //! Decode (one token) runs integer GEMVs over the quantized weights, each weight byte read
 //! once; the whole step (embedding to greedy argmax) can be captured as one CUDA graph whose
 //! inputs (token, position) live in device memory, so a generation loop is graph replays.
+//! Which kernels a decode step runs is the model's [`DecodePlan`], derived at load.
 //! Prefill dequantizes each weight matrix to bf16 and multiplies with cuBLAS; attention for
-//! a chunk is two batched f16 GEMMs around a masked softmax.
+//! a chunk is one flash kernel.
 //!
 //! The KV cache is F16 in device memory with the CPU cache's logical row layout
 //! (`[position][n_head_kv * head_dim]` per layer, K after norm and RoPE, V raw), one block of
@@ -15,6 +16,7 @@ use muser_gguf::GgufFile;
 use muser_model::{Arch, ModelInfo};
 
 pub use crate::layout::{sample_params, sample_uniform, Sampling};
+use crate::plan::{DecodePlan, Geometry, LayerKind, Overrides, MAX_ARGMAX_BLOCKS};
 use crate::runtime::{Arg, DevBuf, Gpu};
 use crate::weights::{DevWeight, QAct, WType};
 use crate::CudaError;
@@ -28,12 +30,11 @@ pub use engine::FusedGlimmer;
 
 type Result<T> = std::result::Result<T, CudaError>;
 
-/// Flash-decoding splits per (head, token).
-const MAX_ATTN_SPLITS: usize = 128;
-/// Splits per (KV group, sequence) of the grouped decode attention (`MAX_SPLITS` in
-/// kernels.cu: what `attn_combine_gate` merges).
-const MAX_GQA_SPLITS: usize = crate::layout::MAX_SPLITS;
 const HEAD_DIM: usize = 128;
+
+/// The L2 prefetch range (address, bytes) the fused kernels take: none (no plan asks the copy
+/// engine to prefetch; the kernels keep the parameter).
+const NO_PREFETCH: (u64, i64) = (0, 0);
 
 /// A linear layer made of row blocks that may differ in type (e.g. Q6_K V rows beside Q4_K
 /// Q rows); consecutive blocks of one type share one matrix.
@@ -140,19 +141,6 @@ impl Linear {
         self.segs.iter().map(|(w, _)| w.device_bytes()).sum()
     }
 
-    /// (address, bytes) of the first `mb` megabytes of the weights, for an L2 prefetch hint.
-    fn prefetch(&self, mb: f32) -> (u64, i64) {
-        let Some((w, _)) = self.segs.first() else {
-            return (0, 0);
-        };
-        let n = ((mb.max(0.0) * 1e6) as usize).min(w.device_bytes()) & !15;
-        if n == 0 {
-            (0, 0)
-        } else {
-            (w.ptr(), n as i64)
-        }
-    }
-
     /// Decode: `y[b][0..rows]` (row stride `rows`) for `batch` activation rows.
     fn gemv(&self, gpu: &Gpu, batch: usize, qa: QAct, xf: u64, y: u64) -> Result<()> {
         for (w, off) in &self.segs {
@@ -212,7 +200,6 @@ struct Scratch {
     q8d: DevBuf,
     q8s: DevBuf,
     y_qkvg: DevBuf,
-    q_f: DevBuf,
     part: DevBuf,
     /// Per-(sequence, head) split counters of the fused attention kernel (zero between launches).
     attn_cnt: DevBuf,
@@ -241,9 +228,6 @@ struct Scratch {
     // prefill
     hb: DevBuf,
     q_h: DevBuf,
-    /// Scores (f32) and probabilities (f16) of the GEMM prefill attention (`fa=0`), allocated
-    /// on its first use with the values they hold (`n_head · max_chunk · n_ctx` each).
-    gemm_attn: std::sync::Mutex<Option<(DevBuf, DevBuf, usize)>>,
     o_heads: DevBuf,
     wbuf: DevBuf,
 }
@@ -283,6 +267,8 @@ pub struct CudaGlimmer {
     output: Linear,
     logit_scale: f32,
     layers: Vec<Layer>,
+    /// Which kernels and launch shapes a decode step runs.
+    plan: DecodePlan,
     s: Scratch,
     weight_bytes: usize,
     /// Per-sequence sampling choices as uploaded to `Scratch::sample` (None: greedy).
@@ -291,18 +277,6 @@ pub struct CudaGlimmer {
     _own_kv: Vec<DevBuf>,
     /// Sequences the cache in use holds.
     kv_seqs: usize,
-}
-
-/// Most blocks `logits_argmax` spreads a row over.
-const ARGMAX_BLOCKS: usize = 128;
-
-/// Blocks of `logits_argmax` for a row of `vocab` logits: about 1024 logits each, at most
-/// `ARGMAX_BLOCKS` (`want` > 0 forces a count, 1 being one block per row as before session 15).
-fn argmax_blocks(vocab: usize, want: u32) -> usize {
-    match want {
-        0 => vocab.div_ceil(1024).clamp(1, ARGMAX_BLOCKS),
-        w => (w as usize).clamp(1, ARGMAX_BLOCKS),
-    }
 }
 
 fn norm_vec(gpu: &Gpu, g: &GgufFile, name: &str, n: usize) -> Result<DevBuf> {
@@ -448,6 +422,7 @@ impl CudaGlimmer {
                 })
                 .sum::<usize>();
         let s = Self::scratch(&gpu, &info, &opts)?;
+        let plan = Self::derive_plan(&gpu, &info);
         Ok(CudaGlimmer {
             gpu,
             info,
@@ -457,6 +432,7 @@ impl CudaGlimmer {
             output,
             logit_scale,
             layers,
+            plan,
             s,
             weight_bytes,
             sampling: std::sync::Mutex::new(vec![None; opts.n_seq]),
@@ -548,14 +524,13 @@ impl CudaGlimmer {
             q8d: gpu.alloc(4 * t * widest / 16)?,
             q8s: gpu.alloc(4 * t * widest / 16)?,
             y_qkvg: gpu.alloc(4 * t * rows_qkvg)?,
-            q_f: gpu.alloc(4 * t * qw)?,
             part: gpu.alloc(
                 4 * ns
-                    * (i.n_head * MAX_ATTN_SPLITS.max(MAX_GQA_SPLITS) * 130)
+                    * (i.n_head * crate::layout::MAX_SPLITS * 130)
                         .max(i.n_head_kv * crate::layout::GQC_RECORDS * crate::layout::GQC_REC),
             )?,
             attn_cnt: gpu.alloc_zeroed(4 * ns * i.n_head)?,
-            argmax_part: gpu.alloc(8 * ns * ARGMAX_BLOCKS)?,
+            argmax_part: gpu.alloc(8 * ns * MAX_ARGMAX_BLOCKS)?,
             argmax_cnt: gpu.alloc_zeroed(4 * ns)?,
             x2: gpu.alloc(4 * ns * e)?,
             y_o: gpu.alloc(4 * t * e)?,
@@ -574,12 +549,52 @@ impl CudaGlimmer {
             },
             hb: gpu.alloc(2 * t * widest)?,
             q_h: gpu.alloc(2 * t * qw)?,
-            gemm_attn: std::sync::Mutex::new(None),
             batch: ns,
             history_ctx: o.n_ctx,
             o_heads: gpu.alloc(4 * t * qw)?,
             wbuf: gpu.alloc(2 * max_w)?,
         })
+    }
+
+    fn derive_plan(gpu: &Gpu, i: &ModelInfo) -> DecodePlan {
+        let g = Geometry {
+            n_embd: i.n_embd,
+            n_head: i.n_head,
+            n_head_kv: i.n_head_kv,
+            n_vocab: i.n_vocab,
+        };
+        DecodePlan::new(gpu.info().compute_capability, g, gpu.overrides())
+    }
+
+    /// Which kernels and launch shapes a decode step runs.
+    pub fn plan(&self) -> &DecodePlan {
+        &self.plan
+    }
+
+    /// The plan as text (`DecodePlan::describe` over the first layer's matrices and the
+    /// vocabulary projection): one line per layer kind and batch bucket.
+    pub fn describe_plan(&self) -> Vec<String> {
+        let mut m = Vec::new();
+        if let Some(l) = self.layers.first() {
+            for (name, lin) in [
+                ("qkvg", &l.qkvg),
+                ("wo", &l.wo),
+                ("gate_up", &l.gate_up),
+                ("down", &l.down),
+            ] {
+                m.extend(lin.segs.iter().map(|(w, _)| (name, w.ty, w.rows, w.cols)));
+            }
+        }
+        let out = self.output.segs.iter();
+        m.extend(out.map(|(w, _)| ("output", w.ty, w.rows, w.cols)));
+        self.plan.describe(&m)
+    }
+
+    /// Benchmark overrides from now on (on the device too, for its GEMVs): the plan is derived
+    /// again; graphs captured before keep the old choices.
+    pub fn set_overrides(&mut self, o: Overrides) {
+        self.gpu.set_overrides(o);
+        self.plan = Self::derive_plan(&self.gpu, &self.info);
     }
 
     /// The model's hyperparameters.
@@ -619,21 +634,17 @@ impl CudaGlimmer {
         out_f: u64,
         out_b: u64,
         quant: bool,
-        pf: (u64, i64),
     ) -> Result<()> {
+        let pf = NO_PREFETCH;
         let (y, wp, ep) = post.unwrap_or((0, 0, 0.0));
         let qa = self.qact();
         let (q, qd, qs) = if quant { (qa.q, qa.d, qa.s) } else { (0, 0, 0) };
         let slices = crate::compare::norm_slices(x, to.0, out_f, to.1);
-        let n = self.info.n_embd;
-        let (kernel, vpt) = match self.gpu.tuning().norm_vpt {
-            8 if n / 8 <= 1024 => ("norm_fused8", 8),
-            _ => ("norm_fused", 16),
-        };
+        let n = self.plan.norm;
         self.gpu.launch(
-            kernel,
+            n.kernel,
             (rows as u32, slices, 1),
-            (n / vpt).next_multiple_of(32) as u32,
+            n.block,
             &[
                 Arg::P(x),
                 Arg::P(y),
@@ -663,8 +674,8 @@ impl CudaGlimmer {
         block: usize,
         out: (u64, u64),
         quant: Option<QAct>,
-        pf: (u64, i64),
     ) -> Result<()> {
+        let pf = NO_PREFETCH;
         let f = self.info.n_ff;
         let qa = quant.unwrap_or(QAct { q: 0, d: 0, s: 0 });
         self.gpu.launch(
@@ -703,12 +714,10 @@ impl CudaGlimmer {
         il: usize,
         t: usize,
         ld: usize,
-        q_f: u64,
         q_h: u64,
         slot: i32,
-        pf: (u64, i64),
     ) -> Result<()> {
-        let i = &self.info;
+        let (i, pf) = (&self.info, NO_PREFETCH);
         self.gpu.launch(
             "qk_norm_rope_store",
             (t as u32, (i.n_head + 2 * i.n_head_kv) as u32, 1),
@@ -724,7 +733,7 @@ impl CudaGlimmer {
                 Arg::P(self.s.pos.ptr()),
                 Arg::I(i.is_swa[il] as i32),
                 Arg::F(self.theta_scale()),
-                Arg::P(q_f),
+                Arg::P(0),
                 Arg::P(q_h),
                 Arg::I(t as i32),
                 Arg::P(l.k_cache),
@@ -741,16 +750,8 @@ impl CudaGlimmer {
 
     /// `attn_combine_gate`: merges the attention splits of layer `il`, applies the sigmoid gate
     /// and quantizes into the GEMV activations. `kmin` is the fewest keys per split the
-    /// attention kernel took; with `skip_single` a head that used one split is left alone
-    /// (`attn_decode_gqa` finished it).
-    fn combine_gate(
-        &self,
-        il: usize,
-        nb: usize,
-        splits: usize,
-        kmin: usize,
-        skip_single: bool,
-    ) -> Result<()> {
+    /// attention kernel took.
+    fn combine_gate(&self, il: usize, nb: usize, splits: usize, kmin: usize) -> Result<()> {
         let i = &self.info;
         let s = &self.s;
         let qa = self.qact();
@@ -766,7 +767,6 @@ impl CudaGlimmer {
                 Arg::I(nq as i32),
                 Arg::I(splits as i32),
                 Arg::I(kmin as i32),
-                Arg::I(skip_single as i32),
                 Arg::P(s.pos.ptr()),
                 Arg::I(self.window(il)),
                 Arg::P(s.y_qkvg.at(4 * (qw + 2 * nkv * HEAD_DIM))),
@@ -777,6 +777,14 @@ impl CudaGlimmer {
                 Arg::P(qa.s),
             ],
         )
+    }
+
+    fn kind(&self, il: usize) -> LayerKind {
+        if self.info.is_swa[il] {
+            LayerKind::Sliding
+        } else {
+            LayerKind::Full
+        }
     }
 
     fn window(&self, il: usize) -> i32 {
@@ -840,16 +848,15 @@ impl CudaGlimmer {
                 .gpu
                 .launch("logits_sample", (nb as u32, 1, 1), 1024, &args);
         }
-        let blocks = argmax_blocks(self.info.n_vocab, self.gpu.tuning().argmax_blocks);
+        let (blocks, block) = self.plan.argmax;
         let ns = self.opts.n_seq;
         args.extend([
             Arg::P(self.s.argmax_part.ptr()),
-            Arg::P(self.s.argmax_part.at(4 * ns * ARGMAX_BLOCKS)),
+            Arg::P(self.s.argmax_part.at(4 * ns * MAX_ARGMAX_BLOCKS)),
             Arg::P(self.s.argmax_cnt.ptr()),
         ]);
-        let block = if blocks == 1 { 1024 } else { 256 };
         self.gpu
-            .launch("logits_argmax", (blocks as u32, nb as u32, 1), block, &args)
+            .launch("logits_argmax", (blocks, nb as u32, 1), block, &args)
     }
 
     fn check_pos(&self, pos: usize, n: usize) -> Result<()> {
@@ -883,19 +890,5 @@ impl CudaGlimmer {
     /// Waits for the GPU.
     pub fn sync(&self) -> Result<()> {
         self.gpu.sync()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn argmax_blocks_cover_the_row_at_about_a_thousand_logits_each() {
-        assert_eq!(argmax_blocks(202_048, 0), ARGMAX_BLOCKS);
-        assert_eq!(argmax_blocks(49_152, 0), 48);
-        assert_eq!(argmax_blocks(50, 0), 1);
-        assert_eq!(argmax_blocks(202_048, 1), 1);
-        assert_eq!(argmax_blocks(202_048, 500), ARGMAX_BLOCKS);
     }
 }

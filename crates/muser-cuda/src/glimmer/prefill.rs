@@ -1,6 +1,6 @@
 //! Prefill of the fused forward: chunks of prompt tokens through bf16 cuBLAS GEMMs, writing
-//! the KV cache as decode reads it. Attention: two GEMMs around a masked softmax over scores in
-//! memory, or with `Tuning::flash_prefill` the flash kernel `attn_prefill_flash`. A chunk's
+//! the KV cache as decode reads it. Attention: the flash kernel `attn_prefill_flash` (online
+//! softmax over staged key tiles, no score matrix in memory). A chunk's
 //! rows given as embeddings (an image's rows, `InputEmbd`) are copied over the gathered token
 //! rows before the first norm, so from there they are computed as any token row.
 
@@ -102,7 +102,7 @@ impl CudaGlimmer {
         for (r, j, n) in muser_model::kv::runs(pairs) {
             g.upload(&s.x, 4 * r * e, &embd.values[j * e..(j + n) * e])?;
         }
-        self.norm(t, s.x.ptr(), (0, 1), None, 0, s.x.ptr(), 0, false, (0, 0))?;
+        self.norm(t, s.x.ptr(), (0, 1), None, 0, s.x.ptr(), 0, false)?;
         self.norm(
             t,
             s.x.ptr(),
@@ -112,37 +112,32 @@ impl CudaGlimmer {
             0,
             s.hb.ptr(),
             false,
-            (0, 0),
         )?;
         for (il, l) in self.layers.iter().enumerate() {
             l.qkvg
                 .gemm(g, t, s.hb.ptr(), s.y_qkvg.ptr(), s.wbuf.ptr())?;
-            self.qk_norm_rope(l, il, t, ld, 0, s.q_h.ptr(), seq as i32, (0, 0))?;
+            self.qk_norm_rope(l, il, t, ld, s.q_h.ptr(), seq as i32)?;
             let w = self.window(il);
             let seq_off = 2 * seq * self.slot_stride(l);
-            if g.tuning().flash_prefill {
-                g.launch_smem(
-                    "attn_prefill_flash",
-                    (t.div_ceil(FA_WARPS) as u32, nkv as u32, 1),
-                    (32 * FA_WARPS) as u32,
-                    FA_SMEM_BYTES,
-                    &[
-                        Arg::P(s.q_h.ptr()),
-                        Arg::I(t as i32),
-                        Arg::I(nq as i32),
-                        Arg::I(nkv as i32),
-                        Arg::P(l.k_cache + seq_off as u64),
-                        Arg::P(l.v_cache + seq_off as u64),
-                        Arg::I(p0 as i32),
-                        Arg::I(w),
-                        Arg::F(i.attn_scale),
-                        Arg::I(l.ring as i32),
-                        Arg::P(s.o_heads.ptr()),
-                    ],
-                )?;
-            } else {
-                self.attention_gemms(l, t, p0, seq_off, w)?;
-            }
+            g.launch_smem(
+                "attn_prefill_flash",
+                (t.div_ceil(FA_WARPS) as u32, nkv as u32, 1),
+                (32 * FA_WARPS) as u32,
+                FA_SMEM_BYTES,
+                &[
+                    Arg::P(s.q_h.ptr()),
+                    Arg::I(t as i32),
+                    Arg::I(nq as i32),
+                    Arg::I(nkv as i32),
+                    Arg::P(l.k_cache + seq_off as u64),
+                    Arg::P(l.v_cache + seq_off as u64),
+                    Arg::I(p0 as i32),
+                    Arg::I(w),
+                    Arg::F(i.attn_scale),
+                    Arg::I(l.ring as i32),
+                    Arg::P(s.o_heads.ptr()),
+                ],
+            )?;
             g.launch(
                 "gate_heads_bf16",
                 ((t * qw).div_ceil(256) as u32, 1, 1),
@@ -166,11 +161,10 @@ impl CudaGlimmer {
                 0,
                 s.hb.ptr(),
                 false,
-                (0, 0),
             )?;
             l.gate_up
                 .gemm(g, t, s.hb.ptr(), s.y_gu.ptr(), s.wbuf.ptr())?;
-            self.swiglu(l, t, 256, (0, s.hb.ptr()), None, (0, 0))?;
+            self.swiglu(l, t, 256, (0, s.hb.ptr()), None)?;
             l.down.gemm(g, t, s.hb.ptr(), s.y_d.ptr(), s.wbuf.ptr())?;
             let last = il + 1 == self.layers.len();
             let next = if last {
@@ -187,7 +181,6 @@ impl CudaGlimmer {
                 0,
                 if last { 0 } else { s.hb.ptr() },
                 false,
-                (0, 0),
             )?;
         }
         if last_logits {
@@ -217,115 +210,6 @@ impl CudaGlimmer {
         Ok(rows)
     }
 
-    /// The chunk's attention through bf16 GEMMs: scores `[nkv][group * t][nk]` in memory, the
-    /// masked softmax over them (`softmax_mask`), then probabilities times values into
-    /// `o_heads` (`fa=0`; the default, `Tuning::flash_prefill`, runs `attn_prefill_flash`).
-    fn attention_gemms(
-        &self,
-        l: &super::Layer,
-        t: usize,
-        p0: usize,
-        seq_off: usize,
-        w: i32,
-    ) -> Result<()> {
-        let (i, g, s) = (&self.info, &self.gpu, &self.s);
-        let (nq, nkv) = (i.n_head, i.n_head_kv);
-        let k_lo = if w > 0 {
-            (p0 + 1).saturating_sub(w as usize)
-        } else {
-            0
-        };
-        let nk = p0 + t - k_lo;
-        let rows = nq / nkv * t;
-        let kvw = nkv * HEAD_DIM;
-        // Keys [k_lo, k_lo + nk) as at most two contiguous row ranges (a ring wraps once):
-        // (first key, count, column of the first key).
-        let mut segs = vec![(k_lo, nk, 0usize)];
-        if l.ring > 0 {
-            let first = nk.min(l.ring - k_lo % l.ring);
-            segs = vec![(k_lo, first, 0)];
-            if first < nk {
-                segs.push((k_lo + first, nk - first, first));
-            }
-        }
-        let row_of = |p: usize| if l.ring > 0 { p % l.ring } else { p };
-        let (scores, probs) = self.gemm_attn_buffers()?;
-        // scores[g][r][j] = q_h[g][r] · k[k_lo + j]   (r = head-in-group * t + token)
-        for &(k0, n, col) in &segs {
-            g.gemm_f16_batched(
-                true,
-                n,
-                rows,
-                HEAD_DIM,
-                l.k_cache + (seq_off + 2 * row_of(k0) * kvw) as u64,
-                kvw,
-                HEAD_DIM,
-                s.q_h.ptr(),
-                HEAD_DIM,
-                rows * HEAD_DIM,
-                scores + 4 * col as u64,
-                nk,
-                rows * nk,
-                nkv,
-                0.0,
-            )?;
-        }
-        // Rows up to 12288 keys stay in shared memory (one read of the scores).
-        let cached = nk <= 12288;
-        g.launch_smem(
-            "softmax_mask",
-            ((nkv * rows) as u32, 1, 1),
-            256,
-            if cached { 4 * nk as u32 } else { 0 },
-            &[
-                Arg::P(scores),
-                Arg::P(probs),
-                Arg::I(t as i32),
-                Arg::I(nk as i32),
-                Arg::I(p0 as i32),
-                Arg::I(k_lo as i32),
-                Arg::I(w),
-                Arg::F(i.attn_scale),
-                Arg::I(cached as i32),
-            ],
-        )?;
-        // o[g][r][d] = Σ_j p[g][r][j] · v[k_lo + j][d]
-        for (k, &(k0, n, col)) in segs.iter().enumerate() {
-            g.gemm_f16_batched(
-                false,
-                HEAD_DIM,
-                rows,
-                n,
-                l.v_cache + (seq_off + 2 * row_of(k0) * kvw) as u64,
-                kvw,
-                HEAD_DIM,
-                probs + 2 * col as u64,
-                nk,
-                rows * nk,
-                s.o_heads.ptr(),
-                HEAD_DIM,
-                rows * HEAD_DIM,
-                nkv,
-                if k == 0 { 0.0 } else { 1.0 },
-            )?;
-        }
-        Ok(())
-    }
-
-    /// The score and probability buffers of [`Self::attention_gemms`], allocated on first use.
-    fn gemm_attn_buffers(&self) -> Result<(u64, u64)> {
-        let mut b = self.s.gemm_attn.lock().unwrap_or_else(|e| e.into_inner());
-        let n = self.info.n_head * self.opts.max_chunk.max(1) * self.opts.n_ctx;
-        if b.as_ref().is_none_or(|(_, _, held)| *held < n) {
-            *b = None;
-            *b = Some((self.gpu.alloc(4 * n)?, self.gpu.alloc(2 * n)?, n));
-        }
-        match b.as_ref() {
-            Some((s, p, _)) => Ok((s.ptr(), p.ptr())),
-            None => Err(CudaError::Shape("no attention score buffers".into())),
-        }
-    }
-
     /// Logits of rows `rows` of the prefill chunk just run (its final residual rows), at most
     /// `GpuOptions::n_seq` rows, into output rows `0..rows.len()` (with their final-norm
     /// hidden states: [`Self::download_output`]).
@@ -343,7 +227,6 @@ impl CudaGlimmer {
             s.hf.ptr(),
             0,
             true,
-            (0, 0),
         )?;
         self.output
             .gemv(&self.gpu, n, self.qact(), s.hf.ptr(), s.logits.ptr())?;

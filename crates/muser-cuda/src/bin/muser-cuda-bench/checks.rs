@@ -201,18 +201,12 @@ pub(super) fn cmd_check(json_out: Option<PathBuf>) -> Result<bool, CudaError> {
     let mut results = Vec::new();
     // What the decode attention kernels and the tiled Q4_K GEMVs cost in registers, spills
     // and shared memory.
-    for name in [
-        "gemv_q4k_tile_w1",
-        "gemv_q4k_tile_w2",
-        "gemv_q4k_tile_w4",
-        "attn_decode_fused_k8",
-        "attn_decode_gqa",
-        "attn_decode_gqr",
-        "attn_decode_gqr2",
-        "attn_decode_gqc16n1",
-        "attn_decode_gqc16w8",
-        "attn_prefill_flash",
-    ] {
+    let loaded = muser_cuda::layout::kernel_names();
+    for name in loaded.iter().filter(|n| {
+        n.starts_with("gemv_q4k_tile_")
+            || n.starts_with("attn_decode_")
+            || *n == "attn_prefill_flash"
+    }) {
         let (regs, local, smem) = gpu.kernel_resources(name)?;
         println!("{name}: {regs} registers, {local} bytes spilled, {smem} bytes static shared");
         results.push(json!({"kernel": name, "registers": regs, "local_bytes": local, "static_shared_bytes": smem}));
@@ -232,40 +226,14 @@ pub(super) fn cmd_check(json_out: Option<PathBuf>) -> Result<bool, CudaError> {
     // over three passes of the unrolled loads.
     ok &= check_type(&gpu, WType::Q4K, 301, 19968, &mut rng, &mut results)?;
     ok &= check_type(&gpu, WType::NvFp4, 301, 19968, &mut rng, &mut results)?;
-    // The other Q4_K GEMV shapes (the default above is the tuned one-pass shape).
-    let base = gpu.tuning();
-    for spec in [
-        "q4k=legacy",
-        "q4k=tuned,l2=1",
-        "q4k=1x1",
-        "q4k=1x2",
-        "q4k=1x3",
-        "q4k=1x4",
-        "q4k=2x2",
-        "q4k=2x4",
-        "q4k=4x5",
-        "rpw=1",
-        "rpw=2",
-        "rpw=2,q4k=4x5",
-        "rpw=2,q4k=1x4",
-        "rpw=4",
-        // The batch kernels the tiled ones replace from batch 8, at every batch.
-        "tile=65",
-        "tile=65,q4k=legacy",
-    ] {
-        println!("Q4_K GEMV shape {spec}:");
-        gpu.set_tuning(base.parse(spec)?);
-        ok &= check_type(&gpu, WType::Q4K, 300, 4096, &mut rng, &mut results)?;
-        ok &= check_type(&gpu, WType::Q4K, 301, 19968, &mut rng, &mut results)?;
-    }
-    // The NVFP4 shapes (an odd row count leaves a two-row warp one row).
-    for (r, u) in muser_cuda::layout::NVFP4_SHAPES {
-        println!("NVFP4 GEMV shape nv={r}x{u}:");
-        gpu.set_tuning(base.parse(&format!("nv={r}x{u}"))?);
-        ok &= check_type(&gpu, WType::NvFp4, 301, 6656, &mut rng, &mut results)?;
-        ok &= check_type(&gpu, WType::NvFp4, 301, 19968, &mut rng, &mut results)?;
-    }
-    gpu.set_tuning(base);
+    // The batched Q4_K kernels the tiled ones replace from batch 8, at every batch (`tile=65`),
+    // on rows split over one and four warps.
+    let base = gpu.overrides();
+    println!("Q4_K GEMVs with tile=65:");
+    gpu.set_overrides(base.parse("tile=65")?);
+    ok &= check_type(&gpu, WType::Q4K, 300, 4096, &mut rng, &mut results)?;
+    ok &= check_type(&gpu, WType::Q4K, 301, 19968, &mut rng, &mut results)?;
+    gpu.set_overrides(base);
     ok &= check_swiglu_norm(&gpu, &mut rng, &mut results)?;
     ok &= check_argmax(&gpu, &mut rng, &mut results)?;
     ok &= check_sampling(&gpu, &mut rng, &mut results)?;

@@ -9,17 +9,18 @@
 //!   muser-cuda-bench model MODEL.gguf [--n-ctx N] [--chunk N] [--pp 512,2048] [--tg 128]
 //!                    [--reps 3] [--json OUT] [--cpu-check] [--depth D] [--slots N]
 //!                    [--tunes 'name:spec;name:spec']
-//!       loads a muse-glimmer GGUF, checks prefill against token-by-token decode (fused and
-//!       unfused attention), then times prompt processing (ppN) and greedy generation (tgN,
-//!       graph replays) like llama-bench; with --depth D both run after a D-token context
-//!       (llama-bench -d D). --slots N also checks N-sequence decode against one sequence at a
-//!       time and times aggregate generation; --tunes times tgN under other decode choices
-//!       (runtime::Tuning specs).
+//!       loads a muse-glimmer GGUF, prints its decode plan (one line per layer kind and batch
+//!       bucket), checks prefill against token-by-token decode, then times prompt processing
+//!       (ppN) and greedy generation (tgN, graph replays) like llama-bench; with --depth D both
+//!       run after a D-token context (llama-bench -d D). --slots N also checks N-sequence
+//!       decode against one sequence at a time and times aggregate generation; --tunes times
+//!       tgN under other plans (plan::Overrides specs: tile=N, splits=N, gqa=POS|off).
 //!   muser-cuda-bench check-sampling [--json OUT]
 //!       only the GPU sampler's checks (part of `check`).
 //!   muser-cuda-bench gemv [--tunes ...] [--json OUT]
 //!       Q4_K decode GEMVs alone on Muse Glimmer's shapes (random valid blocks, copies past the
-//!       L2 size), per tuning and batch (1 to 64 sequences): microseconds and TB/s of weights.
+//!       L2 size), per override spec and batch (1 to 64 sequences): microseconds and TB/s of
+//!       weights.
 //!
 //! Prints a table; with --json writes a receipt.
 
@@ -30,7 +31,8 @@ use std::time::Instant;
 
 use muser_cuda::glimmer::{CudaGlimmer, GpuOptions};
 use muser_cuda::layout::MAX_GEMV_BATCH;
-use muser_cuda::runtime::{Arg, Gpu, Tuning};
+use muser_cuda::plan::Overrides;
+use muser_cuda::runtime::Gpu;
 use muser_cuda::weights::{DevWeight, QActBufs, WType};
 use muser_cuda::CudaError;
 use muser_gguf::GgufFile;
@@ -177,6 +179,10 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
     let load_s = t0.elapsed().as_secs_f64();
     let info = m.info().clone();
     let wbytes = m.decode_weight_bytes();
+    let plan = m.describe_plan();
+    for line in &plan {
+        println!("{line}");
+    }
     println!(
         "model: {} layers, embd {}, vocab {}, {:.2} GB of weights read per token; loaded in {load_s:.1} s on {dev}",
         info.n_layer,
@@ -193,37 +199,14 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
     // decode (int8 GEMVs, flash-decoding) on the same `--check-len` tokens.
     let prompt = tokens(a.check_len);
     let (lp, tp) = m.prefill(&prompt, 0)?;
-    let base = m.gpu().tuning();
+    let base = m.plan().overrides;
     let want: Vec<f64> = lp.iter().map(|&v| v as f64).collect();
-    let mut ld = Vec::new();
-    let mut td = 0;
-    let mut unfused = json!(null);
-    for (name, tune) in [
-        (
-            "three-kernel",
-            Tuning {
-                fused_attn: false,
-                ..base
-            },
-        ),
-        ("default", base),
-    ] {
-        m.gpu().set_tuning(tune);
-        for (k, &tok) in prompt.iter().enumerate() {
-            let (l, t) = m.decode(tok, k)?;
-            ld = l;
-            td = t;
-        }
-        let e = rel_err(&ld, &want);
-        println!(
-            "consistency ({name} attention): prefill vs decode logits rel err {e:.2e}, argmax {tp} vs {td}"
-        );
-        if name == "three-kernel" {
-            unfused = json!({"rel_err": e, "argmax_equal": tp == td});
-        }
+    let (mut ld, mut td) = (Vec::new(), 0);
+    for (k, &tok) in prompt.iter().enumerate() {
+        (ld, td) = m.decode(tok, k)?;
     }
-    m.gpu().set_tuning(base);
     let cons_err = rel_err(&ld, &want);
+    println!("consistency: prefill vs decode logits rel err {cons_err:.2e}, argmax {tp} vs {td}");
 
     // Sliding layers' KV rings against full-length caches: a prompt of three windows and then
     // 40 greedy decode steps, each side on its own model instance.
@@ -353,7 +336,7 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
                 continue;
             }
         };
-        m.gpu().set_tuning(tu);
+        m.set_overrides(tu);
         let gr = m.capture_decode()?;
         let sec = time_median(m.gpu(), a.reps, || {
             m.generate(&gr, t[0], d, a.tg).map(|_| ())
@@ -370,7 +353,7 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
             wbytes as f64 * tps / 1e12
         );
         tune_rows.push(json!({"name": name, "spec": spec, "tok_per_s": tps, "ms_per_token": 1e3 * sec / a.tg as f64, "same_32_tokens_as_default": same, "logits_max_abs_diff": diff}));
-        m.gpu().set_tuning(base);
+        m.set_overrides(base);
     }
 
     // Several sequences per decode step: each sequence's greedy tokens must equal its
@@ -428,53 +411,19 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
     }
 
     let mut pp_rows = Vec::new();
-    // Each prefill size also under the other prefill attention (`fa`: the flash kernel or the
-    // GEMMs around a masked softmax): its speed, and its last-token logits against the
-    // default's on the same tokens and context.
-    let time_prefill = |m: &mut CudaGlimmer, toks: &[u32]| -> Result<f64, CudaError> {
+    for &n in &a.pp {
+        let toks = tokens(n);
+        m.prefill(&toks, d)?; // warm-up
         let mut times = Vec::new();
         for _ in 0..a.reps {
             m.sync()?;
             let s = Instant::now();
-            m.prefill(toks, d)?;
+            m.prefill(&toks, d)?;
             times.push(s.elapsed().as_secs_f64());
         }
-        Ok(median(times))
-    };
-    for &n in &a.pp {
-        let toks = tokens(n);
-        let (ref_lg, ref_tok) = m.prefill(&toks, d)?; // warm-up
-        let sec = time_prefill(&mut m, &toks)?;
+        let sec = median(times);
         println!("pp{n}: {:.0} tok/s ({:.1} ms)", n as f64 / sec, sec * 1e3);
-        let alt = Tuning {
-            flash_prefill: !base.flash_prefill,
-            ..base
-        };
-        m.gpu().set_tuning(alt);
-        let other = m
-            .prefill(&toks, d)
-            .and_then(|(lg, tok)| Ok((lg, tok, time_prefill(&mut m, &toks)?)));
-        m.gpu().set_tuning(base);
-        let alt_json = match other {
-            Ok((lg, tok, sec2)) => {
-                let err = rel_err(&lg, &ref_lg.iter().map(|&v| v as f64).collect::<Vec<_>>());
-                println!(
-                    "pp{n} with fa={}: {:.0} tok/s ({:.1} ms), last-token logits rel err {err:.2e} against fa={}, argmax {tok} vs {ref_tok}",
-                    alt.flash_prefill as u8,
-                    n as f64 / sec2,
-                    sec2 * 1e3,
-                    base.flash_prefill as u8
-                );
-                json!({"flash_prefill": alt.flash_prefill, "tok_per_s": n as f64 / sec2,
-                    "logits_rel_err_vs_default": err, "argmax": tok, "argmax_default": ref_tok})
-            }
-            Err(e) => {
-                println!("pp{n} with fa={}: {e}", alt.flash_prefill as u8);
-                json!({"flash_prefill": alt.flash_prefill, "error": e.to_string()})
-            }
-        };
-        pp_rows.push(json!({"test": format!("pp{n}"), "tokens": n, "seconds": sec, "tok_per_s": n as f64 / sec,
-            "other_prefill_attention": alt_json}));
+        pp_rows.push(json!({"test": format!("pp{n}"), "tokens": n, "seconds": sec, "tok_per_s": n as f64 / sec}));
     }
     if let Some(p) = a.json {
         let doc = json!({
@@ -483,8 +432,8 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
             "model": a.path.file_name().map(|f| f.to_string_lossy().into_owned()),
             "n_layer": info.n_layer, "n_embd": info.n_embd, "n_vocab": info.n_vocab,
             "n_ctx": a.n_ctx, "prefill_chunk": a.chunk, "reps": a.reps, "depth": d,
-            "tuning": format!("{base:?}"),
-            "consistency_three_kernel_attention": unfused,
+            "overrides": format!("{base:?}"),
+            "decode_plan": plan,
             "tunes": tune_rows,
             "slots": slots_json,
             "ring_vs_full_cache": ring_json,
@@ -502,86 +451,55 @@ fn cmd_model(a: ModelArgs) -> Result<bool, CudaError> {
     Ok(graph_ok && slots_ok && ring_ok && gqa_ok)
 }
 
-/// The grouped decode attention on every layer against the per-head kernel, in six shapes: the
-/// staged kernel (`attn_decode_gqa`) and the register one (`attn_decode_gqr`, one or two tiles
-/// per step) with many short splits (merged by `attn_combine_gate`) and with one or three
-/// splits walking the whole context. For each, after `prompt`: 32 decode steps fed the same tokens, each step's logits
-/// under both, then 24 greedy steps from graph replays under both. Returns the JSON record and
-/// whether every shape passed.
+/// The plan's grouped decode attention on every layer and at every position (`gqa=0`) against
+/// the per-head kernel everywhere (`gqa=off`): after `prompt`, 32 decode steps fed the same
+/// tokens, each step's logits under both, then 24 greedy steps from graph replays under both.
+/// Returns the JSON record and whether it passed.
 fn grouped_check(
     m: &mut CudaGlimmer,
-    outer: Tuning,
+    outer: Overrides,
     prompt: &[u32],
 ) -> Result<(serde_json::Value, bool), CudaError> {
-    // The reference is the per-head kernel at every position (the default runs the grouped
-    // one on full layers past `gqa_full_from`).
-    let base = outer.parse("gqa=off,gqaswa=off")?;
-    m.gpu().set_tuning(base);
-    let r = grouped_shapes(m, base, prompt);
-    m.gpu().set_tuning(outer);
-    r
-}
-
-/// [`grouped_check`]'s shapes against `base`, the tuning in force.
-fn grouped_shapes(
-    m: &mut CudaGlimmer,
-    base: Tuning,
-    prompt: &[u32],
-) -> Result<(serde_json::Value, bool), CudaError> {
-    let mut all_ok = true;
-    let mut rows = Vec::new();
-    for spec in [
-        "gqa=0,gqaswa=0,gqamin=16",
-        "gqa=0,gqaswa=0,gqasplits=1,gqapass=16",
-        "gqa=0,gqaswa=0,gqamin=16,gqr=1",
-        "gqa=0,gqaswa=0,gqamin=16,gqr=2",
-        "gqa=0,gqaswa=0,gqasplits=1,gqr=1",
-        "gqa=0,gqaswa=0,gqasplits=3,gqr=2",
-    ] {
-        let grouped = base.parse(spec)?;
-        let n = prompt.len();
-        let (_, mut tok) = m.prefill(prompt, 0)?;
-        let tie = muser_cuda::compare::near_tie;
-        let (mut worst, mut flips, mut tied) = (0f64, 0usize, true);
-        for k in 0..32 {
-            let (a1, n1) = m.decode(tok, n + k)?;
-            m.gpu().set_tuning(grouped);
-            let r = m.decode(tok, n + k);
-            m.gpu().set_tuning(base);
-            let (a2, n2) = r?;
-            worst = worst.max(rel_err(
-                &a2,
-                &a1.iter().map(|&v| v as f64).collect::<Vec<_>>(),
-            ));
-            if n1 != n2 {
-                flips += 1;
-                tied &= tie(&a1, &a2, n1, n2);
-            }
-            tok = n1;
+    let (base, grouped) = (outer.parse("gqa=off")?, outer.parse("gqa=0")?);
+    let n = prompt.len();
+    m.set_overrides(base);
+    let (_, mut tok) = m.prefill(prompt, 0)?;
+    let tie = muser_cuda::compare::near_tie;
+    let (mut worst, mut flips, mut tied) = (0f64, 0usize, true);
+    for k in 0..32 {
+        let (a1, n1) = m.decode(tok, n + k)?;
+        m.set_overrides(grouped);
+        let r = m.decode(tok, n + k);
+        m.set_overrides(base);
+        let (a2, n2) = r?;
+        worst = worst.max(rel_err(
+            &a2,
+            &a1.iter().map(|&v| v as f64).collect::<Vec<_>>(),
+        ));
+        if n1 != n2 {
+            flips += 1;
+            tied &= tie(&a1, &a2, n1, n2);
         }
-        // Graph replays: the per-head graph and the grouped one's variants from the same start.
-        let start = n + 32;
-        let g1 = m.capture_decode()?;
-        let t1 = m.generate(&g1, tok, start, 24)?;
-        drop(g1);
-        m.gpu().set_tuning(grouped);
-        let g2 = m.capture_decode();
-        m.gpu().set_tuning(base);
-        let g2 = g2?;
-        let t2 = m.generate(&g2, tok, start, 24)?;
-        let same_prefix = t1.iter().zip(&t2).take_while(|(a, b)| a == b).count();
-        let ok = tied && worst < 2e-2;
-        all_ok &= ok;
-        println!(
-            "grouped ({spec}) vs per-head decode attention: {n}-token context, 32 steps max rel err {worst:.2e} ({flips} argmax changes, all near-ties: {tied}); graph replays agree on {same_prefix} of 24 tokens"
-        );
-        rows.push(
-            json!({"tuning": spec, "context_tokens": n, "decode_steps": 32,
-            "max_rel_err": worst, "argmax_changes": flips, "argmax_changes_near_ties": tied,
-            "graph_tokens_agreeing": same_prefix, "pass": ok}),
-        );
+        tok = n1;
     }
-    Ok((json!(rows), all_ok))
+    // Graph replays: the per-head graph and the grouped one from the same start.
+    let start = n + 32;
+    let g1 = m.capture_decode()?;
+    let t1 = m.generate(&g1, tok, start, 24)?;
+    drop(g1);
+    m.set_overrides(grouped);
+    let g2 = m.capture_decode();
+    m.set_overrides(outer);
+    let t2 = m.generate(&g2?, tok, start, 24)?;
+    let same_prefix = t1.iter().zip(&t2).take_while(|(a, b)| a == b).count();
+    let ok = tied && worst < 2e-2;
+    println!(
+        "grouped vs per-head decode attention: {n}-token context, 32 steps max rel err {worst:.2e} ({flips} argmax changes, all near-ties: {tied}); graph replays agree on {same_prefix} of 24 tokens"
+    );
+    let row = json!({"context_tokens": n, "decode_steps": 32, "max_rel_err": worst,
+        "argmax_changes": flips, "argmax_changes_near_ties": tied,
+        "graph_tokens_agreeing": same_prefix, "pass": ok});
+    Ok((row, ok))
 }
 
 /// Random valid Q4_K rows (small fixed scales, random quant bits), as synth_muse.py writes.
@@ -605,7 +523,7 @@ fn q4k_random(rng: &mut Rng, rows: usize, cols: usize) -> Vec<u8> {
 fn cmd_gemv(tunes: Vec<(String, String)>, json_out: Option<PathBuf>) -> Result<bool, CudaError> {
     let gpu = Gpu::new(0)?;
     println!("device: {:?}", gpu.info());
-    let base = gpu.tuning();
+    let base = gpu.overrides();
     let mut rng = Rng(7);
     // (name, rows, cols): qkv+gate, attn output, gate+up, down, vocabulary projection.
     let shapes = [
@@ -638,8 +556,7 @@ fn cmd_gemv(tunes: Vec<(String, String)>, json_out: Option<PathBuf>) -> Result<b
         tunes.push(("default".into(), String::new()));
     }
     for (tname, spec) in &tunes {
-        let tu = base.parse(spec)?;
-        gpu.set_tuning(tu);
+        gpu.set_overrides(base.parse(spec)?);
         for batch in [1usize, 4, 8, 16, 32, bmax] {
             for (name, _rows, _cols, bytes, ws) in &mats {
                 let per = time_per_matrix(&gpu, ws, |w| {
@@ -657,31 +574,7 @@ fn cmd_gemv(tunes: Vec<(String, String)>, json_out: Option<PathBuf>) -> Result<b
             }
         }
     }
-    gpu.set_tuning(base);
-    // The same matrices read by a plain streaming kernel: what the GEMVs could reach.
-    let sink = gpu.alloc_zeroed(16)?;
-    for blocks_per_sm in [4u32, 8, 16] {
-        for (name, _rows, _cols, bytes, ws) in &mats {
-            let grid = blocks_per_sm * gpu.info().sm_count.max(1) as u32;
-            let per = time_per_matrix(&gpu, ws, |w| {
-                gpu.launch(
-                    "read_probe",
-                    (grid, 1, 1),
-                    256,
-                    &[Arg::P(w.ptr()), Arg::L(*bytes as i64), Arg::P(sink.ptr())],
-                )
-            })?;
-            let tbs = *bytes as f64 / per / 1e12;
-            println!(
-                "read-probe {blocks_per_sm:>2}/SM {name:<8} {:>7.1} us  {tbs:.2} TB/s",
-                per * 1e6
-            );
-            rows_json.push(
-                json!({"tune": format!("read-probe-{blocks_per_sm}"), "matrix": name,
-                "bytes": bytes, "us": per * 1e6, "tb_per_s": tbs}),
-            );
-        }
-    }
+    gpu.set_overrides(base);
     if let Some(p) = json_out {
         let doc =
             json!({"kind": "cuda-gemv-bench", "device": gpu.info().name, "results": rows_json});

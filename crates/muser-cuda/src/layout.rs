@@ -25,6 +25,17 @@ pub enum WType {
 }
 
 impl WType {
+    /// Every weight type, in declaration order.
+    pub const ALL: [WType; 7] = [
+        WType::F32,
+        WType::F16,
+        WType::BF16,
+        WType::Q8_0,
+        WType::Q4K,
+        WType::Q6K,
+        WType::NvFp4,
+    ];
+
     /// From a ggml type id.
     pub fn from_ggml(id: u32) -> Option<WType> {
         Some(match id {
@@ -313,14 +324,7 @@ pub const OTHER_KERNELS: [&str; 16] = [
 /// some weight type, matrix width and batch, and the prefill's.
 pub fn kernel_names() -> Vec<String> {
     let mut names: Vec<String> = OTHER_KERNELS.iter().map(|s| s.to_string()).collect();
-    for t in [
-        WType::Q6K,
-        WType::Q8_0,
-        WType::NvFp4,
-        WType::F16,
-        WType::BF16,
-        WType::F32,
-    ] {
+    for t in WType::ALL.into_iter().filter(|&t| t != WType::Q4K) {
         for b in 1..=Q4K_SHAPE_MAX_BATCH {
             names.push(format!("gemv_{}_b{b}", t.kernel()));
         }

@@ -787,15 +787,7 @@ mod tests {
     #[test]
     fn every_loaded_gemv_is_one_some_plan_launches() {
         let mut seen = std::collections::BTreeSet::new();
-        for ty in [
-            WType::Q4K,
-            WType::Q6K,
-            WType::Q8_0,
-            WType::NvFp4,
-            WType::F16,
-            WType::BF16,
-            WType::F32,
-        ] {
+        for ty in WType::ALL {
             for nsb in 1..=320 {
                 for b in 1..=MAX_GEMV_BATCH {
                     for tile in [Q4K_TILE_MIN_BATCH, MAX_GEMV_BATCH + 1] {

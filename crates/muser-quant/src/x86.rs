@@ -855,53 +855,29 @@ pub(crate) unsafe fn tile_run(
                     while r < c1 {
                         let (wr, or) = (w.add(r * w_stride), ot.add(r));
                         let full_r = c1 - r >= 4;
+                        // one weight tile of $r rows against $n tokens
+                        macro_rules! tile_n {
+                            ($r:literal, $n:literal) => {
+                                $m::$f::<{ $k }, $r, $n>(
+                                    wr,
+                                    w_stride,
+                                    ts,
+                                    at,
+                                    a_stride,
+                                    nb,
+                                    or,
+                                    o_stride,
+                                    t == 0,
+                                )
+                            };
+                        }
                         macro_rules! tile {
                             ($r:literal) => {
                                 match n_t {
-                                    4 => $m::$f::<{ $k }, $r, 4>(
-                                        wr,
-                                        w_stride,
-                                        ts,
-                                        at,
-                                        a_stride,
-                                        nb,
-                                        or,
-                                        o_stride,
-                                        t == 0,
-                                    ),
-                                    3 => $m::$f::<{ $k }, $r, 3>(
-                                        wr,
-                                        w_stride,
-                                        ts,
-                                        at,
-                                        a_stride,
-                                        nb,
-                                        or,
-                                        o_stride,
-                                        t == 0,
-                                    ),
-                                    2 => $m::$f::<{ $k }, $r, 2>(
-                                        wr,
-                                        w_stride,
-                                        ts,
-                                        at,
-                                        a_stride,
-                                        nb,
-                                        or,
-                                        o_stride,
-                                        t == 0,
-                                    ),
-                                    _ => $m::$f::<{ $k }, $r, 1>(
-                                        wr,
-                                        w_stride,
-                                        ts,
-                                        at,
-                                        a_stride,
-                                        nb,
-                                        or,
-                                        o_stride,
-                                        t == 0,
-                                    ),
+                                    4 => tile_n!($r, 4),
+                                    3 => tile_n!($r, 3),
+                                    2 => tile_n!($r, 2),
+                                    _ => tile_n!($r, 1),
                                 }
                             };
                         }

@@ -490,19 +490,9 @@ mod tests {
     }
     use muser_gguf::GgmlType;
 
-    const ALL: [WType; 7] = [
-        WType::F32,
-        WType::F16,
-        WType::BF16,
-        WType::Q8_0,
-        WType::Q4K,
-        WType::Q6K,
-        WType::NvFp4,
-    ];
-
     #[test]
     fn block_table_matches_ggml() {
-        for ty in ALL {
+        for ty in WType::ALL {
             let g = GgmlType::from_id(ty.ggml_id()).expect("ggml id");
             assert_eq!(WType::from_ggml(g.id()), Some(ty));
             assert_eq!(ty.block(), (g.block_size(), g.type_size()), "{ty:?}");
@@ -597,7 +587,7 @@ mod tests {
             let wpr = q4k_shape(cols / 256).0;
             assert_eq!(seq_gemv(WType::Q4K, cols, wpr).0, want, "{cols}");
         }
-        for ty in ALL {
+        for ty in WType::ALL {
             let (name, rpb) = seq_gemv(ty, 4096, 2);
             assert!(names.contains(&name), "{ty:?}: {name}");
             assert!(rpb > 0);

@@ -544,34 +544,29 @@ mod tests {
                 "{rows}x{cols} batch {batch}"
             );
         }
-        // `tile=65` keeps the batched kernels at every batch.
-        assert_eq!(
-            gemv(q, 8704, 6656, 64, 65),
-            launch("gemv_q4k_w1u7_bn", (1088, 1, 1), 128, true)
-        );
-        // Other types: a kernel per batch up to 4, then the batched one.
-        let q6 = WType::Q6K;
-        assert_eq!(
-            gemv(q6, 512, 6656, 3, 8),
-            launch("gemv_q6k_b3", (128, 1, 1), 128, false)
-        );
-        assert_eq!(
-            gemv(q6, 512, 6656, 9, 8),
-            launch("gemv_q6k_bn", (128, 1, 1), 128, true)
-        );
-        let nv = WType::NvFp4;
-        assert_eq!(
-            gemv(nv, 6656, 19968, 1, 8),
-            launch("gemv_nvfp4_b1", (832, 1, 1), 128, false)
-        );
-        assert_eq!(
-            gemv(nv, 6656, 19968, 8, 8),
-            launch("gemv_nvfp4_bn", (832, 1, 1), 128, true)
-        );
-        assert_eq!(
-            gemv(WType::F32, 100, 1024, 2, 8),
-            launch("gemv_f32_b2", (25, 1, 1), 128, false)
-        );
+        // `tile=65` keeps the batched kernels at every batch; other types: a kernel per batch
+        // up to 4, then the batched one
+        let others = [
+            ((q, 8704, 6656, 64, 65), ("gemv_q4k_w1u7_bn", 1088, true)),
+            ((WType::Q6K, 512, 6656, 3, 8), ("gemv_q6k_b3", 128, false)),
+            ((WType::Q6K, 512, 6656, 9, 8), ("gemv_q6k_bn", 128, true)),
+            (
+                (WType::NvFp4, 6656, 19968, 1, 8),
+                ("gemv_nvfp4_b1", 832, false),
+            ),
+            (
+                (WType::NvFp4, 6656, 19968, 8, 8),
+                ("gemv_nvfp4_bn", 832, true),
+            ),
+            ((WType::F32, 100, 1024, 2, 8), ("gemv_f32_b2", 25, false)),
+        ];
+        for ((ty, rows, cols, batch, tile), (name, blocks, batched)) in others {
+            assert_eq!(
+                gemv(ty, rows, cols, batch, tile),
+                launch(name, (blocks, 1, 1), 128, batched),
+                "{ty:?} {rows}x{cols} batch {batch}"
+            );
+        }
     }
 
     /// The attention, norms and argmax of the 30B (and the 16-layer model) on sm_90 and before

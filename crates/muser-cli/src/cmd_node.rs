@@ -14,7 +14,8 @@ use muser_cluster::{LaneClient, Pki};
 use muser_server::lane::{ConsumerConfig, LaneRole, LaneSetup, PrefillMode};
 use muser_server::onboard::{Onboarding, Step};
 use muser_server::server::{self, ServeConfig};
-use muser_server::{kvkey, store};
+use muser_server::kvkey;
+use muser_store as store;
 
 #[derive(clap::Args)]
 pub struct Args {

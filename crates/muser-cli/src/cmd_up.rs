@@ -9,7 +9,7 @@ use muser_cluster::Endpoint;
 use muser_model::LoadOptions;
 use muser_server::lane::{ConsumerConfig, LaneListen, LaneRole, LaneSetup, PrefillMode};
 use muser_server::server::{self, ServeConfig};
-use muser_server::store;
+use muser_store as store;
 use muser_server::{auth, enroll, http};
 use std::io::{IsTerminal, Write};
 use std::net::{IpAddr, SocketAddr};

@@ -134,10 +134,7 @@ fn onboarding(
     a: &EngineArgs,
     n_ctx: usize,
 ) -> anyhow::Result<(Onboarding, PathBuf)> {
-    let model_path = match &a.model {
-        Some(p) => p.clone(),
-        None => store::ensure(&store::DEFAULT_MODEL, &store::default_store_dir()?)?,
-    };
+    let model_path = store::model_path(a.model.as_deref())?;
     let mut cfg = ServeConfig::new(&model_path);
     cfg.n_slots = 1;
     cfg.n_ctx = n_ctx;

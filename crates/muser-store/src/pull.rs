@@ -124,9 +124,11 @@ fn pull_wheel(
     let base = |m: &str| m.rsplit('/').next().unwrap_or(m).to_owned();
     let member = match (name, members.as_slice()) {
         (_, [only]) => only.clone(),
-        (Some(n), _) if members.iter().any(|m| base(m) == n) => {
-            members.iter().find(|m| base(m) == n).cloned().unwrap_or_default()
-        }
+        (Some(n), _) if members.iter().any(|m| base(m) == n) => members
+            .iter()
+            .find(|m| base(m) == n)
+            .cloned()
+            .unwrap_or_default(),
         _ => {
             return Err(StoreError::Extract {
                 wheel,
@@ -292,7 +294,9 @@ async fn pull_http(
         file: &file,
         bar: &bar,
     };
-    let missing: Vec<usize> = (0..plan.chunks()).filter(|&i| digests[i].is_none()).collect();
+    let missing: Vec<usize> = (0..plan.chunks())
+        .filter(|&i| digests[i].is_none())
+        .collect();
     fetch
         .chunks(&missing, connections, |i, d| {
             digests[i] = Some(d);
@@ -399,14 +403,19 @@ fn hash_range(
     (start, len): (u64, u64),
 ) -> Result<[u8; 32], StoreError> {
     file.seek(SeekFrom::Start(start))
-        .map_err(|e| StoreError::Io { path: part.into(), source: e })?;
+        .map_err(|e| StoreError::Io {
+            path: part.into(),
+            source: e,
+        })?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut left = len;
     while left > 0 {
         let n = buf.len().min(left as usize);
-        file.read_exact(&mut buf[..n])
-            .map_err(|e| StoreError::Io { path: part.into(), source: e })?;
+        file.read_exact(&mut buf[..n]).map_err(|e| StoreError::Io {
+            path: part.into(),
+            source: e,
+        })?;
         hasher.update(&buf[..n]);
         left -= n as u64;
     }
@@ -436,9 +445,11 @@ impl Fetch<'_> {
         connections: usize,
         mut done: impl FnMut(usize, [u8; 32]) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
-        let mut results = futures::stream::iter(chunks.iter().map(|&i| async move {
-            (i, self.chunk_with_retries(i).await)
-        }))
+        let mut results = futures::stream::iter(
+            chunks
+                .iter()
+                .map(|&i| async move { (i, self.chunk_with_retries(i).await) }),
+        )
         .buffer_unordered(connections);
         let mut first_err = None;
         while let Some((i, result)) = results.next().await {

@@ -59,15 +59,14 @@ async fn model(State(s): State<Arc<Served>>, headers: HeaderMap) -> Response {
     }
     if f.corrupt_once_at == Some(start) {
         f.corrupt_once_at = None;
-        bytes[bytes.len() / 2] ^= 0x5a;
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x5a;
     }
     if f.drop_once_at == Some(start) {
         f.drop_once_at = None;
         let half = bytes[..bytes.len() / 2].to_vec();
-        let pieces: Vec<Result<Vec<u8>, std::io::Error>> = vec![
-            Ok(half),
-            Err(std::io::Error::other("dropped mid-chunk")),
-        ];
+        let pieces: Vec<Result<Vec<u8>, std::io::Error>> =
+            vec![Ok(half), Err(std::io::Error::other("dropped mid-chunk"))];
         return builder
             .body(Body::from_stream(futures::stream::iter(pieces)))
             .unwrap();

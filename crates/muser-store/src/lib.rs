@@ -77,8 +77,10 @@ pub enum StoreError {
     NotFound { name: String, dir: PathBuf },
     #[error("{arg}: no such file, and no model of that name in {dir} (see `muser list`)")]
     NoModel { arg: PathBuf, dir: PathBuf },
-    #[error("{0} is already in the store with another digest; `muser rm` it first")]
+    #[error("{0} is already in the store (not with the pinned digest); `muser rm` it first")]
     Exists(PathBuf),
+    #[error("{0}: another pull of this name is running")]
+    Busy(PathBuf),
     #[error("{url}: {message}")]
     Http { url: String, message: String },
     #[error("{url}: {size_bytes} bytes, more than the limit of {max_bytes} (--max-bytes)")]

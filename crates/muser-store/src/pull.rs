@@ -228,8 +228,19 @@ async fn pull_http(
         url: url.into(),
         message,
     };
+    // an unpinned https:// pull must not be redirected to plain http://
+    let allow_http = pinned.is_some();
+    let redirects = reqwest::redirect::Policy::custom(move |attempt| {
+        if attempt.previous().len() >= REDIRECTS_MAX {
+            attempt.error(format!("more than {REDIRECTS_MAX} redirects"))
+        } else if attempt.url().scheme() != "https" && !allow_http {
+            attempt.error("redirected to plain http:// without --sha256")
+        } else {
+            attempt.follow()
+        }
+    });
     let client = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::limited(REDIRECTS_MAX))
+        .redirect(redirects)
         .connect_timeout(CONNECT_TIMEOUT)
         .read_timeout(READ_TIMEOUT)
         .build()
@@ -270,6 +281,10 @@ async fn pull_http(
         .truncate(false)
         .open(&part)
         .map_err(io_err(&part))?;
+    file.try_lock().map_err(|e| match e {
+        fs::TryLockError::WouldBlock => StoreError::Busy(part.clone()),
+        fs::TryLockError::Error(e) => io_err(&part)(e),
+    })?;
     file.set_len(size_bytes).map_err(io_err(&part))?;
     let mut digests = resume(&plan, &manifest, &file, &part)?;
     let mut log = fs::File::create(&manifest).map_err(io_err(&manifest))?;

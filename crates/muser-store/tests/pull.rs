@@ -206,7 +206,7 @@ fn an_interrupted_pull_resumes_with_only_the_missing_chunk() {
 }
 
 #[test]
-fn refuses_a_wrong_digest_plain_http_unpinned_and_too_large() {
+fn refuses_a_wrong_digest_plain_http_unpinned_too_large_busy_and_bad_names() {
     let (data, _) = payload();
     let (url, _served) = serve(data, Faults::default());
     let store = tempfile::tempdir().unwrap();
@@ -224,6 +224,15 @@ fn refuses_a_wrong_digest_plain_http_unpinned_and_too_large() {
     small.max_bytes = MIB as u64;
     let err = pull(&url, store.path(), &small).unwrap_err();
     assert!(matches!(err, StoreError::TooLarge { .. }), "{err}");
+
+    // another pull of the same name holds the part file
+    let part = store.path().join(".model.gguf.part");
+    let held = std::fs::File::create(&part).unwrap();
+    held.lock().unwrap();
+    let err = pull(&url, store.path(), &opts(&wrong)).unwrap_err();
+    assert!(matches!(err, StoreError::Busy(_)), "{err}");
+    drop(held);
+    std::fs::remove_file(&part).unwrap();
 
     for bad in ["../escape.gguf", ".hidden", "a/b"] {
         let mut named = opts(&wrong);

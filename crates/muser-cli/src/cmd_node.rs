@@ -11,10 +11,11 @@ use anyhow::Context;
 use muser_cluster::enroll::EnrollCode;
 use muser_cluster::registry::{FailureLog, NodeEntry, Registry};
 use muser_cluster::{LaneClient, Pki};
+use muser_server::kvkey;
 use muser_server::lane::{ConsumerConfig, LaneRole, LaneSetup, PrefillMode};
 use muser_server::onboard::{Onboarding, Step};
 use muser_server::server::{self, ServeConfig};
-use muser_server::{kvkey, store};
+use muser_store as store;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -133,10 +134,7 @@ fn onboarding(
     a: &EngineArgs,
     n_ctx: usize,
 ) -> anyhow::Result<(Onboarding, PathBuf)> {
-    let model_path = match &a.model {
-        Some(p) => p.clone(),
-        None => store::ensure(&store::DEFAULT_MODEL, &store::default_store_dir()?)?,
-    };
+    let model_path = store::model_path(a.model.as_deref())?;
     let mut cfg = ServeConfig::new(&model_path);
     cfg.n_slots = 1;
     cfg.n_ctx = n_ctx;

@@ -9,8 +9,8 @@ use muser_cluster::Endpoint;
 use muser_model::LoadOptions;
 use muser_server::lane::{ConsumerConfig, LaneListen, LaneRole, LaneSetup, PrefillMode};
 use muser_server::server::{self, ServeConfig};
-use muser_server::store;
 use muser_server::{auth, enroll, http};
+use muser_store as store;
 use std::io::{IsTerminal, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -20,7 +20,8 @@ use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// GGUF model to serve (default: SmolLM2-135M-Instruct Q4_1, fetched into the model store).
+    /// GGUF model to serve: a path or a name in the model store (`muser list`); default:
+    /// SmolLM2-135M-Instruct Q4_1, fetched into the model store.
     #[arg(short, long)]
     model: Option<PathBuf>,
     /// Addresses to listen on, comma-separated (one server on each, as llama-server's
@@ -409,13 +410,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     // the first address is the one printed, and the one a lane listener and a producer use
     let host0 = args.host[0];
-    let model_path = match args.model {
-        Some(path) => path,
-        None => {
-            let dir = store::default_store_dir()?;
-            store::ensure(&store::DEFAULT_MODEL, &dir)?
-        }
-    };
+    let model_path = store::model_path(args.model.as_deref())?;
     let mut cfg = ServeConfig::new(&model_path);
     cfg.mmproj = args.mmproj;
     cfg.max_images = args.max_images;

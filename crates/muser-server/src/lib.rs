@@ -1,6 +1,6 @@
 //! muser-server: the HTTP edge of Muser. OpenAI-, llama.cpp- and Ollama-shaped routes over
 //! the engine, strict JSON wire types, API-key auth, request and connection limits, the
-//! listener (HTTP/1.1, optionally TLS), Prometheus metrics, and the pinned model store.
+//! listener (HTTP/1.1, optionally TLS) and Prometheus metrics.
 //!
 //! # Rules on every route
 //! - One guard layer (`routes::guard`) runs first on every route: without an API key the
@@ -87,7 +87,6 @@ pub mod routes;
 pub mod server;
 pub mod slotfile;
 pub mod state;
-pub mod store;
 pub mod structured;
 pub mod vision;
 pub mod wire;

@@ -239,7 +239,7 @@ pub fn load_from(cfg: &ServeConfig, loader: ModelLoader) -> Result<SharedState, 
         });
     }
     if let Some(dir) = &cfg.slot_save_path {
-        crate::store::private_dir(dir).map_err(|source| StartError::SlotDir {
+        muser_store::private_dir(dir).map_err(|source| StartError::SlotDir {
             path: dir.clone(),
             source,
         })?;
@@ -277,7 +277,7 @@ pub fn load_from(cfg: &ServeConfig, loader: ModelLoader) -> Result<SharedState, 
     };
     let prompt_cache = match (&cfg.prompt_cache, &kvpack) {
         (Some(pc), Some(ctx)) => {
-            crate::store::private_dir(&pc.dir).map_err(|e| StartError::PromptCache {
+            muser_store::private_dir(&pc.dir).map_err(|e| StartError::PromptCache {
                 path: pc.dir.clone(),
                 message: e.to_string(),
             })?;

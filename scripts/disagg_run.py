@@ -117,7 +117,7 @@ def main():
                         "verify": h["verify_ms"],
                         # the last piece's seal (its head to its first byte)
                         "last_seal": h.get("last_seal_ms"),
-                        # after the last byte: joining the pieces into one state
+                        # after the last byte: the verifier's tail (last digests, ledger record)
                         "join": h.get("join_ms"),
                     },
                     # bytes over the time the body took to arrive and verify

@@ -136,6 +136,13 @@ impl KvLayoutAbi {
         }
     }
 
+    /// K+V bytes of a state covering `positions`.
+    pub fn state_bytes(&self, positions: &std::ops::Range<u32>) -> u64 {
+        (0..self.n_layer as usize)
+            .map(|l| 2 * (self.layer_range(l, positions).len() * self.row_bytes()) as u64)
+            .sum()
+    }
+
     fn encode(&self, e: &mut Enc) {
         e.u32(self.n_layer);
         let mut bits = vec![0u8; (self.swa_layers.len()).div_ceil(8)];

@@ -67,9 +67,7 @@ impl KvState {
 
     /// Total K+V bytes.
     pub fn total_bytes(&self) -> u64 {
-        (0..self.layers.len())
-            .map(|l| 2 * self.layer_bytes(l) as u64)
-            .sum()
+        self.layout.state_bytes(&self.positions)
     }
 
     /// Rows `pos` of layer `layer` (K, V). `pos` must lie within the layer's range.
@@ -134,8 +132,7 @@ impl KvState {
 
     /// Grows `self` in place by the positions of `next` past `self`'s end; `next` may start
     /// anywhere from `self`'s start to its end (positions both hold keep `self`'s rows).
-    /// Sliding-window layers drop the rows that fall out of the window. With
-    /// [`KvState::reserve_until`] called first, only `next`'s new rows are copied.
+    /// Sliding-window layers drop the rows that fall out of the window.
     pub fn extend(&mut self, next: &KvState) -> Result<()> {
         if self.layout != next.layout {
             return Err(KvpackError::DeltaBase("layouts differ"));
@@ -174,19 +171,6 @@ impl KvState {
         }
         self.positions = positions;
         self.validate()
-    }
-
-    /// Reserves room for every layer to hold positions up to `end` without reallocating.
-    pub fn reserve_until(&mut self, end: u32) {
-        let positions = self.positions.start..end.max(self.positions.end);
-        let rb = self.layout.row_bytes();
-        for l in 0..self.layers.len() {
-            let want = self.layout.layer_range(l, &positions).len() * rb;
-            let layer = &mut self.layers[l];
-            for buf in [&mut layer.k, &mut layer.v] {
-                buf.reserve(want.saturating_sub(buf.len()));
-            }
-        }
     }
 }
 
@@ -230,7 +214,6 @@ mod tests {
                 for c in a..=b {
                     for d in b..16 {
                         let mut s = truth(a..b);
-                        s.reserve_until(d);
                         s.extend(&truth(c..d)).unwrap();
                         assert_eq!(s, truth(a..d), "{a}..{b} then {c}..{d}");
                     }

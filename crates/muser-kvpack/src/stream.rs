@@ -357,14 +357,7 @@ impl<'a> StreamRestore<'a> {
             }
             Some(a) if a.filled == a.state.positions.start && p.start < a.filled => {
                 let end = a.state.positions.end.max(p.end);
-                let wider = KvState {
-                    layout: layout.clone(),
-                    positions: p.start..end,
-                    layers: Vec::new(),
-                };
-                let needed = (0..layout.n_layer as usize)
-                    .map(|l| 2 * wider.layer_bytes(l) as u64)
-                    .sum::<u64>();
+                let needed = layout.state_bytes(&(p.start..end));
                 if needed > self.max_bytes {
                     return Err(KvpackError::OverBudget {
                         needed,

@@ -922,8 +922,8 @@ pub struct Phases {
     pub head_ms: f64,
     pub body_ms: f64,
     pub verify_ms: f64,
-    /// The last piece's wait from head to first byte (its seal), and the wait, once its last
-    /// byte was verified, for the pieces' join.
+    /// The last piece's wait from head to first byte (its seal), and how long its verifier ran
+    /// on after its last byte arrived (the hash workers' last digests and the ledger record).
     pub last_seal_ms: f64,
     pub join_ms: f64,
     pub pieces: usize,

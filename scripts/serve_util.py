@@ -1,5 +1,6 @@
-"""What scripts/serve-check.py and scripts/serve-compare.py share: the prompts, a JSON POST, a
-free port, and a server process started, waited for (/health answering 200) and stopped.
+"""What scripts/serve-check.py and scripts/serve-compare.py share: the prompts, a JSON POST (whole
+or streamed with each event's arrival time), a free port, and a server process started, waited
+for (/health answering 200) and stopped.
 Python standard library only."""
 import contextlib, json, socket, subprocess, time, urllib.request
 
@@ -19,6 +20,21 @@ def post(port, path, body, stream=False):
         if stream:
             return [line.decode().strip() for line in r if line.strip()]
         return json.load(r)
+
+
+def post_timed_stream(port, path, body):
+    """POSTs `body` (with "stream": true) and reads the server-sent events as they arrive:
+    [(seconds since the request was sent, parsed event)] for each `data:` line but `[DONE]`."""
+    t0 = time.perf_counter()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    events = []
+    with urllib.request.urlopen(req, timeout=600) as r:
+        for line in r:
+            line = line.strip()
+            if line.startswith(b"data: ") and line != b"data: [DONE]":
+                events.append((time.perf_counter() - t0, json.loads(line[6:])))
+    return events
 
 
 def free_port():

@@ -27,16 +27,14 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::detok::Detok;
 use crate::engine::{
-    contained, EngineConfig, EngineStats, Event, Exit, FinishReason, GenerateRequest, Job, Pooling,
+    contained, EngineConfig, EngineStats, Event, FinishReason, GenerateRequest, Job, Pooling,
     Progress, Shared, SharedState, SlotInfo, SlotKv, Timings,
 };
 use crate::kvpack_bridge::{snapshot_to_state, state_to_snapshot};
 use crate::prompt_cache::{Lookup, Resume};
 use crate::sampling::{Sampled, Sampler};
+use crate::sleep::{idle_wait, Exit};
 use crate::stop::StopMatcher;
-
-/// Longest wait between two looks at the queue while idle (queued requests can time out).
-const IDLE_POLL: Duration = Duration::from_millis(250);
 
 pub(crate) struct Scheduler<'t> {
     model: Arc<Model>,
@@ -223,13 +221,8 @@ impl<'t> Scheduler<'t> {
                 st.last_active = Some(Instant::now());
                 return None;
             }
-            let idle = st.last_active.map_or(Duration::ZERO, |t| t.elapsed());
-            let wait = match &self.cfg.sleep {
-                Some(sleep) if st.queue.is_empty() && idle >= sleep.idle => {
-                    return Some(Exit::Sleep)
-                }
-                Some(sleep) => IDLE_POLL.min(sleep.idle - idle.min(sleep.idle)),
-                None => IDLE_POLL,
+            let Some(wait) = idle_wait(self.cfg.sleep.as_ref(), &st) else {
+                return Some(Exit::Sleep);
             };
             st = shared
                 .wake

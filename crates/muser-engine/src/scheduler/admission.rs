@@ -1,5 +1,4 @@
-//! Admission: slot jobs, expired queue entries, the choice of a slot, and a request started
-//! on it.
+//! Admission: slot jobs, expired queue entries, slot choice, and a request started on a slot.
 
 use std::time::{Duration, Instant};
 

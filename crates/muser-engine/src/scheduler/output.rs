@@ -1,5 +1,4 @@
-//! Output: a sampled token streamed (stop strings, end of generation), an embedding pooled
-//! and sent, and a request's end with its timings.
+//! Output: tokens streamed, embeddings pooled and sent, and a request's end with its timings.
 
 use std::time::{Duration, Instant};
 

@@ -1,5 +1,4 @@
-//! Prefix reuse: what a slot's K/V starts from (its own cached prefix, the prompt cache's, a
-//! producer's prefill) and the prefixes it offers back to the prompt cache.
+//! Prefix reuse: a slot's K/V from its own prefix, the prompt cache or a producer, and back.
 
 use std::sync::Arc;
 

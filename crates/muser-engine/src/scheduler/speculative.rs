@@ -1,5 +1,4 @@
-//! Speculative decoding: a slot's drafts, their verification row by row, and the rollback to
-//! the accepted prefix.
+//! Speculative decoding: a slot's drafts, their verification row by row, and the rollback.
 //!
 //! A generating slot may follow its decode token with draft tokens (muser-spec). Every row is
 //! sampled in order as a plain step would sample it; a draft is accepted while it equals the

@@ -17,7 +17,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::image::{image_ids, PromptImage};
 use crate::sampling::{SamplingParams, TokenLogprobs};
-use crate::scheduler::Scheduler;
+use crate::sleep::{serve, SleepConfig};
 
 /// Sizes of the engine, fixed at start.
 #[derive(Clone, Debug)]
@@ -47,26 +47,6 @@ pub struct EngineConfig {
     /// Unload the model (weights and K/V) after this long without work, and load it again
     /// for the next (llama-server's `--sleep-idle-seconds`); `None`: stay loaded.
     pub sleep: Option<SleepConfig>,
-}
-
-/// Loads the engine's model again after a sleep (from the same file, on the same device).
-pub type ModelLoader = Arc<dyn Fn() -> Result<Arc<Model>, String> + Send + Sync>;
-
-/// When the engine sleeps and how it wakes.
-#[derive(Clone)]
-pub struct SleepConfig {
-    /// Time without a request or a running generation before the model is dropped.
-    pub idle: Duration,
-    /// Gives the model back on the first request after a sleep.
-    pub reload: ModelLoader,
-}
-
-impl std::fmt::Debug for SleepConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SleepConfig")
-            .field("idle", &self.idle)
-            .finish_non_exhaustive()
-    }
 }
 
 /// How an embedding request's final-norm hidden states become its embedding (llama-server's
@@ -400,7 +380,7 @@ impl SharedState {
     }
 
     /// Whether work is waiting for the engine thread.
-    fn has_work(&self) -> bool {
+    pub fn has_work(&self) -> bool {
         !self.queue.is_empty() || !self.slot_jobs.is_empty()
     }
 }
@@ -497,16 +477,7 @@ impl Engine {
             .spawn(move || {
                 let tok = tokenizer.as_deref();
                 let run = std::panic::AssertUnwindSafe(|| {
-                    // a run ends on shutdown, or asleep: its model and K/V are dropped
-                    // with it, and `wake` gives them back when work arrives
-                    let mut loaded = Some((model, kv));
-                    while let Some((model, kv)) = loaded.take() {
-                        let (cfg, shared) = (thread_cfg.clone(), thread_shared.clone());
-                        if Scheduler::new(model, tok, kv, cfg, shared).run() == Exit::Shutdown {
-                            break;
-                        }
-                        loaded = wake(&thread_shared, &thread_cfg);
-                    }
+                    serve(model, kv, tok, &thread_cfg, &thread_shared)
                 });
                 let failed = std::panic::catch_unwind(run).is_err();
                 let mut st = thread_shared.lock();
@@ -715,60 +686,6 @@ impl Engine {
             s.kv.clear(s.seq);
             s.tokens.clear();
         })
-    }
-}
-
-/// How the scheduler's run ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Exit {
-    Shutdown,
-    /// Idle for [`SleepConfig::idle`]: nothing was running, queued or asked for.
-    Sleep,
-}
-
-/// Sleeps with the model dropped until work arrives, then loads it again with a fresh K/V
-/// cache. `None` on shutdown. A failed load fails the requests that waited for it, each with
-/// the loader's message, and sleeps again.
-fn wake(shared: &Shared, cfg: &EngineConfig) -> Option<(Arc<Model>, KvCache)> {
-    let sleep = cfg.sleep.as_ref()?;
-    let mut st = shared.lock();
-    st.sleeping = !st.has_work();
-    tracing::info!(
-        "idle for {:?}: the model is unloaded until the next request",
-        sleep.idle
-    );
-    loop {
-        while !st.shutdown && st.sleeping && !st.has_work() {
-            st = shared.wake.wait(st).unwrap_or_else(|e| e.into_inner());
-        }
-        if st.shutdown {
-            return None;
-        }
-        drop(st);
-        let loaded = (sleep.reload)().and_then(|model| {
-            let n_ubatch = cfg.prefill_chunk.max(cfg.n_slots);
-            let kv = model
-                .new_kv_ubatch(cfg.n_ctx, cfg.n_slots, cfg.kv_type, n_ubatch as u32)
-                .map_err(|e| e.to_string())?;
-            Ok((model, kv))
-        });
-        st = shared.lock();
-        match loaded {
-            Ok(loaded) => {
-                st.touch();
-                tracing::info!("the model is loaded again");
-                return Some(loaded);
-            }
-            Err(e) => {
-                let msg = format!("loading the model after a sleep: {e}");
-                tracing::error!("{msg}");
-                for job in st.queue.drain(..) {
-                    let _ = job.tx.send(Event::Error(msg.clone()));
-                }
-                st.slot_jobs.clear(); // their callers see the slot as busy
-                st.sleeping = true;
-            }
-        }
     }
 }
 

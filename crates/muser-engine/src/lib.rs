@@ -12,12 +12,13 @@ pub mod prompt_cache;
 mod rng;
 pub mod sampling;
 mod scheduler;
+mod sleep;
 pub mod stop;
 
 pub use constraint::{Constraint, Expr, Grammar, JsonKind, Matcher, Member, Vocab};
 pub use engine::{
-    Engine, EngineConfig, EngineError, EngineStats, Event, FinishReason, GenerateRequest,
-    ModelLoader, Pooling, Prefilled, Progress, SleepConfig, SlotInfo, SlotKv, SubmitError, Timings,
+    Engine, EngineConfig, EngineError, EngineStats, Event, FinishReason, GenerateRequest, Pooling,
+    Prefilled, Progress, SlotInfo, SlotKv, SubmitError, Timings,
 };
 pub use image::{place_images, MediaMarkers, PlaceError, PromptImage, IMAGE_ID_BASE};
 pub use kvpack_bridge::{KvPackContext, PackError, SlotExport};
@@ -25,4 +26,5 @@ pub use muser_model::KvType;
 pub use muser_spec::{SpecConfig, SpecError, SpecMode, SpecOverride, DRAFT_MAX_LIMIT};
 pub use prompt_cache::{PromptCache, PromptCacheConfig, PromptCacheStats};
 pub use sampling::{Sampled, Sampler, SamplingError, SamplingParams, TokenLogprobs, TokenProb};
+pub use sleep::{ModelLoader, SleepConfig};
 pub use stop::StopMatcher;

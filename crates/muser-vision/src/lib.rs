@@ -22,11 +22,13 @@
 
 mod device;
 mod encoder;
+#[cfg(feature = "cuda")]
+mod gpu;
 pub mod preprocess;
 mod projector;
 pub mod synth;
 
-pub use device::{Device, Encoder};
+pub use device::{Device, Encoder, Stages};
 pub use encoder::{Embeddings, EncodedImage};
 pub use preprocess::{decode, grid_size, preprocess, Limits, Pixels, Rgb8};
 pub use projector::{Hparams, Projector, IMAGE_BEGIN, IMAGE_END, MAX_IMAGE_TOKENS, PROJECTOR_TYPE};

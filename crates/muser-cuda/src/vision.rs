@@ -1,0 +1,57 @@
+//! The kernels of muser-vision's device-resident image encoder (`src/vision.cu`): LayerNorm,
+//! erf-GELU, 2D RoPE from a host table, row softmax, f16 rounding and pixel shuffle. The
+//! encoder's graph lives in muser-vision; this crate holds its CUDA source beside the others
+//! so one compile check covers every module.
+
+/// The source, compiled after `common.cuh` ([`crate::runtime::compile_source`]).
+pub const VISION_CU: &str = include_str!("vision.cu");
+
+/// Kernels of [`VISION_CU`], loaded with `Gpu::load_module`.
+pub const VISION_KERNELS: [&str; 6] = [
+    "vis_layer_norm",
+    "vis_gelu_erf",
+    "vis_rope_2d",
+    "vis_softmax",
+    "vis_to_f16",
+    "vis_pixel_shuffle",
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vision_kernels_exist_in_the_source() {
+        for name in VISION_KERNELS {
+            assert!(
+                VISION_CU.contains(&format!("__global__ void {name}(")),
+                "kernel {name} not found in vision.cu"
+            );
+        }
+        assert_eq!(
+            VISION_CU.matches("__global__ void ").count(),
+            VISION_KERNELS.len(),
+            "every kernel of vision.cu is listed"
+        );
+    }
+
+    /// vision.cu compiles with NVRTC for sm_90 into exactly its listed kernels. Needs NVRTC and
+    /// the CUDA headers, no GPU: `scripts/cuda-compile-check.sh` sets `MUSER_NVRTC_CHECK=1`.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn vision_kernels_compile_with_nvrtc() {
+        if std::env::var_os("MUSER_NVRTC_CHECK").is_none() {
+            eprintln!("not compiled: run scripts/cuda-compile-check.sh");
+            return;
+        }
+        let ptx =
+            crate::runtime::compile_source(VISION_CU, "sm_90").unwrap_or_else(|e| panic!("{e}"));
+        for n in VISION_KERNELS {
+            assert!(
+                ptx.contains(&format!(".entry {n}(")),
+                "kernel {n} missing from the PTX"
+            );
+        }
+        assert_eq!(ptx.matches(".entry ").count(), VISION_KERNELS.len());
+    }
+}

@@ -15,11 +15,10 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
-use muser_cuda::backend::{fakequant_block, fakequant_kind, grid_1d, OPS_KERNELS};
+use muser_cuda::backend::{fakequant_block, grid_1d, OPS_KERNELS};
 use muser_cuda::runtime::{Arg, DevBuf, GemmIn, Gpu, Strided, OPS_CU};
-use muser_cuda::vision::{VISION_CU, VISION_KERNELS};
+use muser_cuda::vision::{weight_form, WeightForm, VISION_CU, VISION_KERNELS};
 use muser_cuda::CudaError;
-use muser_gguf::GgmlType;
 use muser_model::Weight;
 
 use crate::encoder::{Embeddings, Prepared};
@@ -79,34 +78,10 @@ impl Clock<'_> {
     }
 }
 
-/// How a weight is held on the device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Form {
-    /// The file's f16 values; activations converted to f16, f16 GEMM.
-    F16,
-    /// f32 rows; activations rounded as `op_fakequant` kind `kind` (0: none), f32 GEMM.
-    F32 { kind: i32 },
-}
-
-/// How a weight of type `ty` with `n_in` inputs is held, or why it cannot be.
-fn form(ty: GgmlType, n_in: usize) -> Result<Form, String> {
-    if ty == GgmlType::F16 {
-        return Ok(Form::F16);
-    }
-    let kind = fakequant_kind(ty);
-    let block = fakequant_block(kind);
-    if !n_in.is_multiple_of(block) {
-        return Err(format!(
-            "{n_in} inputs are not whole activation blocks of {block} for {ty:?}"
-        ));
-    }
-    Ok(Form::F32 { kind })
-}
-
 /// A matrix (and its bias) in device memory.
 struct DevLinear {
     w: DevBuf,
-    form: Form,
+    form: WeightForm,
     n_in: usize,
     n_out: usize,
     b: Option<DevBuf>,
@@ -409,7 +384,7 @@ impl GpuEncoder {
             .map_err(dev)
     }
 
-    /// `x · Wᵀ + b`, the activations rounded as the weight's [`Form`] says.
+    /// `x · Wᵀ + b`, the activations rounded as the weight's [`WeightForm`] says.
     fn linear(&self, l: &DevLinear, x: &Act, clock: &mut Clock) -> Result<Act, VisionError> {
         if x.cols != l.n_in {
             return Err(VisionError::Device(format!(
@@ -420,19 +395,19 @@ impl GpuEncoder {
         let (n, k, m) = (x.rows, l.n_in, l.n_out);
         let y = self.alloc(n, m)?;
         match l.form {
-            Form::F16 => {
+            WeightForm::F16 => {
                 let xh = self.gpu.alloc(2 * n * k).map_err(dev)?;
                 self.each("vis_to_f16", n * k, &[Arg::P(x.ptr()), Arg::P(xh.ptr())])?;
                 self.gpu
                     .gemm(y.ptr(), m, xh.ptr(), l.w.ptr(), (n, m, k), GemmIn::F16)
                     .map_err(dev)?;
             }
-            Form::F32 { kind: 0 } => {
+            WeightForm::F32 { kind: 0 } => {
                 self.gpu
                     .gemm(y.ptr(), m, x.ptr(), l.w.ptr(), (n, m, k), GemmIn::F32)
                     .map_err(dev)?;
             }
-            Form::F32 { kind } => {
+            WeightForm::F32 { kind } => {
                 let xr = self.alloc(n, k)?;
                 self.gpu.copy(xr.ptr(), x.ptr(), 4 * n * k).map_err(dev)?;
                 let work = n * (k / fakequant_block(kind));
@@ -560,16 +535,16 @@ impl Uploader<'_> {
     }
 
     fn linear(&self, w: Weight, b: Option<&[f32]>) -> Result<DevLinear, VisionError> {
-        let form =
-            form(w.ty, w.n_in).map_err(|m| VisionError::Device(format!("{}: {m}", w.name)))?;
+        let form = weight_form(w.ty, w.n_in)
+            .map_err(|m| VisionError::Device(format!("{}: {m}", w.name)))?;
         let buf = match form {
             // the file's f16 values as they are
-            Form::F16 => {
+            WeightForm::F16 => {
                 let b = self.gpu.alloc(w.data.len()).map_err(dev)?;
                 self.gpu.upload(&b, 0, w.data).map_err(dev)?;
                 b
             }
-            Form::F32 { .. } => {
+            WeightForm::F32 { .. } => {
                 let mut rows = vec![0f32; w.n_in * w.n_out];
                 let rb = w.row_bytes();
                 for (r, out) in rows.chunks_exact_mut(w.n_in).enumerate() {
@@ -586,26 +561,5 @@ impl Uploader<'_> {
             n_out: w.n_out,
             b: b.map(|b| self.floats(b)).transpose()?,
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn weight_forms_follow_the_cpu_rounding() {
-        assert_eq!(form(GgmlType::F16, 588), Ok(Form::F16));
-        assert_eq!(form(GgmlType::F32, 588), Ok(Form::F32 { kind: 0 }));
-        assert_eq!(
-            form(GgmlType::Q8_0, 1536),
-            Ok(Form::F32 {
-                kind: fakequant_kind(GgmlType::Q8_0)
-            })
-        );
-        assert!(
-            form(GgmlType::Q8_0, 588).is_err(),
-            "588 is not whole Q8_0 blocks"
-        );
     }
 }

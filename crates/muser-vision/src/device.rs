@@ -28,7 +28,7 @@ pub enum Device {
 enum Compute {
     Cpu(CpuBackend),
     #[cfg(feature = "cuda")]
-    Cuda(crate::gpu::GpuEncoder),
+    Cuda(Box<crate::gpu::GpuEncoder>),
 }
 
 /// A projector and the device it encodes images on.
@@ -48,7 +48,7 @@ impl Encoder {
         let compute = match device {
             Device::Cpu => Compute::Cpu(CpuBackend::new(threads)?),
             #[cfg(feature = "cuda")]
-            Device::Cuda => Compute::Cuda(crate::gpu::GpuEncoder::new(&projector)?),
+            Device::Cuda => Compute::Cuda(Box::new(crate::gpu::GpuEncoder::new(&projector)?)),
             #[cfg(not(feature = "cuda"))]
             Device::Cuda => {
                 return Err(VisionError::Device(

@@ -9,13 +9,17 @@ use crate::preprocess::{decode, Limits, Pixels};
 use crate::projector::Projector;
 use crate::VisionError;
 
-#[cfg(feature = "cuda")]
-pub use crate::gpu::Stages;
-
-/// Where one encode's device time went ([`Encoder::encode_staged`]); the CPU has none.
-#[cfg(not(feature = "cuda"))]
+/// Where one GPU encode's device time went ([`Encoder::encode_staged`]): each step is waited
+/// for, so the sum is the encode's device time plus launch gaps.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Stages;
+pub struct Stages {
+    /// Matrix products (with their activations' rounding and bias adds).
+    pub products_ms: f64,
+    /// Attention: scores, softmax, weighted values.
+    pub attention_ms: f64,
+    /// Everything else: uploads, norms, RoPE, GELU, residual adds, permutations, download.
+    pub rest_ms: f64,
+}
 
 /// The device an [`Encoder`] runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -21,6 +21,7 @@ use muser_cuda::vision::{weight_form, WeightForm, VISION_CU, VISION_KERNELS};
 use muser_cuda::CudaError;
 use muser_model::Weight;
 
+use crate::device::Stages;
 use crate::encoder::{Embeddings, Prepared};
 use crate::preprocess::Pixels;
 use crate::projector::{Norm, Projector};
@@ -32,19 +33,6 @@ const SCORES_BYTES_MAX: usize = 1 << 30;
 
 fn dev(e: CudaError) -> VisionError {
     VisionError::Device(e.to_string())
-}
-
-/// Where one encode's device time went, when asked for ([`GpuEncoder::encode`] with
-/// `stages`): each step is waited for, so the sum is the encode's device time plus launch
-/// gaps.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Stages {
-    /// Matrix products (with their activations' rounding and bias adds).
-    pub products_ms: f64,
-    /// Attention: scores, softmax, weighted values.
-    pub attention_ms: f64,
-    /// Everything else: uploads, norms, RoPE, GELU, residual adds, permutations, download.
-    pub rest_ms: f64,
 }
 
 /// Which [`Stages`] field a step adds to.

@@ -2,7 +2,7 @@
 //! with its weight upload, decode+preprocess, encode per repeat) and the token grid; `--out
 //! FILE` writes the embeddings (f32, LE). `--device cuda` encodes on the GPU (build with
 //! `--features cuda`); `--stages` adds one more encode, each step waited for, and where its
-//! device time went (`stages_ms`: products, attention, the rest).
+//! time went (`stages_ms`: the host prelude, products, attention, the rest on the device).
 //!
 //!   cargo run --release -p muser-vision --example encode -- MMPROJ IMAGE [--threads N]
 //!       [--repeat N] [--out FILE] [--device cpu|cuda] [--stages]
@@ -51,8 +51,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let stages = if args.iter().any(|a| a == "--stages") {
         match enc.encode_staged(&px, true)?.1 {
             Some(s) => format!(
-                ",\"stages_ms\":{{\"products\":{:.3},\"attention\":{:.3},\"rest\":{:.3}}}",
-                s.products_ms, s.attention_ms, s.rest_ms
+                ",\"stages_ms\":{{\"prepare\":{:.3},\"products\":{:.3},\"attention\":{:.3},\"rest\":{:.3}}}",
+                s.prepare_ms, s.products_ms, s.attention_ms, s.rest_ms
             ),
             None => String::new(),
         }

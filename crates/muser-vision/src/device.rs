@@ -13,11 +13,15 @@ use crate::VisionError;
 /// for, so the sum is the encode's device time plus launch gaps.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Stages {
+    /// The host prelude (`Projector::prepare`: patches, position grid, window order, RoPE
+    /// table), on the host's threads.
+    pub prepare_ms: f64,
     /// Matrix products (with their activations' rounding and bias adds).
     pub products_ms: f64,
     /// Attention: scores, softmax, weighted values.
     pub attention_ms: f64,
-    /// Everything else: uploads, norms, RoPE, GELU, residual adds, permutations, download.
+    /// Everything else on the device: uploads, norms, RoPE, GELU, residual adds, permutations,
+    /// pixel shuffle, the download.
     pub rest_ms: f64,
 }
 

@@ -125,17 +125,20 @@ impl Projector {
         // conv2d patch embedding: each patch as [channel][row][col], dotted with the kernel
         let k = ps * ps * 3;
         let mut patches = vec![0f32; n * k];
-        for (t, row) in patches.chunks_exact_mut(k).enumerate() {
-            let (py, pxi) = (t / gw, t % gw);
-            for c in 0..3 {
-                for ky in 0..ps {
-                    for kx in 0..ps {
-                        let (x, y) = (pxi * ps + kx, py * ps + ky);
-                        row[c * ps * ps + ky * ps + kx] = px.data[(y * w + x) * 3 + c];
+        patches
+            .par_chunks_exact_mut(k)
+            .enumerate()
+            .for_each(|(t, row)| {
+                let (py, pxi) = (t / gw, t % gw);
+                for c in 0..3 {
+                    for ky in 0..ps {
+                        for kx in 0..ps {
+                            let (x, y) = (pxi * ps + kx, py * ps + ky);
+                            row[c * ps * ps + ky * ps + kx] = px.data[(y * w + x) * 3 + c];
+                        }
                     }
                 }
-            }
-        }
+            });
         let layout = layout(gw, gh, hp.pos_side);
         let rope = rope_table(&layout.pos, hp.head_dim, hp.rope_theta);
         Ok(Prepared {
@@ -261,33 +264,25 @@ impl Projector {
         let (sf0, sf1) = (gw as f32 / side as f32, gh as f32 / side as f32);
         let mut out = vec![0f32; gw * gh * e];
         let last = side as i64 - 1;
-        for i1 in 0..gh {
-            let y = (i1 as f32 + 0.5) / sf1 - 0.5;
-            let y0f = y.floor() as i64;
-            let (y0, y1) = (
-                y0f.clamp(0, last) as usize,
-                (y0f + 1).clamp(0, last) as usize,
-            );
-            let dy = (y - y0 as f32).clamp(0.0, 1.0);
-            for i0 in 0..gw {
-                let x = (i0 as f32 + 0.5) / sf0 - 0.5;
-                let x0f = x.floor() as i64;
-                let (x0, x1) = (
-                    x0f.clamp(0, last) as usize,
-                    (x0f + 1).clamp(0, last) as usize,
-                );
-                let dx = (x - x0 as f32).clamp(0.0, 1.0);
-                let row = &mut out[(i1 * gw + i0) * e..(i1 * gw + i0 + 1) * e];
+        // output index `i` of an axis scaled by `sf`: its two source indices, the second's weight
+        let axis = |i: usize, sf: f32| {
+            let v = (i as f32 + 0.5) / sf - 0.5;
+            let lo = v.floor() as i64;
+            let (a, b) = (lo.clamp(0, last) as usize, (lo + 1).clamp(0, last) as usize);
+            (a, b, (v - a as f32).clamp(0.0, 1.0))
+        };
+        out.par_chunks_exact_mut(e)
+            .enumerate()
+            .for_each(|(t, row)| {
+                let ((y0, y1, dy), (x0, x1, dx)) = (axis(t / gw, sf1), axis(t % gw, sf0));
                 for (c, o) in row.iter_mut().enumerate() {
                     let at = |yy: usize, xx: usize| src[(yy * side + xx) * e + c];
                     let (a, b, cc, d) = (at(y0, x0), at(y0, x1), at(y1, x0), at(y1, x1));
-                    // ggml's C++ is compiled with FMA contraction
                     // ggml's C++ is compiled with FMA contraction, which fuses these so
                     let t = (a * (1.0 - dx)).mul_add(1.0 - dy, b * dx * (1.0 - dy));
                     *o = (d * dx).mul_add(dy, (cc * (1.0 - dx)).mul_add(dy, t));
                 }
-            }
-        }
+            });
         out
     }
 }
@@ -383,17 +378,18 @@ fn gelu_erf(x: f32) -> f32 {
 pub(crate) fn rope_table(pos: &[(i32, i32)], hd: usize, base: f32) -> Vec<(f32, f32)> {
     let half = hd / 2;
     let theta_scale = base.powf(-2.0 / half as f32);
-    let mut table = Vec::with_capacity(pos.len() * half);
-    for &(px, py) in pos {
-        for p in [px, py] {
-            let mut theta = p as f32;
-            for _ in 0..half / 2 {
-                table.push((theta.cos(), theta.sin()));
-                theta *= theta_scale;
-            }
-        }
-    }
-    table
+    pos.par_iter()
+        .flat_map_iter(|&(px, py)| {
+            [px, py].into_iter().flat_map(move |p| {
+                let mut theta = p as f32;
+                (0..half / 2).map(move |_| {
+                    let cs = (theta.cos(), theta.sin());
+                    theta *= theta_scale;
+                    cs
+                })
+            })
+        })
+        .collect()
 }
 
 /// [`rope_table`]'s rotations on every head of every row of `x`.

@@ -170,11 +170,20 @@ impl GpuEncoder {
         stages: bool,
     ) -> Result<(Embeddings, Option<Stages>), VisionError> {
         let _one = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+        let t = Instant::now();
+        let prep = p.prepare(px)?;
+        let prepare_ms = t.elapsed().as_secs_f64() * 1e3;
         let mut clock = Clock {
             gpu: &self.gpu,
-            stages: stages.then(|| (Stages::default(), Instant::now())),
+            stages: stages.then(|| {
+                let s = Stages {
+                    prepare_ms,
+                    ..Stages::default()
+                };
+                (s, Instant::now())
+            }),
         };
-        let emb = self.encode_in(p, p.prepare(px)?, &mut clock)?;
+        let emb = self.encode_in(p, prep, &mut clock)?;
         Ok((emb, clock.stages.map(|(s, _)| s)))
     }
 
@@ -277,8 +286,10 @@ impl GpuEncoder {
         clock.lap(Stage::Rest)?;
         let y = self.linear(&self.mm[0], &merged, clock)?;
         self.gelu(&y)?;
+        clock.lap(Stage::Rest)?;
         let y = self.linear(&self.mm[1], &y, clock)?;
         self.gelu(&y)?;
+        clock.lap(Stage::Rest)?;
         let y = self.linear(&self.mm[2], &y, clock)?;
         let mut data = vec![0f32; y.len()];
         self.gpu.download(y.ptr(), &mut data).map_err(dev)?;

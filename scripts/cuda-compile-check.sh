@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compiles muser-cuda's kernels (kernels.cu and ops.cu, each after common.cuh) with NVRTC for
+# Compiles muser-cuda's kernels (kernels.cu, ops.cu and vision.cu, each after common.cuh) with NVRTC for
 # sm_90 on a machine without a GPU, and checks that every kernel the Rust side loads is in the
 # PTX: a syntax or name error shows here instead of on the GPU machine. scripts/test.sh runs it.
 # NVRTC and the CUDA headers come from NVIDIA's Python wheels, installed once into

@@ -6,8 +6,9 @@
 # docs/receipts/vision-encode-<host>-cuda.json (command, commit, machine, load, numbers).
 #
 # DEVICE=cpu (default): both on the CPU with THREADS threads (default: all cores).
-# DEVICE=cuda: Muser's encoder with its matrix products on the GPU (`encode --device cuda`)
-#   beside libmtmd with the projector on the GPU (llama.cpp's CUDA build), and a check that the
+# DEVICE=cuda: Muser's device-resident GPU encoder (`encode --device cuda --stages`: the
+#   receipt also has one more encode's device time by stage, and the encoder's start with its
+#   weight upload) beside libmtmd with the projector on the GPU (llama.cpp's CUDA build), and a check that the
 #   GPU's embeddings equal Muser's CPU embeddings of the same image within TOL (default 1e-2)
 #   of their largest |value|; the receipt puts libmtmd's GPU embeddings against the same CPU
 #   embeddings beside it (llama.cpp's own GPU-to-CPU difference). The CPU encode takes a
@@ -81,8 +82,9 @@ fi
 if [ -n "${MUSER_RESULT:-}" ]; then
   ours=$(cat "$MUSER_RESULT")
 else
+  stages=""; [ "$device" = cuda ] && stages=--stages
   ours=$("$encode" "$work/$preset.gguf" "$img" --threads "$threads" --repeat "$repeat" \
-    --device "$device" --out "$work/muser.f32")
+    --device "$device" --out "$work/muser.f32" $stages)
 fi
 check="{}"
 if [ "$device" = cuda ] && [ "${CHECK:-1}" = 1 ]; then
@@ -126,7 +128,7 @@ doc = {
     "projector": f"muser synth --preset {preset} --type f16 --seed 7",
     "tokens": img["n_tokens"],
     "llama_cpp_mtmd": {"encode_ms": img["encode_ms"], "clip_flash_attn": l["clip_flash_attn"], "gpu": device == "cuda"},
-    "muser": {"encode_ms": m["encode_ms"], "preprocess_ms": m["preprocess_ms"]},
+    "muser": {k: m[k] for k in ("encode_ms", "preprocess_ms", "load_ms", "stages_ms") if k in m},
     "muser_vs_llama_cpp": diff(f32("muser.f32"), f32("llama.f32")),
     "ratio_muser_over_llama_best": best_m / best_l,
 }
@@ -140,6 +142,8 @@ if c:
     doc["llama_cpp_gpu_vs_muser_cpu"] = diff(f32("llama.f32"), f32("muser-cpu.f32"))
     verdict = f"; GPU vs CPU max |d| {d['max_abs_diff']:.3g} of {d['max_abs_value']:.3g}: {'ok' if d['ok'] else 'FAILED'}"
 json.dump(doc, open(out, "w"), indent=1)
+if "stages_ms" in m:
+    print(f"muser encode by stage (each step waited for): {m['stages_ms']}; start with weight upload {m['load_ms']:.0f} ms")
 print(f"vision-bench ({device}): {img['n_tokens']} tokens; llama.cpp {best_l:.0f} ms, muser {best_m:.0f} ms "
       f"(x{best_m/best_l:.2f}){verdict} -> {out}")
 if c and not doc["gpu_vs_cpu"]["ok"]:

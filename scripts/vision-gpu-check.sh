@@ -20,9 +20,10 @@
 #   run         `muser run --mmproj --image` greedy on --device cuda, cuda-ops and cpu (the
 #               `vision-310m` projector: the encoder on the GPU for both CUDA devices), and the
 #               same prompt without the image: how far each pair of texts agrees
-#   encode      scripts/vision-bench.sh DEVICE=cuda at SIDES (default "1024 512"): Muser's GPU
+#   encode      scripts/vision-bench.sh DEVICE=cuda at SIDES (default "512 1024"): Muser's GPU
 #               encode beside libmtmd's (CUDA) on the real-geometry synthetic projector, the
-#               GPU's embeddings against Muser's CPU encode (timed too; CHECK=0 skips it). The
+#               GPU's embeddings against Muser's CPU encode at the sides in CHECK_SIDES
+#               (default 512; the CPU encode is timed too and takes minutes at 1024). The
 #               projector (3 GB) is synthesized while libmtmd's build finishes.
 # Writes logs (whole), JSON and the receipts to $OUT (default gpu-out/).
 set -uo pipefail
@@ -106,11 +107,12 @@ EOF
       bin=$(tail -n 1 "$work/mtmd.bin" 2>/dev/null)
       [ -x "$bin/llama-mtmd-cli" ] || { echo "encode: no llama-mtmd-cli"; tail -n 20 "$work/mtmd.log"; continue; }
       echo "libmtmd's build waited for: $waited s"
-      for side in ${SIDES:-1024 512}; do
-        DEVICE=cuda SIDE=$side REPEAT=${REPEAT:-3} LLAMA_BIN=$bin MUSER_BIN=$muser \
+      for side in ${SIDES:-512 1024}; do
+        check=0; case " ${CHECK_SIDES:-512} " in *" $side "*) check=1 ;; esac
+        CHECK=$check DEVICE=cuda SIDE=$side REPEAT=${REPEAT:-3} LLAMA_BIN=$bin MUSER_BIN=$muser \
           ENCODE_BIN=$bins/encode VOCAB=$vocab VISION_BENCH_DIR=$work/vision \
           bash "$root/scripts/vision-bench.sh" >"$out/encode-$side.log" 2>&1
-        tail -n 3 "$out/encode-$side.log"
+        tail -n 4 "$out/encode-$side.log"
         cp "$root"/docs/receipts/vision-encode-*-cuda*.json "$out"/ 2>/dev/null
       done
       for r in "$out"/vision-encode-*-cuda*.json; do [ -f "$r" ] && { echo "--- $r"; cat "$r"; echo; }; done

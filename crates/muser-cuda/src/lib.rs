@@ -49,6 +49,7 @@ pub mod glimmer;
 pub mod runtime;
 #[cfg(feature = "cuda")]
 mod staging;
+pub mod vision;
 #[cfg(feature = "cuda")]
 pub mod weights;
 

@@ -197,7 +197,29 @@ pub use crate::layout::MAX_GEMV_BATCH;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemmIn {
     Bf16,
+    /// f16 inputs: their products are exact in f32, so an f16 GEMM with f32 accumulation
+    /// differs from an f32 one on the same (f16-representable) values only in summation order.
+    F16,
     F32,
+}
+
+impl GemmIn {
+    fn cuda(self) -> blas_sys::cudaDataType {
+        match self {
+            GemmIn::Bf16 => blas_sys::cudaDataType::CUDA_R_16BF,
+            GemmIn::F16 => blas_sys::cudaDataType::CUDA_R_16F,
+            GemmIn::F32 => blas_sys::cudaDataType::CUDA_R_32F,
+        }
+    }
+}
+
+/// One operand of [`Gpu::gemm_strided`]: a row-major matrix at `ptr` with `ld` elements a row,
+/// the batch's next one `stride` elements further.
+#[derive(Clone, Copy, Debug)]
+pub struct Strided {
+    pub ptr: u64,
+    pub ld: usize,
+    pub stride: usize,
 }
 
 /// One kernel argument.
@@ -643,10 +665,7 @@ impl Gpu {
         (n, m, k): (usize, usize, usize),
         ty: GemmIn,
     ) -> Result<()> {
-        let ty = match ty {
-            GemmIn::Bf16 => blas_sys::cudaDataType::CUDA_R_16BF,
-            GemmIn::F32 => blas_sys::cudaDataType::CUDA_R_32F,
-        };
+        let ty = ty.cuda();
         self.bind()?;
         let (alpha, beta) = (1.0f32, 0.0f32);
         // SAFETY: shapes come from the weights and buffers sized for them.
@@ -669,6 +688,63 @@ impl Gpu {
                 y as *mut c_void,
                 blas_sys::cudaDataType::CUDA_R_32F,
                 ldy as i32,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(blas_err)
+    }
+
+    /// A strided batch of f32 products, f32 accumulation (no TF32), `batch` of them: row-major
+    /// `y[n][m] = alpha · x[n][k] · w`, with `w` as `[m][k]` transposed when `w_by_out` (its
+    /// rows are the outputs), else as `[k][m]`. Each operand's `ld` and `stride` in elements.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_strided(
+        &self,
+        y: Strided,
+        x: Strided,
+        w: Strided,
+        (n, m, k): (usize, usize, usize),
+        w_by_out: bool,
+        batch: usize,
+        alpha: f32,
+    ) -> Result<()> {
+        let int = |v: usize, what: &str| {
+            i32::try_from(v).map_err(|_| CudaError::Shape(format!("strided GEMM: {what} {v}")))
+        };
+        let long = |v: usize| v as i64;
+        let op = if w_by_out {
+            blas_sys::cublasOperation_t::CUBLAS_OP_T
+        } else {
+            blas_sys::cublasOperation_t::CUBLAS_OP_N
+        };
+        let f32t = blas_sys::cudaDataType::CUDA_R_32F;
+        let beta = 0.0f32;
+        self.bind()?;
+        // SAFETY: the caller sizes every operand for `batch` strided matrices of these shapes.
+        unsafe {
+            blas::gemm_strided_batched_ex(
+                *self.blas.handle(),
+                op,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                int(m, "m")?,
+                int(n, "n")?,
+                int(k, "k")?,
+                &alpha as *const f32 as *const c_void,
+                w.ptr as *const c_void,
+                f32t,
+                int(w.ld, "ld")?,
+                long(w.stride),
+                x.ptr as *const c_void,
+                f32t,
+                int(x.ld, "ld")?,
+                long(x.stride),
+                &beta as *const f32 as *const c_void,
+                y.ptr as *mut c_void,
+                f32t,
+                int(y.ld, "ld")?,
+                long(y.stride),
+                int(batch, "batch")?,
                 blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )

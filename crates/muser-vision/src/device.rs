@@ -1,16 +1,31 @@
-//! Where an encoder's matrix products run: the CPU backend, or (feature `cuda`) muser-cuda's
-//! op-by-op `CudaBackend` in its exact precision (f32 weights on the device, activations
-//! rounded as the CPU rounds them). Everything else of the encoder (norms, RoPE, attention,
-//! pixel shuffle) runs on the host either way.
+//! Where an encoder runs: the CPU backend (matrix products through muser-model's `Backend`,
+//! the rest on the host's threads), or (feature `cuda`) the device-resident GPU encoder
+//! ([`crate::gpu::GpuEncoder`]: every step on the device, the weights uploaded once).
 
 use muser_model::CpuBackend;
 
 use crate::encoder::{Embeddings, EncodedImage};
-use crate::preprocess::{Limits, Pixels};
+use crate::preprocess::{decode, Limits, Pixels};
 use crate::projector::Projector;
 use crate::VisionError;
 
-/// The device an [`Encoder`] multiplies on.
+/// Where one GPU encode's device time went ([`Encoder::encode_staged`]): each step is waited
+/// for, so the sum is the encode's device time plus launch gaps.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Stages {
+    /// The host prelude (`Projector::prepare`: patches, position grid, window order, RoPE
+    /// table), on the host's threads.
+    pub prepare_ms: f64,
+    /// Matrix products (with their activations' rounding and bias adds).
+    pub products_ms: f64,
+    /// Attention: scores, softmax, weighted values.
+    pub attention_ms: f64,
+    /// Everything else on the device: uploads, norms, RoPE, GELU, residual adds, permutations,
+    /// pixel shuffle, the download.
+    pub rest_ms: f64,
+}
+
+/// The device an [`Encoder`] runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Device {
     Cpu,
@@ -21,18 +36,18 @@ pub enum Device {
 enum Compute {
     Cpu(CpuBackend),
     #[cfg(feature = "cuda")]
-    Cuda(muser_cuda::backend::CudaBackend),
+    Cuda(Box<crate::gpu::GpuEncoder>),
 }
 
-/// A projector and the backend it encodes images on.
+/// A projector and the device it encodes images on.
 pub struct Encoder {
     projector: Projector,
     compute: Compute,
 }
 
 impl Encoder {
-    /// `projector` encoding on `device`; `threads` CPU threads for the CPU backend (0: one per
-    /// core).
+    /// `projector` encoding on `device` (its weights uploaded now); `threads` CPU threads for
+    /// the CPU backend (0: one per core).
     pub fn new(
         projector: Projector,
         device: Device,
@@ -41,10 +56,7 @@ impl Encoder {
         let compute = match device {
             Device::Cpu => Compute::Cpu(CpuBackend::new(threads)?),
             #[cfg(feature = "cuda")]
-            Device::Cuda => Compute::Cuda(
-                muser_cuda::backend::CudaBackend::new(0)
-                    .map_err(|e| VisionError::Device(format!("starting CUDA: {e}")))?,
-            ),
+            Device::Cuda => Compute::Cuda(Box::new(crate::gpu::GpuEncoder::new(&projector)?)),
             #[cfg(not(feature = "cuda"))]
             Device::Cuda => {
                 return Err(VisionError::Device(
@@ -69,24 +81,36 @@ impl Encoder {
 
     /// The tokens an image file takes in the context: decoded (within `limits`), not encoded.
     pub fn n_tokens(&self, bytes: &[u8], limits: &Limits) -> Result<usize, VisionError> {
-        self.projector.n_tokens(&crate::decode(bytes, limits)?)
+        self.projector.n_tokens(&decode(bytes, limits)?)
     }
 
-    /// [`Projector::embed`] on this encoder's device.
+    /// Decodes (within `limits`), preprocesses and encodes one image file's bytes.
     pub fn embed(&self, bytes: &[u8], limits: &Limits) -> Result<EncodedImage, VisionError> {
-        match &self.compute {
-            Compute::Cpu(b) => self.projector.embed(b, bytes, limits),
-            #[cfg(feature = "cuda")]
-            Compute::Cuda(b) => self.projector.embed(b, bytes, limits),
-        }
+        let rgb = decode(bytes, limits)?;
+        let embeddings = self.encode(&self.projector.preprocess(&rgb)?)?;
+        Ok(EncodedImage {
+            digest: rgb.digest(),
+            embeddings,
+        })
     }
 
-    /// [`Projector::encode`] on this encoder's device.
+    /// Encodes one preprocessed image on this encoder's device.
     pub fn encode(&self, px: &Pixels) -> Result<Embeddings, VisionError> {
+        Ok(self.encode_staged(px, false)?.0)
+    }
+
+    /// [`Encoder::encode`], and with `stages` on a GPU, where its device time went (each step
+    /// waited for: slower than a plain encode).
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+    pub fn encode_staged(
+        &self,
+        px: &Pixels,
+        stages: bool,
+    ) -> Result<(Embeddings, Option<Stages>), VisionError> {
         match &self.compute {
-            Compute::Cpu(b) => self.projector.encode(b, px),
+            Compute::Cpu(b) => Ok((self.projector.encode(b, px)?, None)),
             #[cfg(feature = "cuda")]
-            Compute::Cuda(b) => self.projector.encode(b, px),
+            Compute::Cuda(g) => g.encode(&self.projector, px, stages),
         }
     }
 }

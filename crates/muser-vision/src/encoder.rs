@@ -6,7 +6,7 @@ use muser_model::cpu::soft_max_tile;
 use muser_model::{Backend, Order, Weight};
 use rayon::prelude::*;
 
-use crate::preprocess::{decode, Limits, Pixels};
+use crate::preprocess::Pixels;
 use crate::projector::{Linear, Norm, Projector};
 use crate::VisionError;
 
@@ -27,14 +27,39 @@ impl Embeddings {
     }
 }
 
+/// The host-side inputs of one encode ([`Projector::prepare`]).
+pub(crate) struct Prepared {
+    /// The patch grid's sides.
+    pub gw: usize,
+    pub gh: usize,
+    /// `gw·gh × patch²·3`: each patch as the conv kernel's inputs, grid order.
+    pub patches: Vec<f32>,
+    /// `gw·gh × n_embd`, grid order.
+    pub pos: Vec<f32>,
+    pub layout: Layout,
+    /// [`rope_table`] in window order.
+    pub rope: Vec<(f32, f32)>,
+}
+
 /// The host-side index tables of one image grid (`clip.cpp`, `set_input`).
-struct Layout {
+pub(crate) struct Layout {
     /// Window order: `perm[i]` is the grid index of the i-th token in window order.
-    perm: Vec<usize>,
+    pub perm: Vec<usize>,
     /// The window of each token in window order, as a range of window-order indices.
-    window: Vec<(usize, usize)>,
+    pub window: Vec<(usize, usize)>,
     /// 1-indexed (x, y) RoPE positions in window order.
-    pos: Vec<(i32, i32)>,
+    pub pos: Vec<(i32, i32)>,
+}
+
+impl Layout {
+    /// The windows in order, each once, as ranges of window-order indices (the GPU encoder's
+    /// attention spans).
+    #[cfg(any(test, feature = "cuda"))]
+    pub fn windows(&self) -> Vec<(usize, usize)> {
+        let mut w = self.window.clone();
+        w.dedup();
+        w
+    }
 }
 
 fn layout(grid_w: usize, grid_h: usize, win: usize) -> Layout {
@@ -72,21 +97,6 @@ pub struct EncodedImage {
 }
 
 impl Projector {
-    /// Decodes (within `limits`), preprocesses and encodes one image file's bytes.
-    pub fn embed<B: Backend + Sync>(
-        &self,
-        backend: &B,
-        bytes: &[u8],
-        limits: &Limits,
-    ) -> Result<EncodedImage, VisionError> {
-        let rgb = decode(bytes, limits)?;
-        let embeddings = self.encode(backend, &self.preprocess(&rgb)?)?;
-        Ok(EncodedImage {
-            digest: rgb.digest(),
-            embeddings,
-        })
-    }
-
     /// Encodes one preprocessed image (its sides multiples of [`crate::Hparams::cell`]) into
     /// text-model embeddings, matrix products on `backend`, host work in its thread pool.
     pub fn encode<B: Backend + Sync>(
@@ -97,9 +107,12 @@ impl Projector {
         backend.run(|| self.encode_in(backend, px))
     }
 
-    fn encode_in<B: Backend>(&self, backend: &B, px: &Pixels) -> Result<Embeddings, VisionError> {
+    /// The host-side inputs of an encode: the checked grid, the patches as rows of the conv
+    /// kernel's inputs, the position embeddings for this grid, the window layout and the RoPE
+    /// table (one statement of each for the CPU and the GPU encoder).
+    pub(crate) fn prepare(&self, px: &Pixels) -> Result<Prepared, VisionError> {
         let hp = &self.hp;
-        let (ps, e, cell) = (hp.patch_size, hp.n_embd, hp.cell() as usize);
+        let (ps, cell) = (hp.patch_size, hp.cell() as usize);
         let (w, h) = (px.width as usize, px.height as usize);
         if w == 0 || h == 0 || w % cell != 0 || h % cell != 0 || px.data.len() != w * h * 3 {
             return Err(VisionError::Image(format!(
@@ -112,34 +125,51 @@ impl Projector {
         // conv2d patch embedding: each patch as [channel][row][col], dotted with the kernel
         let k = ps * ps * 3;
         let mut patches = vec![0f32; n * k];
-        for (t, row) in patches.chunks_exact_mut(k).enumerate() {
-            let (py, pxi) = (t / gw, t % gw);
-            for c in 0..3 {
-                for ky in 0..ps {
-                    for kx in 0..ps {
-                        let (x, y) = (pxi * ps + kx, py * ps + ky);
-                        row[c * ps * ps + ky * ps + kx] = px.data[(y * w + x) * 3 + c];
+        patches
+            .par_chunks_exact_mut(k)
+            .enumerate()
+            .for_each(|(t, row)| {
+                let (py, pxi) = (t / gw, t % gw);
+                for c in 0..3 {
+                    for ky in 0..ps {
+                        for kx in 0..ps {
+                            let (x, y) = (pxi * ps + kx, py * ps + ky);
+                            row[c * ps * ps + ky * ps + kx] = px.data[(y * w + x) * 3 + c];
+                        }
                     }
                 }
-            }
-        }
-        let pw = &self.patch.w;
-        let kernel = Weight {
-            name: &pw.name,
-            ty: pw.ty,
-            n_in: k,
-            n_out: e,
-            data: self.gguf.tensor_data(pw),
-        };
-        let mut x = matmul(backend, kernel, patches, n)?;
+            });
+        let layout = layout(gw, gh, hp.pos_side);
+        let rope = rope_table(&layout.pos, hp.head_dim, hp.rope_theta);
+        Ok(Prepared {
+            gw,
+            gh,
+            patches,
+            pos: self.position_embeddings(gw, gh),
+            layout,
+            rope,
+        })
+    }
+
+    fn encode_in<B: Backend>(&self, backend: &B, px: &Pixels) -> Result<Embeddings, VisionError> {
+        let hp = &self.hp;
+        let e = hp.n_embd;
+        let Prepared {
+            gw,
+            gh,
+            patches,
+            pos,
+            layout: lay,
+            rope,
+        } = self.prepare(px)?;
+        let n = gw * gh;
+        let mut x = matmul(backend, self.patch_weight(), patches, n)?;
         if let Some(b) = &self.patch.b {
             add_bias(&mut x, b);
         }
-        let pos = self.position_embeddings(gw, gh);
         x.iter_mut().zip(&pos).for_each(|(a, p)| *a += p);
 
         // window order, pre-norm, the layers, post-norm, back to grid order
-        let lay = layout(gw, gh, hp.pos_side);
         let mut x = gather(&x, &lay.perm, e);
         if let Some(norm) = &self.pre_ln {
             layer_norm(&mut x, norm, e, hp.eps);
@@ -152,8 +182,8 @@ impl Projector {
             let mut q = self.linear(backend, &layer.q, &cur)?;
             let mut kk = self.linear(backend, &layer.k, &cur)?;
             let v = self.linear(backend, &layer.v, &cur)?;
-            rope_2d(&mut q, &lay.pos, hp.n_head, hp.head_dim, hp.rope_theta);
-            rope_2d(&mut kk, &lay.pos, hp.n_head, hp.head_dim, hp.rope_theta);
+            rope_2d(&mut q, &rope, hp.head_dim);
+            rope_2d(&mut kk, &rope, hp.head_dim);
             let global = hp.is_global(il);
             let a = attention(&q, &kk, &v, &lay.window, global, hp.n_head, hp.head_dim);
             let a = self.linear(backend, &layer.o, &backend.upload(n, e, a)?)?;
@@ -225,7 +255,7 @@ impl Projector {
 
     /// The learned grid resized to `gw × gh` with ggml's bilinear `interpolate` (half-pixel
     /// centres, edges clamped), or as stored when the sizes agree.
-    fn position_embeddings(&self, gw: usize, gh: usize) -> Vec<f32> {
+    pub(crate) fn position_embeddings(&self, gw: usize, gh: usize) -> Vec<f32> {
         let (side, e) = (self.hp.pos_side, self.hp.n_embd);
         if gw == side && gh == side {
             return self.pos_embd.clone();
@@ -234,33 +264,25 @@ impl Projector {
         let (sf0, sf1) = (gw as f32 / side as f32, gh as f32 / side as f32);
         let mut out = vec![0f32; gw * gh * e];
         let last = side as i64 - 1;
-        for i1 in 0..gh {
-            let y = (i1 as f32 + 0.5) / sf1 - 0.5;
-            let y0f = y.floor() as i64;
-            let (y0, y1) = (
-                y0f.clamp(0, last) as usize,
-                (y0f + 1).clamp(0, last) as usize,
-            );
-            let dy = (y - y0 as f32).clamp(0.0, 1.0);
-            for i0 in 0..gw {
-                let x = (i0 as f32 + 0.5) / sf0 - 0.5;
-                let x0f = x.floor() as i64;
-                let (x0, x1) = (
-                    x0f.clamp(0, last) as usize,
-                    (x0f + 1).clamp(0, last) as usize,
-                );
-                let dx = (x - x0 as f32).clamp(0.0, 1.0);
-                let row = &mut out[(i1 * gw + i0) * e..(i1 * gw + i0 + 1) * e];
+        // output index `i` of an axis scaled by `sf`: its two source indices, the second's weight
+        let axis = |i: usize, sf: f32| {
+            let v = (i as f32 + 0.5) / sf - 0.5;
+            let lo = v.floor() as i64;
+            let (a, b) = (lo.clamp(0, last) as usize, (lo + 1).clamp(0, last) as usize);
+            (a, b, (v - a as f32).clamp(0.0, 1.0))
+        };
+        out.par_chunks_exact_mut(e)
+            .enumerate()
+            .for_each(|(t, row)| {
+                let ((y0, y1, dy), (x0, x1, dx)) = (axis(t / gw, sf1), axis(t % gw, sf0));
                 for (c, o) in row.iter_mut().enumerate() {
                     let at = |yy: usize, xx: usize| src[(yy * side + xx) * e + c];
                     let (a, b, cc, d) = (at(y0, x0), at(y0, x1), at(y1, x0), at(y1, x1));
-                    // ggml's C++ is compiled with FMA contraction
                     // ggml's C++ is compiled with FMA contraction, which fuses these so
                     let t = (a * (1.0 - dx)).mul_add(1.0 - dy, b * dx * (1.0 - dy));
                     *o = (d * dx).mul_add(dy, (cc * (1.0 - dx)).mul_add(dy, t));
                 }
-            }
-        }
+            });
         out
     }
 }
@@ -350,33 +372,39 @@ fn gelu_erf(x: f32) -> f32 {
     0.5 * x * (1.0 + libm::erff(x * SQRT_2_INV))
 }
 
-/// `build_rope_2d`: two NORM-mode (adjacent pairs) rotations of `head_dim/2` dims each, the
-/// first half of every head by the x position, the second by y; ggml's iterative f32 angles.
-fn rope_2d(x: &mut [f32], pos: &[(i32, i32)], n_head: usize, hd: usize, base: f32) {
+/// The (cos, sin) of every rotated pair of `build_rope_2d`, `hd / 2` a row: two NORM-mode
+/// (adjacent pairs) rotations of `hd / 2` dims each, the first half of every head by the x
+/// position, the second by y; ggml's iterative f32 angles.
+pub(crate) fn rope_table(pos: &[(i32, i32)], hd: usize, base: f32) -> Vec<(f32, f32)> {
     let half = hd / 2;
     let theta_scale = base.powf(-2.0 / half as f32);
-    let e = n_head * hd;
-    x.par_chunks_exact_mut(e)
-        .zip(pos)
-        .for_each(|(row, &(px, py))| {
-            let mut cache = vec![(0f32, 0f32); 2 * (half / 2)];
-            for (part, p) in [(0usize, px), (1, py)] {
+    pos.par_iter()
+        .flat_map_iter(|&(px, py)| {
+            [px, py].into_iter().flat_map(move |p| {
                 let mut theta = p as f32;
-                for c in cache[part * (half / 2)..(part + 1) * (half / 2)].iter_mut() {
-                    *c = (theta.cos(), theta.sin());
+                (0..half / 2).map(move |_| {
+                    let cs = (theta.cos(), theta.sin());
                     theta *= theta_scale;
-                }
-            }
+                    cs
+                })
+            })
+        })
+        .collect()
+}
+
+/// [`rope_table`]'s rotations on every head of every row of `x`.
+fn rope_2d(x: &mut [f32], table: &[(f32, f32)], hd: usize) {
+    let pairs = hd / 2;
+    let e = x.len() / (table.len() / pairs).max(1);
+    x.par_chunks_exact_mut(e)
+        .zip(table.par_chunks_exact(pairs))
+        .for_each(|(row, cache)| {
             for head in row.chunks_exact_mut(hd) {
-                for part in 0..2 {
-                    let seg = &mut head[part * half..(part + 1) * half];
-                    for (i, pair) in seg.chunks_exact_mut(2).enumerate() {
-                        let (c, s) = cache[part * (half / 2) + i];
-                        let (x0, x1) = (pair[0], pair[1]);
-                        // ggml's C++ is compiled with FMA contraction
-                        pair[0] = x0.mul_add(c, -(x1 * s));
-                        pair[1] = x0.mul_add(s, x1 * c);
-                    }
+                for (pair, &(c, s)) in head.chunks_exact_mut(2).zip(cache) {
+                    let (x0, x1) = (pair[0], pair[1]);
+                    // ggml's C++ is compiled with FMA contraction
+                    pair[0] = x0.mul_add(c, -(x1 * s));
+                    pair[1] = x0.mul_add(s, x1 * c);
                 }
             }
         });
@@ -634,5 +662,41 @@ mod tests {
         );
         assert_eq!(l.pos[2], (1, 2));
         assert_eq!(l.pos[4], (3, 1));
+        assert_eq!(l.windows(), vec![(0, 4), (4, 6)]);
+    }
+
+    /// At the real geometry's 1024×1024 grid (74×74 patches, windows of 32): the windows tile
+    /// window order without gaps, each holds the tokens of one 32×32 block of the grid, and
+    /// the order is a permutation of the grid (what the GPU encoder's gathers assume).
+    #[test]
+    fn windows_tile_the_grid_in_blocks() {
+        let (gw, gh, win) = (74, 74, 32);
+        let l = layout(gw, gh, win);
+        let w = l.windows();
+        assert_eq!(w.len(), 9);
+        assert_eq!(w.first().map(|w| w.0), Some(0));
+        assert_eq!(w.last().map(|w| w.1), Some(gw * gh));
+        assert!(w.windows(2).all(|p| p[0].1 == p[1].0));
+        assert_eq!(w[0].1 - w[0].0, win * win);
+        assert_eq!(w[8].1 - w[8].0, 10 * 10);
+        for &(lo, hi) in &w {
+            let block = |i: usize| (l.perm[i] % gw / win, l.perm[i] / gw / win);
+            assert!((lo..hi).all(|i| block(i) == block(lo)));
+        }
+        let mut seen = l.perm.clone();
+        seen.sort_unstable();
+        assert!(seen.iter().enumerate().all(|(i, &g)| i == g));
+    }
+
+    /// The RoPE table holds `hd / 2` (cos, sin) pairs a token: the x angles, then the y
+    /// angles, each from the position itself down by `base^(-4/hd)` a pair.
+    #[test]
+    fn rope_table_turns_x_then_y() {
+        let t = rope_table(&[(3, 5)], 8, 10000.0);
+        assert_eq!(t.len(), 4);
+        assert_eq!(t[0], (3f32.cos(), 3f32.sin()));
+        assert_eq!(t[2], (5f32.cos(), 5f32.sin()));
+        let step = 10000f32.powf(-0.5);
+        assert_eq!(t[1], ((3.0 * step).cos(), (3.0 * step).sin()));
     }
 }

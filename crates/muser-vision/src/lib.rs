@@ -15,18 +15,21 @@
 //!    every 4th and the last layer global; erf-GELU MLP), pixel-shuffle 2×2, then the
 //!    three-matrix projector (`mm.0`, GELU, `mm.1`, GELU, `mm.2`) into the text model's width.
 //!
-//! Matrix products run through muser-model's `Backend::matmul` (ggml's CPU kernel choice per
-//! weight type), on the CPU or, with the `cuda` feature, on a GPU ([`Encoder`]); the rest is
-//! written here in f32 with ggml's accumulation types, on the host.
+//! On the CPU, matrix products run through muser-model's `Backend::matmul` (ggml's CPU kernel
+//! choice per weight type) and the rest is written here in f32 with ggml's accumulation types;
+//! with the `cuda` feature, [`Encoder`] can run the whole encode on a GPU instead (`gpu.rs`:
+//! the same steps from the same host prelude, activations kept on the device).
 //! [`synth`] writes a synthetic projector with the converter's key and tensor names.
 
 mod device;
 mod encoder;
+#[cfg(feature = "cuda")]
+mod gpu;
 pub mod preprocess;
 mod projector;
 pub mod synth;
 
-pub use device::{Device, Encoder};
+pub use device::{Device, Encoder, Stages};
 pub use encoder::{Embeddings, EncodedImage};
 pub use preprocess::{decode, grid_size, preprocess, Limits, Pixels, Rgb8};
 pub use projector::{Hparams, Projector, IMAGE_BEGIN, IMAGE_END, MAX_IMAGE_TOKENS, PROJECTOR_TYPE};

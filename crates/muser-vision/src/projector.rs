@@ -363,6 +363,20 @@ impl Projector {
         ))
     }
 
+    /// The patch embedding's conv kernel as a matrix: `patch² · 3` inputs ([channel][row][col],
+    /// the order of [`Projector::prepare`]'s patches) to `n_embd` outputs.
+    pub(crate) fn patch_weight(&self) -> Weight<'_> {
+        let pw = &self.patch.w;
+        let ps = self.hp.patch_size;
+        Weight {
+            name: &pw.name,
+            ty: pw.ty,
+            n_in: ps * ps * 3,
+            n_out: self.hp.n_embd,
+            data: self.gguf.tensor_data(pw),
+        }
+    }
+
     /// The borrowed weight of a matrix tensor.
     pub(crate) fn weight<'a>(&'a self, t: &'a TensorInfo) -> Weight<'a> {
         Weight {

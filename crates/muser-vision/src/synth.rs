@@ -259,4 +259,27 @@ mod tests {
             }
         }
     }
+
+    /// Every matrix the GPU encoder multiplies, in every preset and file type, has a device
+    /// form (`muser_cuda::vision::weight_form`): f16 as it is, anything else as f32 rows with
+    /// the CPU's activation rounding in whole blocks.
+    #[test]
+    fn every_matrix_has_a_gpu_encoder_form() {
+        use muser_cuda::vision::{weight_form, WeightForm};
+        for p in PRESETS {
+            for matrix in [GgmlType::F16, GgmlType::F32] {
+                for t in tensors(&p, matrix) {
+                    if t.dims.len() < 2 || t.name == "v.position_embd.weight" {
+                        continue;
+                    }
+                    let n_in = t.dims[..t.dims.len() - 1].iter().product::<u64>() as usize;
+                    let want = match t.ty {
+                        GgmlType::F16 => WeightForm::F16,
+                        _ => WeightForm::F32 { kind: 0 },
+                    };
+                    assert_eq!(weight_form(t.ty, n_in), Ok(want), "{}", t.name);
+                }
+            }
+        }
+    }
 }

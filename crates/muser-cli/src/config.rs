@@ -137,7 +137,7 @@ pub struct Failure {
 impl Failure {
     pub fn exit(self) -> ! {
         if let Some(b) = self.blame {
-            eprintln!("muser: in the config file, {b}:");
+            eprintln!("muser: {b}");
         }
         self.error.exit()
     }
@@ -325,20 +325,30 @@ fn scalar(key: &str, value: &Value) -> Result<String, String> {
     }
 }
 
-/// The file setting a clap error is about, if it is about one: "`key` (file:line)".
+/// What a clap error owes to the config file, as a line to print before it: the file setting
+/// it names, or, for a flag that another requires, the file whose settings may require it.
 fn blame(e: &clap::Error, up: &Command, file: &FileSettings) -> Option<String> {
-    let Some(ContextValue::String(shown)) = e.get(ContextKind::InvalidArg) else {
-        return None;
-    };
-    up.get_arguments().find_map(|arg| {
-        let long = format!("--{}", arg.get_long()?);
-        let named = shown.strip_prefix(&long)?;
-        if !(named.is_empty() || named.starts_with([' ', '='])) {
-            return None;
+    match e.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(shown)) => up.get_arguments().find_map(|arg| {
+            let long = format!("--{}", arg.get_long()?);
+            let named = shown.strip_prefix(&long)?;
+            if !(named.is_empty() || named.starts_with([' ', '='])) {
+                return None;
+            }
+            let at = file.lines.get(arg.get_id().as_str())?;
+            Some(format!("in the config file, `{}` ({at}):", key(arg)?))
+        }),
+        _ if e.kind() == ErrorKind::MissingRequiredArgument => {
+            let Source::File { path, .. } = file.lines.values().next()? else {
+                return None;
+            };
+            Some(format!(
+                "with the settings of the config file {}:",
+                path.display()
+            ))
         }
-        let at = file.lines.get(arg.get_id().as_str())?;
-        Some(format!("`{}` ({at})", key(arg)?))
-    })
+        _ => None,
+    }
 }
 
 /// Where each of `up`'s settings came from.
@@ -448,8 +458,9 @@ mod tests {
         Ok((m, settings.expect("up")))
     }
 
-    /// A value `arg`'s parser accepts, as TOML: a switch's `true`, a possible value, a number
-    /// or an address.
+    /// Values for `arg` as TOML, one of which its parser takes: a switch's `true`, its first
+    /// possible value, else a number, an address or a speculative mode (a new flag whose
+    /// parser takes none of these fails the test below until its kind of value is added).
     fn samples(arg: &Arg) -> Vec<String> {
         if matches!(arg.get_action(), ArgAction::SetTrue) {
             return vec!["true".into()];
@@ -457,7 +468,9 @@ mod tests {
         let named = arg.get_possible_values().into_iter().next();
         match named {
             Some(v) => vec![format!("{:?}", v.get_name())],
-            None => vec!["1".into(), "\"127.0.0.1\"".into()],
+            None => ["1", "\"127.0.0.1\"", "\"ngram\""]
+                .map(String::from)
+                .to_vec(),
         }
     }
 
@@ -478,6 +491,44 @@ mod tests {
             .collect()
     }
 
+    /// `key = value` for `arg`, an array for a repeatable flag.
+    fn toml_line(arg: &Arg, value: &str) -> String {
+        let k = key(arg).unwrap();
+        match arg.get_action() {
+            ArgAction::Append => format!("{k} = [{value}]\n"),
+            _ => format!("{k} = {value}\n"),
+        }
+    }
+
+    /// `up` parsed with a file of `extra` and a line setting `arg` to the first of its samples
+    /// that parses: the sample, the matches, the settings and the file; else the error of a
+    /// missing required flag, if any sample met one, or the last.
+    fn from_file(
+        dir: &Path,
+        arg: &Arg,
+        extra: &str,
+    ) -> Result<(String, ArgMatches, Settings, PathBuf), Failure> {
+        let file = dir.join(format!("{}.toml", key(arg).unwrap()));
+        let mut failed: Option<Failure> = None;
+        for v in samples(arg) {
+            std::fs::write(&file, format!("{extra}{}", toml_line(arg, &v))).unwrap();
+            std::fs::set_permissions(&file, PermissionsExt::from_mode(0o600)).unwrap();
+            match parse_up(&["--config", file.to_str().unwrap()]) {
+                Ok((m, settings)) => return Ok((v, m, settings, file)),
+                Err(f) => {
+                    let missing = |f: &Option<Failure>| {
+                        f.as_ref()
+                            .is_some_and(|f| f.error.kind() == ErrorKind::MissingRequiredArgument)
+                    };
+                    if !missing(&failed) {
+                        failed = Some(f);
+                    }
+                }
+            }
+        }
+        Err(failed.expect("at least one sample"))
+    }
+
     #[test]
     fn every_flag_of_up_is_settable_from_a_file_and_from_its_variable() {
         let dir = tempfile::tempdir().unwrap();
@@ -492,44 +543,37 @@ mod tests {
                 continue;
             }
             let id = arg.get_id().as_str();
-            let line = |k: &str, v: &str, a: &Arg| match a.get_action() {
-                ArgAction::Append => format!("{k} = [{v}]\n"),
-                _ => format!("{k} = {v}\n"),
-            };
-            // the first sample the flag's parser takes; a flag that requires another gets it
-            let mut found = None;
-            'samples: for v in samples(arg) {
-                let mut text = line(&k, &v, arg);
-                for _ in 0..3 {
-                    let file = dir.path().join(format!("{k}.toml"));
-                    std::fs::write(&file, &text).unwrap();
-                    std::fs::set_permissions(&file, PermissionsExt::from_mode(0o600)).unwrap();
-                    match parse_up(&["--config", file.to_str().unwrap()]) {
-                        Ok(ok) => {
-                            found = Some((v, ok, file));
-                            break 'samples;
+            // the flags it requires come first in the file, so that its line is the last
+            let mut extra = String::new();
+            let mut tries = 0;
+            let (v, matches, settings, file) = loop {
+                match from_file(dir.path(), arg, &extra) {
+                    Ok(found) => break found,
+                    Err(f) if f.error.kind() == ErrorKind::MissingRequiredArgument && tries < 3 => {
+                        for long in missing(&f.error) {
+                            let other = up
+                                .get_arguments()
+                                .find(|a| a.get_long() == Some(&long))
+                                .unwrap();
+                            // (which may require this one: tls-cert and tls-key)
+                            let this = toml_line(arg, &samples(arg)[0]);
+                            let (v, ..) = from_file(dir.path(), other, &this)
+                                .unwrap_or_else(|f| panic!("{}", f.error));
+                            extra += &toml_line(other, &v);
                         }
-                        Err(f) if f.error.kind() == ErrorKind::MissingRequiredArgument => {
-                            for long in missing(&f.error) {
-                                let other = up
-                                    .get_arguments()
-                                    .find(|a| a.get_long() == Some(&long))
-                                    .unwrap();
-                                text += &line(&key(other).unwrap(), &samples(other)[0], other);
-                            }
-                        }
-                        Err(_) => break,
                     }
+                    Err(f) => panic!(
+                        "`{k}` takes none of {:?} from a file: {}",
+                        samples(arg),
+                        f.error
+                    ),
                 }
-            }
-            let (v, (matches, settings), file) = found
-                .unwrap_or_else(|| panic!("`{k}` takes none of {:?} from a file", samples(arg)));
+                tries += 1;
+            };
+            let line = 1 + extra.lines().count();
             assert_eq!(
                 settings.source(id),
-                Some(&Source::File {
-                    path: file,
-                    line: 1
-                }),
+                Some(&Source::File { path: file, line }),
                 "{k}"
             );
             crate::Cli::from_arg_matches(&matches).unwrap();

@@ -106,7 +106,10 @@ fn command_line_beats_environment_beats_file_beats_default() {
     );
     // the printed settings are themselves a config file that reads back the same
     // (defaults commented out), with the same values
-    assert!(out.contains("\n# port = 4949  # default\n"), "{out}");
+    assert!(
+        out.contains("\n# prefill-chunk = 512  # default\n"),
+        "{out}"
+    );
     let again = write(d.path(), "again.toml", &out);
     let reread = stdout(&print_config(&["--config", again.to_str().unwrap()], &[]));
     let line = 1 + out.lines().position(|l| l.starts_with("host =")).unwrap();
@@ -183,6 +186,12 @@ fn a_bad_file_exits_2_naming_the_file_line_and_key() {
     refused(
         &parser,
         &[&format!("`port` ({}:2)", parser.display()), "70000"],
+    );
+    // the rules between flags hold for a file's settings too
+    let requires = f("requires.toml", "tls-cert = \"c.pem\"\n");
+    refused(
+        &requires,
+        &["with the settings of the config file", "--tls-key <PEM>"],
     );
     let meta = f("meta.toml", "config = \"other.toml\"\n");
     refused(&meta, &["`config` belongs on the command line"]);

@@ -76,7 +76,7 @@ impl std::fmt::Display for Source {
 
 /// The config-file key of a flag: its long name, `_` spelled `-` (`None` for --help/--version,
 /// which are not settings).
-pub fn key(arg: &Arg) -> Option<String> {
+fn key(arg: &Arg) -> Option<String> {
     match arg.get_action() {
         ArgAction::Help | ArgAction::HelpShort | ArgAction::HelpLong | ArgAction::Version => None,
         _ => arg.get_long().map(|l| l.replace('_', "-")),
@@ -84,7 +84,7 @@ pub fn key(arg: &Arg) -> Option<String> {
 }
 
 /// The environment variable of a key: `MUSER_` and the key in screaming snake case.
-pub fn env_name(key: &str) -> String {
+fn env_name(key: &str) -> String {
     format!("MUSER_{}", key.replace('-', "_").to_ascii_uppercase())
 }
 
@@ -150,10 +150,7 @@ impl From<clap::Error> for Failure {
 }
 
 /// [`parse`], returning its errors.
-pub fn try_parse(
-    cli: Command,
-    argv: Vec<OsString>,
-) -> Result<(ArgMatches, Option<Settings>), Failure> {
+fn try_parse(cli: Command, argv: Vec<OsString>) -> Result<(ArgMatches, Option<Settings>), Failure> {
     if argv.get(1).is_none_or(|a| a != SUBCOMMAND) {
         return Ok((cli.try_get_matches_from(argv)?, None));
     }

@@ -11,8 +11,11 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+/// Environment variables: (name, value).
+type Env<'a> = &'a [(&'a str, &'a str)];
+
 /// `muser up ARGS --print-config` with only the `MUSER_*` variables of `env`.
-fn print_config(args: &[&str], env: &[(&str, &str)]) -> Output {
+fn print_config(args: &[&str], env: Env) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_muser"));
     cmd.arg("up").args(args).arg("--print-config");
     for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("MUSER_")) {
@@ -56,7 +59,8 @@ fn command_line_beats_environment_beats_file_beats_default() {
     );
     let f = file.to_str().unwrap();
     let at = |line: usize| format!("# {f}:{line}");
-    let cases: [(&[&str], &[(&str, &str)], &str, &str); 4] = [
+    // (arguments, environment, the port line, the host line)
+    let cases: [(&[&str], Env, &str, &str); 4] = [
         (
             &["--config", f, "--port", "3333", "--host", "127.0.0.9"],
             &[

@@ -294,3 +294,47 @@ fn a_server_started_from_a_config_file_reports_its_settings() {
     assert_eq!(params["seed"], 42, "{params}");
     assert_eq!(params["temperature"], 0.5, "{params}");
 }
+
+#[test]
+fn an_api_key_and_a_key_file_are_taken_by_precedence() {
+    let d = tempfile::tempdir().unwrap();
+    let short = write(d.path(), "short.key", "short\n");
+    let good = write(d.path(), "good.key", "0123456789abcdef-good\n");
+    let short_file = format!("api-key-file = {:?}\n", short.to_str().unwrap());
+    let file = write(d.path(), "muser.toml", &short_file);
+    // each stops before loading the (missing) model: at the key check when a short key wins
+    let up = |args: &[&str], env: Env| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_muser"));
+        cmd.args(["up", "--model"])
+            .arg(d.path().join("none.gguf"))
+            .args(args);
+        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("MUSER_")) {
+            cmd.env_remove(k);
+        }
+        cmd.env("MUSER_CONFIG_DIR", d.path().join("config"))
+            .env("MUSER_HOME", d.path().join("home"));
+        let out = cmd.envs(env.iter().copied()).output().unwrap();
+        assert!(!out.status.success());
+        String::from_utf8(out.stderr).unwrap()
+    };
+    let bad_key = "the API key must be 16 to 4096 visible characters";
+    let on_the_command_line = "--api-key puts the key in the process list";
+    let env_short: Env = &[("MUSER_API_KEY", "short")];
+    let err = up(&[], env_short);
+    assert!(
+        err.contains(bad_key) && !err.contains(on_the_command_line),
+        "{err}"
+    );
+    let err = up(&["--api-key-file", good.to_str().unwrap()], env_short);
+    assert!(!err.contains(bad_key), "{err}");
+    let err = up(&["--api-key", "short"], &[]);
+    assert!(
+        err.contains(bad_key) && err.contains(on_the_command_line),
+        "{err}"
+    );
+    // the file's key file loses to the environment's key, and wins over nothing
+    let config = ["--config", file.to_str().unwrap()];
+    let err = up(&config, &[("MUSER_API_KEY", "0123456789abcdef-env")]);
+    assert!(!err.contains(bad_key), "{err}");
+    assert!(up(&config, &[]).contains(bad_key));
+}

@@ -2,6 +2,7 @@
 //! `--model` it fetches the default model (SHA-256 pinned) into the model store first.
 //! Progress goes to stderr; stdout gets exactly one line, once the server is listening.
 
+use crate::config::{Settings, Source};
 use crate::device::{self, Device};
 use anyhow::Context;
 use muser_cluster::registry::Registry;
@@ -50,11 +51,11 @@ pub struct Args {
     #[command(flatten)]
     spec: crate::spec::SpecArgs,
     /// Require `Authorization: Bearer KEY` on every route but /health, the key read from the
-    /// first line of this file (or from the MUSER_API_KEY environment variable).
+    /// first line of this file.
     #[arg(long, value_name = "FILE")]
     api_key_file: Option<PathBuf>,
-    /// The API key on the command line (visible to every local user: prefer --api-key-file
-    /// or MUSER_API_KEY).
+    /// The API key itself (on the command line it is visible to every local user: prefer
+    /// --api-key-file, or MUSER_API_KEY).
     #[arg(long)]
     api_key: Option<String>,
     /// Serve HTTPS: the certificate chain (PEM, leaf first).
@@ -120,6 +121,8 @@ pub struct Args {
     lane: LaneArgs,
     #[command(flatten)]
     llama: crate::llama_flags::LlamaArgs,
+    #[command(flatten)]
+    config: crate::config::ConfigArgs,
 }
 
 /// The disaggregated prefill lane (docs/disaggregated-prefill.md).
@@ -356,7 +359,12 @@ impl LaneArgs {
     }
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(mut args: Args, settings: Settings) -> anyhow::Result<()> {
+    if args.config.print_config {
+        print!("{}", settings.to_toml());
+        return Ok(());
+    }
+    crate::config::note_llama_env();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
@@ -365,15 +373,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    if args.api_key.is_some() {
+    if settings.source("api_key") == Some(&Source::CommandLine) {
         eprintln!("muser: warning: --api-key puts the key in the process list for every local user; prefer --api-key-file or MUSER_API_KEY");
     }
-    let api_key = auth::load_api_key(
-        args.api_key_file.as_deref(),
-        std::env::var("MUSER_API_KEY").ok(),
-        args.api_key,
-    )
-    .map_err(anyhow::Error::msg)?;
+    // of a key and a key file, the one from the higher-precedence source (the file on a tie)
+    if let (Some(key), Some(file)) = (settings.source("api_key"), settings.source("api_key_file")) {
+        if key.rank() < file.rank() {
+            args.api_key_file = None;
+        }
+    }
+    let api_key = auth::load_api_key(args.api_key_file.as_deref(), args.api_key)
+        .map_err(anyhow::Error::msg)?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(http::tls_config(cert, key).map_err(anyhow::Error::msg)?),
         _ => None,

@@ -1,7 +1,7 @@
 //! `muser`: the command-line front end. Each subcommand lives in its own module and only parses
 //! arguments, calls the library crates and prints; no engine logic lives here.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod cmd_bench;
 mod cmd_inspect;
@@ -13,6 +13,7 @@ mod cmd_synth;
 mod cmd_text;
 mod cmd_tls;
 mod cmd_up;
+mod config;
 mod device;
 #[cfg(feature = "cuda")]
 mod fused;
@@ -64,9 +65,11 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse_from(llama_flags::normalize(std::env::args_os()));
+    let argv = llama_flags::normalize(std::env::args_os());
+    let (matches, settings) = config::parse(Cli::command(), argv);
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match cli.command {
-        Command::Up(a) => cmd_up::run(a),
+        Command::Up(a) => cmd_up::run(a, settings.expect("`up` is layered")),
         Command::Run(a) => cmd_run::run(a),
         Command::Bench(a) => cmd_bench::run(a),
         Command::BenchResume(a) => cmd_kvbench::run(a),

@@ -46,12 +46,11 @@ pub fn host_allowed(host: &str, allowed: &[String]) -> bool {
     allowed.iter().any(|a| a == name)
 }
 
-/// The API key: from a file (its first line), else the `MUSER_API_KEY` environment
-/// variable, else `--api-key` (visible to every local user through the process list).
+/// The API key: from a file (its first line), else `key` as given (`--api-key` or
+/// `MUSER_API_KEY`).
 pub fn load_api_key(
     file: Option<&std::path::Path>,
-    env: Option<String>,
-    arg: Option<String>,
+    key: Option<String>,
 ) -> Result<Option<String>, String> {
     if let Some(path) = file {
         let text = std::fs::read_to_string(path)
@@ -59,7 +58,7 @@ pub fn load_api_key(
         let key = text.lines().next().unwrap_or("").trim().to_string();
         return Ok(Some(key));
     }
-    Ok(env.filter(|k| !k.is_empty()).or(arg))
+    Ok(key)
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -171,20 +170,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("key");
         std::fs::write(&f, "from-the-file-0123\nignored\n").unwrap();
-        let got = load_api_key(Some(&f), Some("env".into()), Some("arg".into())).unwrap();
+        let got = load_api_key(Some(&f), Some("arg".into())).unwrap();
         assert_eq!(got.as_deref(), Some("from-the-file-0123"));
         assert_eq!(
-            load_api_key(None, Some("env".into()), Some("arg".into()))
-                .unwrap()
-                .as_deref(),
-            Some("env")
-        );
-        assert_eq!(
-            load_api_key(None, None, Some("arg".into()))
-                .unwrap()
-                .as_deref(),
+            load_api_key(None, Some("arg".into())).unwrap().as_deref(),
             Some("arg")
         );
-        assert!(load_api_key(Some(&dir.path().join("missing")), None, None).is_err());
+        assert!(load_api_key(Some(&dir.path().join("missing")), None).is_err());
     }
 }

@@ -781,6 +781,150 @@ tile_kernels!(
 );
 tile_kernels!(tile_avx2, "avx2,fma,f16c", tile_core_avx2, [::<true>], [::<false>]);
 
+/// The tile kernels on AVX512-VNNI with two weight rows per 512-bit register (one in each
+/// 256-bit half, against the token's activations in both): each half is the 256-bit kernel's
+/// eight lanes for its row (the same integer sums, the same `dx·dy` product, the same FMA into
+/// its own accumulator), so every output keeps [`tile_vnni`]'s bits with half the
+/// instructions.
+mod tile_zmm {
+    use super::*;
+
+    /// As [`tile_vnni::q8_0`]; four weight rows go through the 512-bit pairs, other counts
+    /// through the 256-bit kernel.
+    ///
+    /// # Safety
+    /// As [`tile_vnni::q8_0`], with AVX512F/DQ/BW.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512dq,avx512bw,avx512vnni,avx512vl")]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn q8_0<const K: u8, const R: usize, const T: usize>(
+        w: *const u8,
+        w_stride: usize,
+        ts: usize,
+        a: *const u8,
+        a_stride: usize,
+        nb: usize,
+        out: *mut f32,
+        o_stride: usize,
+        stream: bool,
+    ) {
+        if R != 4 {
+            return tile_vnni::q8_0::<K, R, T>(
+                w, w_stride, ts, a, a_stride, nb, out, o_stride, stream,
+            );
+        }
+        const { assert!(T <= 4) };
+        let mut acc = [[_mm512_setzero_ps(); T]; 2];
+        for i in 0..nb {
+            let mut dy = [0f32; T];
+            let mut yq = [_mm512_setzero_si512(); T];
+            let mut yb = [_mm512_setzero_si512(); T];
+            for t in 0..T {
+                let y = a.add(t * a_stride + 34 * i);
+                dy[t] = h2f(y);
+                let y8 = loadu(y.add(2));
+                yq[t] = _mm512_broadcast_i64x4(y8);
+                yb[t] = _mm512_broadcast_i64x4(tile_core_vnni::bias::<K>(y8));
+            }
+            for (p, acc) in acc.iter_mut().enumerate() {
+                let x0 = w.add(2 * p * w_stride + ts * i);
+                let x1 = x0.add(w_stride);
+                prefetch_if(stream, x0);
+                prefetch_if(stream, x1);
+                let xv = _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(tile_core_vnni::weights::<K>(x0)),
+                    tile_core_vnni::weights::<K>(x1),
+                );
+                // row 2p's scale in the low half, row 2p + 1's in the high half
+                let dx = _mm512_insertf32x8::<1>(_mm512_set1_ps(h2f(x0)), _mm256_set1_ps(h2f(x1)));
+                for t in 0..T {
+                    let q = _mm512_dpbusd_epi32(yb[t], xv, yq[t]);
+                    let d = _mm512_mul_ps(dx, _mm512_set1_ps(dy[t]));
+                    acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(q), acc[t]);
+                }
+            }
+        }
+        for (p, acc) in acc.iter().enumerate() {
+            for t in 0..T {
+                *out.add(t * o_stride + 2 * p) = hsum_float_8(_mm512_castps512_ps256(acc[t]));
+                *out.add(t * o_stride + 2 * p + 1) =
+                    hsum_float_8(_mm512_extractf32x8_ps::<1>(acc[t]));
+            }
+        }
+    }
+
+    /// As [`tile_vnni::q8_1`]; four weight rows go through the 512-bit pairs, other counts
+    /// through the 256-bit kernel.
+    ///
+    /// # Safety
+    /// As [`tile_vnni::q8_1`], with AVX512F/DQ/BW.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512dq,avx512bw,avx512vnni,avx512vl")]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn q8_1<const K: u8, const R: usize, const T: usize>(
+        w: *const u8,
+        w_stride: usize,
+        ts: usize,
+        a: *const u8,
+        a_stride: usize,
+        nb: usize,
+        out: *mut f32,
+        o_stride: usize,
+        stream: bool,
+    ) {
+        if R != 4 {
+            return tile_vnni::q8_1::<K, R, T>(
+                w, w_stride, ts, a, a_stride, nb, out, o_stride, stream,
+            );
+        }
+        const { assert!(T <= 4) };
+        let mut acc = [[_mm512_setzero_ps(); T]; 2];
+        // the mins' sums of row r, token t in lane t (one FMA per lane, as the scalar sum)
+        let mut summs = [_mm_setzero_ps(); 4];
+        for i in 0..nb {
+            let mut dy = [0f32; 4];
+            let mut sy = [0f32; 4];
+            let mut yq = [_mm512_setzero_si512(); T];
+            for t in 0..T {
+                let y = a.add(t * a_stride + 36 * i);
+                dy[t] = h2f(y);
+                sy[t] = h2f(y.add(2));
+                yq[t] = _mm512_broadcast_i64x4(loadu(y.add(4)));
+            }
+            let syv = _mm_loadu_ps(sy.as_ptr());
+            for (p, acc) in acc.iter_mut().enumerate() {
+                let x0 = w.add(2 * p * w_stride + ts * i);
+                let x1 = x0.add(w_stride);
+                prefetch_if(stream, x0);
+                prefetch_if(stream, x1);
+                summs[2 * p] = _mm_fmadd_ps(_mm_set1_ps(h2f(x0.add(2))), syv, summs[2 * p]);
+                summs[2 * p + 1] = _mm_fmadd_ps(_mm_set1_ps(h2f(x1.add(2))), syv, summs[2 * p + 1]);
+                let xv = _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(block_values::<K>(x0)),
+                    block_values::<K>(x1),
+                );
+                // row 2p's scale in the low half, row 2p + 1's in the high half
+                let dx = _mm512_insertf32x8::<1>(_mm512_set1_ps(h2f(x0)), _mm256_set1_ps(h2f(x1)));
+                for t in 0..T {
+                    let q = _mm512_dpbusd_epi32(_mm512_setzero_si512(), xv, yq[t]);
+                    let d = _mm512_mul_ps(dx, _mm512_set1_ps(dy[t]));
+                    acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(q), acc[t]);
+                }
+            }
+        }
+        let mut m = [[0f32; 4]; 4];
+        for (r, s) in summs.iter().enumerate() {
+            _mm_storeu_ps(m[r].as_mut_ptr(), *s);
+        }
+        for (p, acc) in acc.iter().enumerate() {
+            for t in 0..T {
+                let lo = hsum_float_8(_mm512_castps512_ps256(acc[t]));
+                let hi = hsum_float_8(_mm512_extractf32x8_ps::<1>(acc[t]));
+                *out.add(t * o_stride + 2 * p) = lo + m[2 * p][t];
+                *out.add(t * o_stride + 2 * p + 1) = hi + m[2 * p + 1][t];
+            }
+        }
+    }
+}
+
 /// A pass that streams its weights from memory (a chunk's first token group) asks for the
 /// bytes [`PF_AHEAD`] on early: without it the few-token passes of a speculative
 /// verification ran at memory latency, 2-3x slower than the one-token kernel. A prefetch
@@ -904,7 +1048,7 @@ pub(crate) unsafe fn tile_run(
         };
     }
     if isa == Isa::Avx512 {
-        run_isa!(tile_vnni)
+        run_isa!(tile_zmm)
     } else {
         run_isa!(tile_avx2)
     }

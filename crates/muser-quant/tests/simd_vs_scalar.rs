@@ -133,14 +133,23 @@ fn dot_matches_dequantized_dot() {
     }
 }
 
-/// `RowDot::dot` and `RowDot::dot_tile` (4 weight rows × 1 to 4 tokens, and the edges) return
-/// exactly `vec_dot`'s bits for every pair, written token-major at the given stride.
+/// `RowDot::dot` and `RowDot::dot_tile` (4 weight rows × 1 to 4 tokens, on AVX512 two rows per
+/// 512-bit register, and the edges; 70 rows of 256 values span two of the L1-sized chunks
+/// the weights are gone through in) return exactly `vec_dot`'s bits for every pair, written
+/// token-major at the given stride.
 #[test]
 fn row_dot_tile_equals_vec_dot() {
     let mut rng = Rng(0x5eed_7a11);
     for ty in DOT_TYPES {
-        for (n, n_a) in [(256usize, 7usize), (1536, 6), (512, 1), (256, 2), (512, 3)] {
-            let (n_w, stride) = (11, 13);
+        for (n, n_a, n_w) in [
+            (256usize, 7usize, 11usize),
+            (1536, 6, 11),
+            (512, 1, 11),
+            (256, 2, 11),
+            (512, 3, 11),
+            (256, 4, 70),
+        ] {
+            let stride = n_w + 2;
             let w: Vec<u8> = (0..n_w).flat_map(|_| weight_row(&mut rng, ty, n)).collect();
             let at = vec_dot_type(ty);
             let ab = at.row_bytes(n).unwrap();

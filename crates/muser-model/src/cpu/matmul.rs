@@ -252,9 +252,11 @@ fn quant_matmul(w: &Weight, acts: &[u8], n_rows: usize) -> Result<Vec<f32>, Mode
                 kern.dot_tile(&weights[r0 * rb..(r0 + n) * rb], acts, out, n);
             });
     } else if n_rows <= FEW_TOKENS {
-        // A few tokens (decode of several slots): split the weight rows, so that each task
-        // streams only its share of the matrix, and gather the tasks' columns into y.
-        let per = n_out.div_ceil(2 * threads).next_multiple_of(ROW_BLOCK);
+        // A few tokens (decode of several slots, a verification): split the weight rows, so
+        // that each task streams only its share of the matrix, and gather the tasks' columns
+        // into y. Two shares per thread, whole 4-row tiles (not blocks of 16: 576 rows on 8
+        // threads made 12 shares, two rounds for one and a half's work).
+        let per = n_out.div_ceil(2 * threads).next_multiple_of(4);
         let parts: Vec<(usize, Vec<f32>)> = (0..n_out)
             .step_by(per)
             .collect::<Vec<_>>()

@@ -1153,7 +1153,8 @@ __device__ void gemv_q4k_tile(const u8* __restrict__ W, long rows, long cols, Ac
 // gemv_q4k_tile_w<WPR>: blocks of 4 * WPR warps over 32 rows and 8 sequences (layout.rs
 // q4k_tile; measured on the H200 against 16-row tiles and two or four sequence tiles per block),
 // with 4 * WPR * TILE_STAGES * TILE_STAGE_BYTES bytes of dynamic shared memory (the stages, then
-// the reduction's 2 * WPR slots of 32 x 32 floats).
+// the reduction's 2 * WPR slots of 32 x 32 floats). MINB: the blocks per SM its registers must
+// allow (one-warp rows: 3, at 168 registers without spills; 512-thread blocks fit one at 128).
 #define Q4K_TILE(WPR, MINB)                                                                                    \
     extern "C" __global__ void __launch_bounds__(128 * WPR, MINB) gemv_q4k_tile_w##WPR(                          \
         const u8* W, const u8* S, long rows, long cols, const i8* xq, const float* xd, const float* xs,    \

@@ -833,7 +833,7 @@ mod tests {
                         .is_some_and(|(w, u)| src.contains(&format!("Q4K_SEQS({w}, {u})\n")))
             });
             let tile = Q4K_TILES.iter().any(|&w| {
-                name == format!("gemv_q4k_tile_w{w}") && src.contains(&format!("Q4K_TILE({w})\n"))
+                name == format!("gemv_q4k_tile_w{w}") && src.contains(&format!("Q4K_TILE({w}, "))
             });
             assert!(
                 src.contains(&plain) || gemv || shaped || attn || seq || tile,

@@ -19,8 +19,9 @@
 //!       only the GPU sampler's checks (part of `check`).
 //!   muser-cuda-bench gemv [--tunes ...] [--json OUT]
 //!       Q4_K decode GEMVs alone on Muse Glimmer's shapes (random valid blocks, copies past the
-//!       L2 size), per override spec and batch (1 to 64 sequences): microseconds and TB/s of
-//!       weights.
+//!       L2 size), per override spec and batch (1 to 64 sequences): microseconds, TB/s of
+//!       weights, and the floor the float terms set at the FP32 pipes' peak with the share of
+//!       it reached.
 //!
 //! Prints a table; with --json writes a receipt.
 

@@ -263,29 +263,16 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
     return r;
 }
 
-// Asks the copy engine to bring [p, p + bytes) into L2 (sm_90; a no-op before). Weights are
-// constant, so this may run before the previous kernel finishes. bytes: a multiple of 16.
-__device__ __forceinline__ void l2_prefetch_range(const u8* p, long bytes) {
-#if __CUDA_ARCH__ >= 900
-    if (!p || bytes <= 0 || blockIdx.y != 0 || blockIdx.z != 0) return;
-    constexpr long CH = 1 << 16;
-    const long nch = (bytes + CH - 1) / CH;
-    const long tid = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    const long nth = (long)gridDim.x * blockDim.x;
-    for (long i = tid; i < nch; i += nth) {
-        const long off = i * CH;
-        const unsigned n = (unsigned)(min(CH, bytes - off) & ~15L);
-        if (n) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(n) : "memory");
-    }
-#endif
-}
-
 // One lane's share of a Q4_K super-block (header hd, 16 bytes of quants qv of chunk c: the
 // low nibbles are sub-block 2c, the high ones 2c + 1; sh = 16 (c & 1), clo = c < 2) against B
 // activation rows: xa, xb their 16 int8 values under each half, d0/s0v and d2/s2v the two
 // groups' scale and scale * sum, d2 already divided by 16 (the high nibbles are summed in place
 // by dot16u, 16x too large; the power of two moves into the scale exactly, so the product and
 // every sum after it are bit-identical to the shifted form).
+//
+// (float)v for v < 2^23, on the FMA pipe (the conversion unit has a sixteenth of its rate): v
+// in the mantissa of 2^23, where one unit is 1.0; the same bits as the conversion.
+__device__ __forceinline__ float u2f_small(u32 v) { return __int_as_float(0x4B000000u | v) - 8388608.f; }
 // A lane's scales of a super-block: its header's d and dmin, and the 6-bit scales and mins of
 // the two sub-blocks of its chunk.
 struct Q4kScales {
@@ -302,8 +289,8 @@ __device__ __forceinline__ Q4kScales q4k_scales(uint4 hd, int sh, bool clo) {
     const u32 aux1 = clo ? (Z & 0x3f3fu) : (((Wd >> 4) & 0x0f0fu) | ((Z & 0xc0c0u) >> 2));
     k.sc1 = aux0 & 0xff;
     k.sc2 = (aux0 >> 8) & 0xff;
-    k.m1 = (float)(aux1 & 0xff);
-    k.m2 = (float)((aux1 >> 8) & 0xff);
+    k.m1 = u2f_small(aux1 & 0xff);
+    k.m2 = u2f_small((aux1 >> 8) & 0xff);
     return k;
 }
 
@@ -979,107 +966,206 @@ __device__ __forceinline__ void q4k_tile_store(float (&acc)[MT][8][4], float (*r
     }
 }
 
-template <int WPR, int MT>
-__device__ void gemv_q4k_tile(const u8* __restrict__ W, long rows, long cols, Act x, int nb, float* __restrict__ y,
-                              long ldy) {
-    constexpr int NW = 4 * WPR;
-    __shared__ float red[2 * WPR][32][32];
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const int gid = lane >> 2, t = lane & 3;
-    const int nsb = (int)(cols >> 8);
-    const long row0 = (long)blockIdx.y * 16 * MT;
-    const int b0 = 8 * blockIdx.x;
-    const long gn = x.n / 16;
-    // A: rows row0 + 16 m + gid + 8 i (the last row past the end), word t of each lane chunk.
-    const u8* wr[MT][2];
+// Asynchronous copies into shared memory (sm_80): cp_async16 copies 16 bytes, bypassing L1;
+// cp_async_commit closes a group of them, cp_async_wait<N> waits until at most N groups of the
+// thread are pending.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    const u32 a = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+// Four 8 x 8 b16 matrices from shared memory: lanes 8k .. 8k + 7 give the row addresses of
+// matrix k (16 bytes each), and r[k] is, for lane (gid, t), bytes 4t .. 4t + 3 of its row gid:
+// the A (rows gid, gid + 8) and B (column gid) words of mma.m16n8k16.s8.
+__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], const void* p) {
+    const u32 a = (u32)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+// The tiled kernel's staging (layout.rs Q4K_TILE_STAGES, Q4K_TILE_STAGE_BYTES). A warp's unit
+// of work is half a super-block (chunks 2 hf and 2 hf + 1; unit u of warp w is super-block
+// w + 4 WPR (u / 2), half u % 2), copied by cp.async into one of the warp's TILE_STAGES stages
+// TILE_STAGES - 1 units before its mma and float terms read it. A stage holds:
+//   the weights: 32 rows x (the 16-byte header, the half's 64 quant bytes), TILE_WROW apart;
+//   the activations: 8 sequences x the half's 128 int8 (groups 8 hf .. 8 hf + 7), TILE_AROW apart;
+//   their scales, then their scale * sums: 8 sequences x 8 floats each, TILE_SROW apart.
+// Strides of 5, 9 and 3 16-byte slots put the 8 rows of an ldmatrix phase, the 8 headers of a
+// load and the 4 sequences of a scale load in distinct banks.
+#define Q4K_TILE_MT 2
+#define TILE_STAGES 3
+#define TILE_WROW 80
+#define TILE_AROW 144
+#define TILE_SROW 48
+#define TILE_W_BYTES (16 * Q4K_TILE_MT * TILE_WROW)
+#define TILE_A_BYTES (8 * TILE_AROW)
+#define TILE_S_BYTES (8 * TILE_SROW)
+#define TILE_STAGE_BYTES (TILE_W_BYTES + TILE_A_BYTES + 2 * TILE_S_BYTES)
+
+// Weights of unit (s, hf) into stage st: 5 slots of 16 bytes per row, 5 MT / 2 per lane (rows
+// past the matrix copy its last row).
+__device__ __forceinline__ void q4k_tile_stage_w(u8* st, const u8* W, long row0, long rows, int nsb, int s, int hf,
+                                                 int lane) {
 #pragma unroll
-    for (int m = 0; m < MT; m++)
-#pragma unroll
-        for (int i = 0; i < 2; i++) wr[m][i] = W + min(row0 + 16 * m + gid + 8 * i, rows - 1) * nsb * 144;
-    // B: sequence b0 + gid, word t of each group; the C fragment's scales: sequences b0 + 2t + q.
-    const i8* xq = x.q + (long)min(b0 + gid, nb - 1) * x.n + 4 * t;
-    const float *xd[2], *xs[2];
-#pragma unroll
-    for (int q = 0; q < 2; q++) {
-        const long o = (long)min(b0 + 2 * t + q, nb - 1) * gn;
-        xd[q] = x.d + o;
-        xs[q] = x.s + o;
+    for (int i = 0; i < 5 * Q4K_TILE_MT / 2; i++) {
+        const int k = lane + 32 * i, r = k / 5, p = k % 5;
+        const u8* blk = W + (min(row0 + r, rows - 1) * nsb + s) * 144;
+        cp_async16(st + r * TILE_WROW + 16 * p, blk + (p ? 64 * hf + 16 * p : 0));
     }
-    float acc[MT][8][4];
+}
+
+// Activations of unit (s, hf) into stage st: 64 slots of int8, 2 per lane, then one slot of
+// scales (lanes 0-15) or scale * sums (16-31) per lane (sequences past nb copy the last one).
+__device__ __forceinline__ void q4k_tile_stage_x(u8* st, const Act& x, int b0, int nb, int s, int hf, int lane) {
+    u8* sa = st + TILE_W_BYTES;
 #pragma unroll
-    for (int m = 0; m < MT; m++)
+    for (int i = 0; i < 2; i++) {
+        const int k = lane + 32 * i, q = k >> 3, p = k & 7;
+        cp_async16(sa + q * TILE_AROW + 16 * p, x.q + (long)min(b0 + q, nb - 1) * x.n + 256 * s + 128 * hf + 16 * p);
+    }
+    const int q = (lane >> 1) & 7, p = lane & 1;
+    const float* src = (lane < 16 ? x.d : x.s) + (long)min(b0 + q, nb - 1) * (x.n / 16) + 16 * s + 8 * hf + 4 * p;
+    cp_async16(sa + TILE_A_BYTES + (lane >> 4) * TILE_S_BYTES + q * TILE_SROW + 16 * p, src);
+}
+
+// The mma and float terms of a warp's unit of half HF from stage st: chunks c = 2 HF + cc, lanes
+// j = 2c + h, into acc[m][j][e] (rows 16m + gid + 8 (e / 2), sequences 2t + e % 2). HF is a
+// template argument so that every index of acc is a constant (registers, not local memory).
+template <int HF>
+__device__ __forceinline__ void q4k_tile_unit(const u8* st, int lane, float (&acc)[Q4K_TILE_MT][8][4]) {
+    constexpr int hf = HF;
+    const int gid = lane >> 2, t = lane & 3;
+    const u8* sa = st + TILE_W_BYTES;
+    const float* sd = (const float*)(sa + TILE_A_BYTES);
+    const float* ss = (const float*)(sa + TILE_A_BYTES + TILE_S_BYTES);
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+    for (int cc = 0; cc < 2; cc++) {
+        const int c = 2 * hf + cc;
+        Q4kScales ks[Q4K_TILE_MT][2];
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc[m][j][e] = 0.f;
-    pdl_wait();
-    for (int s = w; s < nsb; s += NW) {
-        uint4 hd[MT][2];
+        for (int m = 0; m < Q4K_TILE_MT; m++)
 #pragma unroll
-        for (int m = 0; m < MT; m++)
+            for (int i = 0; i < 2; i++)
+                ks[m][i] = q4k_scales(*(const uint4*)(st + (16 * m + gid + 8 * i) * TILE_WROW), 16 * cc, c < 2);
+        // B: groups 4c .. 4c + 3 of the super-block (low nibbles of lanes h = 0, 1, then high).
+        u32 bf[4];
+        ldsm_x4(bf, sa + (lane & 7) * TILE_AROW + 16 * (4 * cc + (lane >> 3)));
+        // Scales of those groups for sequences 2t + q.
+        float4 dv[2], sv[2];
 #pragma unroll
-            for (int i = 0; i < 2; i++) hd[m][i] = __ldg((const uint4*)(wr[m][i] + s * 144));
+        for (int q = 0; q < 2; q++) {
+            dv[q] = *(const float4*)(sd + (2 * t + q) * (TILE_SROW / 4) + 4 * cc);
+            sv[q] = *(const float4*)(ss + (2 * t + q) * (TILE_SROW / 4) + 4 * cc);
+        }
+        // A: rows 16m + (0-7, 8-15) of lanes h = 0, then h = 1.
+        u32 af[Q4K_TILE_MT][4];
 #pragma unroll
-        for (int c = 0; c < 4; c++) {
-            Q4kScales ks[MT][2];
+        for (int m = 0; m < Q4K_TILE_MT; m++)
+            ldsm_x4(af[m], st + (16 * m + (lane & 7) + 8 * ((lane >> 3) & 1)) * TILE_WROW + 16 + 32 * cc + 16 * (lane >> 4));
 #pragma unroll
-            for (int m = 0; m < MT; m++)
-#pragma unroll
-                for (int i = 0; i < 2; i++) ks[m][i] = q4k_scales(hd[m][i], 16 * (c & 1), c < 2);
-            // Scales of groups 4c .. 4c + 3 (the chunk's two lanes, low and high nibbles).
-            float4 dv[2], sv[2];
+        for (int h = 0; h < 2; h++) {
+            const int j = 2 * c + h;
+            float d0[2], d2[2], s0v[2], s2v[2];
 #pragma unroll
             for (int q = 0; q < 2; q++) {
-                dv[q] = __ldg((const float4*)(xd[q] + 16 * s + 4 * c));
-                sv[q] = __ldg((const float4*)(xs[q] + 16 * s + 4 * c));
+                d0[q] = h ? dv[q].y : dv[q].x;
+                d2[q] = (h ? dv[q].w : dv[q].z) * 0.0625f;  // q4k_lane_term's high-nibble scale
+                s0v[q] = h ? sv[q].y : sv[q].x;
+                s2v[q] = h ? sv[q].w : sv[q].z;
             }
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int j = 2 * c + h, ga = 16 * s + 4 * c + h;
-                const u32 blo = __ldg((const u32*)(xq + 16 * ga)), bhi = __ldg((const u32*)(xq + 16 * ga + 32));
-                float d0[2], d2[2], s0v[2], s2v[2];
+            for (int m = 0; m < Q4K_TILE_MT; m++) {
+                const u32 q0 = af[m][2 * h], q1 = af[m][2 * h + 1];
+                int lo[4], hi[4];
+                mma_s8_16x8x16(q0 & 0x0F0F0F0Fu, q1 & 0x0F0F0F0Fu, bf[h], lo);
+                mma_s8_16x8x16((q0 >> 4) & 0x0F0F0F0Fu, (q1 >> 4) & 0x0F0F0F0Fu, bf[2 + h], hi);
 #pragma unroll
-                for (int q = 0; q < 2; q++) {
-                    d0[q] = h ? dv[q].y : dv[q].x;
-                    d2[q] = (h ? dv[q].w : dv[q].z) * 0.0625f;  // q4k_lane_term's high-nibble scale
-                    s0v[q] = h ? sv[q].y : sv[q].x;
-                    s2v[q] = h ? sv[q].w : sv[q].z;
-                }
-#pragma unroll
-                for (int m = 0; m < MT; m++) {
-                    const u32 q0 = __ldg((const u32*)(wr[m][0] + s * 144 + 16 + 16 * j + 4 * t));
-                    const u32 q1 = __ldg((const u32*)(wr[m][1] + s * 144 + 16 + 16 * j + 4 * t));
-                    int lo[4], hi[4];
-                    mma_s8_16x8x16(q0 & 0x0F0F0F0Fu, q1 & 0x0F0F0F0Fu, blo, lo);
-                    mma_s8_16x8x16((q0 >> 4) & 0x0F0F0F0Fu, (q1 >> 4) & 0x0F0F0F0Fu, bhi, hi);
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const Q4kScales& k = ks[m][e >> 1];
-                        const int q = e & 1;
-                        q4k_term(k, i2f_exact(lo[e] * k.sc1), i2f16_exact(hi[e] * k.sc2), d0[q], d2[q], s0v[q], s2v[q],
-                                 acc[m][j][e]);
-                    }
+                for (int e = 0; e < 4; e++) {
+                    const Q4kScales& k = ks[m][e >> 1];
+                    const int q = e & 1;
+                    q4k_term(k, i2f_exact(lo[e] * k.sc1), i2f16_exact(hi[e] * k.sc2), d0[q], d2[q], s0v[q], s2v[q],
+                             acc[m][j][e]);
                 }
             }
         }
     }
-    q4k_tile_store<WPR, MT>(acc, red, w, lane, row0, rows, b0, nb, y, ldy);
+}
+
+template <int WPR>
+__device__ void gemv_q4k_tile(const u8* __restrict__ W, long rows, long cols, Act x, int nb, float* __restrict__ y,
+                              long ldy) {
+    constexpr int NW = 4 * WPR;
+    extern __shared__ __align__(16) u8 tile_smem[];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int nsb = (int)(cols >> 8);
+    const long row0 = (long)blockIdx.y * 16 * Q4K_TILE_MT;
+    const int b0 = 8 * blockIdx.x;
+    u8* stages = tile_smem + w * TILE_STAGES * TILE_STAGE_BYTES;
+    // Units of this warp: both halves of super-blocks w, w + NW, ... below nsb.
+    const int nu = w < nsb ? 2 * ((nsb - 1 - w) / NW + 1) : 0;
+    float acc[Q4K_TILE_MT][8][4];
+#pragma unroll
+    for (int m = 0; m < Q4K_TILE_MT; m++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[m][j][e] = 0.f;
+    // The first units' weights do not depend on the previous kernel: copy them before waiting.
+#pragma unroll
+    for (int u = 0; u < TILE_STAGES - 1; u++)
+        if (u < nu) q4k_tile_stage_w(stages + u * TILE_STAGE_BYTES, W, row0, rows, nsb, w + NW * (u >> 1), u & 1, lane);
+    pdl_wait();
+#pragma unroll
+    for (int u = 0; u < TILE_STAGES - 1; u++) {
+        if (u < nu) q4k_tile_stage_x(stages + u * TILE_STAGE_BYTES, x, b0, nb, w + NW * (u >> 1), u & 1, lane);
+        cp_async_commit();
+    }
+    // Group g holds unit g; at unit u, groups up to u + TILE_STAGES - 1 are committed, so
+    // waiting for all but TILE_STAGES - 1 of them completes unit u's. The stage unit u + STAGES
+    // - 1 fills is the one unit u - 1 used (done: the warp synchronizes after each unit).
+    // Units come in pairs (both halves of a super-block): u even, then u + 1.
+    const auto step = [&](int u) -> const u8* {
+        const int un = u + TILE_STAGES - 1;
+        if (un < nu) {
+            u8* st = stages + (un % TILE_STAGES) * TILE_STAGE_BYTES;
+            q4k_tile_stage_w(st, W, row0, rows, nsb, w + NW * (un >> 1), un & 1, lane);
+            q4k_tile_stage_x(st, x, b0, nb, w + NW * (un >> 1), un & 1, lane);
+        }
+        cp_async_commit();
+        cp_async_wait<TILE_STAGES - 1>();
+        __syncwarp();
+        return stages + (u % TILE_STAGES) * TILE_STAGE_BYTES;
+    };
+    for (int u = 0; u < nu; u += 2) {
+        q4k_tile_unit<0>(step(u), lane, acc);
+        __syncwarp();
+        q4k_tile_unit<1>(step(u + 1), lane, acc);
+        __syncwarp();
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    q4k_tile_store<WPR, Q4K_TILE_MT>(acc, (float(*)[32][32])tile_smem, w, lane, row0, rows, b0, nb, y, ldy);
 }
 
 // gemv_q4k_tile_w<WPR>: blocks of 4 * WPR warps over 32 rows and 8 sequences (layout.rs
-// q4k_tile; measured on the H200 against 16-row tiles and two or four sequence tiles per block).
-#define Q4K_TILE_MT 2
-#define Q4K_TILE(WPR)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(128 * WPR) gemv_q4k_tile_w##WPR(                           \
-        const u8* W, const u8* S, long rows, long cols, const i8* xq, const float* xd, const float* xs,     \
-        const float* xf, float* y, long ldy, int nb) {                                                      \
-        Act x = {xq, xd, xs, cols};                                                                         \
-        pdl_trigger();                                                                                      \
-        gemv_q4k_tile<WPR, Q4K_TILE_MT>(W, rows, cols, x, nb, y, ldy);                                      \
+// q4k_tile; measured on the H200 against 16-row tiles and two or four sequence tiles per block),
+// with 4 * WPR * TILE_STAGES * TILE_STAGE_BYTES bytes of dynamic shared memory (the stages, then
+// the reduction's 2 * WPR slots of 32 x 32 floats). MINB: the blocks per SM its registers must
+// allow (one-warp rows: 3, at 168 registers without spills; 512-thread blocks fit one at 128).
+#define Q4K_TILE(WPR, MINB)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(128 * WPR, MINB) gemv_q4k_tile_w##WPR(                          \
+        const u8* W, const u8* S, long rows, long cols, const i8* xq, const float* xd, const float* xs,    \
+        const float* xf, float* y, long ldy, int nb) {                                                     \
+        Act x = {xq, xd, xs, cols};                                                                        \
+        pdl_trigger();                                                                                     \
+        gemv_q4k_tile<WPR>(W, rows, cols, x, nb, y, ldy);                                                  \
     }
-Q4K_TILE(1)
-Q4K_TILE(2)
-Q4K_TILE(4)
+Q4K_TILE(1, 3)
+Q4K_TILE(2, 1)
+Q4K_TILE(4, 1)
 
 // The other types: their batch kernels' device functions over chunks of SEQ_CHUNK sequences
 // (the tail with a smaller batch), activations and outputs moved to the chunk's first row.
@@ -1152,9 +1238,8 @@ __device__ __forceinline__ void store16(float* p, const float* v) {
 
 extern "C" __global__ void norm_fused(float* x, const float* y, const float* w_post, float eps_post, const float* w,
                                       float eps, long n, float* out_f, bf16* out_b, i8* q, float* qd, float* qs,
-                                      const u8* pf, long pf_bytes, float* x_out) {
+                                      float* x_out) {
     pdl_trigger();
-    l2_prefetch_range(pf, pf_bytes);
     __shared__ float sh[33];
     const long r = blockIdx.x;
     const long g = threadIdx.x;
@@ -1222,9 +1307,8 @@ __device__ __forceinline__ float block_sum1(float v, float* sh) {
 }
 extern "C" __global__ void norm_fused8(float* x, const float* y, const float* w_post, float eps_post, const float* w,
                                        float eps, long n, float* out_f, bf16* out_b, i8* q, float* qd, float* qs,
-                                       const u8* pf, long pf_bytes, float* x_out) {
+                                       float* x_out) {
     pdl_trigger();
-    l2_prefetch_range(pf, pf_bytes);
     __shared__ float sh[2][32];
     const long r = blockIdx.x;
     const long g = threadIdx.x;  // values 8 g .. 8 g + 7
@@ -1314,21 +1398,8 @@ extern "C" __global__ void qk_norm_rope_store(const float* qkv, long ld, int nq,
                                               const float* kn_w, float eps, const int* pos, int rope,
                                               float theta_scale, float* q_f, __half* q_h, int T, __half* kc,
                                               __half* vc, long slot_stride, const int* slots, int slot,
-                                              const u8* pf, long pf_bytes, int ring) {
+                                              int ring) {
     pdl_trigger();
-    if (blockIdx.x == 0) {
-        // One row of blocks issues the prefetch (grid.y heads).
-        const long nth = (long)gridDim.y * blockDim.x;
-        const long tid = (long)blockIdx.y * blockDim.x + threadIdx.x;
-        constexpr long CH = 1 << 16;
-        for (long i = tid; pf && i * CH < pf_bytes; i += nth) {
-            const long off = i * CH;
-            const unsigned n = (unsigned)(min(CH, pf_bytes - off) & ~15L);
-#if __CUDA_ARCH__ >= 900
-            if (n) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pf + off), "r"(n) : "memory");
-#endif
-        }
-    }
     pdl_wait();
     const int t = blockIdx.x, head = blockIdx.y, lane = threadIdx.x;
     const int p = pos[t];
@@ -1554,9 +1625,8 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
                                                 float theta_scale, __half* kc, __half* vc, long slot_stride,
                                                 const int* slots, int window, float scale, float* part, int S,
                                                 int kmin, unsigned* cnt, float* out_f, i8* q, float* qd, float* qs,
-                                                const u8* pf, long pf_bytes, int ring) {
+                                                int ring) {
     pdl_trigger();
-    l2_prefetch_range(pf, pf_bytes);
     const int h = blockIdx.x, b = blockIdx.y, sp = blockIdx.z;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     // Positions are written only at the end of the previous step (or by the host), so the
@@ -1691,13 +1761,13 @@ __device__ __forceinline__ void attn_fused_body(const float* qkv, long ld, int n
 }
 
 #define ATTN_FUSED_ENTRY(NAME, K)                                                                               \
-    extern "C" __global__ void NAME(const float* qkv, long ld, int nq, int nkv, const float* qn_w,            \
-                                    const float* kn_w, float eps, const int* pos, int rope, float theta_scale, \
-                                    __half* kc, __half* vc, long slot_stride, const int* slots, int window,   \
-                                    float scale, float* part, int S, int kmin, unsigned* cnt, float* out_f,   \
-                                    i8* q, float* qd, float* qs, const u8* pf, long pf_bytes, int ring) {     \
-        attn_fused_body<K>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride,    \
-                           slots, window, scale, part, S, kmin, cnt, out_f, q, qd, qs, pf, pf_bytes, ring);          \
+    extern "C" __global__ void NAME(const float* qkv, long ld, int nq, int nkv, const float* qn_w,              \
+                                    const float* kn_w, float eps, const int* pos, int rope, float theta_scale,  \
+                                    __half* kc, __half* vc, long slot_stride, const int* slots, int window,     \
+                                    float scale, float* part, int S, int kmin, unsigned* cnt, float* out_f,     \
+                                    i8* q, float* qd, float* qs, int ring) {                                    \
+        attn_fused_body<K>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride,      \
+                           slots, window, scale, part, S, kmin, cnt, out_f, q, qd, qs, ring);                   \
     }
 ATTN_FUSED_ENTRY(attn_decode_fused_k8, 8)
 
@@ -1722,13 +1792,6 @@ __device__ __forceinline__ void ldsm_x4_trans(u32* r, const void* p) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a));
 }
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    const u32 a = (u32)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 __device__ __forceinline__ u32 pack_half2(float a, float b) {
     const __half2 h = __floats2half2_rn(a, b);
     return *(const u32*)&h;
@@ -2093,9 +2156,8 @@ __device__ __forceinline__ void attn_gqr_body(const float* qkv, long ld, int nq,
                                               const float* kn_w, float eps, const int* pos, int rope,
                                               float theta_scale, __half* kc, __half* vc, long slot_stride,
                                               const int* slots, int window, float scale, float* part, int S,
-                                              int kmin, const u8* pf, long pf_bytes, int ring) {
+                                              int kmin, int ring) {
     pdl_trigger();
-    l2_prefetch_range(pf, pf_bytes);
     const int g = blockIdx.x, b = blockIdx.y, sp = blockIdx.z;
     const int lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
     const int grp = nq / nkv;
@@ -2128,13 +2190,12 @@ __device__ __forceinline__ void attn_gqr_body(const float* qkv, long ld, int nq,
 }
 
 #define ATTN_GQR_ENTRY(NAME, NT)                                                                               \
-    extern "C" __global__ __launch_bounds__(32) void NAME(                                                    \
-        const float* qkv, long ld, int nq, int nkv, const float* qn_w, const float* kn_w, float eps,         \
-        const int* pos, int rope, float theta_scale, __half* kc, __half* vc, long slot_stride,                \
-        const int* slots, int window, float scale, float* part, int S, int kmin, const u8* pf, long pf_bytes, \
-        int ring) {                                                                                            \
-        attn_gqr_body<NT>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride,     \
-                          slots, window, scale, part, S, kmin, pf, pf_bytes, ring);                                  \
+    extern "C" __global__ __launch_bounds__(32) void NAME(                                                     \
+        const float* qkv, long ld, int nq, int nkv, const float* qn_w, const float* kn_w, float eps,           \
+        const int* pos, int rope, float theta_scale, __half* kc, __half* vc, long slot_stride,                 \
+        const int* slots, int window, float scale, float* part, int S, int kmin, int ring) {                   \
+        attn_gqr_body<NT>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride,      \
+                          slots, window, scale, part, S, kmin, ring);                                          \
     }
 ATTN_GQR_ENTRY(attn_decode_gqr, 1)
 
@@ -2187,12 +2248,10 @@ __device__ __forceinline__ void attn_gqc_body(const float* qkv, long ld, int nq,
                                               const float* kn_w, float eps, const int* pos, int rope,
                                               float theta_scale, __half* kc, __half* vc, long slot_stride,
                                               const int* slots, int window, float scale, float* part, int kmin,
-                                              float* out_f, i8* q, float* qd, float* qs, const u8* pf,
-                                              long pf_bytes, int ring) {
+                                              float* out_f, i8* q, float* qd, float* qs, int ring) {
     constexpr int NR = CL * W;  // records per (group, sequence), at most 128
     static_assert(CL * (W / 4) >= 16, "every head of a group has 128 threads");
     pdl_trigger();
-    l2_prefetch_range(pf, pf_bytes);
     const int g = blockIdx.x, b = blockIdx.y, rank = blockIdx.z;  // gridDim.z == CL
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int grp = nq / nkv;
@@ -2261,13 +2320,13 @@ __device__ __forceinline__ void attn_gqc_body(const float* qkv, long ld, int nq,
 }
 
 #define ATTN_GQC_ENTRY(NAME, NT, CL, W)                                                                           \
-    extern "C" __global__ __launch_bounds__(32 * W) void NAME(                                                        \
+    extern "C" __global__ __launch_bounds__(32 * W) void NAME(                                                    \
         const float* qkv, long ld, int nq, int nkv, const float* qn_w, const float* kn_w, float eps,              \
-        const int* pos, int rope, float theta_scale, __half* kc, __half* vc, long slot_stride,                     \
+        const int* pos, int rope, float theta_scale, __half* kc, __half* vc, long slot_stride,                    \
         const int* slots, int window, float scale, float* part, int S, int kmin, float* out_f, i8* q, float* qd,  \
-        float* qs, const u8* pf, long pf_bytes, int ring) {                                                         \
-        attn_gqc_body<NT, CL, W>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride,      \
-                              slots, window, scale, part, kmin, out_f, q, qd, qs, pf, pf_bytes, ring);              \
+        float* qs, int ring) {                                                                                    \
+        attn_gqc_body<NT, CL, W>(qkv, ld, nq, nkv, qn_w, kn_w, eps, pos, rope, theta_scale, kc, vc, slot_stride,  \
+                              slots, window, scale, part, kmin, out_f, q, qd, qs, ring);                          \
     }
 // Measured on the H200 and dropped in session 14 (commit dd5bd30 has them): two tiles per
 // step (spills), 8-block clusters, L2 prefetch of each warp's later rows, at most 170
@@ -2403,9 +2462,8 @@ extern "C" __global__ void gate_heads_bf16(const float* O, const float* gate, lo
 // the decode step's 19,968 values were a chain of ~1000 dependent instructions on 1,248
 // threads, 2.3 us per layer on the H200 (docs/benchmarks.md, session 15). grid: T F / 4 threads.
 extern "C" __global__ void swiglu(const float* gu, long F, long T, float* out_f, bf16* out_b, i8* q, float* qd,
-                                   float* qs, const u8* pf, long pf_bytes, int il) {
+                                   float* qs, int il) {
     pdl_trigger();
-    l2_prefetch_range(pf, pf_bytes);
     pdl_wait();
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     const long nk = F / 4;

@@ -234,6 +234,14 @@ pub const Q4K_TILE_SEQS: usize = 8;
 /// Rows per block of the tiled Q4_K GEMV (`Q4K_TILE_MT` 16-row m-tiles in kernels.cu).
 pub const Q4K_TILE_ROWS: usize = 32;
 
+/// Stages per warp of the tiled Q4_K GEMV's cp.async pipeline (`TILE_STAGES` in kernels.cu):
+/// each holds half a super-block of its 32 rows and 8 sequences.
+pub const Q4K_TILE_STAGES: u32 = 3;
+
+/// Bytes of one stage (`TILE_STAGE_BYTES`): 32 rows x 80 (header and 64 quant bytes), 8
+/// sequences x 144 (128 int8 activations) and 2 x 8 x 48 (8 scales, 8 scale * sums).
+pub const Q4K_TILE_STAGE_BYTES: u32 = 32 * 80 + 8 * 144 + 2 * 8 * 48;
+
 /// Warps per row of the one-sequence GEMVs the tiled Q4_K GEMV is instantiated for
 /// (`Q4K_TILE(w)` in kernels.cu; its blocks have 4 × w warps).
 pub const Q4K_TILES: [u32; 3] = [1, 2, 4];
@@ -246,6 +254,8 @@ pub struct TileLaunch {
     pub name: String,
     /// Threads per block.
     pub threads: u32,
+    /// Dynamic shared memory per block: [`Q4K_TILE_STAGES`] stages per warp.
+    pub smem: u32,
 }
 
 /// The tiled Q4_K GEMV whose sums equal those of the one-sequence GEMV with `wpr` warps per
@@ -254,6 +264,7 @@ pub fn q4k_tile(wpr: u32) -> Option<TileLaunch> {
     Q4K_TILES.contains(&wpr).then(|| TileLaunch {
         name: format!("gemv_q4k_tile_w{wpr}"),
         threads: 128 * wpr,
+        smem: 4 * wpr * Q4K_TILE_STAGES * Q4K_TILE_STAGE_BYTES,
     })
 }
 
@@ -822,7 +833,7 @@ mod tests {
                         .is_some_and(|(w, u)| src.contains(&format!("Q4K_SEQS({w}, {u})\n")))
             });
             let tile = Q4K_TILES.iter().any(|&w| {
-                name == format!("gemv_q4k_tile_w{w}") && src.contains(&format!("Q4K_TILE({w})\n"))
+                name == format!("gemv_q4k_tile_w{w}") && src.contains(&format!("Q4K_TILE({w}, "))
             });
             assert!(
                 src.contains(&plain) || gemv || shaped || attn || seq || tile,

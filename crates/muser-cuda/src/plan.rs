@@ -94,6 +94,8 @@ pub struct GemvLaunch {
     pub grid: (u32, u32, u32),
     /// Threads per block.
     pub block: u32,
+    /// Dynamic shared memory per block, bytes.
+    pub smem: u32,
     /// Whether the kernel takes the batch as its last argument (the kernels for batches above
     /// [`Q4K_SHAPE_MAX_BATCH`]; the others are instantiated per batch size).
     pub takes_batch: bool,
@@ -119,6 +121,7 @@ pub fn gemv(ty: WType, rows: usize, cols: usize, batch: usize, tile_from: usize)
                         1,
                     ),
                     block: t.threads,
+                    smem: t.smem,
                     takes_batch: true,
                 };
             }
@@ -128,6 +131,7 @@ pub fn gemv(ty: WType, rows: usize, cols: usize, batch: usize, tile_from: usize)
             kernel,
             grid: blocks(rows_per_block),
             block: 128,
+            smem: 0,
             takes_batch: true,
         };
     }
@@ -151,6 +155,7 @@ pub fn gemv(ty: WType, rows: usize, cols: usize, batch: usize, tile_from: usize)
         kernel,
         grid: blocks(rows_per_block),
         block: 128,
+        smem: 0,
         takes_batch: false,
     }
 }
@@ -455,7 +460,16 @@ mod tests {
             kernel: kernel.to_string(),
             grid,
             block,
+            smem: 0,
             takes_batch,
+        }
+    }
+
+    /// A tiled launch: three stages of 4480 bytes per warp.
+    fn tiled(kernel: &str, grid: (u32, u32, u32), block: u32, smem: u32) -> GemvLaunch {
+        GemvLaunch {
+            smem,
+            ..launch(kernel, grid, block, true)
         }
     }
 
@@ -522,19 +536,19 @@ mod tests {
             // 8-64: int8 tensor cores, 8 sequences x 32 rows per block
             (
                 (8704, 6656, 8),
-                launch("gemv_q4k_tile_w1", (1, 272, 1), 128, true),
+                tiled("gemv_q4k_tile_w1", (1, 272, 1), 128, 53_760),
             ),
             (
                 (39936, 6656, 64),
-                launch("gemv_q4k_tile_w1", (8, 1248, 1), 128, true),
+                tiled("gemv_q4k_tile_w1", (8, 1248, 1), 128, 53_760),
             ),
             (
                 (6656, 19968, 33),
-                launch("gemv_q4k_tile_w4", (5, 208, 1), 512, true),
+                tiled("gemv_q4k_tile_w4", (5, 208, 1), 512, 215_040),
             ),
             (
                 (202_048, 6656, 16),
-                launch("gemv_q4k_tile_w1", (2, 6314, 1), 128, true),
+                tiled("gemv_q4k_tile_w1", (2, 6314, 1), 128, 53_760),
             ),
         ];
         for ((rows, cols, batch), want) in cases {

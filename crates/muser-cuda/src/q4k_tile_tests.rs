@@ -5,7 +5,7 @@
 
 use crate::layout::{
     kernel_names, q4k_shape, q4k_tile, MAX_GEMV_BATCH, Q4K_SHAPES, Q4K_SHAPE_MAX_BATCH, Q4K_TILES,
-    Q4K_TILE_MIN_BATCH, Q4K_TILE_ROWS, Q4K_TILE_SEQS,
+    Q4K_TILE_MIN_BATCH, Q4K_TILE_ROWS, Q4K_TILE_SEQS, Q4K_TILE_STAGES, Q4K_TILE_STAGE_BYTES,
 };
 use std::collections::BTreeMap;
 
@@ -232,4 +232,254 @@ fn tiled_gemv_covers_every_row_split() {
     }
     assert_eq!(q4k_tile(3), None);
     assert_eq!(q4k_tile(4).unwrap().name, "gemv_q4k_tile_w4");
+}
+
+/// A value of `#define NAME value` in kernels.cu.
+fn cu_define(name: &str) -> u32 {
+    let src = include_str!("kernels.cu");
+    let line = src
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("#define {name} ")))
+        .unwrap_or_else(|| panic!("#define {name}"));
+    line.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{name}: {line}"))
+}
+
+/// The staging constants of kernels.cu as the host states them, and the shared memory of every
+/// tiled kernel within a block's limit (227 KiB on sm_80 and sm_90) and above the reduction's.
+#[test]
+fn tile_stages_fit_and_match_the_kernels() {
+    let (mt, wrow, arow, srow) = (
+        cu_define("Q4K_TILE_MT"),
+        cu_define("TILE_WROW"),
+        cu_define("TILE_AROW"),
+        cu_define("TILE_SROW"),
+    );
+    assert_eq!(cu_define("TILE_STAGES"), Q4K_TILE_STAGES);
+    assert_eq!(16 * mt as usize, Q4K_TILE_ROWS);
+    assert_eq!(
+        16 * mt * wrow + 8 * arow + 2 * 8 * srow,
+        Q4K_TILE_STAGE_BYTES
+    );
+    for w in Q4K_TILES {
+        let t = q4k_tile(w).unwrap();
+        assert!(t.smem <= 227 * 1024, "{}: {}", t.name, t.smem);
+        assert!(
+            t.smem >= 2 * w * 32 * 32 * 4,
+            "{}: the reduction's slots",
+            t.name
+        );
+        assert_eq!(t.smem % 16, 0);
+    }
+}
+
+/// Bank (of 32 four-byte banks) of each word of a 16-byte shared-memory access at `addr`.
+fn banks16(addr: usize) -> Vec<usize> {
+    (0..4).map(|i| (addr / 4 + i) % 32).collect()
+}
+
+/// The cp.async copies of a unit (half super-block hf of super-block s) fill each byte of a
+/// stage once, from the byte the kernel's fragments then read there: ldmatrix gives lane
+/// (gid, t) the A words of gemv_q4k_tile's rows gid, gid + 8 and lane chunk j = 2c + h (bytes
+/// 16 + 16j + 4t of the super-block), the B words of groups 4c + h and 4c + h + 2 of sequence gid,
+/// and the scales of groups 4c .. 4c + 3 of sequences 2t + q; every phase of 8 row addresses
+/// (and the header and scale loads) hits distinct banks.
+#[test]
+fn tile_stage_copies_feed_the_fragments_without_bank_conflicts() {
+    let mt = Q4K_TILE_ROWS / 16;
+    let (wrow, arow, srow) = (80usize, 144usize, 48usize);
+    let (wb, ab, sb) = (16 * mt * wrow, 8 * arow, 8 * srow);
+    assert_eq!(wb + ab + 2 * sb, Q4K_TILE_STAGE_BYTES as usize);
+    for hf in 0..2 {
+        // Stage byte -> what it holds: weights (row, super-block byte), activations (sequence,
+        // index within the super-block's 256), scales (array, sequence, group).
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        enum Src {
+            W(usize, usize),
+            X(usize, usize),
+            S(usize, usize, usize),
+        }
+        let mut stage: Vec<Option<Src>> = vec![None; wb + ab + 2 * sb];
+        let mut put = |dst: usize, f: &dyn Fn(usize) -> Src| {
+            for b in 0..16 {
+                assert!(stage[dst + b].is_none(), "byte {} copied twice", dst + b);
+                stage[dst + b] = Some(f(b));
+            }
+        };
+        for lane in 0..32 {
+            // q4k_tile_stage_w
+            for i in 0..5 * mt / 2 {
+                let k = lane + 32 * i;
+                let (r, p) = (k / 5, k % 5);
+                let off = if p > 0 { 64 * hf + 16 * p } else { 0 };
+                put(r * wrow + 16 * p, &|b| Src::W(r, off + b));
+            }
+            // q4k_tile_stage_x
+            for i in 0..2 {
+                let k = lane + 32 * i;
+                let (q, p) = (k >> 3, k & 7);
+                put(wb + q * arow + 16 * p, &|b| {
+                    Src::X(q, 128 * hf + 16 * p + b)
+                });
+            }
+            let (q, p, a) = ((lane >> 1) & 7, lane & 1, lane >> 4);
+            put(wb + ab + a * sb + q * srow + 16 * p, &|b| {
+                Src::S(a, q, 8 * hf + 4 * p + b / 4)
+            });
+        }
+        // Every byte the kernel reads was copied: the weights' rows, activations and scales.
+        let at = |o: usize| stage[o].unwrap_or_else(|| panic!("byte {o} never copied"));
+        for cc in 0..2 {
+            let c = 2 * hf + cc;
+            // B: ldsm_x4 at sa + (lane & 7) * arow + 16 (4cc + lane >> 3).
+            let addr_b = |l: usize| wb + (l & 7) * arow + 16 * (4 * cc + (l >> 3));
+            for m in 0..mt {
+                let addr_a = |l: usize| {
+                    (16 * m + (l & 7) + 8 * ((l >> 3) & 1)) * wrow + 16 + 32 * cc + 16 * (l >> 4)
+                };
+                for (addr, rows) in [
+                    (&addr_a as &dyn Fn(usize) -> usize, true),
+                    (&addr_b as &dyn Fn(usize) -> usize, false),
+                ] {
+                    for k in 0..4 {
+                        let banks: std::collections::BTreeSet<usize> =
+                            (8 * k..8 * k + 8).flat_map(|l| banks16(addr(l))).collect();
+                        assert_eq!(banks.len(), 32, "hf {hf} cc {cc} matrix {k}: bank conflict");
+                        for lane in 0..32 {
+                            let (gid, t) = (lane >> 2, lane & 3);
+                            // Register k of lane (gid, t): bytes 4t.. of row gid of matrix k.
+                            let o = addr(8 * k + gid) + 4 * t;
+                            for b in 0..4 {
+                                let h = k >> 1;
+                                let want = if rows {
+                                    Src::W(
+                                        16 * m + gid + 8 * (k & 1),
+                                        16 + 16 * (2 * c + h) + 4 * t + b,
+                                    )
+                                } else {
+                                    // k = h: low nibbles' group 4c + h; k = 2 + h: high ones'.
+                                    Src::X(gid, 16 * (4 * c + k) + 4 * t + b)
+                                };
+                                assert_eq!(
+                                    at(o + b),
+                                    want,
+                                    "hf {hf} cc {cc} m {m} k {k} lane {lane}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+            // Scales: float4 at (2t + q) * srow + 16 cc of each array, 4 addresses per warp.
+            for a in 0..2 {
+                for q in 0..2 {
+                    let banks: std::collections::BTreeSet<usize> = (0..4)
+                        .flat_map(|t| banks16(wb + ab + a * sb + (2 * t + q) * srow + 16 * cc))
+                        .collect();
+                    assert_eq!(banks.len(), 16);
+                    for t in 0..4 {
+                        for e in 0..4 {
+                            let o = wb + ab + a * sb + (2 * t + q) * srow + 16 * cc + 4 * e;
+                            assert_eq!(at(o), Src::S(a, 2 * t + q, 4 * c + e));
+                        }
+                    }
+                }
+            }
+        }
+        // Headers: rows 16m + gid + 8i at row * wrow, 8 distinct rows per load.
+        for m in 0..mt {
+            for i in 0..2 {
+                let banks: std::collections::BTreeSet<usize> = (0..8)
+                    .flat_map(|gid| banks16((16 * m + gid + 8 * i) * wrow))
+                    .collect();
+                assert_eq!(banks.len(), 32);
+                for gid in 0..8 {
+                    for b in 0..16 {
+                        assert_eq!(
+                            at((16 * m + gid + 8 * i) * wrow + b),
+                            Src::W(16 * m + gid + 8 * i, b)
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The pipeline of gemv_q4k_tile as a warp runs it: units (super-block w + 4·wpr·(u / 2), half
+/// u % 2) copied TILE_STAGES - 1 ahead into stage u % TILE_STAGES, each commit a group, each
+/// unit computed after waiting until at most TILE_STAGES - 1 groups are pending. Every unit's
+/// stage holds that unit, complete, when it is computed; no copy overwrites a stage before its
+/// unit is computed; each lane chunk j gets super-blocks w, w + 4·wpr, ... once each, ascending.
+#[test]
+fn tile_pipeline_consumes_each_half_once_in_order() {
+    let stages = Q4K_TILE_STAGES as usize;
+    for &wpr in &Q4K_TILES {
+        let nw = 4 * wpr as usize;
+        for nsb in [1, 2, 3, 5, 16, 26, 78, 101] {
+            for w in 0..nw {
+                let nu = if w < nsb {
+                    2 * ((nsb - 1 - w) / nw + 1)
+                } else {
+                    0
+                };
+                let unit = |u: usize| (w + nw * (u >> 1), u & 1);
+                // Per stage: the unit copied into it and whether it has been computed.
+                let mut buf: Vec<Option<(usize, bool)>> = vec![None; stages];
+                let mut groups: Vec<Vec<usize>> = Vec::new(); // units per committed group
+                let mut open: Vec<usize> = Vec::new();
+                let mut complete = 0usize; // groups known complete
+                let copy =
+                    |u: usize, buf: &mut Vec<Option<(usize, bool)>>, open: &mut Vec<usize>| {
+                        let b = u % stages;
+                        if let Some((prev, done)) = buf[b] {
+                            assert!(
+                                done,
+                                "wpr {wpr} nsb {nsb} warp {w}: unit {u} overwrites unit {prev}"
+                            );
+                        }
+                        buf[b] = Some((u, false));
+                        open.push(u);
+                    };
+                for u in 0..stages - 1 {
+                    if u < nu {
+                        copy(u, &mut buf, &mut open);
+                    }
+                    groups.push(std::mem::take(&mut open));
+                }
+                let mut chunks: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+                for u in 0..nu {
+                    let un = u + stages - 1;
+                    if un < nu {
+                        copy(un, &mut buf, &mut open);
+                    }
+                    groups.push(std::mem::take(&mut open));
+                    complete = complete.max(groups.len() - (stages - 1));
+                    let landed = groups[..complete].iter().any(|g| g.contains(&u));
+                    assert!(
+                        landed,
+                        "wpr {wpr} nsb {nsb} warp {w}: unit {u} used before it landed"
+                    );
+                    let b = u % stages;
+                    assert_eq!(buf[b], Some((u, false)));
+                    buf[b] = Some((u, true));
+                    let (s, hf) = unit(u);
+                    for cc in 0..2 {
+                        for h in 0..2 {
+                            chunks.entry(2 * (2 * hf + cc) + h).or_default().push(s);
+                        }
+                    }
+                }
+                let want: Vec<usize> = (w..nsb).step_by(nw).collect();
+                for j in 0..8 {
+                    assert_eq!(
+                        chunks.remove(&j).unwrap_or_default(),
+                        want,
+                        "wpr {wpr} nsb {nsb} warp {w} lane {j}"
+                    );
+                }
+            }
+        }
+    }
 }

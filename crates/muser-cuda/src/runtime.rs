@@ -44,6 +44,8 @@ pub struct DeviceInfo {
     pub total_mem: usize,
     /// Number of multiprocessors.
     pub sm_count: i32,
+    /// Peak clock of the multiprocessors, kHz.
+    pub clock_khz: i32,
 }
 
 /// Checks that the driver, NVRTC and cuBLAS libraries can be loaded, without panicking
@@ -318,6 +320,9 @@ impl Gpu {
             total_mem: ctx.total_mem().map_err(drv_err)?,
             sm_count: ctx
                 .attribute(drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                .map_err(drv_err)?,
+            clock_khz: ctx
+                .attribute(drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)
                 .map_err(drv_err)?,
         };
         if cc.0 < 7 || (cc.0 == 7 && cc.1 < 5) {

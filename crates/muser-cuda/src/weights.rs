@@ -137,7 +137,7 @@ impl DevWeight {
         } else {
             args.len() - 1
         };
-        gpu.launch(&l.kernel, l.grid, l.block, &args[..n])
+        gpu.launch_smem(&l.kernel, l.grid, l.block, l.smem, &args[..n])
     }
 
     /// Dequantizes the whole matrix to bf16 `[rows][cols]` at `out`.

@@ -1,7 +1,7 @@
 //! One decode step of the fused forward (every sequence one token), its capture as CUDA graphs
 //! (one per kernel variant) and the generation loops that replay them.
 
-use super::{CudaGlimmer, Layer, Result, HEAD_DIM, NO_PREFETCH};
+use super::{CudaGlimmer, Layer, Result, HEAD_DIM};
 use crate::runtime::Arg;
 use crate::CudaError;
 
@@ -102,11 +102,7 @@ impl CudaGlimmer {
         if !a.combine {
             args.extend([Arg::P(s.hf.ptr()), Arg::P(qa.q), Arg::P(qa.d), Arg::P(qa.s)]);
         }
-        args.extend([
-            Arg::P(NO_PREFETCH.0),
-            Arg::L(NO_PREFETCH.1),
-            Arg::I(l.ring as i32),
-        ]);
+        args.push(Arg::I(l.ring as i32));
         let blocks = if a.per_group { nkv } else { nq };
         let grid = (blocks as u32, nb as u32, a.splits);
         if a.cluster > 0 {

@@ -32,10 +32,6 @@ type Result<T> = std::result::Result<T, CudaError>;
 
 const HEAD_DIM: usize = 128;
 
-/// The L2 prefetch range (address, bytes) the fused kernels take: none (no plan asks the copy
-/// engine to prefetch; the kernels keep the parameter).
-const NO_PREFETCH: (u64, i64) = (0, 0);
-
 /// A linear layer made of row blocks that may differ in type (e.g. Q6_K V rows beside Q4_K
 /// Q rows); consecutive blocks of one type share one matrix.
 struct Linear {
@@ -635,7 +631,6 @@ impl CudaGlimmer {
         out_b: u64,
         quant: bool,
     ) -> Result<()> {
-        let pf = NO_PREFETCH;
         let (y, wp, ep) = post.unwrap_or((0, 0, 0.0));
         let qa = self.qact();
         let (q, qd, qs) = if quant { (qa.q, qa.d, qa.s) } else { (0, 0, 0) };
@@ -658,8 +653,6 @@ impl CudaGlimmer {
                 Arg::P(q),
                 Arg::P(qd),
                 Arg::P(qs),
-                Arg::P(pf.0),
-                Arg::L(pf.1),
                 Arg::P(to.0),
             ],
         )
@@ -675,7 +668,6 @@ impl CudaGlimmer {
         out: (u64, u64),
         quant: Option<QAct>,
     ) -> Result<()> {
-        let pf = NO_PREFETCH;
         let f = self.info.n_ff;
         let qa = quant.unwrap_or(QAct { q: 0, d: 0, s: 0 });
         self.gpu.launch(
@@ -691,8 +683,6 @@ impl CudaGlimmer {
                 Arg::P(qa.q),
                 Arg::P(qa.d),
                 Arg::P(qa.s),
-                Arg::P(pf.0),
-                Arg::L(pf.1),
                 Arg::I(l.gu_il as i32),
             ],
         )
@@ -717,7 +707,7 @@ impl CudaGlimmer {
         q_h: u64,
         slot: i32,
     ) -> Result<()> {
-        let (i, pf) = (&self.info, NO_PREFETCH);
+        let i = &self.info;
         self.gpu.launch(
             "qk_norm_rope_store",
             (t as u32, (i.n_head + 2 * i.n_head_kv) as u32, 1),
@@ -741,8 +731,6 @@ impl CudaGlimmer {
                 Arg::L(self.slot_stride(l) as i64),
                 Arg::P(self.s.slots.ptr()),
                 Arg::I(slot),
-                Arg::P(pf.0),
-                Arg::L(pf.1),
                 Arg::I(l.ring as i32),
             ],
         )

@@ -226,6 +226,10 @@ pub(super) fn cmd_check(json_out: Option<PathBuf>) -> Result<bool, CudaError> {
     // over three passes of the unrolled loads.
     ok &= check_type(&gpu, WType::Q4K, 301, 19968, &mut rng, &mut results)?;
     ok &= check_type(&gpu, WType::NvFp4, 301, 19968, &mut rng, &mut results)?;
+    // The tiled kernel's other splits and edges: 30 super-blocks over two warps, and 2 over one
+    // (warps with no super-block), 37 rows (a partial 32-row tile).
+    ok &= check_type(&gpu, WType::Q4K, 300, 7680, &mut rng, &mut results)?;
+    ok &= check_type(&gpu, WType::Q4K, 37, 512, &mut rng, &mut results)?;
     // The batched Q4_K kernels the tiled ones replace from batch 8, at every batch (`tile=65`),
     // on rows split over one and four warps.
     let base = gpu.overrides();
@@ -330,8 +334,6 @@ fn check_swiglu_norm(
                 Arg::P(qo.q.ptr()),
                 Arg::P(qo.qd.ptr()),
                 Arg::P(qo.qs.ptr()),
-                Arg::P(0),
-                Arg::L(0),
                 Arg::I(il),
             ],
         )?;
@@ -392,8 +394,6 @@ fn check_swiglu_norm(
                 Arg::P(qo.q.ptr()),
                 Arg::P(qo.qd.ptr()),
                 Arg::P(qo.qs.ptr()),
-                Arg::P(0),
-                Arg::L(0),
                 Arg::P(dxo.ptr()),
             ],
         )?;

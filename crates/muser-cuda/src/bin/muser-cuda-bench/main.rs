@@ -19,8 +19,9 @@
 //!       only the GPU sampler's checks (part of `check`).
 //!   muser-cuda-bench gemv [--tunes ...] [--json OUT]
 //!       Q4_K decode GEMVs alone on Muse Glimmer's shapes (random valid blocks, copies past the
-//!       L2 size), per override spec and batch (1 to 64 sequences): microseconds and TB/s of
-//!       weights.
+//!       L2 size), per override spec and batch (1 to 64 sequences): microseconds, TB/s of
+//!       weights, and the floor the float terms set at the FP32 pipes' peak with the share of
+//!       it reached.
 //!
 //! Prints a table; with --json writes a receipt.
 
@@ -32,7 +33,7 @@ use std::time::Instant;
 use muser_cuda::glimmer::{CudaGlimmer, GpuOptions};
 use muser_cuda::layout::MAX_GEMV_BATCH;
 use muser_cuda::plan::Overrides;
-use muser_cuda::runtime::Gpu;
+use muser_cuda::runtime::{DeviceInfo, Gpu};
 use muser_cuda::weights::{DevWeight, QActBufs, WType};
 use muser_cuda::CudaError;
 use muser_gguf::GgufFile;
@@ -518,8 +519,21 @@ fn q4k_random(rng: &mut Rng, rows: usize, cols: usize) -> Vec<u8> {
     v
 }
 
+/// FP32-pipe operations of one Q4_K term (one sequence, 32 weights: q4k_term in kernels.cu):
+/// two exact integer conversions' subtractions and q4k_term's nine operations.
+const Q4K_TERM_FLOPS: f64 = 11.0;
+
+/// Microseconds the float terms of a Q4_K GEMV take at the FP32 pipes' peak (128 lanes per
+/// multiprocessor per clock): the floor of a batched GEMV once the weight reads are shared.
+fn q4k_term_floor_us(info: &DeviceInfo, rows: usize, cols: usize, batch: usize) -> f64 {
+    let terms = (rows * batch * (cols / 32)) as f64;
+    let per_us = info.sm_count as f64 * 128.0 * info.clock_khz as f64 * 1e-3;
+    terms * Q4K_TERM_FLOPS / per_us
+}
+
 /// Q4_K GEMVs alone on Muse Glimmer's shapes: copies of each matrix past the L2 size, one
-/// graph launching each copy once, per tuning.
+/// graph launching each copy once, per tuning; beside each, the float terms' floor
+/// ([`q4k_term_floor_us`]) and the fraction of it reached.
 fn cmd_gemv(tunes: Vec<(String, String)>, json_out: Option<PathBuf>) -> Result<bool, CudaError> {
     let gpu = Gpu::new(0)?;
     println!("device: {:?}", gpu.info());
@@ -558,18 +572,21 @@ fn cmd_gemv(tunes: Vec<(String, String)>, json_out: Option<PathBuf>) -> Result<b
     for (tname, spec) in &tunes {
         gpu.set_overrides(base.parse(spec)?);
         for batch in [1usize, 4, 8, 16, 32, bmax] {
-            for (name, _rows, _cols, bytes, ws) in &mats {
+            for (name, rows, cols, bytes, ws) in &mats {
                 let per = time_per_matrix(&gpu, ws, |w| {
                     w.gemv(&gpu, batch, qa, xd.ptr(), y.ptr(), w.rows)
                 })?;
                 let tbs = *bytes as f64 / per / 1e12;
+                let us = per * 1e6;
+                let floor_us = q4k_term_floor_us(gpu.info(), *rows, *cols, batch);
                 println!(
-                    "gemv {tname:<10} B={batch} {name:<8} {:>7.1} us  {tbs:.2} TB/s",
-                    per * 1e6
+                    "gemv {tname:<10} B={batch} {name:<8} {us:>7.1} us  {tbs:.2} TB/s  float floor {floor_us:>6.1} us ({:.0}%)",
+                    100.0 * floor_us / us
                 );
                 rows_json.push(
                     json!({"tune": tname, "spec": spec, "batch": batch, "matrix": name,
-                    "bytes": bytes, "us": per * 1e6, "tb_per_s": tbs}),
+                    "bytes": bytes, "us": us, "tb_per_s": tbs, "float_floor_us": floor_us,
+                    "floor_fraction": floor_us / us}),
                 );
             }
         }

@@ -22,10 +22,12 @@ def post(port, path, body, stream=False):
         return json.load(r)
 
 
-def post_timed_stream(port, path, body):
+def post_timed_stream(port, path, body, origin=None, on_event=None):
     """POSTs `body` (with "stream": true) and reads the server-sent events as they arrive:
-    [(seconds since the request was sent, parsed event)] for each `data:` line but `[DONE]`."""
-    t0 = time.perf_counter()
+    [(seconds since `origin` (a `time.perf_counter()` value; default: the request's sending),
+    parsed event)] for each `data:` line but `[DONE]`; `on_event(t, event)` sees each one as it
+    comes."""
+    t0 = time.perf_counter() if origin is None else origin
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     events = []
@@ -34,6 +36,8 @@ def post_timed_stream(port, path, body):
             line = line.strip()
             if line.startswith(b"data: ") and line != b"data: [DONE]":
                 events.append((time.perf_counter() - t0, json.loads(line[6:])))
+                if on_event:
+                    on_event(*events[-1])
     return events
 
 

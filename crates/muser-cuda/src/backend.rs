@@ -183,7 +183,8 @@ mod dev {
 
     type Result<T> = std::result::Result<T, ModelError>;
 
-    /// An f32 `[rows × cols]` matrix in device memory.
+    /// An f32 `[rows × cols]` matrix in device memory (this backend's activations, and the
+    /// GPU image encoder's).
     pub struct DevMat {
         buf: DevBuf,
         rows: usize,
@@ -191,12 +192,51 @@ mod dev {
     }
 
     impl DevMat {
-        fn ptr(&self) -> u64 {
+        /// A `rows × cols` matrix in fresh device memory; a size past `usize` is `Shape`.
+        pub fn alloc(
+            gpu: &Gpu,
+            rows: usize,
+            cols: usize,
+        ) -> std::result::Result<DevMat, CudaError> {
+            let bytes = rows
+                .checked_mul(cols)
+                .and_then(|n| n.checked_mul(4))
+                .ok_or_else(|| CudaError::Shape(format!("a {rows}×{cols} matrix")))?;
+            Ok(DevMat {
+                buf: gpu.alloc(bytes)?,
+                rows,
+                cols,
+            })
+        }
+
+        /// Device address of the first value.
+        pub fn ptr(&self) -> u64 {
             self.buf.ptr()
         }
 
-        fn len(&self) -> usize {
+        /// Its buffer.
+        pub fn buf(&self) -> &DevBuf {
+            &self.buf
+        }
+
+        /// Rows.
+        pub fn rows(&self) -> usize {
+            self.rows
+        }
+
+        /// Values per row.
+        pub fn cols(&self) -> usize {
+            self.cols
+        }
+
+        /// Values in all.
+        pub fn len(&self) -> usize {
             self.rows * self.cols
+        }
+
+        /// No values.
+        pub fn is_empty(&self) -> bool {
+            self.len() == 0
         }
     }
 
@@ -478,15 +518,7 @@ mod dev {
         }
 
         fn alloc_mat(&self, rows: usize, cols: usize) -> Result<DevMat> {
-            let n = rows
-                .checked_mul(cols)
-                .and_then(|n| n.checked_mul(4))
-                .ok_or_else(|| shape(format!("{rows}×{cols} matrix")))?;
-            Ok(DevMat {
-                buf: self.gpu.alloc(n)?,
-                rows,
-                cols,
-            })
+            Ok(DevMat::alloc(&self.gpu, rows, cols)?)
         }
 
         fn ints(&self, v: &[i32]) -> Result<DevBuf> {
@@ -837,7 +869,7 @@ mod dev {
                 return Err(shape(format!("bias of {} for {} columns", b.len(), x.cols)));
             }
             let d = self.vec(b)?;
-            if x.len() == 0 {
+            if x.is_empty() {
                 return Ok(());
             }
             self.gpu.launch(
@@ -889,7 +921,7 @@ mod dev {
                 idx.push(r as i32);
             }
             let y = self.alloc_mat(rows.len(), x.cols)?;
-            if y.len() == 0 {
+            if y.is_empty() {
                 return Ok(y);
             }
             let d = self.ints(&idx)?;

@@ -15,7 +15,7 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
-use muser_cuda::backend::{fakequant_block, grid_1d, OPS_KERNELS};
+use muser_cuda::backend::{fakequant_block, grid_1d, DevMat as Act, OPS_KERNELS};
 use muser_cuda::runtime::{Arg, DevBuf, GemmIn, Gpu, Strided, OPS_CU};
 use muser_cuda::vision::{weight_form, WeightForm, VISION_CU, VISION_KERNELS};
 use muser_cuda::CudaError;
@@ -90,23 +90,6 @@ struct DevLayer {
     o: DevLinear,
     up: DevLinear,
     down: DevLinear,
-}
-
-/// An f32 `[rows × cols]` activation in device memory.
-struct Act {
-    buf: DevBuf,
-    rows: usize,
-    cols: usize,
-}
-
-impl Act {
-    fn ptr(&self) -> u64 {
-        self.buf.ptr()
-    }
-
-    fn len(&self) -> usize {
-        self.rows * self.cols
-    }
 }
 
 /// A projector's weights on a GPU and the kernels that encode with them.
@@ -303,20 +286,12 @@ impl GpuEncoder {
     }
 
     fn alloc(&self, rows: usize, cols: usize) -> Result<Act, VisionError> {
-        let bytes = rows
-            .checked_mul(cols)
-            .and_then(|v| v.checked_mul(4))
-            .ok_or_else(|| VisionError::Device(format!("a {rows}×{cols} activation")))?;
-        Ok(Act {
-            buf: self.gpu.alloc(bytes).map_err(dev)?,
-            rows,
-            cols,
-        })
+        Act::alloc(&self.gpu, rows, cols).map_err(dev)
     }
 
     fn upload(&self, rows: usize, cols: usize, data: &[f32]) -> Result<Act, VisionError> {
         let a = self.alloc(rows, cols)?;
-        self.gpu.upload(&a.buf, 0, data).map_err(dev)?;
+        self.gpu.upload(a.buf(), 0, data).map_err(dev)?;
         Ok(a)
     }
 
@@ -346,7 +321,7 @@ impl GpuEncoder {
 
     /// Rows `rows[i]` of `x`, in that order.
     fn select_rows(&self, x: &Act, rows: &DevBuf) -> Result<Act, VisionError> {
-        let y = self.alloc(rows.bytes() / 4, x.cols)?;
+        let y = self.alloc(rows.bytes() / 4, x.cols())?;
         self.gpu
             .launch(
                 "op_select_rows",
@@ -356,7 +331,7 @@ impl GpuEncoder {
                     Arg::P(x.ptr()),
                     Arg::P(y.ptr()),
                     Arg::P(rows.ptr()),
-                    Arg::L(x.cols as i64),
+                    Arg::L(x.cols() as i64),
                     Arg::L(y.len() as i64),
                 ],
             )
@@ -369,14 +344,14 @@ impl GpuEncoder {
         self.gpu
             .launch(
                 "vis_layer_norm",
-                (x.rows as u32, 1, 1),
+                (x.rows() as u32, 1, 1),
                 256,
                 &[
                     Arg::P(x.ptr()),
                     Arg::P(y.ptr()),
                     Arg::P(n.w.ptr()),
                     Arg::P(n.b.as_ref().map_or(0, DevBuf::ptr)),
-                    Arg::I(x.cols as i32),
+                    Arg::I(x.cols() as i32),
                     Arg::F(eps),
                 ],
             )
@@ -385,13 +360,14 @@ impl GpuEncoder {
 
     /// `x · Wᵀ + b`, the activations rounded as the weight's [`WeightForm`] says.
     fn linear(&self, l: &DevLinear, x: &Act, clock: &mut Clock) -> Result<Act, VisionError> {
-        if x.cols != l.n_in {
+        if x.cols() != l.n_in {
             return Err(VisionError::Device(format!(
                 "{} inputs for a matrix of {}",
-                x.cols, l.n_in
+                x.cols(),
+                l.n_in
             )));
         }
-        let (n, k, m) = (x.rows, l.n_in, l.n_out);
+        let (n, k, m) = (x.rows(), l.n_in, l.n_out);
         let y = self.alloc(n, m)?;
         match l.form {
             WeightForm::F16 => {
@@ -456,7 +432,7 @@ impl GpuEncoder {
         hd: usize,
     ) -> Result<Act, VisionError> {
         let e = n_head * hd;
-        let out = self.alloc(q.rows, e)?;
+        let out = self.alloc(q.rows(), e)?;
         let scale = 1.0 / (hd as f32).sqrt();
         for &(lo, hi) in spans {
             let len = hi - lo;

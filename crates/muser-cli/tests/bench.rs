@@ -4,11 +4,11 @@
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
-fn muser() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_muser"))
-}
+#[allow(dead_code)] // smollm2 is not used here
+mod common;
+use common::muser;
 
 fn ok(out: Output) -> String {
     assert!(

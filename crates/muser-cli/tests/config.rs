@@ -9,14 +9,17 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
+
+mod common;
+use common::{muser, smollm2};
 
 /// Environment variables: (name, value).
 type Env<'a> = &'a [(&'a str, &'a str)];
 
 /// `muser up ARGS --print-config` with only the `MUSER_*` variables of `env`.
 fn print_config(args: &[&str], env: Env) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_muser"));
+    let mut cmd = muser();
     cmd.arg("up").args(args).arg("--print-config");
     for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("MUSER_")) {
         cmd.env_remove(k);
@@ -224,21 +227,6 @@ fn the_sample_config_file_parses() {
     assert!(line_of(&out, "temp").starts_with("temp = 0.7  # "));
 }
 
-fn smollm2() -> PathBuf {
-    let dir = std::env::var_os("MUSER_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/muser/models")
-        });
-    let p = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        p.exists(),
-        "missing {} (run scripts/fetch-models.sh)",
-        p.display()
-    );
-    p
-}
-
 #[test]
 fn a_server_started_from_a_config_file_reports_its_settings() {
     let d = tempfile::tempdir().unwrap();
@@ -251,7 +239,7 @@ fn a_server_started_from_a_config_file_reports_its_settings() {
             model.to_str().unwrap()
         ),
     );
-    let mut child = Command::new(env!("CARGO_BIN_EXE_muser"))
+    let mut child = muser()
         .args(["up", "--config"])
         .arg(&file)
         .args(["--temp", "0.5"])
@@ -304,7 +292,7 @@ fn an_api_key_and_a_key_file_are_taken_by_precedence() {
     let file = write(d.path(), "muser.toml", &short_file);
     // each stops before loading the (missing) model: at the key check when a short key wins
     let up = |args: &[&str], env: Env| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_muser"));
+        let mut cmd = muser();
         cmd.args(["up", "--model"])
             .arg(d.path().join("none.gguf"))
             .args(args);

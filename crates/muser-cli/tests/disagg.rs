@@ -18,27 +18,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-fn muser() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_muser"))
-}
-
-fn models_dir() -> PathBuf {
-    std::env::var_os("MUSER_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/muser/models")
-        })
-}
-
-fn smollm2() -> PathBuf {
-    let p = models_dir().join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        p.exists(),
-        "missing {} (run scripts/fetch-models.sh)",
-        p.display()
-    );
-    p
-}
+mod common;
+use common::{muser, smollm2};
 
 fn run(cmd: &mut Command) {
     let out = cmd.output().unwrap();

@@ -14,8 +14,8 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Child, ChildStdout, Output, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,24 +25,8 @@ use muser_server::producer::KvFault;
 use muser_server::server::{self, ServeConfig};
 use serde_json::{json, Value};
 
-fn muser() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_muser"))
-}
-
-fn smollm2() -> PathBuf {
-    let dir = std::env::var_os("MUSER_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/muser/models")
-        });
-    let p = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        p.exists(),
-        "missing {} (run scripts/fetch-models.sh)",
-        p.display()
-    );
-    p
-}
+mod common;
+use common::{muser, smollm2};
 
 /// A `muser up` child; killed when dropped.
 struct Proc {

@@ -24,6 +24,13 @@ pub fn weight_form(ty: GgmlType, n_in: usize) -> Result<WeightForm, String> {
     if ty == GgmlType::F16 {
         return Ok(WeightForm::F16);
     }
+    if crate::exact::has_mins(ty) {
+        // The CPU adds each block's min times the rounded activations' f16 sum apart from the
+        // `d·q` products; a dequantized f32 row folds the mins in, which is another number.
+        return Err(format!(
+            "{ty:?} weights (per-block mins) are not supported by the GPU encoder"
+        ));
+    }
     let kind = fakequant_kind(ty);
     let block = fakequant_block(kind);
     if !n_in.is_multiple_of(block) {

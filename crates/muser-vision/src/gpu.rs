@@ -92,6 +92,16 @@ struct DevLayer {
     down: DevLinear,
 }
 
+/// An activation matrix rounded for one weight form's products.
+enum Rounded {
+    /// f16 values (for f16 weights).
+    F16(DevBuf),
+    /// The activations themselves (f32 weights).
+    AsIs,
+    /// f32 values rounded as a quantized type's activations are.
+    F32(Act),
+}
+
 /// A projector's weights on a GPU and the kernels that encode with them.
 pub struct GpuEncoder {
     gpu: Gpu,
@@ -204,9 +214,17 @@ impl GpuEncoder {
         for (il, layer) in self.layers.iter().enumerate() {
             self.layer_norm(&x, &cur, &layer.ln1, hp.eps)?;
             clock.lap(Stage::Rest)?;
-            let q = self.linear(&layer.q, &cur, clock)?;
-            let k = self.linear(&layer.k, &cur, clock)?;
-            let v = self.linear(&layer.v, &cur, clock)?;
+            let (q, k, v) = if layer.q.form == layer.k.form && layer.q.form == layer.v.form {
+                // One rounding of the input for the three products.
+                let r = self.round(layer.q.form, &cur)?;
+                let q = self.product(&layer.q, &cur, &r, clock)?;
+                let k = self.product(&layer.k, &cur, &r, clock)?;
+                (q, k, self.product(&layer.v, &cur, &r, clock)?)
+            } else {
+                let q = self.linear(&layer.q, &cur, clock)?;
+                let k = self.linear(&layer.k, &cur, clock)?;
+                (q, k, self.linear(&layer.v, &cur, clock)?)
+            };
             for t in [&q, &k] {
                 self.gpu
                     .launch(
@@ -360,28 +378,20 @@ impl GpuEncoder {
 
     /// `x · Wᵀ + b`, the activations rounded as the weight's [`WeightForm`] says.
     fn linear(&self, l: &DevLinear, x: &Act, clock: &mut Clock) -> Result<Act, VisionError> {
-        if x.cols() != l.n_in {
-            return Err(VisionError::Device(format!(
-                "{} inputs for a matrix of {}",
-                x.cols(),
-                l.n_in
-            )));
-        }
-        let (n, k, m) = (x.rows(), l.n_in, l.n_out);
-        let y = self.alloc(n, m)?;
-        match l.form {
+        let r = self.round(l.form, x)?;
+        self.product(l, x, &r, clock)
+    }
+
+    /// `x` rounded as the products of weights of `form` take it.
+    fn round(&self, form: WeightForm, x: &Act) -> Result<Rounded, VisionError> {
+        let (n, k) = (x.rows(), x.cols());
+        Ok(match form {
             WeightForm::F16 => {
                 let xh = self.gpu.alloc(2 * n * k).map_err(dev)?;
                 self.each("vis_to_f16", n * k, &[Arg::P(x.ptr()), Arg::P(xh.ptr())])?;
-                self.gpu
-                    .gemm(y.ptr(), m, xh.ptr(), l.w.ptr(), (n, m, k), GemmIn::F16)
-                    .map_err(dev)?;
+                Rounded::F16(xh)
             }
-            WeightForm::F32 { kind: 0 } => {
-                self.gpu
-                    .gemm(y.ptr(), m, x.ptr(), l.w.ptr(), (n, m, k), GemmIn::F32)
-                    .map_err(dev)?;
-            }
+            WeightForm::F32 { kind: 0 } => Rounded::AsIs,
             WeightForm::F32 { kind } => {
                 let xr = self.alloc(n, k)?;
                 self.gpu.copy(xr.ptr(), x.ptr(), 4 * n * k).map_err(dev)?;
@@ -400,11 +410,36 @@ impl GpuEncoder {
                         ],
                     )
                     .map_err(dev)?;
-                self.gpu
-                    .gemm(y.ptr(), m, xr.ptr(), l.w.ptr(), (n, m, k), GemmIn::F32)
-                    .map_err(dev)?;
+                Rounded::F32(xr)
             }
+        })
+    }
+
+    /// `x · Wᵀ + b` from `r`, `x` rounded as `l.form` says ([`GpuEncoder::round`]).
+    fn product(
+        &self,
+        l: &DevLinear,
+        x: &Act,
+        r: &Rounded,
+        clock: &mut Clock,
+    ) -> Result<Act, VisionError> {
+        if x.cols() != l.n_in {
+            return Err(VisionError::Device(format!(
+                "{} inputs for a matrix of {}",
+                x.cols(),
+                l.n_in
+            )));
         }
+        let (n, k, m) = (x.rows(), l.n_in, l.n_out);
+        let y = self.alloc(n, m)?;
+        let (input, kind) = match r {
+            Rounded::F16(xh) => (xh.ptr(), GemmIn::F16),
+            Rounded::AsIs => (x.ptr(), GemmIn::F32),
+            Rounded::F32(xr) => (xr.ptr(), GemmIn::F32),
+        };
+        self.gpu
+            .gemm(y.ptr(), m, input, l.w.ptr(), (n, m, k), kind)
+            .map_err(dev)?;
         if let Some(b) = &l.b {
             let args = [
                 Arg::P(y.ptr()),

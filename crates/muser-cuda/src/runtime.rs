@@ -289,6 +289,8 @@ pub struct Gpu {
     overrides: std::sync::Mutex<Overrides>,
     /// Kernels already allowed clusters past the portable 8 blocks.
     wide_clusters: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The dynamic shared memory each kernel is already allowed past the default 48 KiB.
+    big_smem: std::sync::Mutex<HashMap<String, u32>>,
     /// Page-locked host memory for bulk copies ([`Gpu::download_many`],
     /// [`Gpu::upload_many`]), made on first use and grown to what a copy needs.
     pub(crate) staging: std::sync::Mutex<Option<crate::staging::Staging>>,
@@ -371,6 +373,7 @@ impl Gpu {
             pdl,
             overrides: std::sync::Mutex::new(overrides),
             wide_clusters: std::sync::Mutex::new(Default::default()),
+            big_smem: std::sync::Mutex::new(Default::default()),
             staging: std::sync::Mutex::new(None),
         })
     }
@@ -567,13 +570,17 @@ impl Gpu {
             .get(name)
             .ok_or_else(|| CudaError::Unsupported(format!("no kernel named {name}")))?;
         if smem > 48 * 1024 {
-            f.set_attribute(
-                drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-            .map_err(|e| {
-                CudaError::Driver(format!("{name}: {smem} bytes of shared memory: {e:?}"))
-            })?;
+            let mut allowed = self.big_smem.lock().unwrap_or_else(|e| e.into_inner());
+            if allowed.get(name).is_none_or(|&a| a < smem) {
+                f.set_attribute(
+                    drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )
+                .map_err(|e| {
+                    CudaError::Driver(format!("{name}: {smem} bytes of shared memory: {e:?}"))
+                })?;
+                allowed.insert(name.to_string(), smem);
+            }
         }
         // One 8-byte slot per argument; 4-byte arguments sit in the low half (little-endian).
         let mut slots: Vec<u64> = args

@@ -83,7 +83,7 @@ impl DevWeight {
         self.buf.bytes()
     }
 
-    /// Device address of the weight bytes (for L2 prefetch hints).
+    /// Device address of the weight bytes.
     pub fn ptr(&self) -> u64 {
         self.buf.ptr()
     }

@@ -379,7 +379,8 @@ fn stamp_path(path: &Path) -> PathBuf {
     sidecar(path, "verified")
 }
 
-fn part_path(path: &Path) -> PathBuf {
+/// The file a download writes before it is published as `path`.
+pub(crate) fn part_path(path: &Path) -> PathBuf {
     sidecar(path, "part")
 }
 

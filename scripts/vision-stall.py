@@ -37,22 +37,25 @@ def png_gradient(side):
 def measure(port, body, warm_tokens=40):
     """Runs the stream and, once it has `warm_tokens` tokens, `body`; returns the statistics."""
     origin = time.perf_counter()
-    times, done = [], threading.Event()
+    times, warm = [], threading.Event()
 
     def on_event(t, ev):
         if not ev.get("stop"):
             times.append(t)
+            if len(times) >= warm_tokens:
+                warm.set()
 
     def stream():
         req = {"prompt": "Once upon a time", "n_predict": 400, "temperature": 0, "ignore_eos": True,
                "cache_prompt": False, "stream": True}
-        post_timed_stream(port, "/completion", req, origin=origin, on_event=on_event)
-        done.set()
+        try:
+            post_timed_stream(port, "/completion", req, origin=origin, on_event=on_event)
+        finally:
+            warm.set()  # a stream shorter than warm_tokens must not leave the wait hanging
 
     th = threading.Thread(target=stream)
     th.start()
-    while len(times) < warm_tokens and not done.is_set():
-        time.sleep(0.002)
+    warm.wait()
     t_send = time.perf_counter() - origin
     answer = post(port, "/completion", body)
     t_done = time.perf_counter() - origin

@@ -176,7 +176,7 @@ pub struct LlamaArgs {
 }
 
 /// Each slot's context when no -c is given.
-const SLOT_CTX_DEFAULT: usize = 4096;
+const SLOT_CTX_DEFAULT: usize = muser_server::server::N_CTX_DEFAULT;
 
 /// llama.cpp's unit of context sizes: `-c` and each slot's share are rounded up to it.
 const CTX_PAD: usize = 256;

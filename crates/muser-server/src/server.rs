@@ -84,12 +84,15 @@ pub struct ServeConfig {
     pub cors: crate::cors::Cors,
 }
 
+/// Context tokens per slot when nothing sets them.
+pub const N_CTX_DEFAULT: usize = 4096;
+
 impl ServeConfig {
     pub fn new(model_path: impl Into<PathBuf>) -> Self {
         Self {
             model_path: model_path.into(),
             n_slots: 4,
-            n_ctx: 4096,
+            n_ctx: N_CTX_DEFAULT,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             queue_max: 64,
             prefill_chunk: EngineConfig::default().prefill_chunk,
